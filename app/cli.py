@@ -1,0 +1,313 @@
+"""`rackplane`: run the service, manage the fleet, tenants and keys from the server's shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from app.core.config import get_settings
+
+cli = typer.Typer(help="Rackplane: a multi-tenant GPU cloud control plane.", no_args_is_help=True,
+                  pretty_exceptions_show_locals=False)
+fleet_cli = typer.Typer(help="Register and inspect the fleet.", no_args_is_help=True)
+tenants_cli = typer.Typer(help="Onboard tenants.", no_args_is_help=True)
+keys_cli = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
+cli.add_typer(fleet_cli, name="fleet")
+cli.add_typer(tenants_cli, name="tenants")
+cli.add_typer(keys_cli, name="keys")
+console = Console()
+err = Console(stderr=True)
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_FLEET = Path(__file__).resolve().parent / "fleet" / "demo_fleet.yaml"
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def migrate_db() -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    command.upgrade(cfg, "head")
+
+
+@cli.command()
+def migrate() -> None:
+    """Apply database migrations (alembic upgrade head)."""
+    migrate_db()
+    console.print("database is at the latest migration")
+
+
+def seed_demo() -> dict | None:
+    """On an empty database: the demo fleet, a demo tenant and its key, and an operator key."""
+    from sqlalchemy import func, select
+
+    from app.core.db import session_scope
+    from app.fleet import document
+    from app.fleet.service import apply_document
+    from app.keys.service import create_key
+    from app.tenants.models import Tenant
+    from app.tenants.service import create_tenant
+
+    with session_scope() as session:
+        if session.scalar(select(func.count()).select_from(Tenant)):
+            return None
+        apply_document(session, document.load(DEMO_FLEET.read_text()))
+        tenant = create_tenant(session, name="Demo Tenant", slug="demo", contact_email="demo@example.com")
+        tkey = create_key(session, tenant_id=tenant.id, name="demo", scopes=["read", "write", "admin"])
+        okey = create_key(session, tenant_id=None, name="operator", scopes=["platform"])
+        return {"tenant_key": tkey.key, "operator_key": okey.key}
+
+
+@cli.command()
+def up(
+    host: str = typer.Option(None, help="Bind address (default RACKPLANE_HOST or 127.0.0.1)."),
+    port: int = typer.Option(None, help="Port (default RACKPLANE_PORT or 8000)."),
+    worker: bool = typer.Option(True, help="Start a Celery worker (with beat) process."),
+    concurrency: int = typer.Option(2, help="Worker processes."),
+) -> None:
+    """Migrate, seed a demo on first start, and run the API, a Celery worker and beat."""
+    import uvicorn
+
+    settings = get_settings()
+    host = host or settings.api_host
+    port = port or settings.api_port
+    migrate_db()
+    seeded = seed_demo() if settings.seed_demo else None
+    base = f"http://{host}:{port}"
+    console.print(f"[bold]Rackplane[/bold] on {'SQLite (embedded)' if settings.is_sqlite else 'PostgreSQL'}"
+                  f", broker {'SQLite (embedded)' if not settings.redis_url else 'Redis'}")
+    console.print(f"  API        {base}/v1\n  API docs   {base}/docs\n  OpenAPI    {base}/openapi.json\n"
+                  f"  health     {base}/healthz  {base}/readyz\n  metrics    {base}/metrics")
+    if seeded:
+        console.print("[bold green]Demo seeded[/bold green] (keys are shown once; only hashes are stored):")
+        console.print(f"  demo tenant key  {seeded['tenant_key']}")
+        console.print(f"  operator key     {seeded['operator_key']}")
+        console.print(f"  try: curl -H 'Authorization: Bearer {seeded['tenant_key']}' {base}/v1/capacity")
+    children: list[subprocess.Popen] = []
+    if worker:
+        cmd = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--beat",
+               "--loglevel", settings.log_level, "--concurrency", str(concurrency),
+               "-Q", ",".join(__import__("workers.settings", fromlist=["QUEUES"]).QUEUES),
+               "-n", f"rackplane-{os.getpid()}@%h"]
+        children.append(subprocess.Popen(cmd, cwd=ROOT))
+    sys.stdout.flush()
+
+    def stop(*_a) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        uvicorn.run("app.main:app", host=host, port=port, log_config=None, access_log=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+@cli.command("worker")
+def run_worker(concurrency: int = 2, beat: bool = True) -> None:
+    """Run a Celery worker (and beat) for every queue."""
+    from workers.settings import QUEUES
+
+    args = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", ",".join(QUEUES),
+            "--concurrency", str(concurrency)] + (["--beat"] if beat else [])
+    raise typer.Exit(subprocess.call(args, cwd=ROOT))
+
+
+@fleet_cli.command("import")
+def fleet_import(file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+                 dry_run: bool = typer.Option(False, help="Validate only.")) -> None:
+    """Validate a fleet file whole and apply it (nothing is written unless all of it is valid)."""
+    from app.core.db import session_scope
+    from app.core.errors import AppError
+    from app.fleet import document
+    from app.fleet.service import apply_document
+
+    fmt = "json" if file.suffix.lower() == ".json" else "yaml"
+    try:
+        doc = document.load(file.read_text(encoding="utf-8"), fmt=fmt)
+    except document.FleetDocumentError as exc:
+        for e in exc.errors:
+            where = f"{file}:{e['line']}" if e.get("line") else str(file)
+            err.print(f"{where}: [bold]{e['field'] or '(document)'}[/bold]: {e['message']}")
+        _fail(f"{len(exc.errors)} error(s); nothing was imported", 2)
+    if dry_run:
+        console.print(f"valid: {document.summarize(doc)}")
+        return
+    try:
+        with session_scope() as session:
+            summary = apply_document(session, doc)
+    except AppError as exc:
+        _fail(exc.detail, 2)
+    console.print(json.dumps(summary))
+
+
+@fleet_cli.command("show")
+def fleet_show() -> None:
+    """Capacity by region and GPU model."""
+    from app.core.db import session_scope
+    from app.fleet.service import capacity
+
+    with session_scope() as session:
+        rows = capacity(session)
+    table = Table("region", "gpu model", "total", "free")
+    for r in rows:
+        table.add_row(r["region"], r["gpu_model"], str(r["total_gpus"]), str(r["free_gpus"]))
+    console.print(table)
+
+
+@tenants_cli.command("create")
+def tenants_create(name: str = typer.Option(...), slug: str = typer.Option(...),
+                   email: str = typer.Option(...),
+                   policy: Optional[list[str]] = typer.Option(None, help="Allowed isolation tier (repeat)."),
+                   with_key: bool = typer.Option(True, help="Also create an admin key and print it.")) -> None:
+    """Create an active tenant (and its first admin key)."""
+    from pydantic import ValidationError
+
+    from app.core.db import session_scope
+    from app.core.errors import AppError
+    from app.keys.service import create_key
+    from app.tenants.schemas import TenantCreate
+    from app.tenants.service import create_tenant
+
+    try:
+        body = TenantCreate(name=name, slug=slug, contact_email=email, isolation_policy=policy)
+    except ValidationError as exc:
+        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
+    try:
+        with session_scope() as session:
+            tenant = create_tenant(session, name=body.name, slug=body.slug,
+                                   contact_email=body.contact_email,
+                                   isolation_policy=body.isolation_policy)
+            key = create_key(session, tenant_id=tenant.id, name="initial",
+                             scopes=["read", "write", "admin"]) if with_key else None
+            tid = tenant.id
+    except AppError as exc:
+        _fail(exc.detail, 2)
+    console.print(f"tenant {slug} created: {tid}")
+    if key:
+        console.print(f"admin key (shown once): {key.key}")
+
+
+@tenants_cli.command("list")
+def tenants_list() -> None:
+    from sqlalchemy import select
+
+    from app.core.db import session_scope
+    from app.tenants.models import Tenant
+
+    table = Table("slug", "name", "status", "id")
+    with session_scope() as session:
+        for t in session.scalars(select(Tenant).order_by(Tenant.slug)):
+            table.add_row(t.slug, t.name, t.status, str(t.id))
+    console.print(table)
+
+
+@tenants_cli.command("approve")
+def tenants_approve(slug: str) -> None:
+    """Approve a tenant that signed up itself."""
+    from sqlalchemy import select
+
+    from app.core.db import session_scope
+    from app.core.errors import AppError
+    from app.tenants.models import Tenant
+    from app.tenants.service import approve
+
+    try:
+        with session_scope() as session:
+            tenant = session.scalar(select(Tenant).where(Tenant.slug == slug))
+            if tenant is None:
+                _fail(f"no tenant {slug}", 2)
+            approve(tenant)
+    except AppError as exc:
+        _fail(exc.detail, 2)
+    console.print(f"tenant {slug} is active")
+
+
+@keys_cli.command("create")
+def keys_create(tenant: Optional[str] = typer.Option(None, help="Tenant slug."),
+                platform: bool = typer.Option(False, "--platform", help="An operator key."),
+                name: str = typer.Option("cli"),
+                scope: Optional[list[str]] = typer.Option(None, help="read, write or admin (repeat).")) -> None:
+    """Create an API key and print it (once)."""
+    from sqlalchemy import select
+
+    from app.core.db import session_scope
+    from app.keys.service import create_key
+    from app.tenants.models import Tenant
+
+    if platform == bool(tenant):
+        _fail("give either --tenant SLUG or --platform", 2)
+    scopes = ["platform"] if platform else list(dict.fromkeys(scope or ["read", "write"]))
+    if not platform and not set(scopes) <= {"read", "write", "admin"}:
+        _fail("tenant key scopes are read, write and admin", 2)
+    with session_scope() as session:
+        tenant_id = None
+        if tenant:
+            tenant_id = session.scalar(select(Tenant.id).where(Tenant.slug == tenant))
+            if tenant_id is None:
+                _fail(f"no tenant {tenant}", 2)
+        key = create_key(session, tenant_id=tenant_id, name=name, scopes=scopes)
+    console.print(f"key {key.prefix} ({', '.join(scopes)}), shown once:\n{key.key}")
+
+
+@keys_cli.command("revoke")
+def keys_revoke(prefix: str) -> None:
+    """Revoke a key by its public prefix (the 8 characters after `rp_`)."""
+    from sqlalchemy import select
+
+    from app.core.db import session_scope
+    from app.keys.models import ApiKey
+    from app.keys.service import revoke
+
+    with session_scope() as session:
+        key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+        if key is None:
+            _fail(f"no key with prefix {prefix}", 2)
+        revoke(key)
+    console.print(f"key {prefix} revoked")
+
+
+@cli.command()
+def openapi(check: bool = typer.Option(False, help="Fail if openapi/openapi.json is out of date."),
+            out: Path = typer.Option(ROOT / "openapi" / "openapi.json")) -> None:
+    """Write the OpenAPI document generated from the app."""
+    from app.main import create_app
+
+    text = json.dumps(create_app().openapi(), indent=2, sort_keys=True) + "\n"
+    if check:
+        if not out.exists() or out.read_text() != text:
+            _fail(f"{out} is out of date; run `make openapi`")
+        console.print(f"{out} is up to date")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    console.print(f"wrote {out}")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

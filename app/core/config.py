@@ -1,0 +1,61 @@
+"""Settings, read once from the environment (prefix-free names, as operators expect)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob Rackplane reads. Unset database/broker means the embedded default."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".rackplane"), alias="RACKPLANE_DATA_DIR")
+    database_url: str | None = Field(default=None, alias="DATABASE_URL")
+    redis_url: str | None = Field(default=None, alias="REDIS_URL")
+    # Prefix for every Redis key Celery uses, so several deployments can share one Redis.
+    broker_key_prefix: str = Field(default="", alias="RACKPLANE_BROKER_PREFIX")
+    api_host: str = Field(default="127.0.0.1", alias="RACKPLANE_HOST")
+    api_port: int = Field(default=8000, alias="RACKPLANE_PORT")
+    log_level: str = Field(default="INFO", alias="RACKPLANE_LOG_LEVEL")
+    log_json: bool = Field(default=True, alias="RACKPLANE_LOG_JSON")
+    max_body_bytes: int = Field(default=1_048_576, alias="RACKPLANE_MAX_BODY_BYTES")
+    max_import_bytes: int = Field(default=32 * 1_048_576, alias="RACKPLANE_MAX_IMPORT_BYTES")
+    # Optional server-side secret mixed into API-key hashes (a "pepper").
+    key_pepper: str = Field(default="", alias="RACKPLANE_KEY_PEPPER")
+    idempotency_ttl_hours: int = Field(default=24, alias="RACKPLANE_IDEMPOTENCY_TTL_HOURS")
+    seed_demo: bool = Field(default=True, alias="RACKPLANE_SEED_DEMO")
+    celery_always_eager: bool = Field(default=False, alias="RACKPLANE_CELERY_EAGER")
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            # Accept the common libpq spelling and use psycopg 3.
+            if url.startswith("postgres://"):
+                url = "postgresql://" + url[len("postgres://") :]
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url[len("postgresql://") :]
+            return url
+        return f"sqlite:///{(self.data_dir / 'rackplane.sqlite').resolve()}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.sqlalchemy_url.startswith("sqlite")
+
+    @property
+    def broker_url(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        # Embedded default: kombu's SQLAlchemy transport on its own SQLite file, so the
+        # broker's polling never contends with the application database's write lock.
+        return f"sqla+sqlite:///{(self.data_dir / 'broker.sqlite').resolve()}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

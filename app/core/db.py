@@ -1,0 +1,113 @@
+"""Engine, sessions and the declarative base.
+
+Only the request dependency (`session_dependency`) and task wrappers (`session_scope`)
+commit; services and repositories flush at most.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import DateTime, MetaData, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from app.core.config import get_settings
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> uuid.UUID:
+    return uuid.uuid4()
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: DateTime(timezone=True)}
+
+
+class TimestampMixin:
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # pragma: no cover - trivial
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@lru_cache
+def get_engine() -> Engine:
+    return make_engine(get_settings().sqlalchemy_url)
+
+
+@lru_cache
+def get_sessionmaker() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope() -> Iterator[Session]:
+    """A unit of work for tasks and the CLI: commit on success, roll back on error."""
+    from app.outbox.service import flush_committed
+
+    session = get_sessionmaker()()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+    flush_committed(session)
+
+
+def session_dependency() -> Iterator[Session]:
+    """FastAPI dependency: one session per request, committed when the handler returns."""
+    with session_scope() as session:
+        yield session
+
+
+def get_or_404(session: Session, model, obj_id, *, what: str):
+    """Fetch a platform-owned row (fleet objects) by id, or raise 404. Tenant-owned rows use
+    `app.tenancy.scoping.get_owned` instead."""
+    from app.core.errors import NotFound
+
+    try:
+        oid = obj_id if isinstance(obj_id, uuid.UUID) else uuid.UUID(str(obj_id))
+    except ValueError:
+        raise NotFound(f"No {what} with id {obj_id!s}.", code=f"{what}_not_found") from None
+    obj = session.get(model, oid)
+    if obj is None:
+        raise NotFound(f"No {what} with id {oid}.", code=f"{what}_not_found")
+    return obj

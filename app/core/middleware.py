@@ -1,0 +1,123 @@
+"""Pure ASGI middleware: request ids, access logs and metrics, body size limits."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import structlog
+from prometheus_client import Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.errors import PROBLEM_JSON, problem_body
+from app.core.logging import get_logger
+
+REQUESTS = Counter("rackplane_http_requests_total", "HTTP requests", ["method", "route", "status"])
+LATENCY = Histogram("rackplane_http_request_duration_seconds", "HTTP request latency",
+                    ["method", "route"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+log = get_logger("app.access")
+
+
+async def send_problem(send: Send, status: int, code: str, title: str, detail: str,
+                       headers: list[tuple[bytes, bytes]] | None = None, **extra) -> None:
+    body = json.dumps(problem_body(status, code, title, detail, **extra)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", PROBLEM_JSON.encode()),
+                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestContextMiddleware:
+    """Assign a request id (or accept a sane X-Request-ID), bind it to every log line, return it,
+    and record one access log line and Prometheus metrics per request."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        rid = headers.get(b"x-request-id", b"").decode("latin-1")
+        if not (0 < len(rid) <= 128 and rid.replace("-", "").replace("_", "").isalnum()):
+            rid = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        status = 500
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            REQUESTS.labels(scope["method"], template, str(status)).inc()
+            LATENCY.labels(scope["method"], template).observe(elapsed)
+            log.info("request", method=scope["method"], path=scope["path"], route=template,
+                     status=status, duration_ms=round(elapsed * 1000, 2))
+
+
+class BodySizeLimitMiddleware:
+    """Reject bodies above the configured size with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, large_paths: dict[str, int] | None = None):
+        self.app = app
+        self.max_bytes = max_bytes
+        self.large_paths = large_paths or {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.large_paths.get(scope["path"], self.max_bytes)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await send_problem(send, 413, "payload_too_large", "Request body too large",
+                                      f"Request bodies are limited to {limit} bytes.")
+        received = 0
+        too_large = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    too_large = True
+                    raise _TooLarge()
+            return message
+
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await send_problem(send, 413, "payload_too_large", "Request body too large",
+                                   f"Request bodies are limited to {limit} bytes.")
+        except Exception:
+            if too_large and not started:
+                await send_problem(send, 413, "payload_too_large", "Request body too large",
+                                   f"Request bodies are limited to {limit} bytes.")
+            else:
+                raise
+
+
+class _TooLarge(Exception):
+    pass

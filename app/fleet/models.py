@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+
+from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.core.db import Base, TimestampMixin, new_id
+
+
+class RackKind(str, enum.Enum):
+    nvl72 = "nvl72"
+    hgx = "hgx"
+
+
+class NodeState(str, enum.Enum):
+    ready = "ready"
+    cordoned = "cordoned"
+    draining = "draining"
+    down = "down"
+
+
+class GpuHealth(str, enum.Enum):
+    healthy = "healthy"
+    degraded = "degraded"
+    failed = "failed"
+
+
+class Region(TimestampMixin, Base):
+    __tablename__ = "regions"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    racks: Mapped[list[Rack]] = relationship(back_populates="region")
+
+
+class Rack(TimestampMixin, Base):
+    __tablename__ = "racks"
+    __table_args__ = (UniqueConstraint("region_id", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    region_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("regions.id", ondelete="RESTRICT"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    kind: Mapped[str] = mapped_column(String(16))
+    # A group of racks under one spine switch (Slurm's "block"); racks default to their own.
+    block: Mapped[str] = mapped_column(String(63))
+    region: Mapped[Region] = relationship(back_populates="racks")
+    nodes: Mapped[list[Node]] = relationship(back_populates="rack")
+
+
+class Node(TimestampMixin, Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    rack_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("racks.id", ondelete="RESTRICT"), index=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    gpu_model: Mapped[str] = mapped_column(String(32))
+    cpu_milli: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default=NodeState.ready.value, index=True)
+    state_reason: Mapped[str | None] = mapped_column(String(500), default=None)
+    # NVLink domain id: the rack for NVL72 (one domain of 72 GPUs), the node itself for HGX.
+    nvlink_domain: Mapped[str] = mapped_column(String(140), index=True)
+    # Bumped on every change that affects placement (optimistic concurrency for apply).
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    rack: Mapped[Rack] = relationship(back_populates="nodes")
+    gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.index")
+
+
+class Gpu(TimestampMixin, Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(32))
+    mig_mode: Mapped[bool] = mapped_column(Boolean, default=False)
+    health: Mapped[str] = mapped_column(String(16), default=GpuHealth.healthy.value)
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class ImportStatus(str, enum.Enum):
+    pending = "pending"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class FleetImport(TimestampMixin, Base):
+    """A validated fleet document waiting to be applied by the `fleet.import` task."""
+
+    __tablename__ = "fleet_imports"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    status: Mapped[str] = mapped_column(String(16), default=ImportStatus.pending.value)
+    source: Mapped[str | None] = mapped_column(String(300), default=None)
+    document: Mapped[dict] = mapped_column(JSON)
+    summary: Mapped[dict | None] = mapped_column(JSON, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from app.core.schemas import OutModel, StrictModel
+from app.fleet.models import GpuHealth, ImportStatus, NodeState
+
+
+class RegionOut(OutModel):
+    id: uuid.UUID
+    name: str
+    created_at: datetime
+
+
+class RackOut(OutModel):
+    id: uuid.UUID
+    region_id: uuid.UUID
+    name: str
+    kind: str
+    block: str
+    created_at: datetime
+
+
+class GpuOut(OutModel):
+    id: uuid.UUID
+    node_id: uuid.UUID
+    index: int
+    model: str
+    mig_mode: bool
+    health: GpuHealth
+    created_at: datetime
+
+
+class NodeOut(OutModel):
+    id: uuid.UUID
+    rack_id: uuid.UUID
+    name: str
+    gpu_model: str
+    cpu_milli: int
+    memory_mib: int
+    state: NodeState
+    state_reason: str | None
+    nvlink_domain: str
+    generation: int
+    created_at: datetime
+
+
+class NodeDetail(NodeOut):
+    gpus: list[GpuOut]
+
+
+class NodeStateChange(StrictModel):
+    state: NodeState
+    reason: str | None = Field(None, max_length=500)
+
+
+class FleetImportOut(OutModel):
+    id: uuid.UUID
+    status: ImportStatus
+    source: str | None
+    summary: dict | None
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class FleetValidation(BaseModel):
+    valid: bool
+    totals: dict[str, int]
+
+
+class CapacityRow(BaseModel):
+    region: str
+    gpu_model: str
+    total_gpus: int
+    free_gpus: int = Field(description="Whole GPUs free now: ready node, healthy, not in MIG mode.")
+
+
+class Capacity(BaseModel):
+    items: list[CapacityRow]

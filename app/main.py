@@ -1,0 +1,89 @@
+"""create_app(): routers, middleware, error handlers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app import models  # noqa: F401  (register every model)
+from app.core.config import get_settings
+from app.core.errors import install_error_handlers
+from app.core.logging import configure_logging
+from app.core.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from app.fleet import router as fleet
+from app.fleet.document import FleetDocument
+from app.health import router as health
+from app.idempotency.middleware import IdempotencyMiddleware
+from app.keys import router as keys
+from app.tenants import router as tenants
+
+DESCRIPTION = """Rackplane: the control plane of a multi-tenant GPU cloud.
+
+Authenticate with an API key: `Authorization: Bearer rp_...`. Errors are RFC 9457
+`application/problem+json` with a stable `code`. Lists use cursor pagination (`limit`, `cursor`,
+`next_cursor`). POSTs honour `Idempotency-Key`.
+"""
+
+
+def create_app() -> FastAPI:
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_json)
+    app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION)
+    install_error_handlers(app)
+    for module in (health, tenants, keys, fleet):
+        app.include_router(module.router)
+        if hasattr(module, "admin"):
+            app.include_router(module.admin)
+    # Outermost last: request context wraps everything, then size limits, then idempotency.
+    app.add_middleware(IdempotencyMiddleware)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       large_paths={"/v1/admin/fleet:import": settings.max_import_bytes})
+    app.add_middleware(RequestContextMiddleware)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                             routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        fleet_schema = FleetDocument.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(fleet_schema.pop("$defs", {}))
+        components["FleetDocument"] = fleet_schema
+        _problem_responses(schema)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _problem_responses(schema: dict[str, Any]) -> None:
+    """Document problem+json on every operation (errors share one Problem schema)."""
+    schema["components"]["schemas"]["Problem"] = {
+        "type": "object",
+        "title": "Problem",
+        "description": "RFC 9457 problem details.",
+        "properties": {
+            "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+            "detail": {"type": "string"}, "code": {"type": "string"}, "instance": {"type": "string"},
+            "errors": {"type": "array", "items": {"type": "object"}},
+        },
+        "required": ["type", "title", "status", "detail", "code"],
+    }
+    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, ops in schema.get("paths", {}).items():
+        for op in ops.values():
+            responses = op.setdefault("responses", {})
+            if "422" in responses:
+                responses["422"] = {"description": "Validation error", "content": problem}
+            codes = ["413"] if op.get("requestBody") else []
+            if op.get("security"):
+                codes += ["401", "403", "404"]
+            for code in codes:
+                responses.setdefault(code, {"description": "Problem", "content": problem})
+            responses.setdefault("default", {"description": "Problem", "content": problem})
+
+
+app = create_app()

@@ -1,0 +1,11 @@
+"""Import every model so `Base.metadata` is complete (Alembic and tests use this)."""
+
+from app.core.db import Base
+from app.fleet.models import FleetImport, Gpu, Node, Rack, Region
+from app.idempotency.models import IdempotencyRecord
+from app.keys.models import ApiKey
+from app.outbox.models import OutboxMessage
+from app.tenants.models import Tenant
+
+__all__ = ["Base", "ApiKey", "FleetImport", "Gpu", "IdempotencyRecord", "Node", "OutboxMessage",
+           "Rack", "Region", "Tenant"]

@@ -1,0 +1,47 @@
+"""Facts about the GPU models and rack kinds Rackplane sells (see shared/reference/gpu.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    memory_mib: int
+    architecture: str
+    mig_capable: bool = True
+    # Confidential computing support; Hopper multi-GPU CC claims the whole node's NVSwitches.
+    confidential: bool = True
+    cc_whole_node: bool = False
+
+
+GPU_MODELS: dict[str, GpuModel] = {
+    m.name: m
+    for m in (
+        GpuModel("A100-80GB", 80 * 1024, "ampere", confidential=False),
+        GpuModel("H100-80GB", 80 * 1024, "hopper", cc_whole_node=True),
+        GpuModel("H200-141GB", 141 * 1024, "hopper", cc_whole_node=True),
+        GpuModel("B200", 180 * 1024, "blackwell"),
+        GpuModel("GB200", 186 * 1024, "blackwell"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class RackKindSpec:
+    name: str
+    gpus_per_node: int
+    nodes_per_rack: int | None  # None: any number of nodes
+    gpu_models: tuple[str, ...]
+    # Whether the whole rack is one NVLink domain (NVL72) or each node is its own (HGX).
+    rack_is_nvlink_domain: bool
+    default_cpu_milli: int
+    default_memory_mib: int
+
+
+RACK_KINDS: dict[str, RackKindSpec] = {
+    "nvl72": RackKindSpec("nvl72", 4, 18, ("GB200",), True, 144_000, 960 * 1024),
+    "hgx": RackKindSpec("hgx", 8, None, ("H100-80GB", "H200-141GB", "B200", "A100-80GB"), False,
+                        224_000, 2048 * 1024),
+}

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from app.core.db import session_dependency
+from app.core.schemas import Page, PageParams, paginate
+from app.keys.schemas import KeyCreated
+from app.keys.service import create_key
+from app.tenancy.auth import AuthContext, platform, tenant_read_any_status
+from app.tenancy.scoping import get_owned, scoped_select
+from app.tenants import service
+from app.tenants.models import Tenant, TenantStatus
+from app.tenants.schemas import SignupRequest, TenantCreate, TenantOut, TenantUpdate
+
+router = APIRouter(prefix="/v1", tags=["tenants"])
+admin = APIRouter(prefix="/v1/admin", tags=["admin: tenants"])
+
+
+class SignupResponse(BaseModel):
+    tenant: TenantOut
+    api_key: KeyCreated
+
+
+@router.post("/signup", status_code=201, response_model=SignupResponse,
+             summary="Self-service signup: a pending tenant and its first admin key")
+def signup(body: SignupRequest, session: Session = Depends(session_dependency)) -> SignupResponse:
+    tenant = service.create_tenant(session, name=body.name, slug=body.slug,
+                                   contact_email=body.contact_email, status=TenantStatus.pending.value)
+    key = create_key(session, tenant_id=tenant.id, name="signup", scopes=["read", "write", "admin"])
+    return SignupResponse(tenant=TenantOut.model_validate(tenant), api_key=key)
+
+
+@router.get("/tenant", response_model=TenantOut, summary="The calling tenant")
+def get_self(auth: AuthContext = Depends(tenant_read_any_status),
+             session: Session = Depends(session_dependency)) -> Tenant:
+    return get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+
+
+@admin.post("/tenants", status_code=201, response_model=TenantOut, summary="Create a tenant")
+def create(body: TenantCreate, auth: AuthContext = Depends(platform),
+           session: Session = Depends(session_dependency)) -> Tenant:
+    return service.create_tenant(session, name=body.name, slug=body.slug,
+                                 contact_email=body.contact_email,
+                                 isolation_policy=body.isolation_policy, status=body.status.value)
+
+
+@admin.get("/tenants", response_model=Page[TenantOut], summary="List tenants")
+def list_tenants(status: TenantStatus | None = None, page: PageParams = Depends(),
+                 auth: AuthContext = Depends(platform),
+                 session: Session = Depends(session_dependency)) -> dict:
+    stmt = scoped_select(auth, Tenant)
+    if status is not None:
+        stmt = stmt.where(Tenant.status == status.value)
+    items, nxt = paginate(session, stmt, Tenant, page)
+    return {"items": items, "next_cursor": nxt}
+
+
+@admin.get("/tenants/{tenant_id}", response_model=TenantOut, summary="Read a tenant")
+def read(tenant_id: str, auth: AuthContext = Depends(platform),
+         session: Session = Depends(session_dependency)) -> Tenant:
+    return get_owned(session, auth, Tenant, tenant_id, what="tenant")
+
+
+@admin.patch("/tenants/{tenant_id}", response_model=TenantOut, summary="Update a tenant")
+def update(tenant_id: str, body: TenantUpdate, auth: AuthContext = Depends(platform),
+           session: Session = Depends(session_dependency)) -> Tenant:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    changes = body.model_dump(exclude_unset=True, mode="json")
+    for field, value in changes.items():
+        if value is not None:
+            setattr(tenant, field, value)
+    session.flush()
+    return tenant
+
+
+@admin.post("/tenants/{tenant_id}:approve", response_model=TenantOut,
+            summary="Approve a pending (self-service) tenant")
+def approve(tenant_id: str, auth: AuthContext = Depends(platform),
+            session: Session = Depends(session_dependency)) -> Tenant:
+    return service.approve(get_owned(session, auth, Tenant, tenant_id, what="tenant"))

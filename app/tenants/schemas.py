@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import EmailStr, Field, field_validator
+
+from app.core.schemas import OutModel, StrictModel
+from app.tenants.models import IsolationTier, TenantStatus
+
+Slug = Annotated[str, Field(min_length=2, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+                             description="Lower-case letters, digits and dashes; unique.")]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _dedupe(tiers: list[IsolationTier] | None) -> list[IsolationTier] | None:
+    if tiers is None:
+        return None
+    if not tiers:
+        raise ValueError("an isolation policy must allow at least one tier")
+    return list(dict.fromkeys(tiers))
+
+
+class TenantCreate(StrictModel):
+    name: Name
+    slug: Slug
+    contact_email: EmailStr
+    isolation_policy: list[IsolationTier] | None = Field(
+        None, description="Tiers the tenant may use; default: shared tiers, dedicated GPUs and VMs."
+    )
+    status: TenantStatus = TenantStatus.active
+
+    _v = field_validator("isolation_policy")(_dedupe)
+
+
+class SignupRequest(StrictModel):
+    name: Name
+    slug: Slug
+    contact_email: EmailStr
+
+
+class TenantUpdate(StrictModel):
+    name: Name | None = None
+    contact_email: EmailStr | None = None
+    isolation_policy: list[IsolationTier] | None = None
+    status: TenantStatus | None = None
+
+    _v = field_validator("isolation_policy")(_dedupe)
+
+
+class TenantOut(OutModel):
+    id: uuid.UUID
+    slug: str
+    name: str
+    contact_email: str
+    status: TenantStatus
+    isolation_policy: list[IsolationTier]
+    created_at: datetime

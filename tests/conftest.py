@@ -1,0 +1,212 @@
+"""Test harness: a fresh throw-away PostgreSQL database and a private Redis key prefix per run.
+
+The environment is set in `pytest_configure`, before any application module reads settings.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN_DB_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+RUN_ID = f"{os.getpid()}_{secrets.token_hex(3)}"
+TEST_DB = f"rackplane_test_{RUN_ID}"
+
+
+def _admin_exec(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def db_url(name: str) -> str:
+    base, _, _ = ADMIN_DB_URL.rpartition("/")
+    return f"{base}/{name}"
+
+
+def create_database(name: str) -> str:
+    _admin_exec(f'CREATE DATABASE "{name}"')
+    return db_url(name)
+
+
+def drop_database(name: str) -> None:
+    _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    data_dir = tempfile.mkdtemp(prefix="rackplane-test-")
+    os.environ.update({
+        "DATABASE_URL": create_database(TEST_DB),
+        "REDIS_URL": REDIS_URL,
+        "RACKPLANE_BROKER_PREFIX": f"rptest-{RUN_ID}:",
+        "RACKPLANE_DATA_DIR": data_dir,
+        "RACKPLANE_LOG_JSON": "true",
+        "RACKPLANE_LOG_LEVEL": "WARNING",
+        "RACKPLANE_SEED_DEMO": "false",
+    })
+    from app.cli import migrate_db
+
+    migrate_db()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from app.core.db import get_engine
+
+    get_engine().dispose()
+    drop_database(TEST_DB)
+    try:
+        import redis
+
+        r = redis.Redis.from_url(REDIS_URL)
+        keys = list(r.scan_iter(match=f"rptest-{RUN_ID}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+    except Exception:
+        pass
+
+
+TABLES = ["gpus", "nodes", "racks", "regions", "fleet_imports", "api_keys", "tenants",
+          "idempotency_records", "outbox"]
+
+
+@pytest.fixture(autouse=True)
+def clean_db():
+    """Every test starts from empty tables."""
+    from sqlalchemy import text
+
+    from app.core.db import get_engine
+
+    with get_engine().begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def app():
+    from app.main import create_app
+
+    return create_app()
+
+
+@pytest.fixture
+def client(app):
+    from fastapi.testclient import TestClient
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.fixture
+def session():
+    from app.core.db import get_sessionmaker
+
+    with get_sessionmaker()() as s:
+        yield s
+
+
+# --- small builders -------------------------------------------------------------------------
+
+class World:
+    """Builders for tenants, keys and fleet rows, committed so the API sees them."""
+
+    def tenant(self, slug: str, *, status: str = "active", policy: list[str] | None = None):
+        from app.core.db import session_scope
+        from app.tenants.service import create_tenant
+
+        with session_scope() as s:
+            return create_tenant(s, name=slug.title(), slug=slug, contact_email=f"{slug}@example.com",
+                                 status=status, isolation_policy=policy)
+
+    def key(self, tenant=None, scopes=("read", "write", "admin"), name: str = "test") -> str:
+        from app.core.db import session_scope
+        from app.keys.service import create_key
+
+        with session_scope() as s:
+            if tenant is None:
+                return create_key(s, tenant_id=None, name=name, scopes=["platform"]).key
+            return create_key(s, tenant_id=tenant.id, name=name, scopes=list(scopes)).key
+
+    def fleet(self, text: str) -> dict:
+        from app.core.db import session_scope
+        from app.fleet import document
+        from app.fleet.service import apply_document
+
+        with session_scope() as s:
+            return apply_document(s, document.load(text))
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+SMALL_FLEET = """
+regions:
+  - name: r1
+    racks:
+      - {name: nvl-1, kind: nvl72, block: spine-1}
+      - name: hgx-1
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes:
+          - {name: h100-1, mig_gpus: [7]}
+          - {name: h100-2, state: cordoned}
+"""
+
+
+# --- a real Celery worker process -------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def celery_worker_process():
+    """A real `celery worker` process on the test database and Redis (with beat)."""
+    from workers.settings import QUEUES
+
+    log = Path(os.environ["RACKPLANE_DATA_DIR"]) / "worker.log"
+    env = {**os.environ, "RACKPLANE_LOG_LEVEL": "INFO"}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--beat",
+             "-Q", ",".join(QUEUES), "--concurrency", "1", "-n", f"test-{RUN_ID}@%h",
+             "--loglevel", "INFO"],
+            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if b"ready" in log.read_bytes():
+            break
+        if proc.poll() is not None:
+            raise RuntimeError("celery worker died:\n" + log.read_text()[-4000:])
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        raise RuntimeError("celery worker did not become ready:\n" + log.read_text()[-4000:])
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def wait_until(fn, timeout: float = 30.0, interval: float = 0.2):
+    deadline = time.time() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)

@@ -1,0 +1,28 @@
+"""The Celery application: crash-safe settings, named queues, the beat schedule."""
+
+from __future__ import annotations
+
+from celery import Celery, signals
+
+from app.core.config import get_settings
+from workers.settings import celery_settings
+
+celery_app = Celery("rackplane")
+celery_app.conf.update(celery_settings(get_settings()))
+celery_app.autodiscover_tasks(["app.fleet", "app.outbox"], related_name="tasks", force=True)
+
+
+@signals.worker_process_init.connect
+def _fresh_engine(**_kwargs) -> None:
+    """A forked worker child must not reuse the parent's database connections."""
+    from app.core.db import get_engine
+
+    get_engine().dispose(close=False)
+
+
+@signals.setup_logging.connect
+def _logging(**_kwargs) -> None:
+    from app.core.logging import configure_logging
+
+    s = get_settings()
+    configure_logging(s.log_level, s.log_json)
