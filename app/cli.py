@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -16,8 +16,11 @@ from rich.table import Table
 
 from app.core.config import get_settings
 
-cli = typer.Typer(help="Rackplane: a multi-tenant GPU cloud control plane.", no_args_is_help=True,
-                  pretty_exceptions_show_locals=False)
+cli = typer.Typer(
+    help="Rackplane: a multi-tenant GPU cloud control plane.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 fleet_cli = typer.Typer(help="Register and inspect the fleet.", no_args_is_help=True)
 tenants_cli = typer.Typer(help="Onboard tenants.", no_args_is_help=True)
 keys_cli = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
@@ -66,8 +69,12 @@ def seed_demo() -> dict | None:
         if session.scalar(select(func.count()).select_from(Tenant)):
             return None
         apply_document(session, document.load(DEMO_FLEET.read_text()))
-        tenant = create_tenant(session, name="Demo Tenant", slug="demo", contact_email="demo@example.com")
-        tkey = create_key(session, tenant_id=tenant.id, name="demo", scopes=["read", "write", "admin"])
+        tenant = create_tenant(
+            session, name="Demo Tenant", slug="demo", contact_email="demo@example.com"
+        )
+        tkey = create_key(
+            session, tenant_id=tenant.id, name="demo", scopes=["read", "write", "admin"]
+        )
         okey = create_key(session, tenant_id=None, name="operator", scopes=["platform"])
         return {"tenant_key": tkey.key, "operator_key": okey.key}
 
@@ -88,22 +95,44 @@ def up(
     migrate_db()
     seeded = seed_demo() if settings.seed_demo else None
     base = f"http://{host}:{port}"
-    console.print(f"[bold]Rackplane[/bold] on {'SQLite (embedded)' if settings.is_sqlite else 'PostgreSQL'}"
-                  f", broker {'SQLite (embedded)' if not settings.redis_url else 'Redis'}")
-    console.print(f"  API        {base}/v1\n  API docs   {base}/docs\n  OpenAPI    {base}/openapi.json\n"
-                  f"  health     {base}/healthz  {base}/readyz\n  metrics    {base}/metrics")
+    console.print(
+        f"[bold]Rackplane[/bold] on {'SQLite (embedded)' if settings.is_sqlite else 'PostgreSQL'}"
+        f", broker {'SQLite (embedded)' if not settings.redis_url else 'Redis'}"
+    )
+    console.print(
+        f"  API        {base}/v1\n  API docs   {base}/docs\n  OpenAPI    {base}/openapi.json\n"
+        f"  health     {base}/healthz  {base}/readyz\n  metrics    {base}/metrics"
+    )
     if seeded:
-        console.print("[bold green]Demo seeded[/bold green] (keys are shown once; only hashes are stored):")
+        console.print(
+            "[bold green]Demo seeded[/bold green] (keys are shown once; only hashes are stored):"
+        )
         console.print(f"  demo tenant key  {seeded['tenant_key']}")
         console.print(f"  operator key     {seeded['operator_key']}")
-        console.print(f"  try: curl -H 'Authorization: Bearer {seeded['tenant_key']}' {base}/v1/capacity")
+        console.print(
+            f"  try: curl -H 'Authorization: Bearer {seeded['tenant_key']}' {base}/v1/capacity"
+        )
     children: list[subprocess.Popen] = []
     if worker:
-        cmd = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--beat",
-               "--loglevel", settings.log_level, "--concurrency", str(concurrency),
-               "-Q", ",".join(__import__("workers.settings", fromlist=["QUEUES"]).QUEUES),
-               "-n", f"rackplane-{os.getpid()}@%h"]
-        children.append(subprocess.Popen(cmd, cwd=ROOT))
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.celery_app",
+            "worker",
+            "--beat",
+            "--loglevel",
+            settings.log_level,
+            "--concurrency",
+            str(concurrency),
+            "-Q",
+            ",".join(__import__("workers.settings", fromlist=["QUEUES"]).QUEUES),
+            "-n",
+            f"rackplane-{os.getpid()}@%h",
+        ]
+        # Its own process group, so the worker's pool and beat children stop with it.
+        children.append(subprocess.Popen(cmd, cwd=ROOT, start_new_session=True))
     sys.stdout.flush()
 
     def stop(*_a) -> None:
@@ -115,13 +144,29 @@ def up(
     except KeyboardInterrupt:
         pass
     finally:
-        for child in children:
-            child.terminate()
-        for child in children:
+        _stop_groups(children)
+
+
+def _stop_groups(children: list[subprocess.Popen], timeout: float = 20.0) -> None:
+    """Warm shutdown of each child's process group; kill whatever is left after `timeout`."""
+    import time
+
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for _ in range(50):  # the group outlives its leader by a moment while children exit
             try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
+                os.killpg(child.pid, 0)
+            except ProcessLookupError:
+                break
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+            time.sleep(0.1)
 
 
 @cli.command("worker")
@@ -129,14 +174,26 @@ def run_worker(concurrency: int = 2, beat: bool = True) -> None:
     """Run a Celery worker (and beat) for every queue."""
     from workers.settings import QUEUES
 
-    args = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", ",".join(QUEUES),
-            "--concurrency", str(concurrency)] + (["--beat"] if beat else [])
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app",
+        "worker",
+        "-Q",
+        ",".join(QUEUES),
+        "--concurrency",
+        str(concurrency),
+    ] + (["--beat"] if beat else [])
     raise typer.Exit(subprocess.call(args, cwd=ROOT))
 
 
 @fleet_cli.command("import")
-def fleet_import(file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
-                 dry_run: bool = typer.Option(False, help="Validate only.")) -> None:
+def fleet_import(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    dry_run: bool = typer.Option(False, help="Validate only."),
+) -> None:
     """Validate a fleet file whole and apply it (nothing is written unless all of it is valid)."""
     from app.core.db import session_scope
     from app.core.errors import AppError
@@ -177,10 +234,13 @@ def fleet_show() -> None:
 
 
 @tenants_cli.command("create")
-def tenants_create(name: str = typer.Option(...), slug: str = typer.Option(...),
-                   email: str = typer.Option(...),
-                   policy: Optional[list[str]] = typer.Option(None, help="Allowed isolation tier (repeat)."),
-                   with_key: bool = typer.Option(True, help="Also create an admin key and print it.")) -> None:
+def tenants_create(
+    name: str = typer.Option(...),
+    slug: str = typer.Option(...),
+    email: str = typer.Option(...),
+    policy: list[str] | None = typer.Option(None, help="Allowed isolation tier (repeat)."),
+    with_key: bool = typer.Option(True, help="Also create an admin key and print it."),
+) -> None:
     """Create an active tenant (and its first admin key)."""
     from pydantic import ValidationError
 
@@ -196,11 +256,20 @@ def tenants_create(name: str = typer.Option(...), slug: str = typer.Option(...),
         _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
     try:
         with session_scope() as session:
-            tenant = create_tenant(session, name=body.name, slug=body.slug,
-                                   contact_email=body.contact_email,
-                                   isolation_policy=body.isolation_policy)
-            key = create_key(session, tenant_id=tenant.id, name="initial",
-                             scopes=["read", "write", "admin"]) if with_key else None
+            tenant = create_tenant(
+                session,
+                name=body.name,
+                slug=body.slug,
+                contact_email=body.contact_email,
+                isolation_policy=body.isolation_policy,
+            )
+            key = (
+                create_key(
+                    session, tenant_id=tenant.id, name="initial", scopes=["read", "write", "admin"]
+                )
+                if with_key
+                else None
+            )
             tid = tenant.id
     except AppError as exc:
         _fail(exc.detail, 2)
@@ -245,10 +314,12 @@ def tenants_approve(slug: str) -> None:
 
 
 @keys_cli.command("create")
-def keys_create(tenant: Optional[str] = typer.Option(None, help="Tenant slug."),
-                platform: bool = typer.Option(False, "--platform", help="An operator key."),
-                name: str = typer.Option("cli"),
-                scope: Optional[list[str]] = typer.Option(None, help="read, write or admin (repeat).")) -> None:
+def keys_create(
+    tenant: str | None = typer.Option(None, help="Tenant slug."),
+    platform: bool = typer.Option(False, "--platform", help="An operator key."),
+    name: str = typer.Option("cli"),
+    scope: list[str] | None = typer.Option(None, help="read, write or admin (repeat)."),
+) -> None:
     """Create an API key and print it (once)."""
     from sqlalchemy import select
 
@@ -289,8 +360,10 @@ def keys_revoke(prefix: str) -> None:
 
 
 @cli.command()
-def openapi(check: bool = typer.Option(False, help="Fail if openapi/openapi.json is out of date."),
-            out: Path = typer.Option(ROOT / "openapi" / "openapi.json")) -> None:
+def openapi(
+    check: bool = typer.Option(False, help="Fail if openapi/openapi.json is out of date."),
+    out: Path = typer.Option(ROOT / "openapi" / "openapi.json"),
+) -> None:
     """Write the OpenAPI document generated from the app."""
     from app.main import create_app
 

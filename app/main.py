@@ -38,15 +38,19 @@ def create_app() -> FastAPI:
             app.include_router(module.admin)
     # Outermost last: request context wraps everything, then size limits, then idempotency.
     app.add_middleware(IdempotencyMiddleware)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes,
-                       large_paths={"/v1/admin/fleet:import": settings.max_import_bytes})
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        large_paths={"/v1/admin/fleet:import": settings.max_import_bytes},
+    )
     app.add_middleware(RequestContextMiddleware)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                             routes=app.routes)
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         fleet_schema = FleetDocument.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(fleet_schema.pop("$defs", {}))
@@ -66,14 +70,18 @@ def _problem_responses(schema: dict[str, Any]) -> None:
         "title": "Problem",
         "description": "RFC 9457 problem details.",
         "properties": {
-            "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
-            "detail": {"type": "string"}, "code": {"type": "string"}, "instance": {"type": "string"},
+            "type": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "detail": {"type": "string"},
+            "code": {"type": "string"},
+            "instance": {"type": "string"},
             "errors": {"type": "array", "items": {"type": "object"}},
         },
         "required": ["type", "title", "status", "detail", "code"],
     }
     problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
-    for path, ops in schema.get("paths", {}).items():
+    for ops in schema.get("paths", {}).values():
         for op in ops.values():
             responses = op.setdefault("responses", {})
             if "422" in responses:

@@ -7,5 +7,15 @@ from app.keys.models import ApiKey
 from app.outbox.models import OutboxMessage
 from app.tenants.models import Tenant
 
-__all__ = ["Base", "ApiKey", "FleetImport", "Gpu", "IdempotencyRecord", "Node", "OutboxMessage",
-           "Rack", "Region", "Tenant"]
+__all__ = [
+    "Base",
+    "ApiKey",
+    "FleetImport",
+    "Gpu",
+    "IdempotencyRecord",
+    "Node",
+    "OutboxMessage",
+    "Rack",
+    "Region",
+    "Tenant",
+]

@@ -45,15 +45,17 @@ def drop_database(name: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     data_dir = tempfile.mkdtemp(prefix="rackplane-test-")
-    os.environ.update({
-        "DATABASE_URL": create_database(TEST_DB),
-        "REDIS_URL": REDIS_URL,
-        "RACKPLANE_BROKER_PREFIX": f"rptest-{RUN_ID}:",
-        "RACKPLANE_DATA_DIR": data_dir,
-        "RACKPLANE_LOG_JSON": "true",
-        "RACKPLANE_LOG_LEVEL": "WARNING",
-        "RACKPLANE_SEED_DEMO": "false",
-    })
+    os.environ.update(
+        {
+            "DATABASE_URL": create_database(TEST_DB),
+            "REDIS_URL": REDIS_URL,
+            "RACKPLANE_BROKER_PREFIX": f"rptest-{RUN_ID}:",
+            "RACKPLANE_DATA_DIR": data_dir,
+            "RACKPLANE_LOG_JSON": "true",
+            "RACKPLANE_LOG_LEVEL": "WARNING",
+            "RACKPLANE_SEED_DEMO": "false",
+        }
+    )
     from app.cli import migrate_db
 
     migrate_db()
@@ -75,8 +77,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         pass
 
 
-TABLES = ["gpus", "nodes", "racks", "regions", "fleet_imports", "api_keys", "tenants",
-          "idempotency_records", "outbox"]
+TABLES = [
+    "gpus",
+    "nodes",
+    "racks",
+    "regions",
+    "fleet_imports",
+    "api_keys",
+    "tenants",
+    "idempotency_records",
+    "outbox",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -116,6 +127,7 @@ def session():
 
 # --- small builders -------------------------------------------------------------------------
 
+
 class World:
     """Builders for tenants, keys and fleet rows, committed so the API sees them."""
 
@@ -124,8 +136,14 @@ class World:
         from app.tenants.service import create_tenant
 
         with session_scope() as s:
-            return create_tenant(s, name=slug.title(), slug=slug, contact_email=f"{slug}@example.com",
-                                 status=status, isolation_policy=policy)
+            return create_tenant(
+                s,
+                name=slug.title(),
+                slug=slug,
+                contact_email=f"{slug}@example.com",
+                status=status,
+                isolation_policy=policy,
+            )
 
     def key(self, tenant=None, scopes=("read", "write", "admin"), name: str = "test") -> str:
         from app.core.db import session_scope
@@ -170,6 +188,7 @@ regions:
 
 # --- a real Celery worker process -------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def celery_worker_process():
     """A real `celery worker` process on the test database and Redis (with beat)."""
@@ -179,10 +198,28 @@ def celery_worker_process():
     env = {**os.environ, "RACKPLANE_LOG_LEVEL": "INFO"}
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--beat",
-             "-Q", ",".join(QUEUES), "--concurrency", "1", "-n", f"test-{RUN_ID}@%h",
-             "--loglevel", "INFO"],
-            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.celery_app",
+                "worker",
+                "--beat",
+                "-Q",
+                ",".join(QUEUES),
+                "--concurrency",
+                "1",
+                "-n",
+                f"test-{RUN_ID}@%h",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.time() + 60
     while time.time() < deadline:
         if b"ready" in log.read_bytes():

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -72,8 +73,15 @@ def problem_body(
     return body
 
 
-def problem_response(status: int, code: str, title: str, detail: str, request: Request | None = None,
-                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+def problem_response(
+    status: int,
+    code: str,
+    title: str,
+    detail: str,
+    request: Request | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
     instance = request.url.path if request is not None else None
     return JSONResponse(
         problem_body(status, code, title, detail, instance, **extra),
@@ -110,25 +118,48 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AppError)
     async def _app_error(request: Request, exc: AppError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return problem_response(exc.status, exc.code, exc.title, exc.detail, request,
-                                headers=headers, **exc.extra)
+        return problem_response(
+            exc.status, exc.code, exc.title, exc.detail, request, headers=headers, **exc.extra
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"field": format_loc(e.get("loc", ())), "message": e.get("msg", ""), "type": e.get("type", "")}
+            {
+                "field": format_loc(e.get("loc", ())),
+                "message": e.get("msg", ""),
+                "type": e.get("type", ""),
+            }
             for e in exc.errors()
         ]
         fields = ", ".join(e["field"] for e in errors[:5])
-        return problem_response(422, "validation_error", "Validation failed",
-                                f"Invalid request: {fields}", request, errors=errors)
+        return problem_response(
+            422,
+            "validation_error",
+            "Validation failed",
+            f"Invalid request: {fields}",
+            request,
+            errors=errors,
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code, title = _HTTP_CODES.get(exc.status_code, ("http_error", "HTTP error"))
         detail = exc.detail if isinstance(exc.detail, str) else title
-        return problem_response(exc.status_code, code, title, detail, request,
-                                headers=getattr(exc, "headers", None))
+        return problem_response(
+            exc.status_code, code, title, detail, request, headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        # A concurrent request won a uniqueness race the service checked for: nothing was written.
+        return problem_response(
+            409,
+            "conflict",
+            "Conflict",
+            "The request conflicts with a concurrent change; nothing was written.",
+            request,
+        )
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
@@ -136,11 +167,21 @@ def install_error_handlers(app: FastAPI) -> None:
 
         get_logger("app.errors").exception("unhandled_error", path=request.url.path)
         if _is_unavailable(exc):
-            return problem_response(503, "dependency_unavailable", "Service unavailable",
-                                    "A backing service (database or broker) is unreachable; retry shortly.",
-                                    request, headers={"Retry-After": "5"})
-        return problem_response(500, "internal_error", "Internal server error",
-                                "An unexpected error occurred; it has been logged.", request)
+            return problem_response(
+                503,
+                "dependency_unavailable",
+                "Service unavailable",
+                "A backing service (database or broker) is unreachable; retry shortly.",
+                request,
+                headers={"Retry-After": "5"},
+            )
+        return problem_response(
+            500,
+            "internal_error",
+            "Internal server error",
+            "An unexpected error occurred; it has been logged.",
+            request,
+        )
 
 
 def _is_unavailable(exc: BaseException) -> bool:

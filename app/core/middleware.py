@@ -14,17 +14,36 @@ from app.core.errors import PROBLEM_JSON, problem_body
 from app.core.logging import get_logger
 
 REQUESTS = Counter("rackplane_http_requests_total", "HTTP requests", ["method", "route", "status"])
-LATENCY = Histogram("rackplane_http_request_duration_seconds", "HTTP request latency",
-                    ["method", "route"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+LATENCY = Histogram(
+    "rackplane_http_request_duration_seconds",
+    "HTTP request latency",
+    ["method", "route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 log = get_logger("app.access")
 
 
-async def send_problem(send: Send, status: int, code: str, title: str, detail: str,
-                       headers: list[tuple[bytes, bytes]] | None = None, **extra) -> None:
+async def send_problem(
+    send: Send,
+    status: int,
+    code: str,
+    title: str,
+    detail: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    **extra,
+) -> None:
     body = json.dumps(problem_body(status, code, title, detail, **extra)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", PROBLEM_JSON.encode()),
-                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", PROBLEM_JSON.encode()),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -64,8 +83,14 @@ class RequestContextMiddleware:
             template = getattr(route, "path", None) or "unmatched"
             REQUESTS.labels(scope["method"], template, str(status)).inc()
             LATENCY.labels(scope["method"], template).observe(elapsed)
-            log.info("request", method=scope["method"], path=scope["path"], route=template,
-                     status=status, duration_ms=round(elapsed * 1000, 2))
+            log.info(
+                "request",
+                method=scope["method"],
+                path=scope["path"],
+                route=template,
+                status=status,
+                duration_ms=round(elapsed * 1000, 2),
+            )
 
 
 class BodySizeLimitMiddleware:
@@ -82,42 +107,43 @@ class BodySizeLimitMiddleware:
         limit = self.large_paths.get(scope["path"], self.max_bytes)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            return await send_problem(send, 413, "payload_too_large", "Request body too large",
-                                      f"Request bodies are limited to {limit} bytes.")
-        received = 0
-        too_large = False
-
-        async def limited_receive() -> Message:
-            nonlocal received, too_large
+            return await send_problem(
+                send,
+                413,
+                "payload_too_large",
+                "Request body too large",
+                f"Request bodies are limited to {limit} bytes.",
+            )
+        if length is not None:  # the server enforces Content-Length, so the app may stream
+            return await self.app(scope, receive, send)
+        # Chunked body: buffer it (up to the limit) before the app sees it, so the answer is a
+        # clean 413 rather than a half-read body.
+        chunks, size = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    too_large = True
-                    raise _TooLarge()
-            return message
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await send_problem(
+                    send,
+                    413,
+                    "payload_too_large",
+                    "Request body too large",
+                    f"Request bodies are limited to {limit} bytes.",
+                )
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        delivered = False
 
-        started = False
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await send_problem(send, 413, "payload_too_large", "Request body too large",
-                                   f"Request bodies are limited to {limit} bytes.")
-        except Exception:
-            if too_large and not started:
-                await send_problem(send, 413, "payload_too_large", "Request body too large",
-                                   f"Request bodies are limited to {limit} bytes.")
-            else:
-                raise
-
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)

@@ -30,14 +30,18 @@ class OutModel(BaseModel):
 
 class Page(BaseModel, Generic[T]):
     items: list[T]
-    next_cursor: str | None = Field(None, description="Pass as `cursor` to get the next page; null at the end.")
+    next_cursor: str | None = Field(
+        None, description="Pass as `cursor` to get the next page; null at the end."
+    )
 
 
 class PageParams:
     def __init__(
         self,
         limit: int = Query(50, ge=1, le=500, description="Page size."),
-        cursor: str | None = Query(None, description="Opaque cursor from a previous page's `next_cursor`."),
+        cursor: str | None = Query(
+            None, description="Opaque cursor from a previous page's `next_cursor`."
+        ),
     ):
         self.limit = limit
         self.cursor = cursor
@@ -61,7 +65,9 @@ def _decode(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise InvalidCursor("The cursor is not one this API issued.") from None
 
 
-def paginate(session: Session, stmt: Select, model: Any, page: PageParams) -> tuple[list[Any], str | None]:
+def paginate(
+    session: Session, stmt: Select, model: Any, page: PageParams
+) -> tuple[list[Any], str | None]:
     """Keyset pagination over (created_at, id): stable under inserts, O(limit) per page."""
     if page.cursor:
         ts, oid = _decode(page.cursor)

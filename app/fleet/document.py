@@ -17,23 +17,30 @@ from app.core.schemas import StrictModel
 from app.fleet.models import NodeState
 from app.placement.catalog import GPU_MODELS, RACK_KINDS
 
-Name = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")]
+Name = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+]
 
 
 class NodeSpec(StrictModel):
     name: Name
     gpu_model: str | None = Field(None, description="Defaults to the rack's gpu_model.")
-    gpus: int | None = Field(None, ge=1, le=16, description="Defaults to the rack kind's GPUs per node.")
+    gpus: int | None = Field(
+        None, ge=1, le=16, description="Defaults to the rack kind's GPUs per node."
+    )
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_gib: float | None = Field(None, gt=0, le=65536)
     state: NodeState = NodeState.ready
-    mig_gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list,
-                                                       description="Indices of GPUs in MIG mode.")
+    mig_gpus: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="Indices of GPUs in MIG mode."
+    )
 
 
 class NodeTemplate(StrictModel):
     count: int = Field(..., ge=1, le=10_000)
-    name_prefix: str = Field(..., min_length=1, max_length=59, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name_prefix: str = Field(
+        ..., min_length=1, max_length=59, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+    )
     gpu_model: str | None = None
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_gib: float | None = Field(None, gt=0, le=65536)
@@ -52,8 +59,10 @@ class RackSpec(StrictModel):
     def _check(self) -> RackSpec:
         spec = RACK_KINDS[self.kind]
         if self.gpu_model is not None and self.gpu_model not in spec.gpu_models:
-            raise ValueError(f"gpu_model {self.gpu_model!r} is not sold in {self.kind} racks "
-                             f"(allowed: {', '.join(spec.gpu_models)})")
+            raise ValueError(
+                f"gpu_model {self.gpu_model!r} is not sold in {self.kind} racks "
+                f"(allowed: {', '.join(spec.gpu_models)})"
+            )
         if self.nodes is not None and self.node_template is not None:
             raise ValueError("give either nodes or node_template, not both")
         if self.kind == "hgx" and self.nodes is None and self.node_template is None:
@@ -78,7 +87,9 @@ class FleetDocumentError(Exception):
         self.errors = errors
 
 
-def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, tuple[int, int]]:
+def _line_map(
+    node: yaml.Node, path: tuple = (), out: dict | None = None
+) -> dict[tuple, tuple[int, int]]:
     """Map every path in a composed YAML tree to its (line, column), 1-based."""
     out = {} if out is None else out
     out[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
@@ -109,8 +120,16 @@ def parse(text: str, *, fmt: str | None = None) -> tuple[Any, dict[tuple, tuple[
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise FleetDocumentError([{"field": "", "line": e.lineno, "column": e.colno,
-                                       "message": f"invalid JSON: {e.msg}"}]) from None
+            raise FleetDocumentError(
+                [
+                    {
+                        "field": "",
+                        "line": e.lineno,
+                        "column": e.colno,
+                        "message": f"invalid JSON: {e.msg}",
+                    }
+                ]
+            ) from None
         try:  # JSON is YAML: recover line numbers where the YAML parser agrees.
             return data, _line_map(yaml.compose(text, Loader=yaml.SafeLoader))
         except yaml.YAMLError:
@@ -120,12 +139,20 @@ def parse(text: str, *, fmt: str | None = None) -> tuple[Any, dict[tuple, tuple[
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
-        raise FleetDocumentError([{"field": "", "line": mark.line + 1 if mark else None,
-                                   "column": mark.column + 1 if mark else None,
-                                   "message": f"invalid YAML: {e.problem}"}]) from None
+        raise FleetDocumentError(
+            [
+                {
+                    "field": "",
+                    "line": mark.line + 1 if mark else None,
+                    "column": mark.column + 1 if mark else None,
+                    "message": f"invalid YAML: {e.problem}",
+                }
+            ]
+        ) from None
     except yaml.YAMLError as e:
-        raise FleetDocumentError([{"field": "", "line": None, "column": None,
-                                   "message": f"invalid YAML: {e}"}]) from None
+        raise FleetDocumentError(
+            [{"field": "", "line": None, "column": None, "message": f"invalid YAML: {e}"}]
+        ) from None
     return data, (_line_map(node) if node is not None else {})
 
 
@@ -139,8 +166,14 @@ def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> di
 
     def err(loc: tuple, message: str) -> None:
         pos = _locate(lines, loc)
-        errors.append({"field": format_loc(loc), "line": pos[0] if pos else None,
-                       "column": pos[1] if pos else None, "message": message})
+        errors.append(
+            {
+                "field": format_loc(loc),
+                "line": pos[0] if pos else None,
+                "column": pos[1] if pos else None,
+                "message": message,
+            }
+        )
 
     if not isinstance(data, dict):
         err((), "the fleet document must be a mapping with a `regions` list")
@@ -149,7 +182,9 @@ def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> di
         doc = FleetDocument.model_validate(data)
     except ValidationError as e:
         for item in e.errors():
-            loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            loc = tuple(
+                p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-"))
+            )
             err(loc, item["msg"])
         raise FleetDocumentError(errors) from None
 
@@ -173,48 +208,97 @@ def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> di
             if rack.node_template is not None:
                 t = rack.node_template
                 for i in range(t.count):
-                    nodes.append((rloc + ("node_template",), {
-                        "name": f"{t.name_prefix}{i + 1:03d}", "gpu_model": t.gpu_model, "gpus": None,
-                        "cpus": t.cpus, "memory_gib": t.memory_gib, "state": "ready",
-                        "mig_gpus": list(t.mig_gpus)}))
+                    nodes.append(
+                        (
+                            rloc + ("node_template",),
+                            {
+                                "name": f"{t.name_prefix}{i + 1:03d}",
+                                "gpu_model": t.gpu_model,
+                                "gpus": None,
+                                "cpus": t.cpus,
+                                "memory_gib": t.memory_gib,
+                                "state": "ready",
+                                "mig_gpus": list(t.mig_gpus),
+                            },
+                        )
+                    )
             elif rack.nodes is not None:
                 for ni, n in enumerate(rack.nodes):
                     nodes.append((rloc + ("nodes", ni), n.model_dump(mode="json")))
             else:  # nvl72 with no nodes listed: its 18 compute trays
                 for i in range(spec.nodes_per_rack or 0):
-                    nodes.append((rloc, {"name": f"{rack.name}-tray{i + 1:02d}", "gpu_model": None,
-                                         "gpus": None, "cpus": None, "memory_gib": None,
-                                         "state": "ready", "mig_gpus": []}))
+                    nodes.append(
+                        (
+                            rloc,
+                            {
+                                "name": f"{rack.name}-tray{i + 1:02d}",
+                                "gpu_model": None,
+                                "gpus": None,
+                                "cpus": None,
+                                "memory_gib": None,
+                                "state": "ready",
+                                "mig_gpus": [],
+                            },
+                        )
+                    )
             if spec.nodes_per_rack is not None and len(nodes) != spec.nodes_per_rack:
-                err(rloc + ("nodes",), f"an {rack.kind} rack has exactly {spec.nodes_per_rack} compute "
-                                       f"trays; got {len(nodes)}")
+                err(
+                    rloc + ("nodes",),
+                    f"an {rack.kind} rack has exactly {spec.nodes_per_rack} compute "
+                    f"trays; got {len(nodes)}",
+                )
             out_nodes = []
             for nloc, n in nodes:
                 model = n["gpu_model"] or rack_model
                 gpus = n["gpus"] or spec.gpus_per_node
                 if model not in GPU_MODELS:
-                    err(nloc + ("gpu_model",), f"unknown GPU model {model!r} "
-                                               f"(known: {', '.join(GPU_MODELS)})")
+                    err(
+                        nloc + ("gpu_model",),
+                        f"unknown GPU model {model!r} (known: {', '.join(GPU_MODELS)})",
+                    )
                 elif model not in spec.gpu_models:
                     err(nloc + ("gpu_model",), f"{model} is not sold in {rack.kind} racks")
                 if gpus != spec.gpus_per_node:
-                    err(nloc + ("gpus",), f"{rack.kind} nodes have {spec.gpus_per_node} GPUs; got {gpus}")
+                    err(
+                        nloc + ("gpus",),
+                        f"{rack.kind} nodes have {spec.gpus_per_node} GPUs; got {gpus}",
+                    )
                 bad_mig = [i for i in n["mig_gpus"] if i >= gpus]
                 if bad_mig:
-                    err(nloc + ("mig_gpus",), f"GPU indices {bad_mig} do not exist on a {gpus}-GPU node")
+                    err(
+                        nloc + ("mig_gpus",),
+                        f"GPU indices {bad_mig} do not exist on a {gpus}-GPU node",
+                    )
                 if n["name"] in nodes_seen:
-                    err(nloc + ("name",), f"node {n['name']!r} appears twice (first at "
-                                          f"{format_loc(nodes_seen[n['name']])})")
+                    err(
+                        nloc + ("name",),
+                        f"node {n['name']!r} appears twice (first at "
+                        f"{format_loc(nodes_seen[n['name']])})",
+                    )
                 nodes_seen.setdefault(n["name"], nloc)
-                out_nodes.append({
-                    "name": n["name"], "gpu_model": model, "gpus": gpus,
-                    "cpu_milli": int(round((n["cpus"] or spec.default_cpu_milli / 1000) * 1000)),
-                    "memory_mib": int(round(n["memory_gib"] * 1024)) if n["memory_gib"]
-                    else spec.default_memory_mib,
-                    "state": n["state"], "mig_gpus": sorted(set(n["mig_gpus"])),
-                })
-            out_racks.append({"name": rack.name, "kind": rack.kind, "block": rack.block or rack.name,
-                              "nodes": out_nodes})
+                out_nodes.append(
+                    {
+                        "name": n["name"],
+                        "gpu_model": model,
+                        "gpus": gpus,
+                        "cpu_milli": int(
+                            round((n["cpus"] or spec.default_cpu_milli / 1000) * 1000)
+                        ),
+                        "memory_mib": int(round(n["memory_gib"] * 1024))
+                        if n["memory_gib"]
+                        else spec.default_memory_mib,
+                        "state": n["state"],
+                        "mig_gpus": sorted(set(n["mig_gpus"])),
+                    }
+                )
+            out_racks.append(
+                {
+                    "name": rack.name,
+                    "kind": rack.kind,
+                    "block": rack.block or rack.name,
+                    "nodes": out_nodes,
+                }
+            )
         out_regions.append({"name": region.name, "racks": out_racks})
     if errors:
         raise FleetDocumentError(errors)
@@ -229,5 +313,9 @@ def load(text: str, *, fmt: str | None = None) -> dict[str, Any]:
 def summarize(doc: dict[str, Any]) -> dict[str, int]:
     racks = [r for reg in doc["regions"] for r in reg["racks"]]
     nodes = [n for r in racks for n in r["nodes"]]
-    return {"regions": len(doc["regions"]), "racks": len(racks), "nodes": len(nodes),
-            "gpus": sum(n["gpus"] for n in nodes)}
+    return {
+        "regions": len(doc["regions"]),
+        "racks": len(racks),
+        "nodes": len(nodes),
+        "gpus": sum(n["gpus"] for n in nodes),
+    }

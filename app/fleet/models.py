@@ -41,7 +41,9 @@ class Rack(TimestampMixin, Base):
     __table_args__ = (UniqueConstraint("region_id", "name"),)
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
-    region_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("regions.id", ondelete="RESTRICT"), index=True)
+    region_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("regions.id", ondelete="RESTRICT"), index=True
+    )
     name: Mapped[str] = mapped_column(String(63))
     kind: Mapped[str] = mapped_column(String(16))
     # A group of racks under one spine switch (Slurm's "block"); racks default to their own.
@@ -54,7 +56,9 @@ class Node(TimestampMixin, Base):
     __tablename__ = "nodes"
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
-    rack_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("racks.id", ondelete="RESTRICT"), index=True)
+    rack_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("racks.id", ondelete="RESTRICT"), index=True
+    )
     name: Mapped[str] = mapped_column(String(63), unique=True)
     gpu_model: Mapped[str] = mapped_column(String(32))
     cpu_milli: Mapped[int] = mapped_column(Integer)
@@ -74,7 +78,9 @@ class Gpu(TimestampMixin, Base):
     __table_args__ = (UniqueConstraint("node_id", "index"),)
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
-    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), index=True
+    )
     index: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(32))
     mig_mode: Mapped[bool] = mapped_column(Boolean, default=False)

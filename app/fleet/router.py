@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
@@ -10,8 +11,17 @@ from app.core.errors import PayloadTooLarge, ValidationFailed
 from app.core.schemas import Page, PageParams, paginate
 from app.fleet import document
 from app.fleet.models import FleetImport, Gpu, Node, NodeState, Rack, Region
-from app.fleet.schemas import (Capacity, FleetImportOut, FleetValidation, GpuOut, NodeDetail,
-                               NodeOut, NodeStateChange, RackOut, RegionOut)
+from app.fleet.schemas import (
+    Capacity,
+    FleetImportOut,
+    FleetValidation,
+    GpuOut,
+    NodeDetail,
+    NodeOut,
+    NodeStateChange,
+    RackOut,
+    RegionOut,
+)
 from app.fleet.service import capacity, set_node_state
 from app.outbox.service import enqueue
 from app.tenancy.auth import AuthContext, platform, tenant_read
@@ -34,37 +44,54 @@ _IMPORT_BODY = {
 async def _raw_body(request: Request) -> bytes:
     raw = await request.body()
     if len(raw) > get_settings().max_import_bytes:
-        raise PayloadTooLarge(f"Fleet files are limited to {get_settings().max_import_bytes} bytes.")
+        raise PayloadTooLarge(
+            f"Fleet files are limited to {get_settings().max_import_bytes} bytes."
+        )
     return raw
 
 
 @router.get("/capacity", response_model=Capacity, summary="Fleet capacity by region and GPU model")
-def get_capacity(auth: AuthContext = Depends(tenant_read),
-                 session: Session = Depends(session_dependency)) -> dict:
+def get_capacity(
+    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
+) -> dict:
     return {"items": capacity(session)}
 
 
-@admin.post("/fleet:import", status_code=202, openapi_extra=_IMPORT_BODY,
-            responses={200: {"model": FleetValidation, "description": "dry_run: the file is valid"}},
-            response_model=FleetImportOut,
-            summary="Import a fleet file (validated whole; applied by a worker)")
-def import_fleet(request: Request, response: Response, raw: bytes = Depends(_raw_body),
-                       dry_run: bool = Query(False, description="Validate only; write nothing."),
-                       source: str | None = Query(None, max_length=300, description="File name, for the record."),
-                       auth: AuthContext = Depends(platform),
-                       session: Session = Depends(session_dependency)):
+@admin.post(
+    "/fleet:import",
+    status_code=202,
+    openapi_extra=_IMPORT_BODY,
+    responses={200: {"model": FleetValidation, "description": "dry_run: the file is valid"}},
+    response_model=FleetImportOut,
+    summary="Import a fleet file (validated whole; applied by a worker)",
+)
+def import_fleet(
+    request: Request,
+    response: Response,
+    raw: bytes = Depends(_raw_body),
+    dry_run: bool = Query(False, description="Validate only; write nothing."),
+    source: str | None = Query(None, max_length=300, description="File name, for the record."),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+):
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     fmt = "json" if ctype.endswith("json") else "yaml"
     try:
         doc = document.load(raw.decode("utf-8"), fmt=fmt)
     except UnicodeDecodeError:
-        raise ValidationFailed("The fleet file must be UTF-8 text.", code="invalid_fleet_file") from None
+        raise ValidationFailed(
+            "The fleet file must be UTF-8 text.", code="invalid_fleet_file"
+        ) from None
     except document.FleetDocumentError as exc:
-        raise ValidationFailed(f"The fleet file has {len(exc.errors)} error(s); nothing was imported.",
-                               code="invalid_fleet_file", errors=exc.errors) from None
+        raise ValidationFailed(
+            f"The fleet file has {len(exc.errors)} error(s); nothing was imported.",
+            code="invalid_fleet_file",
+            errors=exc.errors,
+        ) from None
     if dry_run:
-        response.status_code = 200
-        return FleetValidation(valid=True, totals=document.summarize(doc)).model_dump()
+        return JSONResponse(
+            FleetValidation(valid=True, totals=document.summarize(doc)).model_dump()
+        )
     imp = FleetImport(document=doc, source=source, created_at=utcnow())
     session.add(imp)
     session.flush()
@@ -73,40 +100,61 @@ def import_fleet(request: Request, response: Response, raw: bytes = Depends(_raw
     return FleetImportOut.model_validate(imp).model_dump(mode="json")
 
 
-@admin.get("/fleet/imports/{import_id}", response_model=FleetImportOut, summary="A fleet import's status")
-def read_import(import_id: str, auth: AuthContext = Depends(platform),
-                session: Session = Depends(session_dependency)) -> FleetImport:
+@admin.get(
+    "/fleet/imports/{import_id}", response_model=FleetImportOut, summary="A fleet import's status"
+)
+def read_import(
+    import_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> FleetImport:
     return get_or_404(session, FleetImport, import_id, what="fleet_import")
 
 
 @admin.get("/regions", response_model=Page[RegionOut], summary="List regions")
-def list_regions(page: PageParams = Depends(), auth: AuthContext = Depends(platform),
-                 session: Session = Depends(session_dependency)) -> dict:
+def list_regions(
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
     items, nxt = paginate(session, select(Region), Region, page)
     return {"items": items, "next_cursor": nxt}
 
 
 @admin.get("/racks", response_model=Page[RackOut], summary="List racks")
-def list_racks(region_id: str | None = None, page: PageParams = Depends(),
-               auth: AuthContext = Depends(platform),
-               session: Session = Depends(session_dependency)) -> dict:
+def list_racks(
+    region_id: str | None = None,
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
     stmt = select(Rack)
     if region_id:
-        stmt = stmt.where(Rack.region_id == get_or_404(session, Region, region_id, what="region").id)
+        stmt = stmt.where(
+            Rack.region_id == get_or_404(session, Region, region_id, what="region").id
+        )
     items, nxt = paginate(session, stmt, Rack, page)
     return {"items": items, "next_cursor": nxt}
 
 
 @admin.get("/racks/{rack_id}", response_model=RackOut, summary="Read a rack")
-def read_rack(rack_id: str, auth: AuthContext = Depends(platform),
-              session: Session = Depends(session_dependency)) -> Rack:
+def read_rack(
+    rack_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Rack:
     return get_or_404(session, Rack, rack_id, what="rack")
 
 
 @admin.get("/nodes", response_model=Page[NodeOut], summary="List nodes")
-def list_nodes(rack_id: str | None = None, state: NodeState | None = None, gpu_model: str | None = None,
-               page: PageParams = Depends(), auth: AuthContext = Depends(platform),
-               session: Session = Depends(session_dependency)) -> dict:
+def list_nodes(
+    rack_id: str | None = None,
+    state: NodeState | None = None,
+    gpu_model: str | None = None,
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
     stmt = select(Node)
     if rack_id:
         stmt = stmt.where(Node.rack_id == get_or_404(session, Rack, rack_id, what="rack").id)
@@ -119,17 +167,27 @@ def list_nodes(rack_id: str | None = None, state: NodeState | None = None, gpu_m
 
 
 @admin.get("/nodes/{node_id}", response_model=NodeDetail, summary="Read a node and its GPUs")
-def read_node(node_id: str, auth: AuthContext = Depends(platform),
-              session: Session = Depends(session_dependency)) -> Node:
+def read_node(
+    node_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Node:
     node = get_or_404(session, Node, node_id, what="node")
     session.scalars(select(Node).where(Node.id == node.id).options(selectinload(Node.gpus))).one()
     return node
 
 
-@admin.patch("/nodes/{node_id}", response_model=NodeOut,
-             summary="Change a node's state (cordon, drain, mark down, return to ready)")
-def change_node(node_id: str, body: NodeStateChange, auth: AuthContext = Depends(platform),
-                session: Session = Depends(session_dependency)) -> Node:
+@admin.patch(
+    "/nodes/{node_id}",
+    response_model=NodeOut,
+    summary="Change a node's state (cordon, drain, mark down, return to ready)",
+)
+def change_node(
+    node_id: str,
+    body: NodeStateChange,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Node:
     node = get_or_404(session, Node, node_id, what="node")
     set_node_state(node, body.state.value, body.reason)
     session.flush()
@@ -137,9 +195,12 @@ def change_node(node_id: str, body: NodeStateChange, auth: AuthContext = Depends
 
 
 @admin.get("/gpus", response_model=Page[GpuOut], summary="List GPUs")
-def list_gpus(node_id: str | None = None, page: PageParams = Depends(),
-              auth: AuthContext = Depends(platform),
-              session: Session = Depends(session_dependency)) -> dict:
+def list_gpus(
+    node_id: str | None = None,
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
     stmt = select(Gpu)
     if node_id:
         stmt = stmt.where(Gpu.node_id == get_or_404(session, Node, node_id, what="node").id)
@@ -148,6 +209,9 @@ def list_gpus(node_id: str | None = None, page: PageParams = Depends(),
 
 
 @admin.get("/gpus/{gpu_id}", response_model=GpuOut, summary="Read a GPU")
-def read_gpu(gpu_id: str, auth: AuthContext = Depends(platform),
-             session: Session = Depends(session_dependency)) -> Gpu:
+def read_gpu(
+    gpu_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Gpu:
     return get_or_404(session, Gpu, gpu_id, what="gpu")

@@ -37,7 +37,7 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
     names = [n["name"] for reg in doc["regions"] for r in reg["racks"] for n in r["nodes"]]
     existing_nodes: dict[str, Node] = {}
     for chunk in range(0, len(names), 1000):
-        for node in session.scalars(select(Node).where(Node.name.in_(names[chunk:chunk + 1000]))):
+        for node in session.scalars(select(Node).where(Node.name.in_(names[chunk : chunk + 1000]))):
             existing_nodes[node.name] = node
     regions = {r.name: r for r in session.scalars(select(Region))}
     now = utcnow()
@@ -50,18 +50,27 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
             session.flush()
             regions[reg["name"]] = region
             created["regions"] += 1
-        racks = {r.name: r for r in session.scalars(select(Rack).where(Rack.region_id == region.id))}
+        racks = {
+            r.name: r for r in session.scalars(select(Rack).where(Rack.region_id == region.id))
+        }
         for rk in reg["racks"]:
             rack = racks.get(rk["name"])
             if rack is None:
-                rack = Rack(region_id=region.id, name=rk["name"], kind=rk["kind"], block=rk["block"],
-                            created_at=now)
+                rack = Rack(
+                    region_id=region.id,
+                    name=rk["name"],
+                    kind=rk["kind"],
+                    block=rk["block"],
+                    created_at=now,
+                )
                 session.add(rack)
                 session.flush()
                 created["racks"] += 1
             elif rack.kind != rk["kind"]:
-                raise FleetConflict(f"rack {reg['name']}/{rk['name']} exists as {rack.kind}, "
-                                    f"the file says {rk['kind']}")
+                raise FleetConflict(
+                    f"rack {reg['name']}/{rk['name']} exists as {rack.kind}, "
+                    f"the file says {rk['kind']}"
+                )
             domain_of_rack = RACK_KINDS[rk["kind"]].rack_is_nvlink_domain
             for nd in rk["nodes"]:
                 node = existing_nodes.get(nd["name"])
@@ -69,28 +78,45 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
                     if node.rack_id != rack.id:
                         raise FleetConflict(f"node {nd['name']} already exists in another rack")
                     if node.gpu_model != nd["gpu_model"]:
-                        raise FleetConflict(f"node {nd['name']} exists with {node.gpu_model} GPUs, "
-                                            f"the file says {nd['gpu_model']}")
+                        raise FleetConflict(
+                            f"node {nd['name']} exists with {node.gpu_model} GPUs, "
+                            f"the file says {nd['gpu_model']}"
+                        )
                     if (node.cpu_milli, node.memory_mib) != (nd["cpu_milli"], nd["memory_mib"]):
                         node.cpu_milli, node.memory_mib = nd["cpu_milli"], nd["memory_mib"]
                         node.generation += 1
                         updated += 1
                     continue
                 node = Node(
-                    rack_id=rack.id, name=nd["name"], gpu_model=nd["gpu_model"],
-                    cpu_milli=nd["cpu_milli"], memory_mib=nd["memory_mib"], state=nd["state"],
-                    nvlink_domain=(f"{reg['name']}/{rk['name']}" if domain_of_rack
-                                   else f"{reg['name']}/{rk['name']}/{nd['name']}"),
-                    generation=0, created_at=now,
+                    rack_id=rack.id,
+                    name=nd["name"],
+                    gpu_model=nd["gpu_model"],
+                    cpu_milli=nd["cpu_milli"],
+                    memory_mib=nd["memory_mib"],
+                    state=nd["state"],
+                    nvlink_domain=(
+                        f"{reg['name']}/{rk['name']}"
+                        if domain_of_rack
+                        else f"{reg['name']}/{rk['name']}/{nd['name']}"
+                    ),
+                    generation=0,
+                    created_at=now,
                 )
                 session.add(node)
                 session.flush()
                 created["nodes"] += 1
                 mig = set(nd["mig_gpus"])
                 for i in range(nd["gpus"]):
-                    new_gpus.append({"node_id": node.id, "index": i, "model": nd["gpu_model"],
-                                     "mig_mode": i in mig, "health": GpuHealth.healthy.value,
-                                     "created_at": now})
+                    new_gpus.append(
+                        {
+                            "node_id": node.id,
+                            "index": i,
+                            "model": nd["gpu_model"],
+                            "mig_mode": i in mig,
+                            "health": GpuHealth.healthy.value,
+                            "created_at": now,
+                        }
+                    )
     if new_gpus:
         from app.core.db import new_id
 
@@ -106,9 +132,11 @@ def set_node_state(node: Node, state: str, reason: str | None) -> Node:
         node.state_reason = reason if reason is not None else node.state_reason
         return node
     if state not in NODE_TRANSITIONS[node.state]:
-        raise Conflict(f"A {node.state} node cannot become {state}; allowed: "
-                       f"{', '.join(sorted(NODE_TRANSITIONS[node.state]))}.",
-                       code="invalid_state_transition")
+        raise Conflict(
+            f"A {node.state} node cannot become {state}; allowed: "
+            f"{', '.join(sorted(NODE_TRANSITIONS[node.state]))}.",
+            code="invalid_state_transition",
+        )
     node.state = state
     node.state_reason = reason
     node.generation += 1
@@ -117,13 +145,27 @@ def set_node_state(node: Node, state: str, reason: str | None) -> Node:
 
 def capacity(session: Session) -> list[dict[str, Any]]:
     """Per region and GPU model: total GPUs and free whole GPUs (ready node, healthy, not MIG)."""
-    free = case((and_(Node.state == NodeState.ready.value, Gpu.health == GpuHealth.healthy.value,
-                      Gpu.mig_mode.is_(False)), 1), else_=0)
+    free = case(
+        (
+            and_(
+                Node.state == NodeState.ready.value,
+                Gpu.health == GpuHealth.healthy.value,
+                Gpu.mig_mode.is_(False),
+            ),
+            1,
+        ),
+        else_=0,
+    )
     stmt = (
         select(Region.name, Gpu.model, func.count(Gpu.id), func.sum(free))
-        .select_from(Gpu).join(Node, Gpu.node_id == Node.id).join(Rack, Node.rack_id == Rack.id)
+        .select_from(Gpu)
+        .join(Node, Gpu.node_id == Node.id)
+        .join(Rack, Node.rack_id == Rack.id)
         .join(Region, Rack.region_id == Region.id)
-        .group_by(Region.name, Gpu.model).order_by(Region.name, Gpu.model)
+        .group_by(Region.name, Gpu.model)
+        .order_by(Region.name, Gpu.model)
     )
-    return [{"region": r, "gpu_model": m, "total_gpus": int(t), "free_gpus": int(f or 0)}
-            for r, m, t, f in session.execute(stmt)]
+    return [
+        {"region": r, "gpu_model": m, "total_gpus": int(t), "free_gpus": int(f or 0)}
+        for r, m, t, f in session.execute(stmt)
+    ]

@@ -15,8 +15,15 @@ from app.fleet.service import apply_document
 log = get_logger(__name__)
 
 
-@shared_task(name="fleet.import", bind=True, ignore_result=True, max_retries=5,
-             autoretry_for=(OperationalError,), retry_backoff=True, retry_backoff_max=60)
+@shared_task(
+    name="fleet.import",
+    bind=True,
+    ignore_result=True,
+    max_retries=5,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+)
 def import_fleet(self, import_id: str) -> str:
     """Apply a validated fleet import. Idempotent: a finished import is left alone."""
     iid = uuid.UUID(import_id)

@@ -54,8 +54,12 @@ def _check_broker() -> None:
             engine.dispose()
 
 
-@router.get("/readyz", response_model=Readiness, summary="Readiness: database and broker reachable",
-            responses={503: {"description": "A dependency is unreachable (problem+json)"}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    summary="Readiness: database and broker reachable",
+    responses={503: {"description": "A dependency is unreachable (problem+json)"}},
+)
 async def readyz() -> Readiness:
     failures = {}
     for name, check in (("database", _check_database), ("broker", _check_broker)):
@@ -65,12 +69,19 @@ async def readyz() -> Readiness:
         except Exception as exc:  # any failure means not ready
             failures[name] = f"{type(exc).__name__}: {exc}"[:300]
     if failures:
-        raise ServiceUnavailable("Not ready: " + "; ".join(f"{k} unreachable" for k in failures),
-                                 code="not_ready", checks=failures)
+        raise ServiceUnavailable(
+            "Not ready: " + "; ".join(f"{k} unreachable" for k in failures),
+            code="not_ready",
+            checks=failures,
+        )
     return Readiness(status="ready", database="ok", broker="ok")
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {}}}})
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+)
 def metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -25,8 +25,11 @@ _REPLAYED_HEADERS = {b"content-type", b"location"}
 def _principal(scope: Scope, body_hash: str) -> str:
     headers = dict(scope["headers"])
     raw = headers.get(b"authorization", b"").decode("latin-1")
-    key = raw.partition(" ")[2].strip() if raw.lower().startswith("bearer ") else \
-        headers.get(b"x-api-key", b"").decode("latin-1")
+    key = (
+        raw.partition(" ")[2].strip()
+        if raw.lower().startswith("bearer ")
+        else headers.get(b"x-api-key", b"").decode("latin-1")
+    )
     prefix = parse_prefix(key) if key else None
     # Anonymous requests (signup) are keyed by their content, so nobody can replay another's.
     return f"key:{prefix}" if prefix else f"anon:{body_hash[:32]}"
@@ -40,19 +43,30 @@ def _claim(principal: str, key: str, req_hash: str):
         now = utcnow()
         for _ in range(3):
             try:
-                s.add(IdempotencyRecord(principal=principal, key=key, request_hash=req_hash,
-                                        created_at=now))
+                s.add(
+                    IdempotencyRecord(
+                        principal=principal, key=key, request_hash=req_hash, created_at=now
+                    )
+                )
                 s.commit()
                 return "claimed", None
             except IntegrityError:
                 s.rollback()
-            rec = s.scalar(select(IdempotencyRecord).where(IdempotencyRecord.principal == principal,
-                                                           IdempotencyRecord.key == key))
+            rec = s.scalar(
+                select(IdempotencyRecord).where(
+                    IdempotencyRecord.principal == principal, IdempotencyRecord.key == key
+                )
+            )
             if rec is None:
                 continue
-            created = rec.created_at if rec.created_at.tzinfo else rec.created_at.replace(tzinfo=now.tzinfo)
+            created = (
+                rec.created_at
+                if rec.created_at.tzinfo
+                else rec.created_at.replace(tzinfo=now.tzinfo)
+            )
             stale = (rec.completed_at is not None and now - created > ttl) or (
-                rec.completed_at is None and now - created > IN_FLIGHT_TIMEOUT)
+                rec.completed_at is None and now - created > IN_FLIGHT_TIMEOUT
+            )
             if stale:
                 s.execute(delete(IdempotencyRecord).where(IdempotencyRecord.id == rec.id))
                 s.commit()
@@ -69,9 +83,16 @@ def _finish(principal: str, key: str, status: int, headers: dict, body: bytes) -
     with get_sessionmaker()() as s:
         cond = (IdempotencyRecord.principal == principal, IdempotencyRecord.key == key)
         if 200 <= status < 300:
-            s.execute(update(IdempotencyRecord).where(*cond).values(
-                status_code=status, response_headers=headers, response_body=body,
-                completed_at=utcnow()))
+            s.execute(
+                update(IdempotencyRecord)
+                .where(*cond)
+                .values(
+                    status_code=status,
+                    response_headers=headers,
+                    response_body=body,
+                    completed_at=utcnow(),
+                )
+            )
         else:  # failures are not remembered: the client may fix the request and retry with the key
             s.execute(delete(IdempotencyRecord).where(*cond))
         s.commit()
@@ -89,8 +110,13 @@ class IdempotencyMiddleware:
             return await self.app(scope, receive, send)
         key = key_raw.decode("latin-1").strip()
         if not 1 <= len(key) <= 255:
-            return await send_problem(send, 400, "invalid_idempotency_key", "Invalid Idempotency-Key",
-                                      "Idempotency-Key must be 1 to 255 characters.")
+            return await send_problem(
+                send,
+                400,
+                "invalid_idempotency_key",
+                "Invalid Idempotency-Key",
+                "Idempotency-Key must be 1 to 255 characters.",
+            )
         chunks = []
         while True:
             message = await receive()
@@ -101,27 +127,48 @@ class IdempotencyMiddleware:
                 break
         body = b"".join(chunks)
         h = hashlib.sha256()
-        for part in (scope["method"].encode(), scope["path"].encode(), scope.get("query_string", b""),
-                     dict(scope["headers"]).get(b"content-type", b""), body):
+        for part in (
+            scope["method"].encode(),
+            scope["path"].encode(),
+            scope.get("query_string", b""),
+            dict(scope["headers"]).get(b"content-type", b""),
+            body,
+        ):
             h.update(part + b"\x00")
         req_hash = h.hexdigest()
         principal = _principal(scope, req_hash)
         outcome, rec = await anyio.to_thread.run_sync(_claim, principal, key, req_hash)
         if outcome == "mismatch":
             return await send_problem(
-                send, 409, "idempotency_key_reused", "Idempotency-Key reused",
-                "This Idempotency-Key was already used with a different request body or path.")
+                send,
+                409,
+                "idempotency_key_reused",
+                "Idempotency-Key reused",
+                "This Idempotency-Key was already used with a different request body or path.",
+            )
         if outcome == "in_flight":
             return await send_problem(
-                send, 409, "idempotency_request_in_progress", "Request in progress",
+                send,
+                409,
+                "idempotency_request_in_progress",
+                "Request in progress",
                 "A request with this Idempotency-Key is still being processed; retry shortly.",
-                headers=[(b"retry-after", b"1")])
+                headers=[(b"retry-after", b"1")],
+            )
         if outcome == "replay":
             status, headers, rbody = rec
             hdrs = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [*hdrs, (b"content-length", str(len(rbody or b"")).encode()),
-                                    (b"idempotent-replayed", b"true")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        *hdrs,
+                        (b"content-length", str(len(rbody or b"")).encode()),
+                        (b"idempotent-replayed", b"true"),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": rbody or b""})
             return
 
@@ -154,4 +201,6 @@ class IdempotencyMiddleware:
         except BaseException:
             await anyio.to_thread.run_sync(_finish, principal, key, 500, {}, b"")
             raise
-        await anyio.to_thread.run_sync(_finish, principal, key, status, resp_headers, bytes(resp_body))
+        await anyio.to_thread.run_sync(
+            _finish, principal, key, status, resp_headers, bytes(resp_body)
+        )

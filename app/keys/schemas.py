@@ -14,7 +14,9 @@ TenantScope = Literal["read", "write", "admin"]
 class KeyCreate(StrictModel):
     name: str = Field(..., min_length=1, max_length=200)
     scopes: list[TenantScope] = Field(default_factory=lambda: ["read", "write"], min_length=1)
-    expires_at: datetime | None = Field(None, description="Optional expiry (RFC 3339, with offset).")
+    expires_at: datetime | None = Field(
+        None, description="Optional expiry (RFC 3339, with offset)."
+    )
 
     @field_validator("scopes")
     @classmethod

@@ -11,14 +11,27 @@ from app.keys.schemas import KeyCreated, KeyOut
 from app.tenancy.auth import PLATFORM_SCOPE, generate_key
 
 
-def create_key(session: Session, *, tenant_id: uuid.UUID | None, name: str, scopes: list[str],
-               expires_at: datetime | None = None) -> KeyCreated:
+def create_key(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID | None,
+    name: str,
+    scopes: list[str],
+    expires_at: datetime | None = None,
+) -> KeyCreated:
     """Create a key and return it with its secret (the only time the secret exists in clear)."""
     if tenant_id is None and scopes != [PLATFORM_SCOPE]:
         raise ValueError("platform keys carry exactly the platform scope")
     full, prefix, digest = generate_key()
-    key = ApiKey(tenant_id=tenant_id, name=name, prefix=prefix, secret_hash=digest, scopes=scopes,
-                 expires_at=expires_at, created_at=utcnow())
+    key = ApiKey(
+        tenant_id=tenant_id,
+        name=name,
+        prefix=prefix,
+        secret_hash=digest,
+        scopes=scopes,
+        expires_at=expires_at,
+        created_at=utcnow(),
+    )
     session.add(key)
     session.flush()
     return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=full)

@@ -13,8 +13,9 @@ class OutboxMessage(TimestampMixin, Base):
 
     __tablename__ = "outbox"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
-                                    autoincrement=True)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     task: Mapped[str] = mapped_column(String(100))
     kwargs: Mapped[dict] = mapped_column(JSON)
     queue: Mapped[str] = mapped_column(String(50))

@@ -48,7 +48,9 @@ def flush_committed(session: Session) -> None:
             log.warning("outbox_send_deferred", ids=ids, error=str(exc))
 
 
-def send(ids: list[int] | None = None, *, older_than: timedelta | None = None, limit: int = 500) -> int:
+def send(
+    ids: list[int] | None = None, *, older_than: timedelta | None = None, limit: int = 500
+) -> int:
     """Send unsent messages (the given ids, or all older than `older_than`). Returns how many."""
     from workers.celery_app import celery_app
 
@@ -65,9 +67,13 @@ def send(ids: list[int] | None = None, *, older_than: timedelta | None = None, l
         for msg in session.scalars(stmt):
             msg.attempts += 1
             try:
-                celery_app.send_task(msg.task, kwargs=msg.kwargs, queue=msg.queue,
-                                     retry=True, retry_policy={"max_retries": 2, "interval_start": 0.2,
-                                                               "interval_step": 0.5})
+                celery_app.send_task(
+                    msg.task,
+                    kwargs=msg.kwargs,
+                    queue=msg.queue,
+                    retry=True,
+                    retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+                )
             except Exception as exc:
                 msg.last_error = str(exc)[:1000]
                 session.commit()

@@ -42,6 +42,13 @@ class RackKindSpec:
 
 RACK_KINDS: dict[str, RackKindSpec] = {
     "nvl72": RackKindSpec("nvl72", 4, 18, ("GB200",), True, 144_000, 960 * 1024),
-    "hgx": RackKindSpec("hgx", 8, None, ("H100-80GB", "H200-141GB", "B200", "A100-80GB"), False,
-                        224_000, 2048 * 1024),
+    "hgx": RackKindSpec(
+        "hgx",
+        8,
+        None,
+        ("H100-80GB", "H200-141GB", "B200", "A100-80GB"),
+        False,
+        224_000,
+        2048 * 1024,
+    ),
 }

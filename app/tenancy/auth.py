@@ -24,17 +24,19 @@ PREFIX_LEN = 8
 SECRET_LEN = 40
 _ALPHABET = string.ascii_letters + string.digits
 
-# Scopes. Tenant keys: read < write < admin (each implies the ones before it). Operator keys: platform.
+# Scopes. Tenant keys: read < write < admin (each implies those before it). Operators: platform.
 TENANT_SCOPES = ("read", "write", "admin")
 PLATFORM_SCOPE = "platform"
 _IMPLIED = {"admin": {"admin", "write", "read"}, "write": {"write", "read"}, "read": {"read"}}
 
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer rp_...`")
-_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="API key (alternative header)")
+_header = APIKeyHeader(
+    name="X-API-Key", auto_error=False, description="API key (alternative header)"
+)
 
 
 def generate_key() -> tuple[str, str, str]:
-    """Return (full key, public prefix, secret hash). The full key is shown once and never stored."""
+    """Return (full key, public prefix, secret hash). The full key is shown once, never stored."""
     prefix = "".join(secrets.choice(_ALPHABET) for _ in range(PREFIX_LEN))
     secret = "".join(secrets.choice(_ALPHABET) for _ in range(SECRET_LEN))
     full = f"{KEY_PREFIX}{prefix}{secret}"
@@ -47,7 +49,10 @@ def hash_secret(full_key: str) -> str:
 
 
 def parse_prefix(full_key: str) -> str | None:
-    if not full_key.startswith(KEY_PREFIX) or len(full_key) != len(KEY_PREFIX) + PREFIX_LEN + SECRET_LEN:
+    if (
+        not full_key.startswith(KEY_PREFIX)
+        or len(full_key) != len(KEY_PREFIX) + PREFIX_LEN + SECRET_LEN
+    ):
         return None
     if not all(c in _ALPHABET for c in full_key[len(KEY_PREFIX) :]):
         return None
@@ -93,7 +98,9 @@ def authenticate(
 
     raw = extract_key(request)
     if not raw:
-        raise Unauthorized("Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key")
+        raise Unauthorized(
+            "Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key"
+        )
     prefix = parse_prefix(raw)
     if prefix is None:
         raise Unauthorized("The API key is malformed.", code="invalid_api_key")
@@ -127,11 +134,15 @@ def _aware(dt):
 def _tenant_scope(scope: str, *, allow_inactive: bool = False):
     def dependency(auth: AuthContext = Depends(authenticate)) -> AuthContext:
         if auth.tenant_id is None:
-            raise Forbidden("This route acts on a tenant's own resources; use a tenant API key.",
-                            code="tenant_key_required")
+            raise Forbidden(
+                "This route acts on a tenant's own resources; use a tenant API key.",
+                code="tenant_key_required",
+            )
         if not allow_inactive and auth.tenant_status != "active":
-            raise Forbidden(f"The tenant is {auth.tenant_status}; an operator must approve it first.",
-                            code="tenant_not_active")
+            raise Forbidden(
+                f"The tenant is {auth.tenant_status}; an operator must approve it first.",
+                code="tenant_not_active",
+            )
         if not auth.has(scope):
             raise Forbidden(f"This action needs the `{scope}` scope.", code="insufficient_scope")
         return auth
@@ -141,8 +152,10 @@ def _tenant_scope(scope: str, *, allow_inactive: bool = False):
 
 def _platform(auth: AuthContext = Depends(authenticate)) -> AuthContext:
     if not auth.is_platform:
-        raise Forbidden("This is an operator route; it needs a key with the `platform` scope.",
-                        code="platform_scope_required")
+        raise Forbidden(
+            "This is an operator route; it needs a key with the `platform` scope.",
+            code="platform_scope_required",
+        )
     return auth
 
 

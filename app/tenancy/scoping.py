@@ -39,8 +39,14 @@ def scoped_select(auth: AuthContext, model: type[M]) -> Select[tuple[M]]:
     return restrict(auth, select(model), model)
 
 
-def get_owned(session: Session, auth: AuthContext, model: type[M], obj_id: uuid.UUID | str,
-              *, what: str | None = None) -> M:
+def get_owned(
+    session: Session,
+    auth: AuthContext,
+    model: type[M],
+    obj_id: uuid.UUID | str,
+    *,
+    what: str | None = None,
+) -> M:
     """Fetch one tenant-owned object visible to `auth`, or raise 404."""
     label = what or model.__name__.lower()
     try:

@@ -28,7 +28,9 @@ class IsolationTier(str, enum.Enum):
 
 
 # Default policy: the shared tiers are allowed, plus exclusive GPUs and VMs, which never share.
-DEFAULT_ISOLATION_POLICY = [t.value for t in IsolationTier if t is not IsolationTier.confidential_vm]
+DEFAULT_ISOLATION_POLICY = [
+    t.value for t in IsolationTier if t is not IsolationTier.confidential_vm
+]
 
 
 class Tenant(TimestampMixin, Base):
@@ -41,4 +43,6 @@ class Tenant(TimestampMixin, Base):
     name: Mapped[str] = mapped_column(String(200))
     contact_email: Mapped[str] = mapped_column(String(320))
     status: Mapped[str] = mapped_column(String(16), default=TenantStatus.active.value)
-    isolation_policy: Mapped[list[str]] = mapped_column(JSON, default=lambda: list(DEFAULT_ISOLATION_POLICY))
+    isolation_policy: Mapped[list[str]] = mapped_column(
+        JSON, default=lambda: list(DEFAULT_ISOLATION_POLICY)
+    )

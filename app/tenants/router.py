@@ -23,33 +23,55 @@ class SignupResponse(BaseModel):
     api_key: KeyCreated
 
 
-@router.post("/signup", status_code=201, response_model=SignupResponse,
-             summary="Self-service signup: a pending tenant and its first admin key")
+@router.post(
+    "/signup",
+    status_code=201,
+    response_model=SignupResponse,
+    summary="Self-service signup: a pending tenant and its first admin key",
+)
 def signup(body: SignupRequest, session: Session = Depends(session_dependency)) -> SignupResponse:
-    tenant = service.create_tenant(session, name=body.name, slug=body.slug,
-                                   contact_email=body.contact_email, status=TenantStatus.pending.value)
+    tenant = service.create_tenant(
+        session,
+        name=body.name,
+        slug=body.slug,
+        contact_email=body.contact_email,
+        status=TenantStatus.pending.value,
+    )
     key = create_key(session, tenant_id=tenant.id, name="signup", scopes=["read", "write", "admin"])
     return SignupResponse(tenant=TenantOut.model_validate(tenant), api_key=key)
 
 
 @router.get("/tenant", response_model=TenantOut, summary="The calling tenant")
-def get_self(auth: AuthContext = Depends(tenant_read_any_status),
-             session: Session = Depends(session_dependency)) -> Tenant:
+def get_self(
+    auth: AuthContext = Depends(tenant_read_any_status),
+    session: Session = Depends(session_dependency),
+) -> Tenant:
     return get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
 
 
 @admin.post("/tenants", status_code=201, response_model=TenantOut, summary="Create a tenant")
-def create(body: TenantCreate, auth: AuthContext = Depends(platform),
-           session: Session = Depends(session_dependency)) -> Tenant:
-    return service.create_tenant(session, name=body.name, slug=body.slug,
-                                 contact_email=body.contact_email,
-                                 isolation_policy=body.isolation_policy, status=body.status.value)
+def create(
+    body: TenantCreate,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Tenant:
+    return service.create_tenant(
+        session,
+        name=body.name,
+        slug=body.slug,
+        contact_email=body.contact_email,
+        isolation_policy=body.isolation_policy,
+        status=body.status.value,
+    )
 
 
 @admin.get("/tenants", response_model=Page[TenantOut], summary="List tenants")
-def list_tenants(status: TenantStatus | None = None, page: PageParams = Depends(),
-                 auth: AuthContext = Depends(platform),
-                 session: Session = Depends(session_dependency)) -> dict:
+def list_tenants(
+    status: TenantStatus | None = None,
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
     stmt = scoped_select(auth, Tenant)
     if status is not None:
         stmt = stmt.where(Tenant.status == status.value)
@@ -58,14 +80,21 @@ def list_tenants(status: TenantStatus | None = None, page: PageParams = Depends(
 
 
 @admin.get("/tenants/{tenant_id}", response_model=TenantOut, summary="Read a tenant")
-def read(tenant_id: str, auth: AuthContext = Depends(platform),
-         session: Session = Depends(session_dependency)) -> Tenant:
+def read(
+    tenant_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Tenant:
     return get_owned(session, auth, Tenant, tenant_id, what="tenant")
 
 
 @admin.patch("/tenants/{tenant_id}", response_model=TenantOut, summary="Update a tenant")
-def update(tenant_id: str, body: TenantUpdate, auth: AuthContext = Depends(platform),
-           session: Session = Depends(session_dependency)) -> Tenant:
+def update(
+    tenant_id: str,
+    body: TenantUpdate,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Tenant:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     changes = body.model_dump(exclude_unset=True, mode="json")
     for field, value in changes.items():
@@ -75,8 +104,14 @@ def update(tenant_id: str, body: TenantUpdate, auth: AuthContext = Depends(platf
     return tenant
 
 
-@admin.post("/tenants/{tenant_id}:approve", response_model=TenantOut,
-            summary="Approve a pending (self-service) tenant")
-def approve(tenant_id: str, auth: AuthContext = Depends(platform),
-            session: Session = Depends(session_dependency)) -> Tenant:
+@admin.post(
+    "/tenants/{tenant_id}:approve",
+    response_model=TenantOut,
+    summary="Approve a pending (self-service) tenant",
+)
+def approve(
+    tenant_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Tenant:
     return service.approve(get_owned(session, auth, Tenant, tenant_id, what="tenant"))

@@ -9,8 +9,15 @@ from pydantic import EmailStr, Field, field_validator
 from app.core.schemas import OutModel, StrictModel
 from app.tenants.models import IsolationTier, TenantStatus
 
-Slug = Annotated[str, Field(min_length=2, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
-                             description="Lower-case letters, digits and dashes; unique.")]
+Slug = Annotated[
+    str,
+    Field(
+        min_length=2,
+        max_length=63,
+        pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+        description="Lower-case letters, digits and dashes; unique.",
+    ),
+]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 

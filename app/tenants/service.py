@@ -7,14 +7,26 @@ from app.core.errors import Conflict
 from app.tenants.models import DEFAULT_ISOLATION_POLICY, Tenant, TenantStatus
 
 
-def create_tenant(session: Session, *, name: str, slug: str, contact_email: str,
-                  isolation_policy: list[str] | None = None,
-                  status: str = TenantStatus.active.value) -> Tenant:
+def create_tenant(
+    session: Session,
+    *,
+    name: str,
+    slug: str,
+    contact_email: str,
+    isolation_policy: list[str] | None = None,
+    status: str = TenantStatus.active.value,
+) -> Tenant:
     if session.scalar(select(Tenant.id).where(Tenant.slug == slug)) is not None:
         raise Conflict(f"A tenant with slug '{slug}' already exists.", code="tenant_slug_taken")
-    tenant = Tenant(name=name, slug=slug, contact_email=str(contact_email), status=status,
-                    isolation_policy=[str(getattr(t, "value", t)) for t in
-                                      (isolation_policy or DEFAULT_ISOLATION_POLICY)])
+    tenant = Tenant(
+        name=name,
+        slug=slug,
+        contact_email=str(contact_email),
+        status=status,
+        isolation_policy=[
+            str(getattr(t, "value", t)) for t in (isolation_policy or DEFAULT_ISOLATION_POLICY)
+        ],
+    )
     session.add(tenant)
     session.flush()
     return tenant
@@ -22,7 +34,9 @@ def create_tenant(session: Session, *, name: str, slug: str, contact_email: str,
 
 def approve(tenant: Tenant) -> Tenant:
     if tenant.status != TenantStatus.pending.value:
-        raise Conflict(f"Only pending tenants can be approved; this one is {tenant.status}.",
-                       code="tenant_not_pending")
+        raise Conflict(
+            f"Only pending tenants can be approved; this one is {tenant.status}.",
+            code="tenant_not_pending",
+        )
     tenant.status = TenantStatus.active.value
     return tenant

@@ -1,0 +1,143 @@
+"""REST conventions every route follows: problem+json, size limits, idempotency, request ids,
+health, readiness and metrics."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.conftest import auth
+
+
+def _tenant_body(slug: str) -> dict:
+    return {"name": slug, "slug": slug, "contact_email": f"{slug}@example.com"}
+
+
+def test_unknown_route_and_method_are_problems(client):
+    r = client.get("/v1/nope")
+    assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
+    assert r.json()["code"] == "not_found" and r.json()["status"] == 404
+    r = client.put("/healthz")
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+
+
+def test_malformed_json_is_a_422_problem(client, world):
+    r = client.post(
+        "/v1/admin/tenants",
+        headers={**auth(world.key(None)), "content-type": "application/json"},
+        content="{not json",
+    )
+    assert r.status_code == 422 and r.json()["code"] == "validation_error"
+
+
+def test_oversized_bodies_are_413(client, world):
+    op = world.key(None)
+    big = json.dumps({**_tenant_body("big"), "name": "x" * 2_000_000})
+    r = client.post(
+        "/v1/admin/tenants", headers={**auth(op), "content-type": "application/json"}, content=big
+    )
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+
+    def chunks():  # no Content-Length: the limit is enforced while streaming
+        for _ in range(40):
+            yield b"x" * 65536
+
+    r = client.post(
+        "/v1/admin/tenants",
+        headers={**auth(op), "content-type": "application/json"},
+        content=chunks(),
+    )
+    assert r.status_code == 413
+    # The fleet import route has its own, larger limit.
+    r = client.post(
+        "/v1/admin/fleet:import",
+        headers={**auth(op), "content-type": "application/yaml"},
+        content="# " + "x" * 1_500_000 + "\nregions: [{name: r, racks: []}]",
+        params={"dry_run": True},
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_request_id_is_returned_and_accepted(client):
+    r = client.get("/healthz")
+    assert len(r.headers["x-request-id"]) == 32
+    r = client.get("/healthz", headers={"X-Request-ID": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    r = client.get("/healthz", headers={"X-Request-ID": "bad id with spaces"})
+    assert r.headers["x-request-id"] != "bad id with spaces"
+
+
+def test_health_ready_and_metrics(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready", "database": "ok", "broker": "ok"}
+    client.get("/v1/nope")
+    text = client.get("/metrics").text
+    assert 'rackplane_http_requests_total{method="GET",route="/healthz",status="200"}' in text
+
+
+def test_readyz_reports_an_unreachable_broker_as_503(client, monkeypatch):
+    from app.core.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "redis_url", "redis://127.0.0.1:1/0")
+    r = client.get("/readyz")
+    assert r.status_code == 503
+    assert r.json()["code"] == "not_ready" and "broker" in r.json()["checks"]
+
+
+def test_idempotent_create_replays_and_detects_reuse(client, world, session):
+    from sqlalchemy import func, select
+
+    from app.tenants.models import Tenant
+
+    op = world.key(None)
+    headers = {**auth(op), "Idempotency-Key": "create-acme-1"}
+    first = client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("acme"))
+    second = client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("acme"))
+    assert first.status_code == second.status_code == 201
+    assert first.json() == second.json()
+    assert second.headers.get("idempotent-replayed") == "true"
+    assert session.scalar(select(func.count()).select_from(Tenant)) == 1
+    other = client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("other"))
+    assert other.status_code == 409 and other.json()["code"] == "idempotency_key_reused"
+    # Keys are per API key: another operator key may use the same Idempotency-Key.
+    op2 = world.key(None, name="second")
+    r = client.post(
+        "/v1/admin/tenants",
+        headers={**auth(op2), "Idempotency-Key": "create-acme-1"},
+        json=_tenant_body("acme-2"),
+    )
+    assert r.status_code == 201
+
+
+def test_failed_requests_are_not_remembered(client, world):
+    op = world.key(None)
+    headers = {**auth(op), "Idempotency-Key": "k-1"}
+    bad = client.post(
+        "/v1/admin/tenants", headers=headers, json={**_tenant_body("acme"), "slug": "BAD"}
+    )
+    assert bad.status_code == 422
+    good = client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("acme"))
+    assert good.status_code == 201
+
+
+def test_concurrent_requests_with_one_key_create_one_object(client, world, session):
+    from sqlalchemy import func, select
+
+    from app.tenants.models import Tenant
+
+    op = world.key(None)
+    headers = {**auth(op), "Idempotency-Key": "race-1"}
+
+    def send(_):
+        return client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("racer"))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(send, range(16)))
+    codes = sorted(r.status_code for r in results)
+    assert set(codes) <= {201, 409}, codes
+    assert session.scalar(select(func.count()).select_from(Tenant)) == 1
+    ids = {r.json()["id"] for r in results if r.status_code == 201}
+    assert len(ids) == 1
+    for r in results:
+        if r.status_code == 409:
+            assert r.json()["code"] == "idempotency_request_in_progress"

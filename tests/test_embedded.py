@@ -1,0 +1,109 @@
+"""`rackplane up` on its embedded default: SQLite database, SQLite broker, real worker process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.conftest import ROOT, wait_until
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        {
+            "RACKPLANE_DATA_DIR": str(tmp_path / "data"),
+            "RACKPLANE_PORT": str(port),
+            "RACKPLANE_SEED_DEMO": "true",
+            "RACKPLANE_LOG_LEVEL": "WARNING",
+        }
+    )
+    out = open(tmp_path / "up.log", "w+b")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "up", "--concurrency", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def log() -> str:
+        out.flush()
+        return (tmp_path / "up.log").read_text(errors="replace")
+
+    try:
+
+        def healthy():
+            if proc.poll() is not None:
+                raise AssertionError("rackplane up exited:\n" + log())
+            try:
+                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout=90, interval=0.5)
+        assert (tmp_path / "data" / "rackplane.sqlite").exists()
+        assert "Swagger UI" in httpx.get(f"{base}/docs").text
+        assert httpx.get(f"{base}/readyz").json()["status"] == "ready"
+        tenant_key = re.search(r"demo tenant key\s+(rp_\w+)", log()).group(1)
+        operator_key = re.search(r"operator key\s+(rp_\w+)", log()).group(1)
+        cap = httpx.get(
+            f"{base}/v1/capacity", headers={"Authorization": f"Bearer {tenant_key}"}
+        ).json()
+        assert sum(c["total_gpus"] for c in cap["items"]) == 152
+        # A fleet import goes through the embedded broker to the worker process and back.
+        r = httpx.post(
+            f"{base}/v1/admin/fleet:import",
+            headers={"Authorization": f"Bearer {operator_key}", "content-type": "application/yaml"},
+            content="regions: [{name: extra, racks: [{name: nvl-x, kind: nvl72}]}]",
+        )
+        assert r.status_code == 202, r.text
+        status = wait_until(
+            lambda: (
+                (
+                    s := httpx.get(
+                        base + r.headers["location"],
+                        headers={"Authorization": f"Bearer {operator_key}"},
+                    ).json()["status"]
+                )
+                in ("succeeded", "failed")
+                and s
+            ),
+            timeout=60,
+        )
+        assert status == "succeeded", log()
+        cap = httpx.get(
+            f"{base}/v1/capacity", headers={"Authorization": f"Bearer {tenant_key}"}
+        ).json()
+        assert sum(c["total_gpus"] for c in cap["items"]) == 224
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        # The worker it started (in its own process group) is gone too.
+        time.sleep(1)
+        leftovers = subprocess.run(
+            ["pgrep", "-f", f"rackplane-{proc.pid}@"], capture_output=True, text=True
+        ).stdout.strip()
+        if leftovers:
+            subprocess.run(["pkill", "-9", "-f", f"rackplane-{proc.pid}@"])
+        assert not leftovers, f"worker processes left behind: {leftovers}"
