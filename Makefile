@@ -20,14 +20,14 @@ run: install
 services:
 	bash scripts/ensure-services.sh
 
-test: install services
+test: install services lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 openapi: install
 	$(BIN)/rackplane openapi
 
 lint: install
-	$(BIN)/ruff check app workers tests
+	$(BIN)/ruff check app workers tests benchmarks
 
 clean:
 	rm -rf .rackplane .pytest_cache

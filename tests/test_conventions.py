@@ -141,3 +141,28 @@ def test_concurrent_requests_with_one_key_create_one_object(client, world, sessi
     for r in results:
         if r.status_code == 409:
             assert r.json()["code"] == "idempotency_request_in_progress"
+
+
+def test_idempotency_records_expire(client, world, session, monkeypatch):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from app.core.db import utcnow
+    from app.idempotency.models import IdempotencyRecord
+    from app.idempotency.tasks import purge
+
+    op = world.key(None)
+    headers = {**auth(op), "Idempotency-Key": "old"}
+    assert (
+        client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("a1")).status_code
+        == 201
+    )
+    session.execute(update(IdempotencyRecord).values(created_at=utcnow() - timedelta(hours=25)))
+    session.commit()
+    assert purge() == 1
+    # The key is free again: a new body is a new request, not a 409.
+    assert (
+        client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("a2")).status_code
+        == 201
+    )

@@ -9,7 +9,9 @@ from workers.settings import celery_settings
 
 celery_app = Celery("rackplane")
 celery_app.conf.update(celery_settings(get_settings()))
-celery_app.autodiscover_tasks(["app.fleet", "app.outbox"], related_name="tasks", force=True)
+celery_app.autodiscover_tasks(
+    ["app.fleet", "app.outbox", "app.idempotency"], related_name="tasks", force=True
+)
 
 
 @signals.worker_process_init.connect
@@ -26,3 +28,12 @@ def _logging(**_kwargs) -> None:
 
     s = get_settings()
     configure_logging(s.log_level, s.log_json)
+
+
+@signals.task_prerun.connect
+def _bind_task(task_id=None, task=None, **_kwargs) -> None:
+    """Every log line of a task carries its id and name, as request logs carry the request id."""
+    import structlog
+
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(task_id=task_id, task=getattr(task, "name", None))

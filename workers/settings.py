@@ -36,6 +36,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "task_routes": {
             "fleet.*": {"queue": "fleet"},
             "outbox.*": {"queue": "default"},
+            "idempotency.*": {"queue": "default"},
         },
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -44,6 +45,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "worker_send_task_events": False,
         "beat_schedule": {
             "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
+            "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
         },
         "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
     }
