@@ -1,0 +1,441 @@
+"""place(snapshot, requests, policy) -> Plan.
+
+The engine turns a request into candidates from the snapshot's free-capacity indexes, lets the
+policy (plus the health/performance and topology scorers) rank them, and records the choice in
+the snapshot and the plan. Gangs are all or nothing: every replica is placed inside one
+checkpoint, and a failure rolls the snapshot back to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.placement.isolation import Tier
+from app.placement.mig import PROFILES, best_start
+from app.placement.model import (
+    Binding,
+    Level,
+    Outcome,
+    Reconfiguration,
+    Request,
+    RequestError,
+    Shape,
+)
+from app.placement.snapshot import DEGRADED, FAILED, Snapshot
+
+# Candidate kinds.
+WHOLE, FRAC_SHARED, FRAC_FRESH, MIG_SHARED, MIG_CONVERT, CPU_ONLY = range(6)
+
+
+@dataclass
+class Candidates:
+    """Feasible placements of one replica, as parallel arrays."""
+
+    node: np.ndarray
+    slot: np.ndarray  # GPU slot for fractional/MIG candidates; -1 for whole-GPU ones
+    kind: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+
+@dataclass
+class Plan:
+    """Bindings and reconfigurations decided over a snapshot, with its undo log."""
+
+    snapshot: Snapshot
+    outcomes: list[Outcome] = field(default_factory=list)
+    reconfigurations: list[Reconfiguration] = field(default_factory=list)
+
+    @property
+    def bindings(self) -> list[Binding]:
+        return [b for o in self.outcomes for b in o.bindings]
+
+    def checkpoint(self) -> tuple[int, int, int]:
+        return self.snapshot.checkpoint(), len(self.outcomes), len(self.reconfigurations)
+
+    def rollback(self, mark: tuple[int, int, int]) -> None:
+        log, outcomes, reconfs = mark
+        self.snapshot.rollback(log)
+        del self.outcomes[outcomes:]
+        del self.reconfigurations[reconfs:]
+
+    def commit(self) -> None:
+        self.snapshot.commit()
+
+
+class Engine:
+    """Placement over one snapshot with one policy (and its scorers)."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        policy,
+        *,
+        candidate_limit: int | None = None,
+        allow_mig_reconfigure: bool = True,
+    ):
+        self.snap = snapshot
+        self.policy = policy
+        limit = candidate_limit if candidate_limit is not None else policy.candidate_limit
+        self.limit = limit
+        self.allow_mig_reconfigure = allow_mig_reconfigure
+
+    # --- public -----------------------------------------------------------------------------
+
+    def place(self, requests: list[Request], plan: Plan | None = None) -> Plan:
+        plan = plan or Plan(self.snap)
+        for req in requests:
+            plan.outcomes.append(self.place_one(req, plan))
+        return plan
+
+    def place_one(self, req: Request, plan: Plan) -> Outcome:
+        try:
+            req.validate()
+        except RequestError as exc:
+            return Outcome(req.id, False, reason=f"invalid: {exc}")
+        mark = plan.checkpoint()
+        if req.replicas == 1 and req.topology is None:
+            binding = self._place_replica(req, 0, plan, None, None)
+            if binding is None:
+                return Outcome(req.id, False, reason="no capacity")
+            return Outcome(req.id, True, [binding])
+        bindings = self._place_gang(req, plan)
+        if bindings is None:
+            plan.rollback(mark)
+            return Outcome(req.id, False, reason="gang does not fit (all or nothing)")
+        return Outcome(req.id, True, bindings)
+
+    # --- candidates ---------------------------------------------------------------------------
+
+    def allowed_models(self, shape: Shape) -> list[int]:
+        if shape.models is None:
+            return list(range(len(self.snap.model_names)))
+        return [self.snap.model_id[m] for m in shape.models if m in self.snap.model_id]
+
+    def candidates(
+        self, req: Request, tenant: int, nodes: set[int] | None = None, limit: int | None = None
+    ) -> Candidates:
+        """Feasible placements for one replica, from the indexes (at most `limit` per source).
+
+        Exhaustive policies (no limit) on a whole-fleet search take the vectorised scan, which
+        returns the same set (a property test holds the two to each other)."""
+        s = self.snap
+        if nodes is None and limit is None and self.limit is None and req.shape.mig is None:
+            return self.scan(req, tenant)
+        shape = req.shape
+        limit = self.limit if limit is None else limit
+        out_n: list[int] = []
+        out_s: list[int] = []
+        out_k: list[int] = []
+        cpu, mem = shape.cpu_milli, shape.mem_mib
+        models = self.allowed_models(shape)
+
+        def host_ok(n: int) -> bool:
+            return (
+                (nodes is None or n in nodes)
+                and s.node_cpu_free[n] >= cpu
+                and s.node_mem_free[n] >= mem
+            )
+
+        if shape.cpu_only:
+            for n in np.flatnonzero(
+                (s.node_cpu_free >= cpu)
+                & (s.node_mem_free >= mem)
+                & s.node_sched
+                & (s.node_excl < 0)
+            ):
+                if nodes is None or int(n) in nodes:
+                    out_n.append(int(n))
+                    out_s.append(-1)
+                    out_k.append(CPU_ONLY)
+            return _cands(out_n, out_s, out_k)
+        if shape.gpus:
+            need = shape.gpus
+            whole_node = req.tier is Tier.CONFIDENTIAL_VM and need > 1
+            for m in models:
+                if whole_node and s.model_cc_whole_node[m]:
+                    # A multi-GPU confidential VM on Hopper takes an empty node.
+                    for n in self._whole_nodes(m, need, host_ok, limit):
+                        if int(s.node_allocs[n]) == 0 and len(s.whole_free_slots(n)) == int(
+                            s.node_ngpu[n]
+                        ):
+                            out_n.append(n)
+                            out_s.append(-1)
+                            out_k.append(WHOLE)
+                    continue
+                for n in self._whole_nodes(m, need, host_ok, limit):
+                    out_n.append(n)
+                    out_s.append(-1)
+                    out_k.append(WHOLE)
+            return _cands(out_n, out_s, out_k)
+        if shape.mig is not None:
+            profile = PROFILES[shape.mig]
+            for m in models:
+                if not s.model_mig_capable[m]:
+                    continue
+                count = 0
+                for _neg, flat in s.migx.get((m, profile.key), ()):
+                    n, slot = divmod(flat, s.max_gpus)
+                    if host_ok(n) and s.may_join(n, slot, req.tier, tenant):
+                        out_n.append(n)
+                        out_s.append(slot)
+                        out_k.append(MIG_SHARED)
+                        count += 1
+                        if limit is not None and count >= limit:
+                            break
+                if self.allow_mig_reconfigure:
+                    for n in self._whole_nodes(m, 1, host_ok, limit):
+                        out_n.append(n)
+                        out_s.append(s.whole_free_slots(n)[-1])
+                        out_k.append(MIG_CONVERT)
+            return _cands(out_n, out_s, out_k)
+        # Fractional share: partly used GPUs of this tenant and tier, then whole-free GPUs.
+        for m in models:
+            index = s.frac.get((m, int(req.tier), tenant))
+            count = 0
+            if index:
+                for _free, flat in index.irange((shape.milli, -1)):
+                    n, slot = divmod(flat, s.max_gpus)
+                    if s.gpu_mem_free[n, slot] >= shape.gpu_mem_mib and host_ok(n):
+                        out_n.append(n)
+                        out_s.append(slot)
+                        out_k.append(FRAC_SHARED)
+                        count += 1
+                        if limit is not None and count >= limit:
+                            break
+            for n in self._whole_nodes(m, 1, host_ok, limit):
+                free_slots = s.whole_free_slots(n)
+                if s.gpu_mem_free[n, free_slots[0]] >= shape.gpu_mem_mib:
+                    out_n.append(n)
+                    out_s.append(free_slots[0])
+                    out_k.append(FRAC_FRESH)
+        return _cands(out_n, out_s, out_k)
+
+    def scan(self, req: Request, tenant: int) -> Candidates:
+        """All feasible placements by a vectorised scan of the arrays (no index)."""
+        s = self.snap
+        shape = req.shape
+        model_ok = np.zeros(len(s.model_names), np.bool_)
+        model_ok[self.allowed_models(shape)] = True
+        node_ok = (
+            model_ok[s.node_model]
+            & s.node_sched
+            & (s.node_excl < 0)
+            & (s.node_cpu_free >= shape.cpu_milli)
+            & (s.node_mem_free >= shape.mem_mib)
+        )
+        if shape.cpu_only:
+            n = np.flatnonzero(node_ok)
+            return Candidates(n, np.full(len(n), -1, np.int64), np.full(len(n), CPU_ONLY, np.int8))
+        usable = (s.gpu_health != FAILED) & ~s.gpu_mig
+        whole_free = usable & (s.gpu_free == 1000) & (s.gpu_tier == 0)
+        if shape.gpus:
+            count = whole_free.sum(axis=1)
+            ok = node_ok & (count >= shape.gpus)
+            if req.tier is Tier.CONFIDENTIAL_VM and shape.gpus > 1:
+                cc = np.asarray(s.model_cc_whole_node, np.bool_)[s.node_model]
+                ok &= ~cc | ((s.node_allocs == 0) & (count == s.node_ngpu))
+            n = np.flatnonzero(ok)
+            return Candidates(n, np.full(len(n), -1, np.int64), np.full(len(n), WHOLE, np.int8))
+        shared = (
+            usable
+            & (s.gpu_tier == int(req.tier))
+            & (s.gpu_tenant == tenant)
+            & (s.gpu_free >= shape.milli)
+            & (s.gpu_mem_free >= shape.gpu_mem_mib)
+        )
+        fresh = whole_free & (s.gpu_mem_free >= shape.gpu_mem_mib)
+        mask = (shared | fresh) & node_ok[:, None]
+        n, slot = np.nonzero(mask)
+        kind = np.where(fresh[n, slot], FRAC_FRESH, FRAC_SHARED).astype(np.int8)
+        return Candidates(n.astype(np.int64), slot.astype(np.int64), kind)
+
+    def _whole_nodes(self, model: int, need: int, host_ok, limit: int | None) -> list[int]:
+        """Nodes of `model` with at least `need` whole-free GPUs, tightest first."""
+        s = self.snap
+        out: list[int] = []
+        for k in range(need, s.max_gpus + 1):
+            bucket = s.whole.get((model, k))
+            if not bucket:
+                continue
+            for n in bucket:
+                if host_ok(n):
+                    out.append(n)
+                    if limit is not None and len(out) >= limit:
+                        return out
+        return out
+
+    # --- one replica --------------------------------------------------------------------------
+
+    def _place_replica(
+        self,
+        req: Request,
+        replica: int,
+        plan: Plan,
+        nodes: set[int] | None,
+        perf_class: float | None,
+    ) -> Binding | None:
+        s = self.snap
+        tenant = s.tenant_id(req.tenant)
+        cands = self.candidates(req, tenant, nodes)
+        if not len(cands):
+            return None
+        scores = np.asarray(self.policy.score(s, req, cands), dtype=np.float64)
+        scores = scores + self._health_penalty(cands, perf_class)
+        i = self.policy.pick(scores, cands, s)
+        return self._apply(
+            req, replica, tenant, int(cands.node[i]), int(cands.slot[i]), int(cands.kind[i]), plan
+        )
+
+    def _health_penalty(self, cands: Candidates, perf_class: float | None) -> np.ndarray:
+        """Prefer healthy, fast GPUs; keep a gang on GPUs of one performance class."""
+        s = self.snap
+        perf = s.node_perf[cands.node]
+        penalty = (1.0 - np.minimum(perf, 1.0)) * self.policy.perf_weight
+        slot = np.maximum(cands.slot, 0)
+        degraded = (s.gpu_health[cands.node, slot] == DEGRADED) & (cands.slot >= 0)
+        penalty = penalty + degraded * self.policy.health_weight
+        if perf_class is not None:
+            penalty = penalty + (perf_class_of(perf) != perf_class) * self.policy.perf_weight * 10
+        return penalty
+
+    def _apply(
+        self, req: Request, replica: int, tenant: int, n: int, slot: int, kind: int, plan: Plan
+    ) -> Binding:
+        s = self.snap
+        shape = req.shape
+        name = s.node_names[n]
+        if kind == CPU_ONLY:
+            aid = s.allocate(tenant, req.tier, n, (), cpu=shape.cpu_milli, mem=shape.mem_mib)
+            return Binding(aid, req.id, replica, name, ())
+        if kind == WHOLE:
+            free = s.whole_free_slots(n)
+            # Healthy GPUs first, then the lowest index.
+            free.sort(key=lambda x: (int(s.gpu_health[n, x]) == DEGRADED, x))
+            slots = tuple(sorted(free[: shape.gpus]))
+            aid = s.allocate(tenant, req.tier, n, slots, cpu=shape.cpu_milli, mem=shape.mem_mib)
+            return Binding(aid, req.id, replica, name, slots)
+        if kind in (FRAC_SHARED, FRAC_FRESH):
+            aid = s.allocate(
+                tenant,
+                req.tier,
+                n,
+                (slot,),
+                milli=shape.milli,
+                gpu_mem=shape.gpu_mem_mib,
+                cpu=shape.cpu_milli,
+                mem=shape.mem_mib,
+            )
+            return Binding(aid, req.id, replica, name, (slot,), milli=shape.milli)
+        profile = PROFILES[shape.mig]
+        if kind == MIG_CONVERT:
+            s.set_mig_mode(n, slot, True)
+            plan.reconfigurations.append(Reconfiguration(name, slot, True))
+        start = best_start(
+            profile,
+            int(s.gpu_mig_mask[n, slot]),
+            int(s.gpu_mig_compute[n, slot]),
+            int(s.gpu_mig_count[n, slot]),
+        )
+        assert start is not None, "index promised a free MIG slot"
+        aid = s.allocate(
+            tenant,
+            req.tier,
+            n,
+            (slot,),
+            cpu=shape.cpu_milli,
+            mem=shape.mem_mib,
+            mig=profile,
+            mig_start=start,
+        )
+        return Binding(aid, req.id, replica, name, (slot,), mig_profile=shape.mig, mig_start=start)
+
+    # --- gangs --------------------------------------------------------------------------------
+
+    def _place_gang(self, req: Request, plan: Plan) -> list[Binding] | None:
+        topo = req.topology
+        if topo is None:
+            return self._fill(req, plan, None)
+        groups = self._groups(req, topo.level)
+        for gid in groups[: self.policy.gang_group_tries]:
+            mark = plan.checkpoint()
+            nodes = self.snap.group_nodes[topo.level][gid]
+            placed = self._fill(req, plan, nodes)
+            if placed is not None:
+                return placed
+            plan.rollback(mark)
+        if topo.required:
+            return None
+        # Preferred: span the fewest groups, the emptiest first, ranks filling one group at a time.
+        ordered = self._groups(req, topo.level, need_all=False)
+        nodes = [n for gid in reversed(ordered) for n in self.snap.group_nodes[topo.level][gid]]
+        return self._fill(req, plan, nodes)
+
+    def _groups(self, req: Request, level: Level, need_all: bool = True) -> list[int]:
+        """Groups at `level` with enough whole-free GPUs, tightest first (best fit by group)."""
+        s = self.snap
+        need = req.replicas * max(req.shape.gpus, 1) if need_all else 1
+        seen: dict[int, int] = {}
+        for m in self.allowed_models(req.shape):
+            for free, gid in s.group_sorted.get((int(level), m), ()).irange((need, -1)):
+                seen[gid] = seen.get(gid, 0) + free
+        return sorted(seen, key=lambda g: (seen[g], g))
+
+    def _fill(self, req: Request, plan: Plan, nodes: list[int] | None) -> list[Binding] | None:
+        """Place every replica, ranks contiguous: fill a node before moving to the next."""
+        bindings: list[Binding] = []
+        perf_class = None
+        if nodes is None:
+            for r in range(req.replicas):
+                b = self._place_replica(req, r, plan, None, perf_class)
+                if b is None:
+                    return None
+                if req.same_perf_class and perf_class is None:
+                    perf_class = perf_class_of(self.snap.node_perf[self.snap.node_index[b.node]])
+                bindings.append(b)
+            return bindings
+        order = sorted(nodes, key=lambda n: self.snap.node_names[n])
+        allowed = set(order)
+        for r in range(req.replicas):
+            b = self._place_replica_in_order(req, r, plan, order, allowed, perf_class)
+            if b is None:
+                return None
+            if req.same_perf_class and perf_class is None:
+                perf_class = perf_class_of(self.snap.node_perf[self.snap.node_index[b.node]])
+            bindings.append(b)
+        return bindings
+
+    def _place_replica_in_order(self, req, replica, plan, order, allowed, perf_class):
+        """Within a topology group: the first node in rank order that fits (contiguous ranks)."""
+        s = self.snap
+        tenant = s.tenant_id(req.tenant)
+        cands = self.candidates(req, tenant, allowed, limit=None)
+        if not len(cands):
+            return None
+        rank = {n: i for i, n in enumerate(order)}
+        penalty = self._health_penalty(cands, perf_class)
+        key = np.array([rank[int(n)] for n in cands.node], dtype=np.float64) + penalty * 1e6
+        i = int(np.argmin(key))
+        return self._apply(
+            req, replica, tenant, int(cands.node[i]), int(cands.slot[i]), int(cands.kind[i]), plan
+        )
+
+
+def perf_class_of(perf) -> np.ndarray | float:
+    """Performance classes in steps of 10%: GPUs within one class are interchangeable for a gang."""
+    return np.floor(np.asarray(perf) * 10 + 1e-6) / 10
+
+
+def _cands(n: list[int], s: list[int], k: list[int]) -> Candidates:
+    return Candidates(np.asarray(n, np.int64), np.asarray(s, np.int64), np.asarray(k, np.int8))
+
+
+def place(snapshot: Snapshot, requests: list[Request], policy) -> Plan:
+    """Place `requests` in order over `snapshot` with `policy`; returns the plan (uncommitted)."""
+    return Engine(snapshot, policy).place(requests)
+
+
+__all__ = ["Candidates", "Engine", "Plan", "place", "FAILED"]

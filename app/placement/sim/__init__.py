@@ -1,0 +1,1 @@
+"""Trace replays that drive the placement engine (never a copy of it)."""

@@ -1,0 +1,521 @@
+"""The fleet snapshot: arrays of capacity, indexes of free capacity, and an undo log.
+
+State lives in numpy arrays indexed by node (and GPU slot on the node); indexes of *free*
+capacity (nodes by whole-free GPU count, partly used shareable GPUs by free milli, MIG GPUs by
+the profiles that still fit, topology groups by free GPUs) are kept in step with every change,
+so a placement looks up candidates instead of scanning the fleet.
+
+Every change goes through logged writes: `checkpoint()` marks the log, `rollback(mark)` undoes
+to it (arrays restored exactly, indexes rebuilt from them for the touched nodes), `commit()`
+forgets the log. Policies use this to try what-ifs without copying the fleet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sortedcontainers import SortedList
+
+from app.placement.catalog import GPU_MODELS
+from app.placement.isolation import Tier, claims_whole_node, may_share_gpu
+from app.placement.mig import COMPUTE_SLICES, MAX_INSTANCES, PROFILES, MigProfile
+from app.placement.model import Level
+
+HEALTHY, DEGRADED, FAILED = 0, 1, 2
+NO_TENANT = -1
+MIXED = -2
+FRACTION_TIERS = (Tier.TIMESLICE, Tier.MPS)
+MIG_TIERS = (Tier.MIG_SHARED, Tier.MIG_DEDICATED)
+_ARR, _DICT = 0, 1
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    model: str
+    gpus: int
+    cpu_milli: int
+    mem_mib: int
+    region: str = "default"
+    rack: str | None = None
+    block: str | None = None
+    domain: str | None = None  # NVLink domain; default: the node itself
+    gpu_mem_mib: int | None = None
+    mig_gpus: tuple[int, ...] = ()
+    schedulable: bool = True
+    perf: float = 1.0  # relative speed; 1.0 nominal, lower is slower
+    gpu_health: tuple[int, ...] | None = None
+
+
+@dataclass
+class Alloc:
+    tenant: int
+    tier: Tier
+    node: int
+    slots: tuple[int, ...]
+    milli: int
+    gpu_mem: int
+    cpu: int
+    mem: int
+    mig: str | None = None
+    mig_start: int | None = None
+    whole_node: bool = False
+
+
+class Snapshot:
+    """A mutable fleet snapshot with free-capacity indexes and an undo log."""
+
+    def __init__(self, nodes: list[NodeSpec]):
+        if not nodes:
+            raise ValueError("a snapshot needs at least one node")
+        n = len(nodes)
+        g = max(s.gpus for s in nodes)
+        self.max_gpus = g
+        self.node_names = [s.name for s in nodes]
+        self.node_index = {name: i for i, name in enumerate(self.node_names)}
+        if len(self.node_index) != n:
+            raise ValueError("node names must be unique")
+        self.model_names: list[str] = sorted({s.model for s in nodes})
+        self.model_id = {m: i for i, m in enumerate(self.model_names)}
+        self.level_names: dict[Level, list[str]] = {}
+        level_ids: dict[Level, np.ndarray] = {}
+        for level, attr in (
+            (Level.NVLINK_DOMAIN, "domain"),
+            (Level.RACK, "rack"),
+            (Level.BLOCK, "block"),
+        ):
+            names: dict[str, int] = {}
+            ids = np.empty(n, np.int32)
+            for i, s in enumerate(nodes):
+                key = _group_name(s, attr)
+                ids[i] = names.setdefault(key, len(names))
+            self.level_names[level] = list(names)
+            level_ids[level] = ids
+        self.node_level = level_ids
+        self.region_names = sorted({s.region for s in nodes})
+        rid = {r: i for i, r in enumerate(self.region_names)}
+        self.node_region = np.array([rid[s.region] for s in nodes], np.int32)
+        self.node_model = np.array([self.model_id[s.model] for s in nodes], np.int16)
+        self.node_ngpu = np.array([s.gpus for s in nodes], np.int16)
+        self.node_cpu_cap = np.array([s.cpu_milli for s in nodes], np.int64)
+        self.node_mem_cap = np.array([s.mem_mib for s in nodes], np.int64)
+        self.node_cpu_free = self.node_cpu_cap.copy()
+        self.node_mem_free = self.node_mem_cap.copy()
+        self.node_sched = np.array([s.schedulable for s in nodes], np.bool_)
+        self.node_perf = np.array([s.perf for s in nodes], np.float32)
+        self.node_excl = np.full(n, NO_TENANT, np.int32)  # whole-node claim (confidential VM)
+        self.node_allocs = np.zeros(n, np.int32)
+        present = np.arange(g)[None, :] < self.node_ngpu[:, None]
+        self.gpu_present = present
+        self.gpu_free = np.where(present, 1000, -1).astype(np.int16)
+        mem_cap = np.array([_gpu_mem(s) for s in nodes], np.int32)
+        self.gpu_mem_cap = np.where(present, mem_cap[:, None], 0).astype(np.int32)
+        self.gpu_mem_free = self.gpu_mem_cap.copy()
+        self.gpu_health = np.full((n, g), HEALTHY, np.int8)
+        self.gpu_mig = np.zeros((n, g), np.bool_)
+        self.gpu_mig_mask = np.zeros((n, g), np.int16)
+        self.gpu_mig_compute = np.zeros((n, g), np.int8)
+        self.gpu_mig_count = np.zeros((n, g), np.int8)
+        self.gpu_tier = np.zeros((n, g), np.int8)
+        self.gpu_tenant = np.full((n, g), NO_TENANT, np.int32)
+        for i, s in enumerate(nodes):
+            for slot in s.mig_gpus:
+                self.gpu_mig[i, slot] = True
+            if s.gpu_health is not None:
+                self.gpu_health[i, : len(s.gpu_health)] = s.gpu_health
+        self.model_cc_whole_node = [
+            GPU_MODELS[m].cc_whole_node if m in GPU_MODELS else False for m in self.model_names
+        ]
+        self.model_mig_capable = [
+            GPU_MODELS[m].mig_capable if m in GPU_MODELS else False for m in self.model_names
+        ]
+        self.group_nodes: dict[Level, list[list[int]]] = {
+            level: [[] for _ in self.level_names[level]] for level in Level
+        }
+        for i in range(n):
+            for level in Level:
+                self.group_nodes[level][int(level_ids[level][i])].append(i)
+        self.tenants: dict[str, int] = {}
+        self.tenant_names: list[str] = []
+        self.allocs: dict[int, Alloc] = {}
+        self.holders: dict[int, set[int]] = {}
+        self._next_alloc = 1
+        self._log: list[tuple] = []
+        # Indexes (derived from the arrays; rebuilt per node by _reindex).
+        self.whole: dict[tuple[int, int], SortedList] = {}
+        self.frac: dict[tuple[int, int, int], SortedList] = {}
+        self.migx: dict[tuple[int, str], SortedList] = {}
+        self.group_free: dict[tuple[int, int, int], int] = {}
+        self.group_sorted: dict[tuple[int, int], SortedList] = {}
+        # Bumped whenever a node changes, so policies can cache per-node derived values.
+        self.node_version = np.zeros(n, np.int64)
+        self._wkey: list[tuple[int, int] | None] = [None] * n
+        self._contrib = np.zeros(n, np.int32)
+        self._fkey: dict[int, tuple[tuple[int, int, int], tuple[int, int]]] = {}
+        self._mkeys: dict[int, list[tuple[tuple[int, str], tuple[int, int]]]] = {}
+        for i in range(n):
+            self._reindex(i)
+
+    # --- tenants ----------------------------------------------------------------------------
+
+    def tenant_id(self, name: str) -> int:
+        tid = self.tenants.get(name)
+        if tid is None:
+            tid = self.tenants[name] = len(self.tenant_names)
+            self.tenant_names.append(name)
+        return tid
+
+    # --- the undo log -----------------------------------------------------------------------
+
+    def checkpoint(self) -> int:
+        return len(self._log)
+
+    def rollback(self, mark: int = 0) -> None:
+        touched: set[int] = set()
+        log = self._log
+        while len(log) > mark:
+            entry = log.pop()
+            if entry[0] == _ARR:
+                _, arr, idx, old, node = entry
+                arr[idx] = old
+                touched.add(node)
+            else:
+                _, d, key, old, existed = entry
+                if existed:
+                    d[key] = old
+                else:
+                    d.pop(key, None)
+        for node in touched:
+            self._reindex(node)
+
+    def commit(self) -> None:
+        self._log.clear()
+
+    def _w(self, arr: np.ndarray, idx: Any, value: Any, node: int) -> None:
+        self._log.append(
+            (
+                _ARR,
+                arr,
+                idx,
+                arr[idx].copy() if arr.ndim > 1 and not isinstance(idx, tuple) else arr[idx],
+                node,
+            )
+        )
+        arr[idx] = value
+
+    def _d(self, d: dict, key: Any, value: Any) -> None:
+        existed = key in d
+        self._log.append((_DICT, d, key, d.get(key), existed))
+        if value is _DELETE:
+            d.pop(key, None)
+        else:
+            d[key] = value
+
+    # --- derived per-GPU facts --------------------------------------------------------------
+
+    def is_whole_free(self, n: int, s: int) -> bool:
+        return bool(
+            self.gpu_free[n, s] == 1000
+            and not self.gpu_mig[n, s]
+            and self.gpu_health[n, s] != FAILED
+            and self.gpu_tier[n, s] == 0
+        )
+
+    def whole_free_slots(self, n: int) -> list[int]:
+        return [s for s in range(int(self.node_ngpu[n])) if self.is_whole_free(n, s)]
+
+    def node_open(self, n: int) -> bool:
+        return bool(self.node_sched[n]) and self.node_excl[n] == NO_TENANT
+
+    # --- index maintenance ------------------------------------------------------------------
+
+    def _reindex(self, n: int) -> None:
+        self.node_version[n] += 1
+        model = int(self.node_model[n])
+        open_ = self.node_open(n)
+        k = len(self.whole_free_slots(n)) if open_ else 0
+        key = (model, k) if k > 0 else None
+        old = self._wkey[n]
+        if key != old:
+            if old is not None:
+                self.whole[old].remove(n)
+            if key is not None:
+                self.whole.setdefault(key, SortedList()).add(n)
+            self._wkey[n] = key
+        delta = k - int(self._contrib[n])
+        if delta:
+            for level in Level:
+                gid = int(self.node_level[level][n])
+                gkey = (int(level), gid, model)
+                before = self.group_free.get(gkey, 0)
+                lst = self.group_sorted.setdefault((int(level), model), SortedList())
+                if before:
+                    lst.remove((before, gid))
+                after = before + delta
+                self.group_free[gkey] = after
+                if after:
+                    lst.add((after, gid))
+            self._contrib[n] = k
+        base = n * self.max_gpus
+        for s in range(int(self.node_ngpu[n])):
+            self._reindex_gpu(n, s, base + s, model, open_)
+
+    def _reindex_gpu(self, n: int, s: int, flat: int, model: int, open_: bool) -> None:
+        usable = open_ and self.gpu_health[n, s] != FAILED
+        tier = int(self.gpu_tier[n, s])
+        free = int(self.gpu_free[n, s])
+        fkey = None
+        if usable and tier in FRACTION_TIERS and 0 < free < 1000:
+            fkey = ((model, tier, int(self.gpu_tenant[n, s])), (free, flat))
+        old = self._fkey.get(flat)
+        if fkey != old:
+            if old is not None:
+                self.frac[old[0]].remove(old[1])
+                del self._fkey[flat]
+            if fkey is not None:
+                self.frac.setdefault(fkey[0], SortedList()).add(fkey[1])
+                self._fkey[flat] = fkey
+        mkeys: list = []
+        if usable and self.gpu_mig[n, s]:
+            mask = int(self.gpu_mig_mask[n, s])
+            comp = int(self.gpu_mig_compute[n, s])
+            cnt = int(self.gpu_mig_count[n, s])
+            if comp < COMPUTE_SLICES and cnt < MAX_INSTANCES:
+                for p in PROFILES.values():
+                    if comp + p.compute <= COMPUTE_SLICES and any(
+                        not (p.mask(st) & mask) for st in p.starts
+                    ):
+                        mkeys.append(((model, p.key), (-comp, flat)))
+        old_m = self._mkeys.get(flat, [])
+        if mkeys != old_m:
+            for k_, v in old_m:
+                self.migx[k_].remove(v)
+            for k_, v in mkeys:
+                self.migx.setdefault(k_, SortedList()).add(v)
+            if mkeys:
+                self._mkeys[flat] = mkeys
+            else:
+                self._mkeys.pop(flat, None)
+
+    # --- operator changes -------------------------------------------------------------------
+
+    def set_schedulable(self, node: str, schedulable: bool) -> None:
+        n = self.node_index[node]
+        self._w(self.node_sched, n, schedulable, n)
+        self._reindex(n)
+
+    def set_gpu_health(self, node: str, slot: int, health: int) -> None:
+        n = self.node_index[node]
+        self._w(self.gpu_health, (n, slot), health, n)
+        self._reindex(n)
+
+    def set_perf(self, node: str, perf: float) -> None:
+        n = self.node_index[node]
+        self._w(self.node_perf, n, perf, n)
+
+    # --- allocation ----------------------------------------------------------------------------
+
+    def fits_host(self, n: int, cpu: int, mem: int) -> bool:
+        return self.node_cpu_free[n] >= cpu and self.node_mem_free[n] >= mem
+
+    def allocate(
+        self,
+        tenant: int,
+        tier: Tier,
+        n: int,
+        slots: tuple[int, ...],
+        *,
+        milli: int = 0,
+        gpu_mem: int = 0,
+        cpu: int = 0,
+        mem: int = 0,
+        mig: MigProfile | None = None,
+        mig_start: int | None = None,
+        enable_mig: bool = False,
+    ) -> int:
+        """Record an allocation (the caller has checked it fits). Returns its id."""
+        whole_node = False
+        if enable_mig:
+            for s in slots:
+                self._w(self.gpu_mig, (n, s), True, n)
+        if mig is not None:
+            s = slots[0]
+            self._w(
+                self.gpu_mig_mask, (n, s), int(self.gpu_mig_mask[n, s]) | mig.mask(mig_start), n
+            )
+            self._w(self.gpu_mig_compute, (n, s), int(self.gpu_mig_compute[n, s]) + mig.compute, n)
+            self._w(self.gpu_mig_count, (n, s), int(self.gpu_mig_count[n, s]) + 1, n)
+            self._w(self.gpu_free, (n, s), int(self.gpu_free[n, s]) - mig.gpu_equivalent_milli, n)
+            self._share(n, s, tier, tenant)
+        elif milli:
+            s = slots[0]
+            self._w(self.gpu_free, (n, s), int(self.gpu_free[n, s]) - milli, n)
+            self._w(self.gpu_mem_free, (n, s), int(self.gpu_mem_free[n, s]) - gpu_mem, n)
+            self._share(n, s, tier, tenant)
+        else:
+            for s in slots:
+                self._w(self.gpu_free, (n, s), 0, n)
+                self._w(self.gpu_mem_free, (n, s), 0, n)
+                self._w(self.gpu_tier, (n, s), int(tier), n)
+                self._w(self.gpu_tenant, (n, s), tenant, n)
+            whole_node = claims_whole_node(
+                tier, len(slots), self.model_cc_whole_node[int(self.node_model[n])]
+            )
+            if whole_node:
+                self._w(self.node_excl, n, tenant, n)
+        self._w(self.node_cpu_free, n, int(self.node_cpu_free[n]) - cpu, n)
+        self._w(self.node_mem_free, n, int(self.node_mem_free[n]) - mem, n)
+        self._w(self.node_allocs, n, int(self.node_allocs[n]) + 1, n)
+        aid = self._next_alloc
+        self._next_alloc += 1
+        self._d(
+            self.allocs,
+            aid,
+            Alloc(
+                tenant,
+                tier,
+                n,
+                slots,
+                milli,
+                gpu_mem,
+                cpu,
+                mem,
+                mig.key if mig else None,
+                mig_start,
+                whole_node,
+            ),
+        )
+        base = n * self.max_gpus
+        for s in slots:
+            self._d(self.holders, base + s, self.holders.get(base + s, frozenset()) | {aid})
+        self._reindex(n)
+        return aid
+
+    def _share(self, n: int, s: int, tier: Tier, tenant: int) -> None:
+        held = int(self.gpu_tier[n, s])
+        if held == 0:
+            self._w(self.gpu_tier, (n, s), int(tier), n)
+            self._w(self.gpu_tenant, (n, s), tenant, n)
+            return
+        new_tier = (
+            max(held, int(tier)) if {held, int(tier)} <= {int(t) for t in MIG_TIERS} else held
+        )
+        new_tenant = int(self.gpu_tenant[n, s])
+        if new_tenant != tenant:
+            new_tenant = MIXED
+        self._w(self.gpu_tier, (n, s), new_tier, n)
+        self._w(self.gpu_tenant, (n, s), new_tenant, n)
+
+    def release(self, aid: int) -> None:
+        a = self.allocs[aid]
+        n = a.node
+        base = n * self.max_gpus
+        for s in a.slots:
+            remaining = self.holders[base + s] - {aid}
+            self._d(self.holders, base + s, remaining if remaining else _DELETE)
+        if a.mig is not None:
+            p = PROFILES[a.mig]
+            s = a.slots[0]
+            self._w(
+                self.gpu_mig_mask, (n, s), int(self.gpu_mig_mask[n, s]) & ~p.mask(a.mig_start), n
+            )
+            self._w(self.gpu_mig_compute, (n, s), int(self.gpu_mig_compute[n, s]) - p.compute, n)
+            self._w(self.gpu_mig_count, (n, s), int(self.gpu_mig_count[n, s]) - 1, n)
+            self._w(self.gpu_free, (n, s), int(self.gpu_free[n, s]) + p.gpu_equivalent_milli, n)
+            self._recompute_share(n, s)
+        elif a.milli:
+            s = a.slots[0]
+            self._w(self.gpu_free, (n, s), int(self.gpu_free[n, s]) + a.milli, n)
+            self._w(self.gpu_mem_free, (n, s), int(self.gpu_mem_free[n, s]) + a.gpu_mem, n)
+            self._recompute_share(n, s)
+        else:
+            for s in a.slots:
+                self._w(self.gpu_free, (n, s), 1000, n)
+                self._w(self.gpu_mem_free, (n, s), int(self.gpu_mem_cap[n, s]), n)
+                self._w(self.gpu_tier, (n, s), 0, n)
+                self._w(self.gpu_tenant, (n, s), NO_TENANT, n)
+            if a.whole_node:
+                self._w(self.node_excl, n, NO_TENANT, n)
+        self._w(self.node_cpu_free, n, int(self.node_cpu_free[n]) + a.cpu, n)
+        self._w(self.node_mem_free, n, int(self.node_mem_free[n]) + a.mem, n)
+        self._w(self.node_allocs, n, int(self.node_allocs[n]) - 1, n)
+        self._d(self.allocs, aid, _DELETE)
+        self._reindex(n)
+
+    def _recompute_share(self, n: int, s: int) -> None:
+        holders = self.holders.get(n * self.max_gpus + s)
+        if not holders:
+            self._w(self.gpu_tier, (n, s), 0, n)
+            self._w(self.gpu_tenant, (n, s), NO_TENANT, n)
+            return
+        allocs = [self.allocs[h] for h in holders]
+        tiers = {int(a.tier) for a in allocs}
+        tenants = {a.tenant for a in allocs}
+        self._w(self.gpu_tier, (n, s), max(tiers), n)
+        self._w(self.gpu_tenant, (n, s), tenants.pop() if len(tenants) == 1 else MIXED, n)
+
+    def set_mig_mode(self, n: int, s: int, enabled: bool) -> None:
+        """Enable/disable MIG mode on an idle GPU (the caller records the reconfiguration)."""
+        if self.holders.get(n * self.max_gpus + s):
+            raise ValueError("MIG mode changes need an idle GPU")
+        self._w(self.gpu_mig, (n, s), enabled, n)
+        self._reindex(n)
+
+    # --- sharing checks ----------------------------------------------------------------------
+
+    def may_join(self, n: int, s: int, tier: Tier, tenant: int) -> bool:
+        """Whether a new holder of `tier` for `tenant` may share GPU (n, s) with its holders."""
+        held = int(self.gpu_tier[n, s])
+        if held == 0:
+            return True
+        return may_share_gpu(Tier(held), int(self.gpu_tenant[n, s]), tier, tenant)
+
+    # --- introspection (tests, what-ifs) ------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything that defines the snapshot, for exact comparisons."""
+        arrays = {k: v.copy() for k, v in vars(self).items() if isinstance(v, np.ndarray)}
+        return {
+            "arrays": arrays,
+            "allocs": dict(self.allocs),
+            "holders": {k: frozenset(v) for k, v in self.holders.items()},
+            "whole": {k: list(v) for k, v in self.whole.items() if v},
+            "frac": {k: list(v) for k, v in self.frac.items() if v},
+            "migx": {k: list(v) for k, v in self.migx.items() if v},
+            "group_free": {k: v for k, v in self.group_free.items() if v},
+        }
+
+    @property
+    def gpu_count(self) -> int:
+        return int(self.node_ngpu.sum())
+
+    def used_milli(self) -> int:
+        """GPU-milli in use over the fleet (whole GPUs count 1000, MIG slices memory/8)."""
+        free = self.gpu_free[self.gpu_present]
+        return int(1000 * free.size - free.sum())
+
+
+class _Delete:
+    pass
+
+
+_DELETE = _Delete()
+
+
+def _group_name(s: NodeSpec, attr: str) -> str:
+    if attr == "domain":
+        return f"{s.region}/{s.domain}" if s.domain else f"{s.region}/node:{s.name}"
+    if attr == "rack":
+        return f"{s.region}/{s.rack}" if s.rack else f"{s.region}/node:{s.name}"
+    if s.block:
+        return f"{s.region}/{s.block}"
+    return f"{s.region}/{s.rack}" if s.rack else f"{s.region}/node:{s.name}"
+
+
+def _gpu_mem(s: NodeSpec) -> int:
+    if s.gpu_mem_mib is not None:
+        return s.gpu_mem_mib
+    model = GPU_MODELS.get(s.model)
+    return model.memory_mib if model else 16 * 1024
