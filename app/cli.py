@@ -27,6 +27,16 @@ keys_cli = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 cli.add_typer(fleet_cli, name="fleet")
 cli.add_typer(tenants_cli, name="tenants")
 cli.add_typer(keys_cli, name="keys")
+
+
+def _register_sim() -> None:
+    from app.placement.sim.cli import bench_cli, sim_cli
+
+    cli.add_typer(sim_cli, name="sim")
+    cli.add_typer(bench_cli, name="bench")
+
+
+_register_sim()
 console = Console()
 err = Console(stderr=True)
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,11 +43,14 @@ def drop_database(name: str) -> None:
     _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+_created = False
+
+
 def pytest_configure(config: pytest.Config) -> None:
     data_dir = tempfile.mkdtemp(prefix="rackplane-test-")
     os.environ.update(
         {
-            "DATABASE_URL": create_database(TEST_DB),
+            "DATABASE_URL": db_url(TEST_DB),
             "REDIS_URL": REDIS_URL,
             "RACKPLANE_BROKER_PREFIX": f"rptest-{RUN_ID}:",
             "RACKPLANE_DATA_DIR": data_dir,
@@ -56,16 +59,27 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_SEED_DEMO": "false",
         }
     )
+
+
+@pytest.fixture(scope="session")
+def database():
+    """The run's throw-away PostgreSQL database, created and migrated on first use (tests of
+    the pure placement core never ask for it)."""
+    global _created
+    create_database(TEST_DB)
+    _created = True
     from app.cli import migrate_db
 
     migrate_db()
+    return db_url(TEST_DB)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from app.core.db import get_engine
+    if _created:
+        from app.core.db import get_engine
 
-    get_engine().dispose()
-    drop_database(TEST_DB)
+        get_engine().dispose()
+        drop_database(TEST_DB)
     try:
         import redis
 
@@ -91,7 +105,7 @@ TABLES = [
 
 
 @pytest.fixture(autouse=True)
-def clean_db():
+def clean_db(database):
     """Every test starts from empty tables."""
     from sqlalchemy import text
 
@@ -190,7 +204,7 @@ regions:
 
 
 @pytest.fixture(scope="session")
-def celery_worker_process():
+def celery_worker_process(database):
     """A real `celery worker` process on the test database and Redis (with beat)."""
     from workers.settings import QUEUES
 

@@ -133,12 +133,10 @@ class Engine:
         cpu, mem = shape.cpu_milli, shape.mem_mib
         models = self.allowed_models(shape)
 
+        cpu_free, mem_free = s.node_cpu_free.item, s.node_mem_free.item
+
         def host_ok(n: int) -> bool:
-            return (
-                (nodes is None or n in nodes)
-                and s.node_cpu_free[n] >= cpu
-                and s.node_mem_free[n] >= mem
-            )
+            return (nodes is None or n in nodes) and cpu_free(n) >= cpu and mem_free(n) >= mem
 
         if shape.cpu_only:
             for n in np.flatnonzero(
@@ -284,23 +282,51 @@ class Engine:
         if not len(cands):
             return None
         scores = np.asarray(self.policy.score(s, req, cands), dtype=np.float64)
-        scores = scores + self._health_penalty(cands, perf_class)
+        scores = scores + self._health_penalty(cands, perf_class, req.shape.gpus)
         i = self.policy.pick(scores, cands, s)
         return self._apply(
             req, replica, tenant, int(cands.node[i]), int(cands.slot[i]), int(cands.kind[i]), plan
         )
 
-    def _health_penalty(self, cands: Candidates, perf_class: float | None) -> np.ndarray:
+    def _health_penalty(
+        self, cands: Candidates, perf_class: float | None, gpus: int = 0
+    ) -> np.ndarray:
         """Prefer healthy, fast GPUs; keep a gang on GPUs of one performance class."""
         s = self.snap
+        penalty = self._topology_penalty(cands)
+        if perf_class is None and not s.flagged_nodes:
+            return penalty
         perf = s.node_perf[cands.node]
-        penalty = (1.0 - np.minimum(perf, 1.0)) * self.policy.perf_weight
+        penalty = penalty + (1.0 - np.minimum(perf, 1.0)) * self.policy.perf_weight
         slot = np.maximum(cands.slot, 0)
         degraded = (s.gpu_health[cands.node, slot] == DEGRADED) & (cands.slot >= 0)
+        if gpus:  # whole GPUs: degraded if the node cannot give `gpus` healthy free GPUs
+            rows = cands.node
+            healthy_free = (
+                (s.gpu_free[rows] == 1000)
+                & ~s.gpu_mig[rows]
+                & (s.gpu_tier[rows] == 0)
+                & (s.gpu_health[rows] == 0)
+            ).sum(axis=1)
+            degraded = degraded | ((cands.kind == WHOLE) & (healthy_free < gpus))
         penalty = penalty + degraded * self.policy.health_weight
         if perf_class is not None:
             penalty = penalty + (perf_class_of(perf) != perf_class) * self.policy.perf_weight * 10
         return penalty
+
+    def _topology_penalty(self, cands: Candidates) -> np.ndarray:
+        """Keep multi-node NVLink domains (NVL72 racks) whole for the gangs that need them:
+        work that is not a topology-constrained gang prefers the fullest such domain."""
+        s = self.snap
+        weight = self.policy.topology_weight
+        if not weight or not s.multi_node_domains:
+            return np.zeros(len(cands))
+        dom = s.node_level[Level.NVLINK_DOMAIN][cands.node]
+        sizes = s.domain_gpus[dom]
+        multi = sizes > s.node_ngpu[cands.node]
+        if not multi.any():
+            return np.zeros(len(cands))
+        return np.where(multi, weight * s.domain_free[dom] / np.maximum(sizes, 1), 0.0)
 
     def _apply(
         self, req: Request, replica: int, tenant: int, n: int, slot: int, kind: int, plan: Plan
@@ -360,9 +386,15 @@ class Engine:
         if topo is None:
             return self._fill(req, plan, None)
         groups = self._groups(req, topo.level)
-        for gid in groups[: self.policy.gang_group_tries]:
-            mark = plan.checkpoint()
+        tries = 0
+        for gid in groups:
             nodes = self.snap.group_nodes[topo.level][gid]
+            if req.shape.gpus and self._whole_capacity(req, nodes) < req.replicas:
+                continue  # enough free GPUs in total, but not in node-sized pieces
+            tries += 1
+            if tries > self.policy.gang_group_tries:
+                break
+            mark = plan.checkpoint()
             placed = self._fill(req, plan, nodes)
             if placed is not None:
                 return placed
@@ -373,6 +405,23 @@ class Engine:
         ordered = self._groups(req, topo.level, need_all=False)
         nodes = [n for gid in reversed(ordered) for n in self.snap.group_nodes[topo.level][gid]]
         return self._fill(req, plan, nodes)
+
+    def _whole_capacity(self, req: Request, nodes: list[int]) -> int:
+        """How many whole-GPU replicas of `req` the nodes could take (GPU, CPU, memory)."""
+        s = self.snap
+        shape = req.shape
+        models = set(self.allowed_models(shape))
+        total = 0
+        for n in nodes:
+            if int(s.node_model[n]) not in models or not s.node_open(n):
+                continue
+            k = len(s._wslots[n]) // shape.gpus
+            if shape.cpu_milli:
+                k = min(k, int(s.node_cpu_free[n]) // shape.cpu_milli)
+            if shape.mem_mib:
+                k = min(k, int(s.node_mem_free[n]) // shape.mem_mib)
+            total += k
+        return total
 
     def _groups(self, req: Request, level: Level, need_all: bool = True) -> list[int]:
         """Groups at `level` with enough whole-free GPUs, tightest first (best fit by group)."""
@@ -416,7 +465,7 @@ class Engine:
         if not len(cands):
             return None
         rank = {n: i for i, n in enumerate(order)}
-        penalty = self._health_penalty(cands, perf_class)
+        penalty = self._health_penalty(cands, perf_class, req.shape.gpus)
         key = np.array([rank[int(n)] for n in cands.node], dtype=np.float64) + penalty * 1e6
         i = int(np.argmin(key))
         return self._apply(

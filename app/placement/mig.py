@@ -7,6 +7,7 @@ A layout is a bitmask of used memory slices plus the compute slices in use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -83,6 +84,13 @@ def fits(profile: MigProfile, used_mask: int, compute_used: int, instances: int)
     return bool(free_starts(profile, used_mask, compute_used, instances))
 
 
+@lru_cache(maxsize=4096)
+def fitting_profiles(used_mask: int, compute_used: int, instances: int) -> tuple[str, ...]:
+    """Keys of the profiles that still fit a GPU with this layout (memoised: layouts are few)."""
+    return tuple(k for k, p in PROFILES.items() if fits(p, used_mask, compute_used, instances))
+
+
+@lru_cache(maxsize=4096)
 def keep_score(used_mask: int, compute_used: int, instances: int) -> int:
     """How valuable the remaining free space is: which profiles can still be placed."""
     return sum(

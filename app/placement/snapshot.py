@@ -20,7 +20,7 @@ from sortedcontainers import SortedList
 
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier, claims_whole_node, may_share_gpu
-from app.placement.mig import COMPUTE_SLICES, MAX_INSTANCES, PROFILES, MigProfile
+from app.placement.mig import PROFILES, MigProfile, fitting_profiles
 from app.placement.model import Level
 
 HEALTHY, DEGRADED, FAILED = 0, 1, 2
@@ -29,6 +29,7 @@ MIXED = -2
 FRACTION_TIERS = (Tier.TIMESLICE, Tier.MPS)
 MIG_TIERS = (Tier.MIG_SHARED, Tier.MIG_DEDICATED)
 _ARR, _DICT = 0, 1
+_FRACTION_CODES = frozenset(int(t) for t in FRACTION_TIERS)
 
 
 @dataclass
@@ -137,6 +138,10 @@ class Snapshot:
         for i in range(n):
             for level in Level:
                 self.group_nodes[level][int(level_ids[level][i])].append(i)
+        dom = level_ids[Level.NVLINK_DOMAIN]
+        self.domain_gpus = np.bincount(dom, weights=self.node_ngpu).astype(np.int64)
+        self.domain_free = np.zeros(len(self.domain_gpus), np.int64)  # whole-free GPUs
+        self.multi_node_domains = bool((np.bincount(dom) > 1).any())
         self.tenants: dict[str, int] = {}
         self.tenant_names: list[str] = []
         self.allocs: dict[int, Alloc] = {}
@@ -151,7 +156,15 @@ class Snapshot:
         self.group_sorted: dict[tuple[int, int], SortedList] = {}
         # Bumped whenever a node changes, so policies can cache per-node derived values.
         self.node_version = np.zeros(n, np.int64)
+        # Nodes changed, in order; consumers remember how far they have read (`changes_since`).
+        self.changed: list[int] = []
+        self.changed_epoch = 0
+        # Derived in _reindex: nodes with a degraded GPU or below nominal speed, and their count,
+        # so scorers can skip health work on a healthy fleet.
+        self._node_flagged = np.zeros(n, np.bool_)
+        self.flagged_nodes = 0
         self._wkey: list[tuple[int, int] | None] = [None] * n
+        self._wslots: list[tuple[int, ...]] = [()] * n
         self._contrib = np.zeros(n, np.int32)
         self._fkey: dict[int, tuple[tuple[int, int, int], tuple[int, int]]] = {}
         self._mkeys: dict[int, list[tuple[tuple[int, str], tuple[int, int]]]] = {}
@@ -192,6 +205,15 @@ class Snapshot:
 
     def commit(self) -> None:
         self._log.clear()
+        if len(self.changed) > 1_000_000:
+            self.changed = []
+            self.changed_epoch += 1
+
+    def changes_since(self, epoch: int, pos: int) -> tuple[list[int] | None, int, int]:
+        """Nodes changed since (epoch, pos); None means "too old: compare versions instead"."""
+        if epoch != self.changed_epoch:
+            return None, self.changed_epoch, len(self.changed)
+        return self.changed[pos:], epoch, len(self.changed)
 
     def _w(self, arr: np.ndarray, idx: Any, value: Any, node: int) -> None:
         self._log.append(
@@ -216,15 +238,11 @@ class Snapshot:
     # --- derived per-GPU facts --------------------------------------------------------------
 
     def is_whole_free(self, n: int, s: int) -> bool:
-        return bool(
-            self.gpu_free[n, s] == 1000
-            and not self.gpu_mig[n, s]
-            and self.gpu_health[n, s] != FAILED
-            and self.gpu_tier[n, s] == 0
-        )
+        return s in self._wslots[n]
 
     def whole_free_slots(self, n: int) -> list[int]:
-        return [s for s in range(int(self.node_ngpu[n])) if self.is_whole_free(n, s)]
+        """GPU slots of node n that are entirely free (cached; kept current by _reindex)."""
+        return list(self._wslots[n])
 
     def node_open(self, n: int) -> bool:
         return bool(self.node_sched[n]) and self.node_excl[n] == NO_TENANT
@@ -232,25 +250,48 @@ class Snapshot:
     # --- index maintenance ------------------------------------------------------------------
 
     def _reindex(self, n: int) -> None:
+        """Bring every index entry of node n in line with its arrays."""
         self.node_version[n] += 1
+        self.changed.append(n)
         model = int(self.node_model[n])
-        open_ = self.node_open(n)
-        k = len(self.whole_free_slots(n)) if open_ else 0
+        open_ = bool(self.node_sched[n]) and int(self.node_excl[n]) == NO_TENANT
+        ng = int(self.node_ngpu[n])
+        free = self.gpu_free[n, :ng].tolist()
+        mig = self.gpu_mig[n, :ng].tolist()
+        health = self.gpu_health[n, :ng].tolist()
+        tier = self.gpu_tier[n, :ng].tolist()
+        wslots = tuple(
+            i
+            for i in range(ng)
+            if free[i] == 1000 and not mig[i] and health[i] != FAILED and tier[i] == 0
+        )
+        flagged = DEGRADED in health or float(self.node_perf[n]) < 1.0
+        if flagged != bool(self._node_flagged[n]):
+            self._node_flagged[n] = flagged
+            self.flagged_nodes += 1 if flagged else -1
+        self._wslots[n] = wslots
+        k = len(wslots) if open_ else 0
         key = (model, k) if k > 0 else None
         old = self._wkey[n]
         if key != old:
             if old is not None:
                 self.whole[old].remove(n)
             if key is not None:
-                self.whole.setdefault(key, SortedList()).add(n)
+                bucket = self.whole.get(key)
+                if bucket is None:
+                    bucket = self.whole[key] = SortedList()
+                bucket.add(n)
             self._wkey[n] = key
         delta = k - int(self._contrib[n])
         if delta:
+            self.domain_free[self.node_level[Level.NVLINK_DOMAIN][n]] += delta
             for level in Level:
                 gid = int(self.node_level[level][n])
                 gkey = (int(level), gid, model)
                 before = self.group_free.get(gkey, 0)
-                lst = self.group_sorted.setdefault((int(level), model), SortedList())
+                lst = self.group_sorted.get((int(level), model))
+                if lst is None:
+                    lst = self.group_sorted[(int(level), model)] = SortedList()
                 if before:
                     lst.remove((before, gid))
                 after = before + delta
@@ -259,45 +300,46 @@ class Snapshot:
                     lst.add((after, gid))
             self._contrib[n] = k
         base = n * self.max_gpus
-        for s in range(int(self.node_ngpu[n])):
-            self._reindex_gpu(n, s, base + s, model, open_)
-
-    def _reindex_gpu(self, n: int, s: int, flat: int, model: int, open_: bool) -> None:
-        usable = open_ and self.gpu_health[n, s] != FAILED
-        tier = int(self.gpu_tier[n, s])
-        free = int(self.gpu_free[n, s])
-        fkey = None
-        if usable and tier in FRACTION_TIERS and 0 < free < 1000:
-            fkey = ((model, tier, int(self.gpu_tenant[n, s])), (free, flat))
-        old = self._fkey.get(flat)
-        if fkey != old:
-            if old is not None:
-                self.frac[old[0]].remove(old[1])
-                del self._fkey[flat]
-            if fkey is not None:
-                self.frac.setdefault(fkey[0], SortedList()).add(fkey[1])
-                self._fkey[flat] = fkey
-        mkeys: list = []
-        if usable and self.gpu_mig[n, s]:
-            mask = int(self.gpu_mig_mask[n, s])
-            comp = int(self.gpu_mig_compute[n, s])
-            cnt = int(self.gpu_mig_count[n, s])
-            if comp < COMPUTE_SLICES and cnt < MAX_INSTANCES:
-                for p in PROFILES.values():
-                    if comp + p.compute <= COMPUTE_SLICES and any(
-                        not (p.mask(st) & mask) for st in p.starts
-                    ):
-                        mkeys.append(((model, p.key), (-comp, flat)))
-        old_m = self._mkeys.get(flat, [])
-        if mkeys != old_m:
-            for k_, v in old_m:
-                self.migx[k_].remove(v)
-            for k_, v in mkeys:
-                self.migx.setdefault(k_, SortedList()).add(v)
-            if mkeys:
-                self._mkeys[flat] = mkeys
-            else:
-                self._mkeys.pop(flat, None)
+        tenant = self.gpu_tenant[n, :ng].tolist()
+        any_mig = any(mig)
+        if any_mig:
+            mask = self.gpu_mig_mask[n, :ng].tolist()
+            comp = self.gpu_mig_compute[n, :ng].tolist()
+            cnt = self.gpu_mig_count[n, :ng].tolist()
+        for slot in range(ng):
+            flat = base + slot
+            usable = open_ and health[slot] != FAILED
+            t, f = tier[slot], free[slot]
+            fkey = None
+            if usable and t in _FRACTION_CODES and 0 < f < 1000:
+                fkey = ((model, t, tenant[slot]), (f, flat))
+            old_f = self._fkey.get(flat)
+            if fkey != old_f:
+                if old_f is not None:
+                    self.frac[old_f[0]].remove(old_f[1])
+                    del self._fkey[flat]
+                if fkey is not None:
+                    self.frac.setdefault(fkey[0], SortedList()).add(fkey[1])
+                    self._fkey[flat] = fkey
+            if not any_mig and flat not in self._mkeys:
+                continue
+            mkeys: list = []
+            if usable and mig[slot]:
+                c_ = comp[slot]
+                mkeys = [
+                    ((model, key), (-c_, flat))
+                    for key in fitting_profiles(mask[slot], c_, cnt[slot])
+                ]
+            old_m = self._mkeys.get(flat, [])
+            if mkeys != old_m:
+                for k_, v in old_m:
+                    self.migx[k_].remove(v)
+                for k_, v in mkeys:
+                    self.migx.setdefault(k_, SortedList()).add(v)
+                if mkeys:
+                    self._mkeys[flat] = mkeys
+                else:
+                    self._mkeys.pop(flat, None)
 
     # --- operator changes -------------------------------------------------------------------
 
@@ -314,6 +356,7 @@ class Snapshot:
     def set_perf(self, node: str, perf: float) -> None:
         n = self.node_index[node]
         self._w(self.node_perf, n, perf, n)
+        self._reindex(n)
 
     # --- allocation ----------------------------------------------------------------------------
 

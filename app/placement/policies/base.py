@@ -27,6 +27,9 @@ class Policy:
     perf_weight = 1e4
     health_weight = 1e4
     gang_group_tries = 16
+    # Cost added for landing single work in an empty multi-node NVLink domain (scaled by how
+    # empty it is); 0 turns the topology scorer off.
+    topology_weight = 500.0
 
     def __init__(self, seed: int | None = None):
         self.rng = np.random.default_rng(seed)
@@ -54,7 +57,8 @@ class Policy:
 
 def gpu_after(snap: Snapshot, req: Request, cands: Candidates) -> np.ndarray:
     """Free GPU milli left on each candidate's node after placing the replica there."""
-    free = np.where(snap.gpu_free >= 0, snap.gpu_free, 0).sum(axis=1)[cands.node]
+    rows = snap.gpu_free[cands.node]
+    free = np.where(rows >= 0, rows, 0).sum(axis=1)
     shape = req.shape
     need = shape.gpus * 1000 if shape.gpus else shape.gpu_milli
     return free - np.where(cands.kind == CPU_ONLY, 0, need)

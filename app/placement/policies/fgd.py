@@ -20,7 +20,7 @@ import numpy as np
 
 from app.placement.engine import WHOLE, Candidates
 from app.placement.model import Request, Shape
-from app.placement.policies.base import Policy, cpu_after, gpu_after
+from app.placement.policies.base import Policy, cpu_after, gpu_after, gpu_free_at
 from app.placement.snapshot import Snapshot
 
 
@@ -92,11 +92,12 @@ class FragModel:
         self.idle = np.zeros(n, np.float64)
         self.node_frag = np.zeros(n, np.float64)
         self._version = np.full(n, -1, np.int64)
+        self._epoch = -1
 
     def refresh(self, snap: Snapshot) -> None:
         self._bind(snap)
-        stale = np.flatnonzero(self._version != snap.node_version)
-        if not len(stale):
+        stale = _stale_nodes(self, snap)
+        if stale is None:
             return
         free = snap.gpu_free[stale].astype(np.int64)  # [k, G], -1 for absent GPUs
         present = free >= 0
@@ -142,7 +143,10 @@ class FragModel:
         else:
             a_all = snap.gpu_free[cands.node, np.maximum(cands.slot, 0)].astype(np.int64)
             key = cands.node * 1024 + a_all
-        uniq, first, back = np.unique(key, return_index=True, return_inverse=True)
+        if len(key) > 256:
+            _u, first, back = np.unique(key, return_index=True, return_inverse=True)
+        else:
+            first = back = np.arange(len(key))
         nodes = cands.node[first]
         models = snap.node_model[nodes]
         cpu1 = snap.node_cpu_free[nodes] - shape.cpu_milli
@@ -162,6 +166,21 @@ class FragModel:
         return (after - self.node_frag[nodes])[back]
 
 
+def _stale_nodes(model, snap: Snapshot) -> np.ndarray | None:
+    """Nodes whose cached terms are out of date (None if none), from the snapshot's change log
+    when possible, else by comparing node versions."""
+    changed, epoch, pos = snap.changes_since(
+        getattr(model, "_epoch", -1), getattr(model, "_pos", 0)
+    )
+    model._epoch, model._pos = epoch, pos
+    if changed is None or len(changed) > 64:
+        stale = np.flatnonzero(model._version != snap.node_version)
+    else:
+        stale = np.fromiter(set(changed), np.int64)
+        stale = stale[model._version[stale] != snap.node_version[stale]]
+    return stale if len(stale) else None
+
+
 class FGD(Policy):
     """FGD as published: score = int(100 * sigmoid(-delta / 1000)), random among tied nodes,
     the lowest GPU index among tied GPUs of the chosen node."""
@@ -179,8 +198,8 @@ class FGD(Policy):
 
 
 class RackplanePolicy(Policy):
-    """Rackplane's default: the exact fragmentation gradient (no rounding, no coin flips),
-    ties broken by best fit (least GPU, then CPU, left on the node)."""
+    """Rackplane's default (see FillModel): minimise expected stranded GPU capacity; ties
+    broken by best fit (least GPU, then CPU, left on the node)."""
 
     name = "rackplane"
 
@@ -189,15 +208,145 @@ class RackplanePolicy(Policy):
         seed: int | None = None,
         typical: list[TypicalShape] | None = None,
         candidate_limit: int | None = None,
+        variant: str = "fill",
+        fit_weight: float = 1e-3,
+        quantum: float = 0.0,
+        weight_by_gpu: bool = False,
+        random_ties: bool = False,
+        fgd_mix: float = 0.0,
+        hole_weight: float = 0.0,
     ):
         super().__init__(seed)
-        self.model = FragModel(typical or DEFAULT_TYPICAL)
+        typ = typical or DEFAULT_TYPICAL
+        self.model = FillModel(typ, weight_by_gpu) if variant == "fill" else FragModel(typ)
+        self.fgd = FragModel(typ) if fgd_mix else None
+        self.fgd_mix = fgd_mix
+        self.hole_weight = hole_weight
         self.candidate_limit = candidate_limit
+        self.fit_weight = fit_weight
+        self.quantum = quantum
+        self.random_ties = random_ties
 
     def score(self, snap: Snapshot, req: Request, cands: Candidates) -> np.ndarray:
         d = self.model.delta(snap, req, cands)
-        fit = gpu_after(snap, req, cands) / 8000.0 + cpu_after(snap, req, cands) / 128000.0
-        return d + 1e-3 * fit
+        if self.fgd is not None:
+            d = d + self.fgd_mix * self.fgd.delta(snap, req, cands)
+        if self.quantum:
+            d = np.floor(d / self.quantum)
+        if self.hole_weight and req.shape.milli and not req.shape.gpus:
+            hole = gpu_free_at(snap, cands) - req.shape.milli
+            d = d + self.hole_weight * hole
+        need = req.shape.gpus * 1000 if req.shape.gpus else req.shape.gpu_milli
+        gpu_left = getattr(self.model, "idle", None)
+        gpu_left = (
+            gpu_left[cands.node] - need if gpu_left is not None else gpu_after(snap, req, cands)
+        )
+        fit = gpu_left / 8000.0 + cpu_after(snap, req, cands) / 128000.0
+        return d + self.fit_weight * fit
 
 
 __all__ = ["FGD", "FragModel", "RackplanePolicy", "TypicalShape", "typical_shapes", "WHOLE"]
+
+
+class FillModel:
+    """Expected stranded GPU capacity: for each typical shape t, the idle GPU milli on a node
+    that copies of t could NOT use if the node were filled with them, counting GPU *and* CPU
+    (and model) limits; weighted by the shapes' frequencies.
+
+    FGD asks whether one copy of t still fits; this asks how much capacity copies of t could
+    still use, so it sees that 20 free cores next to 4 free GPUs will strand 3 of them.
+    """
+
+    def __init__(self, typical: list[TypicalShape], weight_by_gpu: bool = False):
+        gpu_shapes = [t for t in typical if t.milli > 0]
+        self.typical = gpu_shapes
+        self.cpu = np.array([max(t.cpu_milli, 1) for t in gpu_shapes], np.int64)
+        self.mu = np.array([t.milli for t in gpu_shapes], np.int64)
+        self.num = np.array([t.gpus for t in gpu_shapes], np.int64)
+        self.whole = self.mu >= 1000
+        self.per_copy = self.mu * self.num  # GPU milli one copy uses
+        p = np.array([t.freq for t in gpu_shapes], np.float64)
+        if weight_by_gpu:
+            p = p * self.per_copy
+        self.p = p / p.sum()
+        self._snap_id: int | None = None
+
+    def _bind(self, snap: Snapshot) -> None:
+        if self._snap_id == id(snap):
+            return
+        self._snap_id = id(snap)
+        self.model_ok = np.array(
+            [[t.models is None or m in t.models for m in snap.model_names] for t in self.typical],
+            np.bool_,
+        ).T
+        # value[model, t]: GPU milli one copy of t uses, times its weight (0 where t cannot run).
+        self.value = np.where(self.model_ok, (self.per_copy * self.p)[None, :], 0.0)
+        self.inv_cpu = 1.0 / self.cpu[None, :]
+        self.p_sum = float(self.p.sum())
+        n, t = len(snap.node_names), len(self.typical)
+        self.kg = np.zeros((n, t), np.float64)
+        self.full = np.zeros(n, np.int64)
+        self.idle = np.zeros(n, np.float64)
+        self.node_frag = np.zeros(n, np.float64)
+        self._version = np.full(n, -1, np.int64)
+        self._epoch = -1
+
+    def _kg(self, free: np.ndarray, full: np.ndarray) -> np.ndarray:
+        """GPU-side copies of each shape: sum of floor(free/mu) for shares, full GPUs // num."""
+        present = free >= 0
+        frac = (np.where(present, free, 0)[:, :, None] // self.mu[None, None, :]).sum(axis=1)
+        return np.where(self.whole[None, :], full[:, None] // self.num[None, :], frac)
+
+    def stranded(self, models, cpu, kg, idle) -> np.ndarray:
+        # Float math on purpose: these arrays are small and float ops are cheaper than int //.
+        k = np.minimum(kg, np.floor(np.maximum(cpu, 0)[:, None] * self.inv_cpu))
+        return idle * self.p_sum - (k * self.value[models]).sum(axis=1)
+
+    def refresh(self, snap: Snapshot) -> None:
+        self._bind(snap)
+        stale = _stale_nodes(self, snap)
+        if stale is None:
+            return
+        free = snap.gpu_free[stale].astype(np.int64)
+        full = (free == 1000).sum(axis=1)
+        self.full[stale] = full
+        self.kg[stale] = self._kg(free, full)
+        self.idle[stale] = np.where(free >= 0, free, 0).sum(axis=1)
+        self.node_frag[stale] = self.stranded(
+            snap.node_model[stale], snap.node_cpu_free[stale], self.kg[stale], self.idle[stale]
+        )
+        self._version[stale] = snap.node_version[stale]
+
+    def delta(self, snap: Snapshot, req: Request, cands: Candidates) -> np.ndarray:
+        self.refresh(snap)
+        shape = req.shape
+        if shape.gpus or shape.cpu_only:
+            key = cands.node
+        else:
+            a_all = snap.gpu_free[cands.node, np.maximum(cands.slot, 0)].astype(np.int64)
+            key = cands.node * 1024 + a_all
+        if len(key) > 256:
+            _u, first, back = np.unique(key, return_index=True, return_inverse=True)
+        else:  # small sets: evaluating duplicates is cheaper than finding them
+            first = back = np.arange(len(key))
+        nodes = cands.node[first]
+        models = snap.node_model[nodes]
+        cpu1 = snap.node_cpu_free[nodes] - shape.cpu_milli
+        kg0, full0, i0 = self.kg[nodes], self.full[nodes], self.idle[nodes]
+        mu, num = self.mu[None, :], self.num[None, :]
+        if shape.gpus:
+            full1 = full0 - shape.gpus
+            kg1 = np.where(
+                self.whole[None, :], full1[:, None] // num, kg0 - shape.gpus * (1000 // mu)
+            )
+            i1 = i0 - 1000 * shape.gpus
+        elif shape.cpu_only:
+            kg1, i1 = kg0, i0
+        else:
+            a = a_all[first][:, None]
+            a1 = a - shape.gpu_milli
+            full1 = full0 - (a[:, 0] == 1000)
+            kg1 = np.where(self.whole[None, :], full1[:, None] // num, kg0 - a // mu + a1 // mu)
+            i1 = i0 - shape.gpu_milli
+        after = self.stranded(models, cpu1, kg1, i1)
+        return (after - self.node_frag[nodes])[back]

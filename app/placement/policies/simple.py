@@ -65,7 +65,8 @@ class GpuPacking(Policy):
     def score(self, snap: Snapshot, req: Request, cands: Candidates) -> np.ndarray:
         shared = (cands.kind == FRAC_SHARED) | (cands.kind == MIG_SHARED)
         free = gpu_free_at(snap, cands)
-        node_free = np.where(snap.gpu_free >= 0, snap.gpu_free, 0).sum(axis=1)[cands.node]
+        rows = snap.gpu_free[cands.node]
+        node_free = np.where(rows >= 0, rows, 0).sum(axis=1)
         node_cap = snap.node_ngpu[cands.node] * 1000
         used_node = node_free < node_cap
         free_gpus = (snap.gpu_free[cands.node] == 1000).sum(axis=1)

@@ -1,0 +1,141 @@
+"""`rackplane sim ...` and `rackplane bench placement`: trace replays and speed benchmarks."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from app.placement.policies import DEFAULT_POLICY, POLICIES
+
+sim_cli = typer.Typer(
+    help="Replay public GPU-cluster traces through the placement engine.", no_args_is_help=True
+)
+bench_cli = typer.Typer(help="Benchmarks of the placement core.", no_args_is_help=True)
+err = Console(stderr=True)
+TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+
+
+def _seeds(seed: int, seeds: str | None) -> list[int]:
+    if not seeds:
+        return [seed]
+    out: list[int] = []
+    for part in seeds.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _one(args: tuple[str, str, str, int, bool]) -> dict:
+    from app.placement.sim import openb
+
+    nodes_file, pods_file, policy, seed, bound = args
+    nodes = openb.load_nodes(Path(nodes_file))
+    pods = openb.load_pods(Path(pods_file))
+    result = openb.replay(nodes, pods, policy, seed).as_dict()
+    result["pods_file"] = Path(pods_file).name
+    if bound:
+        result["bound_pct_at_130"] = round(openb.physical_bound(nodes, pods, seed), 4)
+    return result
+
+
+@sim_cli.command("openb")
+def openb_cmd(
+    nodes: Path = typer.Option(
+        TRACES / "openb" / "openb_node_list_gpu_node.csv", exists=True, help="Node list CSV."
+    ),
+    pods: Path = typer.Option(
+        TRACES / "openb" / "openb_pod_list_default.csv", exists=True, help="Pod list CSV."
+    ),
+    policy: str = typer.Option(DEFAULT_POLICY, help=f"One of: {', '.join(POLICIES)}."),
+    seed: int = typer.Option(42, help="Shuffle and sampling seed."),
+    seeds: str | None = typer.Option(
+        None, help="Seed ranges, e.g. 42-51: runs each, then the mean."
+    ),
+    jobs: int = typer.Option(1, help="Runs in parallel (processes)."),
+    bound: bool = typer.Option(False, help="Also compute the LP upper bound per run."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per run (and the mean)."),
+) -> None:
+    """The openb replay under the published FGD protocol (shared/traces/README.md)."""
+    if policy not in POLICIES:
+        err.print(f"[red]unknown policy {policy!r}[/red]; known: {', '.join(POLICIES)}")
+        raise typer.Exit(2)
+    runs = [(str(nodes), str(pods), policy, s, bound) for s in _seeds(seed, seeds)]
+    results: list[dict] = []
+    show = sys.stderr.isatty()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=not show,
+    ) as progress:
+        task = progress.add_task(f"openb {pods.name} {policy}", total=len(runs))
+        if jobs > 1 and len(runs) > 1:
+            with ProcessPoolExecutor(jobs) as pool:
+                for r in pool.map(_one, runs):
+                    results.append(r)
+                    _emit(r, as_json)
+                    progress.advance(task)
+        else:
+            for run in runs:
+                r = _one(run)
+                results.append(r)
+                _emit(r, as_json)
+                progress.advance(task)
+    if len(results) > 1:
+        keys = ["alloc_pct_at_130", "frag_ratio_at_90", "placed", "dropped", "seconds"]
+        if bound:
+            keys.append("bound_pct_at_130")
+        mean = {
+            "policy": policy,
+            "pods_file": pods.name,
+            "seeds": [r["seed"] for r in results],
+            **{f"mean_{k}": round(statistics.fmean(r[k] for r in results), 4) for k in keys},
+            "stdev_alloc_pct_at_130": round(
+                statistics.pstdev(r["alloc_pct_at_130"] for r in results), 4
+            ),
+        }
+        _emit(mean, as_json)
+
+
+def _emit(obj: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj), flush=True)
+    else:
+        print("  ".join(f"{k}={v}" for k, v in obj.items()), flush=True)
+
+
+@bench_cli.command("placement")
+def bench_placement(
+    gpus: int = typer.Option(100_000, help="Fleet size in GPUs."),
+    placements: int = typer.Option(2000, help="Placements timed per kind."),
+    gangs: int = typer.Option(100, help="64-GPU gangs timed."),
+    runs: int = typer.Option(3, help="Repeats; the median of each figure is reported."),
+    policy: str = typer.Option(DEFAULT_POLICY),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Placement speed at fleet scale on one core (see app/placement/sim/bench.py)."""
+    from app.placement.sim.bench import run
+
+    results = [
+        run(gpus, placements=placements, gangs=gangs, seed=i, policy=policy).as_dict()
+        for i in range(runs)
+    ]
+    median = {
+        k: (
+            statistics.median(r[k] for r in results)
+            if isinstance(results[0][k], (int, float))
+            else results[0][k]
+        )
+        for k in results[0]
+    }
+    median["runs"] = runs
+    _emit(median, as_json)

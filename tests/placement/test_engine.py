@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+import pytest
+
+from app.placement.engine import Engine
+from app.placement.isolation import Tier
+from app.placement.model import Level, Request, Shape
+from app.placement.policies import POLICIES, make_policy
+from app.placement.snapshot import DEGRADED, FAILED
+from tests.placement.conftest import (
+    hgx,
+    mig,
+    node,
+    nvl72,
+    preferred,
+    required,
+    share,
+    snap,
+    whole,
+)
+
+ALL = sorted(POLICIES)
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_whole_gpus_land_on_one_node_of_an_allowed_model(policy):
+    s = snap(node("a", 8, "H100-80GB"), node("b", 8, "H200-141GB"), node("c", 2, "H100-80GB"))
+    plan = Engine(s, make_policy(policy, seed=1)).place(
+        [whole("r1", 4, models=["H200-141GB"]), whole("r2", 3), whole("r3", 9)]
+    )
+    r1, r2, r3 = plan.outcomes
+    assert r1.placed and r1.bindings[0].node == "b" and len(r1.bindings[0].gpu_indices) == 4
+    assert r2.placed and len(set(r2.bindings[0].gpu_indices)) == 3
+    assert not r3.placed and not r3.bindings
+
+
+def test_best_fit_packs_and_spread_spreads():
+    nodes = [node("a", 8), node("b", 8)]
+    for policy, same in (("best-fit", True), ("spread", False), ("rackplane", True)):
+        s = snap(*nodes)
+        plan = Engine(s, make_policy(policy, seed=3)).place([whole("x", 2), whole("y", 2)])
+        assert (plan.bindings[0].node == plan.bindings[1].node) is same, policy
+
+
+def test_cpu_and_memory_must_fit():
+    s = snap(node("small", 8, cpu=4000), node("big", 8))
+    plan = Engine(s, make_policy("first-fit")).place([whole("x", 1, cpu=8000)])
+    assert plan.bindings[0].node == "big"
+
+
+def test_cordoned_nodes_and_failed_gpus_are_never_used():
+    s = snap(node("a", 2, schedulable=False), node("b", 2, health=(FAILED, 0)))
+    engine = Engine(s, make_policy("first-fit"))
+    plan = engine.place([whole("x", 1), whole("y", 1)])
+    assert plan.outcomes[0].placed and plan.bindings[0].node == "b"
+    assert plan.bindings[0].gpu_indices == (1,)
+    assert not plan.outcomes[1].placed
+
+
+def test_degraded_and_slow_gpus_are_avoided_while_others_fit():
+    s = snap(node("slow", 8, perf=0.7), node("deg", 8, health=(DEGRADED,) * 8), node("ok", 8))
+    plan = Engine(s, make_policy("first-fit")).place([whole("x", 8)])
+    assert plan.bindings[0].node == "ok"
+    plan = Engine(s, make_policy("first-fit")).place([whole("y", 8)], plan)
+    assert plan.bindings[-1].node == "slow"  # slow beats degraded; still placed when needed
+
+
+def test_mig_slice_prefers_an_existing_mig_gpu_then_converts_an_idle_one():
+    s = snap(node("a", 8, mig=(7,)))
+    engine = Engine(s, make_policy("rackplane"))
+    plan = engine.place([mig("m1", "3g")])
+    b = plan.bindings[0]
+    assert (b.gpu_indices, b.mig_profile, b.mig_start) == ((7,), "3g", 4)
+    assert plan.reconfigurations == []
+    plan = engine.place([mig("m2", "4g"), mig("m3", "7g")], plan)
+    m2, m3 = plan.outcomes[1:]
+    assert m2.bindings[0].gpu_indices == (7,) and m2.bindings[0].mig_start == 0
+    # 7g needs an empty MIG GPU: an idle whole GPU is turned into MIG mode, and the plan says so.
+    assert m3.placed and m3.bindings[0].gpu_indices != (7,)
+    assert [(r.node, r.gpu_index, r.mig_mode) for r in plan.reconfigurations] == [
+        ("a", m3.bindings[0].gpu_indices[0], True)
+    ]
+
+
+def test_one_g_slice_on_an_empty_gpu_lands_at_slot_6():
+    s = snap(node("a", 1, mig=(0,)))
+    plan = Engine(s, make_policy("best-fit")).place([mig("m", "1g")])
+    assert plan.bindings[0].mig_start == 6
+
+
+def test_mig_fills_to_seven_slices_and_no_more():
+    s = snap(node("a", 1, mig=(0,)))
+    plan = Engine(s, make_policy("best-fit"), allow_mig_reconfigure=False).place(
+        [mig(f"m{i}", "1g") for i in range(8)]
+    )
+    starts = sorted(b.mig_start for b in plan.bindings)
+    assert starts == [0, 1, 2, 3, 4, 5, 6] and not plan.outcomes[-1].placed
+
+
+def test_mig_profiles_only_on_mig_capable_models():
+    s = snap(node("t4", 2, "T4"))
+    assert not Engine(s, make_policy("best-fit")).place([mig("m", "1g")]).outcomes[0].placed
+
+
+def test_fractional_shares_pack_one_gpu_per_tenant():
+    s = snap(node("a", 2))
+    engine = Engine(s, make_policy("rackplane"))
+    plan = engine.place([share("s1", 400), share("s2", 500), share("s3", 300, tenant="t2")])
+    g = [b.gpu_indices[0] for b in plan.bindings]
+    assert g[0] == g[1] and g[2] != g[0]
+    assert not engine.place([share("s4", 200)], plan).outcomes[-1].placed  # GPU0 has 100 left
+    assert engine.place([share("s5", 100)], plan).outcomes[-1].placed
+
+
+def test_vm_sizes():
+    s = snap(node("a", 8))
+    engine = Engine(s, make_policy("best-fit"))
+    plan = engine.place([Request("v", "t", Tier.VM, Shape(gpus=g)) for g in (1, 2, 4)])
+    assert all(o.placed for o in plan.outcomes)
+    assert (
+        "1, 2, 4 or 8"
+        in engine.place([Request("v3", "t", Tier.VM, Shape(gpus=3))], plan).outcomes[-1].reason
+    )
+
+
+# --- gangs ---------------------------------------------------------------------------------------
+
+
+def test_gang_is_all_or_nothing_and_leaves_no_trace():
+    s = snap(hgx("h", 2))
+    engine = Engine(s, make_policy("best-fit"))
+    before = s.state()
+    plan = engine.place([whole("g", 4, replicas=5)])
+    assert not plan.outcomes[0].placed and plan.bindings == []
+    after = s.state()
+    assert before["allocs"] == after["allocs"] and before["whole"] == after["whole"]
+    assert engine.place([whole("g2", 4, replicas=4)], plan).outcomes[-1].placed
+
+
+def test_required_nvlink_domain_gang_stays_in_one_nvl72_rack_with_contiguous_ranks():
+    s = snap(nvl72("rackA"), nvl72("rackB"))
+    engine = Engine(s, make_policy("rackplane"))
+    # Use part of rack A so a 64-GPU gang no longer fits there.
+    plan = engine.place([whole("filler", 4, replicas=3, topology=required(Level.NVLINK_DOMAIN))])
+    plan = engine.place([whole("g", 4, replicas=16, topology=required(Level.NVLINK_DOMAIN))], plan)
+    gang = plan.outcomes[-1]
+    assert gang.placed
+    racks = {b.node.split("-t")[0] for b in gang.bindings}
+    assert len(racks) == 1
+    trays = [int(b.node.split("-t")[1]) for b in sorted(gang.bindings, key=lambda b: b.replica)]
+    assert trays == sorted(trays) and trays[-1] - trays[0] == 15  # contiguous ranks
+    # A 73-GPU required gang can never fit one domain: refused, nothing placed.
+    plan = engine.place(
+        [whole("big", 1, replicas=73, topology=required(Level.NVLINK_DOMAIN))], plan
+    )
+    assert not plan.outcomes[-1].placed
+
+
+def test_required_gang_is_never_split_even_when_capacity_exists_across_domains():
+    s = snap(hgx("h", 2))  # two HGX nodes: two NVLink domains of 8
+    out = (
+        Engine(s, make_policy("best-fit"))
+        .place([whole("g", 1, replicas=12, topology=required(Level.NVLINK_DOMAIN))])
+        .outcomes[0]
+    )
+    assert not out.placed
+
+
+def test_preferred_gang_spans_the_fewest_domains():
+    s = snap(hgx("a", 1, rack="r1"), hgx("b", 1, rack="r1"), hgx("c", 1, rack="r2"))
+    engine = Engine(s, make_policy("best-fit"))
+    plan = engine.place([whole("half", 4)])  # node a000 or so now has 4 free
+    used = plan.bindings[0].node
+    plan = engine.place([whole("g", 1, replicas=12, topology=preferred(Level.NVLINK_DOMAIN))], plan)
+    g = plan.outcomes[-1]
+    assert g.placed and len({b.node for b in g.bindings}) == 2
+    assert used not in {b.node for b in g.bindings} or len({b.node for b in g.bindings}) == 2
+
+
+def test_rack_and_block_levels():
+    s = snap(
+        hgx("a", 2, rack="r1", block="b1"),
+        hgx("b", 2, rack="r2", block="b1"),
+        hgx("c", 1, rack="r3", block="b2"),
+    )
+    engine = Engine(s, make_policy("best-fit"))
+    plan = engine.place(
+        [
+            whole("rk", 8, replicas=2, topology=required(Level.RACK)),
+            whole("bk", 8, replicas=2, topology=required(Level.BLOCK)),
+            whole("no", 8, replicas=2, topology=required(Level.RACK)),
+        ]
+    )
+    rk, bk, no = plan.outcomes
+    assert rk.placed and len({b.node[0] for b in rk.bindings}) == 1
+    assert bk.placed and {b.node[0] for b in bk.bindings} <= {"a", "b"}
+    assert not no.placed  # only r3 (one node) is left
+
+
+def test_gang_members_keep_one_performance_class():
+    nodes = [node(f"fast{i}", 8, rack="r", perf=1.0) for i in range(2)] + [
+        node(f"slow{i}", 8, rack="r", perf=0.6) for i in range(2)
+    ]
+    s = snap(*nodes)
+    plan = Engine(s, make_policy("first-fit")).place([whole("g", 8, replicas=2)])
+    assert {b.node[:4] for b in plan.bindings} == {"fast"}
+
+
+def test_plan_checkpoint_rollback_and_commit():
+    s = snap(hgx("h", 2))
+    engine = Engine(s, make_policy("best-fit"))
+    plan = engine.place([whole("a", 2)])
+    mark = plan.checkpoint()
+    state = s.state()
+    engine.place([whole("b", 8), mig("m", "2g")], plan)
+    assert len(plan.bindings) == 3 and plan.reconfigurations
+    plan.rollback(mark)
+    assert len(plan.bindings) == 1 and not plan.reconfigurations
+    _assert_same(state, s.state())
+    plan.commit()
+    assert s.checkpoint() == 0
+
+
+def _assert_same(a, b):
+    import numpy as np
+
+    assert a.keys() == b.keys()
+    for k in a["arrays"]:
+        if k == "node_version":
+            continue
+        assert np.array_equal(a["arrays"][k], b["arrays"][k]), k
+    for k in ("allocs", "holders", "whole", "frac", "migx", "group_free"):
+        assert a[k] == b[k], k
