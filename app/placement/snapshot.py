@@ -216,15 +216,8 @@ class Snapshot:
         return self.changed[pos:], epoch, len(self.changed)
 
     def _w(self, arr: np.ndarray, idx: Any, value: Any, node: int) -> None:
-        self._log.append(
-            (
-                _ARR,
-                arr,
-                idx,
-                arr[idx].copy() if arr.ndim > 1 and not isinstance(idx, tuple) else arr[idx],
-                node,
-            )
-        )
+        """Logged scalar write: arr[idx] = value (idx an int or an (n, slot) tuple)."""
+        self._log.append((_ARR, arr, idx, arr.item(idx), node))
         arr[idx] = value
 
     def _d(self, d: dict, key: Any, value: Any) -> None:

@@ -160,3 +160,33 @@ def test_index_candidates_equal_the_vectorised_scan(ops, probe):
 
 def _of_kind(c, kind: int) -> set[tuple[int, int]]:
     return {(int(n), int(g)) for n, g, k in zip(c.node, c.slot, c.kind, strict=True) if k == kind}
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(requests(), min_size=1, max_size=25), probe=requests())
+def test_fill_model_small_and_vector_paths_agree(ops, probe):
+    """The plain-Python path (small candidate sets) and the numpy path give the same deltas."""
+    from app.placement.engine import Candidates
+    from app.placement.policies.fgd import DEFAULT_TYPICAL, FillModel, FragModel
+
+    s = fleet()
+    Engine(s, make_policy("best-fit")).place(ops)
+    if probe.shape.mig is not None:
+        return
+    cands = Engine(s, make_policy("best-fit")).scan(probe, s.tenant_id(probe.tenant))
+    if not len(cands):
+        return
+    small, vector = FillModel(DEFAULT_TYPICAL), FillModel(DEFAULT_TYPICAL)
+    small.small_delta, small.small_refresh = 10**9, 10**9
+    vector.small_delta, vector.small_refresh = 0, 0
+    assert np.allclose(small.delta(s, probe, cands), vector.delta(s, probe, cands), atol=1e-6)
+    # FGD's model: the small path against a fresh model forced onto the vector path.
+    frag_small, frag_vec = FragModel(DEFAULT_TYPICAL), FragModel(DEFAULT_TYPICAL)
+    big = Candidates(
+        np.concatenate([cands.node] * 70),
+        np.concatenate([cands.slot] * 70),
+        np.concatenate([cands.kind] * 70),
+    )
+    d_small = frag_small.delta(s, probe, cands)
+    d_vec = frag_vec.delta(s, probe, big)[: len(cands)]
+    assert np.allclose(d_small, d_vec, atol=1e-6)

@@ -23,7 +23,7 @@ from app.placement.policies import DEFAULT_POLICY, make_policy
 from app.placement.snapshot import NodeSpec, Snapshot
 
 NVL72_SHARE = 0.4  # of the GPUs
-CANDIDATE_LIMIT = 16
+CANDIDATE_LIMIT = 8
 
 
 def synthetic_fleet(gpus: int, seed: int = 0) -> list[NodeSpec]:
