@@ -28,6 +28,7 @@ openapi: install
 
 lint: install
 	$(BIN)/ruff check app workers tests benchmarks
+	$(BIN)/mypy app/placement --ignore-missing-imports
 
 clean:
 	rm -rf .rackplane .pytest_cache

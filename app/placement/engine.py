@@ -139,14 +139,14 @@ class Engine:
             return (nodes is None or n in nodes) and cpu_free(n) >= cpu and mem_free(n) >= mem
 
         if shape.cpu_only:
-            for n in np.flatnonzero(
+            for node_id in np.flatnonzero(
                 (s.node_cpu_free >= cpu)
                 & (s.node_mem_free >= mem)
                 & s.node_sched
                 & (s.node_excl < 0)
             ):
-                if nodes is None or int(n) in nodes:
-                    out_n.append(int(n))
+                if nodes is None or int(node_id) in nodes:
+                    out_n.append(int(node_id))
                     out_s.append(-1)
                     out_k.append(CPU_ONLY)
             return _cands(out_n, out_s, out_k)
@@ -356,6 +356,7 @@ class Engine:
                 mem=shape.mem_mib,
             )
             return Binding(aid, req.id, replica, name, (slot,), milli=shape.milli)
+        assert shape.mig is not None
         profile = PROFILES[shape.mig]
         if kind == MIG_CONVERT:
             s.set_mig_mode(n, slot, True)
@@ -473,7 +474,7 @@ class Engine:
         )
 
 
-def perf_class_of(perf) -> np.ndarray | float:
+def perf_class_of(perf):
     """Performance classes in steps of 10%: GPUs within one class are interchangeable for a gang."""
     return np.floor(np.asarray(perf) * 10 + 1e-6) / 10
 

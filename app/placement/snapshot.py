@@ -377,6 +377,7 @@ class Snapshot:
             for s in slots:
                 self._w(self.gpu_mig, (n, s), True, n)
         if mig is not None:
+            assert mig_start is not None, "a MIG allocation needs its start slot"
             s = slots[0]
             self._w(
                 self.gpu_mig_mask, (n, s), int(self.gpu_mig_mask[n, s]) | mig.mask(mig_start), n
@@ -452,6 +453,7 @@ class Snapshot:
             remaining = self.holders[base + s] - {aid}
             self._d(self.holders, base + s, remaining if remaining else _DELETE)
         if a.mig is not None:
+            assert a.mig_start is not None
             p = PROFILES[a.mig]
             s = a.slots[0]
             self._w(

@@ -30,6 +30,7 @@ class Policy:
     # Cost added for landing single work in an empty multi-node NVLink domain (scaled by how
     # empty it is); 0 turns the topology scorer off.
     topology_weight = 500.0
+    _ranks: np.ndarray | None = None
 
     def __init__(self, seed: int | None = None):
         self.rng = np.random.default_rng(seed)
@@ -48,7 +49,7 @@ class Policy:
         return int(ties[cands.node[ties] == node][0])
 
     def _rank(self, n: int) -> np.ndarray:
-        if getattr(self, "_ranks", None) is None or len(self._ranks) < n:
+        if self._ranks is None or len(self._ranks) < n:
             order = self.rng.permutation(n)
             self._ranks = np.empty(n, np.int64)
             self._ranks[order] = np.arange(n)

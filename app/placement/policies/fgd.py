@@ -80,7 +80,7 @@ class FragModel:
         self._num_l, self._p_l = self.num.tolist(), self.p.tolist()
         self._cpu_only_l = self.cpu_only.tolist()
         self._snap_id: int | None = None
-        self._version: np.ndarray | None = None
+        self._version: np.ndarray = np.empty(0, np.int64)
 
     def _bind(self, snap: Snapshot) -> None:
         if self._snap_id == id(snap):

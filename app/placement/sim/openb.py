@@ -212,7 +212,6 @@ def physical_bound(nodes: list[NodeSpec], pods: list[Pod], seed: int) -> float:
             var.append((gi, ci))
             cost.append(-g_milli)
     nv = len(var)
-    rows, rhs = [], []
     a = np.zeros((len(gkeys) + 3 * len(cls), nv))
     for j, (gi, ci) in enumerate(var):
         gpus, milli, cpu, mem, _ = gkeys[gi]
@@ -221,14 +220,13 @@ def physical_bound(nodes: list[NodeSpec], pods: list[Pod], seed: int) -> float:
         a[base, j] = gpus * 1000 if gpus else milli
         a[base + 1, j] = cpu
         a[base + 2, j] = mem
-    rhs = [groups[k] for k in gkeys]
-    for key in cls:
-        gpu, cpu, mem, _count = classes[key]
+    rhs: list[float] = [float(groups[k]) for k in gkeys]
+    for cls_key in cls:
+        gpu, cpu, mem, _count = classes[cls_key]
         rhs += [gpu, cpu, mem]
-    rows = a
     res = linprog(
         np.array(cost, float),
-        A_ub=rows,
+        A_ub=a,
         b_ub=np.array(rhs, float),
         bounds=(0, None),
         method="highs",
