@@ -430,7 +430,7 @@ class Engine:
         need = req.replicas * max(req.shape.gpus, 1) if need_all else 1
         seen: dict[int, int] = {}
         for m in self.allowed_models(req.shape):
-            for free, gid in s.group_sorted.get((int(level), m), ()).irange((need, -1)):
+            for free, gid in s.groups_with_free(level, m, need):
                 seen[gid] = seen.get(gid, 0) + free
         return sorted(seen, key=lambda g: (seen[g], g))
 

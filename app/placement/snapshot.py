@@ -153,7 +153,11 @@ class Snapshot:
         self.frac: dict[tuple[int, int, int], SortedList] = {}
         self.migx: dict[tuple[int, str], SortedList] = {}
         self.group_free: dict[tuple[int, int, int], int] = {}
-        self.group_sorted: dict[tuple[int, int], SortedList] = {}
+        # Topology groups by free GPUs, for gangs. Kept lazily: allocations only mark groups
+        # dirty, and `groups_with_free` re-sorts the few that changed when a gang asks.
+        self._group_sorted: dict[tuple[int, int], SortedList] = {}
+        self._group_indexed: dict[tuple[int, int, int], int] = {}
+        self._group_dirty: set[tuple[int, int, int]] = set()
         # Bumped whenever a node changes, so policies can cache per-node derived values.
         self.node_version = np.zeros(n, np.int64)
         # Nodes changed, in order; consumers remember how far they have read (`changes_since`).
@@ -279,18 +283,9 @@ class Snapshot:
         if delta:
             self.domain_free[self.node_level[Level.NVLINK_DOMAIN][n]] += delta
             for level in Level:
-                gid = int(self.node_level[level][n])
-                gkey = (int(level), gid, model)
-                before = self.group_free.get(gkey, 0)
-                lst = self.group_sorted.get((int(level), model))
-                if lst is None:
-                    lst = self.group_sorted[(int(level), model)] = SortedList()
-                if before:
-                    lst.remove((before, gid))
-                after = before + delta
-                self.group_free[gkey] = after
-                if after:
-                    lst.add((after, gid))
+                gkey = (int(level), int(self.node_level[level][n]), model)
+                self.group_free[gkey] = self.group_free.get(gkey, 0) + delta
+                self._group_dirty.add(gkey)
             self._contrib[n] = k
         base = n * self.max_gpus
         tenant = self.gpu_tenant[n, :ng].tolist()
@@ -333,6 +328,25 @@ class Snapshot:
                     self._mkeys[flat] = mkeys
                 else:
                     self._mkeys.pop(flat, None)
+
+    def groups_with_free(self, level: Level, model: int, need: int):
+        """(free, group id) for groups at `level` with at least `need` whole-free GPUs of
+        `model`, fewest free first."""
+        for gkey in self._group_dirty:
+            lvl, gid, m = gkey
+            lst = self._group_sorted.get((lvl, m))
+            if lst is None:
+                lst = self._group_sorted[(lvl, m)] = SortedList()
+            old = self._group_indexed.pop(gkey, 0)
+            if old:
+                lst.remove((old, gid))
+            new = self.group_free.get(gkey, 0)
+            if new:
+                lst.add((new, gid))
+                self._group_indexed[gkey] = new
+        self._group_dirty.clear()
+        lst = self._group_sorted.get((int(level), model))
+        return lst.irange((need, -1)) if lst is not None else iter(())
 
     # --- operator changes -------------------------------------------------------------------
 
