@@ -25,6 +25,8 @@ from app.placement.model import (
 )
 from app.placement.snapshot import DEGRADED, FAILED, Snapshot
 
+UNLIMITED = -1  # `limit=UNLIMITED`: every candidate, whatever the engine's default limit
+
 # Candidate kinds.
 WHOLE, FRAC_SHARED, FRAC_FRESH, MIG_SHARED, MIG_CONVERT, CPU_ONLY = range(6)
 
@@ -110,10 +112,17 @@ class Engine:
 
     # --- candidates ---------------------------------------------------------------------------
 
-    def allowed_models(self, shape: Shape) -> list[int]:
-        if shape.models is None:
-            return list(range(len(self.snap.model_names)))
-        return [self.snap.model_id[m] for m in shape.models if m in self.snap.model_id]
+    def allowed_models(self, shape: Shape, tier: Tier | None = None) -> list[int]:
+        """Model ids the shape may use (a confidential VM: models with confidential computing)."""
+        s = self.snap
+        ids = (
+            range(len(s.model_names))
+            if shape.models is None
+            else [s.model_id[m] for m in shape.models if m in s.model_id]
+        )
+        if tier is Tier.CONFIDENTIAL_VM:
+            return [m for m in ids if s.model_confidential[m]]
+        return list(ids)
 
     def candidates(
         self, req: Request, tenant: int, nodes: set[int] | None = None, limit: int | None = None
@@ -126,12 +135,12 @@ class Engine:
         if nodes is None and limit is None and self.limit is None and req.shape.mig is None:
             return self.scan(req, tenant)
         shape = req.shape
-        limit = self.limit if limit is None else limit
+        limit = self.limit if limit is None else (None if limit == UNLIMITED else limit)
         out_n: list[int] = []
         out_s: list[int] = []
         out_k: list[int] = []
         cpu, mem = shape.cpu_milli, shape.mem_mib
-        models = self.allowed_models(shape)
+        models = self.allowed_models(shape, req.tier)
 
         cpu_free, mem_free = s.node_cpu_free.item, s.node_mem_free.item
 
@@ -156,13 +165,17 @@ class Engine:
             for m in models:
                 if whole_node and s.model_cc_whole_node[m]:
                     # A multi-GPU confidential VM on Hopper takes an empty node.
-                    for n in self._whole_nodes(m, need, host_ok, limit):
-                        if int(s.node_allocs[n]) == 0 and len(s.whole_free_slots(n)) == int(
-                            s.node_ngpu[n]
-                        ):
-                            out_n.append(n)
-                            out_s.append(-1)
-                            out_k.append(WHOLE)
+                    def empty_node(n: int) -> bool:
+                        return (
+                            host_ok(n)
+                            and int(s.node_allocs[n]) == 0
+                            and len(s._wslots[n]) == int(s.node_ngpu[n])
+                        )
+
+                    for n in self._whole_nodes(m, need, empty_node, limit):
+                        out_n.append(n)
+                        out_s.append(-1)
+                        out_k.append(WHOLE)
                     continue
                 for n in self._whole_nodes(m, need, host_ok, limit):
                     out_n.append(n)
@@ -187,7 +200,7 @@ class Engine:
                 if self.allow_mig_reconfigure:
                     for n in self._whole_nodes(m, 1, host_ok, limit):
                         out_n.append(n)
-                        out_s.append(s.whole_free_slots(n)[-1])
+                        out_s.append(self._healthiest_free_slot(n, first=False))
                         out_k.append(MIG_CONVERT)
             return _cands(out_n, out_s, out_k)
         # Fractional share: partly used GPUs of this tenant and tier, then whole-free GPUs.
@@ -204,12 +217,14 @@ class Engine:
                         count += 1
                         if limit is not None and count >= limit:
                             break
-            for n in self._whole_nodes(m, 1, host_ok, limit):
-                free_slots = s.whole_free_slots(n)
-                if s.gpu_mem_free[n, free_slots[0]] >= shape.gpu_mem_mib:
-                    out_n.append(n)
-                    out_s.append(free_slots[0])
-                    out_k.append(FRAC_FRESH)
+
+            def fresh_ok(n: int) -> bool:
+                return host_ok(n) and s.gpu_mem_free[n, s._wslots[n][0]] >= shape.gpu_mem_mib
+
+            for n in self._whole_nodes(m, 1, fresh_ok, limit):
+                out_n.append(n)
+                out_s.append(self._healthiest_free_slot(n, first=True))
+                out_k.append(FRAC_FRESH)
         return _cands(out_n, out_s, out_k)
 
     def scan(self, req: Request, tenant: int) -> Candidates:
@@ -217,7 +232,7 @@ class Engine:
         s = self.snap
         shape = req.shape
         model_ok = np.zeros(len(s.model_names), np.bool_)
-        model_ok[self.allowed_models(shape)] = True
+        model_ok[self.allowed_models(shape, req.tier)] = True
         node_ok = (
             model_ok[s.node_model]
             & s.node_sched
@@ -250,6 +265,15 @@ class Engine:
         n, slot = np.nonzero(mask)
         kind = np.where(fresh[n, slot], FRAC_FRESH, FRAC_SHARED).astype(np.int8)
         return Candidates(n.astype(np.int64), slot.astype(np.int64), kind)
+
+    def _healthiest_free_slot(self, n: int, first: bool) -> int:
+        """A whole-free slot of node n, healthy ones first (lowest, or highest for MIG)."""
+        s = self.snap
+        slots = s._wslots[n] if first else tuple(reversed(s._wslots[n]))
+        for slot in slots:
+            if int(s.gpu_health[n, slot]) != DEGRADED:
+                return slot
+        return slots[0]
 
     def _whole_nodes(self, model: int, need: int, host_ok, limit: int | None) -> list[int]:
         """Nodes of `model` with at least `need` whole-free GPUs, tightest first."""
@@ -359,7 +383,7 @@ class Engine:
         assert shape.mig is not None
         profile = PROFILES[shape.mig]
         if kind == MIG_CONVERT:
-            s.set_mig_mode(n, slot, True)
+            s.set_mig_mode(n, slot, True, converted=True)
             plan.reconfigurations.append(Reconfiguration(name, slot, True))
         start = best_start(
             profile,
@@ -404,14 +428,19 @@ class Engine:
             return None
         # Preferred: span the fewest groups, the emptiest first, ranks filling one group at a time.
         ordered = self._groups(req, topo.level, need_all=False)
-        nodes = [n for gid in reversed(ordered) for n in self.snap.group_nodes[topo.level][gid]]
-        return self._fill(req, plan, nodes)
+        names = self.snap.node_names
+        nodes = [
+            n
+            for gid in reversed(ordered)
+            for n in sorted(self.snap.group_nodes[topo.level][gid], key=lambda x: names[x])
+        ]
+        return self._fill(req, plan, nodes, keep_order=True)
 
     def _whole_capacity(self, req: Request, nodes: list[int]) -> int:
         """How many whole-GPU replicas of `req` the nodes could take (GPU, CPU, memory)."""
         s = self.snap
         shape = req.shape
-        models = set(self.allowed_models(shape))
+        models = set(self.allowed_models(shape, req.tier))
         total = 0
         for n in nodes:
             if int(s.node_model[n]) not in models or not s.node_open(n):
@@ -425,16 +454,31 @@ class Engine:
         return total
 
     def _groups(self, req: Request, level: Level, need_all: bool = True) -> list[int]:
-        """Groups at `level` with enough whole-free GPUs, tightest first (best fit by group)."""
-        s = self.snap
-        need = req.replicas * max(req.shape.gpus, 1) if need_all else 1
-        seen: dict[int, int] = {}
-        for m in self.allowed_models(req.shape):
-            for free, gid in s.groups_with_free(level, m, need):
-                seen[gid] = seen.get(gid, 0) + free
-        return sorted(seen, key=lambda g: (seen[g], g))
+        """Groups at `level` to try for a gang, tightest first (best fit by group).
 
-    def _fill(self, req: Request, plan: Plan, nodes: list[int] | None) -> list[Binding] | None:
+        Whole-GPU gangs: groups whose whole-free GPUs (summed over the allowed models) cover the
+        gang. Other units (MIG, shares, CPU-only) are not counted by the group index: every
+        group with a node of an allowed model is a candidate, fullest first."""
+        s = self.snap
+        models = self.allowed_models(req.shape, req.tier)
+        free: dict[int, int] = {}
+        for m in models:
+            for f, gid in s.groups_with_free(level, m, 1):
+                free[gid] = free.get(gid, 0) + f
+        if req.shape.gpus:
+            need = req.replicas * req.shape.gpus if need_all else 1
+            return sorted((g for g in free if free[g] >= need), key=lambda g: (free[g], g))
+        allowed = set(models)
+        groups = {
+            int(s.node_level[level][n])
+            for n in range(len(s.node_names))
+            if int(s.node_model[n]) in allowed
+        }
+        return sorted(groups, key=lambda g: (free.get(g, 0), g))
+
+    def _fill(
+        self, req: Request, plan: Plan, nodes: list[int] | None, keep_order: bool = False
+    ) -> list[Binding] | None:
         """Place every replica, ranks contiguous: fill a node before moving to the next."""
         bindings: list[Binding] = []
         perf_class = None
@@ -447,7 +491,7 @@ class Engine:
                     perf_class = perf_class_of(self.snap.node_perf[self.snap.node_index[b.node]])
                 bindings.append(b)
             return bindings
-        order = sorted(nodes, key=lambda n: self.snap.node_names[n])
+        order = list(nodes) if keep_order else sorted(nodes, key=lambda n: self.snap.node_names[n])
         allowed = set(order)
         for r in range(req.replicas):
             b = self._place_replica_in_order(req, r, plan, order, allowed, perf_class)
@@ -462,7 +506,7 @@ class Engine:
         """Within a topology group: the first node in rank order that fits (contiguous ranks)."""
         s = self.snap
         tenant = s.tenant_id(req.tenant)
-        cands = self.candidates(req, tenant, allowed, limit=None)
+        cands = self.candidates(req, tenant, allowed, limit=UNLIMITED)
         if not len(cands):
             return None
         rank = {n: i for i, n in enumerate(order)}

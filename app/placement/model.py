@@ -84,6 +84,8 @@ class Request:
             raise RequestError(f"unknown MIG profile {s.mig!r}")
         if sum(bool(x) for x in (s.gpus, s.mig, s.milli)) > 1:
             raise RequestError("a shape asks for one of: gpus, a MIG profile, or milli")
+        if s.cpu_milli < 0 or s.mem_mib < 0 or s.gpu_mem_mib < 0:
+            raise RequestError("resources cannot be negative")
         if s.cpu_only:
             return
         if s.unit is not unit:

@@ -12,6 +12,7 @@ forgets the log. Policies use this to try what-ifs without copying the fleet.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,7 @@ class Snapshot:
         n = len(nodes)
         g = max(s.gpus for s in nodes)
         self.max_gpus = g
+        self.token = next(_TOKENS)  # identifies this snapshot to policy caches
         self.node_names = [s.name for s in nodes]
         self.node_index = {name: i for i, name in enumerate(self.node_names)}
         if len(self.node_index) != n:
@@ -129,6 +131,9 @@ class Snapshot:
         self.model_cc_whole_node = [
             GPU_MODELS[m].cc_whole_node if m in GPU_MODELS else False for m in self.model_names
         ]
+        self.model_confidential = [
+            GPU_MODELS[m].confidential if m in GPU_MODELS else False for m in self.model_names
+        ]
         self.model_mig_capable = [
             GPU_MODELS[m].mig_capable if m in GPU_MODELS else False for m in self.model_names
         ]
@@ -146,6 +151,8 @@ class Snapshot:
         self.tenant_names: list[str] = []
         self.allocs: dict[int, Alloc] = {}
         self.holders: dict[int, set[int]] = {}
+        # GPUs the placement core put into MIG mode; back to whole GPUs once idle again.
+        self.converted: dict[int, bool] = {}
         self._next_alloc = 1
         self._log: list[tuple] = []
         # Indexes (derived from the arrays; rebuilt per node by _reindex).
@@ -459,7 +466,10 @@ class Snapshot:
         self._w(self.gpu_tier, (n, s), new_tier, n)
         self._w(self.gpu_tenant, (n, s), new_tenant, n)
 
-    def release(self, aid: int) -> None:
+    def release(self, aid: int) -> list[tuple[str, int]]:
+        """Free an allocation. Returns the (node, GPU index) of GPUs that the core had put
+        into MIG mode and that are idle now: they go back to whole GPUs (a reconfiguration
+        for the caller to carry out)."""
         a = self.allocs[aid]
         n = a.node
         base = n * self.max_gpus
@@ -494,7 +504,14 @@ class Snapshot:
         self._w(self.node_mem_free, n, int(self.node_mem_free[n]) + a.mem, n)
         self._w(self.node_allocs, n, int(self.node_allocs[n]) - 1, n)
         self._d(self.allocs, aid, _DELETE)
+        reverted = []
+        if a.mig is not None:
+            flat = base + a.slots[0]
+            if flat in self.converted and not self.holders.get(flat):
+                self.set_mig_mode(n, a.slots[0], False)
+                reverted.append((self.node_names[n], a.slots[0]))
         self._reindex(n)
+        return reverted
 
     def _recompute_share(self, n: int, s: int) -> None:
         holders = self.holders.get(n * self.max_gpus + s)
@@ -508,11 +525,17 @@ class Snapshot:
         self._w(self.gpu_tier, (n, s), max(tiers), n)
         self._w(self.gpu_tenant, (n, s), tenants.pop() if len(tenants) == 1 else MIXED, n)
 
-    def set_mig_mode(self, n: int, s: int, enabled: bool) -> None:
-        """Enable/disable MIG mode on an idle GPU (the caller records the reconfiguration)."""
+    def set_mig_mode(self, n: int, s: int, enabled: bool, *, converted: bool = False) -> None:
+        """Enable/disable MIG mode on an idle GPU (the caller records the reconfiguration).
+        `converted`: the placement core did it, so it undoes it when the GPU is idle again."""
         if self.holders.get(n * self.max_gpus + s):
             raise ValueError("MIG mode changes need an idle GPU")
         self._w(self.gpu_mig, (n, s), enabled, n)
+        flat = n * self.max_gpus + s
+        if enabled and converted:
+            self._d(self.converted, flat, True)
+        elif not enabled and flat in self.converted:
+            self._d(self.converted, flat, _DELETE)
         self._reindex(n)
 
     # --- sharing checks ----------------------------------------------------------------------
@@ -533,6 +556,7 @@ class Snapshot:
             "arrays": arrays,
             "allocs": dict(self.allocs),
             "holders": {k: frozenset(v) for k, v in self.holders.items()},
+            "converted": dict(self.converted),
             "whole": {k: list(v) for k, v in self.whole.items() if v},
             "frac": {k: list(v) for k, v in self.frac.items() if v},
             "migx": {k: list(v) for k, v in self.migx.items() if v},
@@ -547,6 +571,9 @@ class Snapshot:
         """GPU-milli in use over the fleet (whole GPUs count 1000, MIG slices memory/8)."""
         free = self.gpu_free[self.gpu_present]
         return int(1000 * free.size - free.sum())
+
+
+_TOKENS = itertools.count(1)
 
 
 class _Delete:

@@ -229,5 +229,53 @@ def _assert_same(a, b):
         if k == "node_version":
             continue
         assert np.array_equal(a["arrays"][k], b["arrays"][k]), k
-    for k in ("allocs", "holders", "whole", "frac", "migx", "group_free"):
+    for k in ("allocs", "holders", "converted", "whole", "frac", "migx", "group_free"):
         assert a[k] == b[k], k
+
+
+def test_confidential_vms_only_on_models_with_confidential_computing():
+    s = snap(node("a100", 8, "A100-80GB"), node("t4", 2, "T4"))
+    engine = Engine(s, make_policy("best-fit"))
+    out = engine.place([Request("c", "t", Tier.CONFIDENTIAL_VM, Shape(gpus=1))]).outcomes[0]
+    assert not out.placed
+    s = snap(node("a100", 8, "A100-80GB"), node("h100", 8, "H100-80GB"))
+    out = (
+        Engine(s, make_policy("best-fit"))
+        .place([Request("c", "t", Tier.CONFIDENTIAL_VM, Shape(gpus=1))])
+        .outcomes[0]
+    )
+    assert out.placed and out.bindings[0].node == "h100"
+
+
+def test_gpus_the_core_put_into_mig_mode_return_to_whole_when_idle():
+    s = snap(node("a", 1))
+    engine = Engine(s, make_policy("best-fit"))
+    plan = engine.place([mig("m", "1g")])
+    assert plan.reconfigurations and plan.outcomes[0].placed
+    assert not engine.place([whole("w", 1)], plan).outcomes[-1].placed
+    assert s.release(plan.bindings[0].alloc_id) == [("a", 0)]
+    assert engine.place([whole("w2", 1)], plan).outcomes[-1].placed
+    # A GPU that the operator put in MIG mode stays in MIG mode.
+    s = snap(node("b", 1, mig=(0,)))
+    engine = Engine(s, make_policy("best-fit"))
+    plan = engine.place([mig("m", "1g")])
+    assert s.release(plan.bindings[0].alloc_id) == []
+
+
+def test_mig_gang_with_required_rack_topology():
+    s = snap(
+        hgx("a", 2, rack="r1", mig=tuple(range(8))), hgx("b", 1, rack="r2", mig=tuple(range(8)))
+    )
+    req = Request(
+        "g", "t", Tier.MIG_SHARED, Shape(mig="3g"), replicas=20, topology=required(Level.RACK)
+    )
+    out = Engine(s, make_policy("best-fit")).place([req]).outcomes[0]
+    assert out.placed and {b.node[0] for b in out.bindings} == {"a"}
+
+
+def test_preferred_gang_fills_the_emptiest_group_first():
+    s = snap(hgx("a", 1, rack="r1"), hgx("b", 2, rack="r2"))
+    engine = Engine(s, make_policy("best-fit"))
+    plan = engine.place([whole("g", 8, replicas=3, topology=preferred(Level.RACK))])
+    nodes = [b.node for b in sorted(plan.outcomes[0].bindings, key=lambda b: b.replica)]
+    assert nodes[:2] == ["b000", "b001"] and nodes[2] == "a000"

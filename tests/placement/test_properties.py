@@ -128,7 +128,7 @@ def test_invariants_hold_over_random_streams(ops, policy):
             for k in before["arrays"]:
                 if k != "node_version":
                     assert np.array_equal(before["arrays"][k], after["arrays"][k]), k
-            for k in ("allocs", "holders", "whole", "frac", "migx", "group_free"):
+            for k in ("allocs", "holders", "converted", "whole", "frac", "migx", "group_free"):
                 assert before[k] == after[k], k
         check_invariants(s)
         s.commit()

@@ -83,9 +83,9 @@ class FragModel:
         self._version: np.ndarray = np.empty(0, np.int64)
 
     def _bind(self, snap: Snapshot) -> None:
-        if self._snap_id == id(snap):
+        if self._snap_id == snap.token:
             return
-        self._snap_id = id(snap)
+        self._snap_id = snap.token
         self.model_ok = np.array(
             [[t.models is None or m in t.models for m in snap.model_names] for t in self.typical],
             np.bool_,
@@ -342,9 +342,9 @@ class FillModel:
         self._snap_id: int | None = None
 
     def _bind(self, snap: Snapshot) -> None:
-        if self._snap_id == id(snap):
+        if self._snap_id == snap.token:
             return
-        self._snap_id = id(snap)
+        self._snap_id = snap.token
         self.model_ok = np.array(
             [[t.models is None or m in t.models for m in snap.model_names] for t in self.typical],
             np.bool_,
