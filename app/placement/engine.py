@@ -98,12 +98,12 @@ class Engine:
             req.validate()
         except RequestError as exc:
             return Outcome(req.id, False, reason=f"invalid: {exc}")
-        mark = plan.checkpoint()
         if req.replicas == 1 and req.topology is None:
             binding = self._place_replica(req, 0, plan, None, None)
             if binding is None:
                 return Outcome(req.id, False, reason="no capacity")
             return Outcome(req.id, True, [binding])
+        mark = plan.checkpoint()
         bindings = self._place_gang(req, plan)
         if bindings is None:
             plan.rollback(mark)
@@ -197,7 +197,9 @@ class Engine:
                         count += 1
                         if limit is not None and count >= limit:
                             break
-                if self.allow_mig_reconfigure:
+                # At scale (a candidate limit), converting an idle GPU is only considered when
+                # no GPU already in MIG mode has room: MIG slices pack onto MIG GPUs first.
+                if self.allow_mig_reconfigure and (limit is None or count == 0):
                     for n in self._whole_nodes(m, 1, host_ok, limit):
                         out_n.append(n)
                         out_s.append(self._healthiest_free_slot(n, first=False))
@@ -318,8 +320,8 @@ class Engine:
         """Prefer healthy, fast GPUs; keep a gang on GPUs of one performance class."""
         s = self.snap
         penalty = self._topology_penalty(cands)
-        if perf_class is None and not s.flagged_nodes:
-            return penalty
+        if perf_class is None and (not s.flagged_nodes or not s._node_flagged[cands.node].any()):
+            return penalty  # every candidate node is healthy and at nominal speed
         perf = s.node_perf[cands.node]
         penalty = penalty + (1.0 - np.minimum(perf, 1.0)) * self.policy.perf_weight
         slot = np.maximum(cands.slot, 0)

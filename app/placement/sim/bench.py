@@ -4,14 +4,15 @@ A synthetic fleet mixes GB200 NVL72 racks (one NVLink domain of 72 GPUs each) an
 H100/H200 nodes (8 GPUs, some with MIG GPUs), grouped in blocks of 8 racks, preloaded to about
 half its GPUs. On one core it measures whole-GPU, MIG and fractional placements per second, the
 p50/p99 time to place a 64-GPU gang with `required: nvlink_domain`, the snapshot build time and
-the resident memory the snapshot adds.
+the memory the snapshot holds (traced), and the process's peak resident memory.
 """
 
 from __future__ import annotations
 
 import gc
-import os
+import resource
 import time
+import tracemalloc
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,9 +70,8 @@ def synthetic_fleet(gpus: int, seed: int = 0) -> list[NodeSpec]:
     return nodes
 
 
-def _rss_mib() -> float:
-    with open(f"/proc/{os.getpid()}/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _max_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def preload(snap: Snapshot, fraction: float, seed: int = 0) -> None:
@@ -103,7 +103,8 @@ class BenchResult:
     gpus: int
     nodes: int
     snapshot_build_s: float
-    snapshot_rss_mib: float
+    snapshot_mib: float
+    max_rss_mib: float
     whole_per_s: float
     mig_per_s: float
     fractional_per_s: float
@@ -138,13 +139,19 @@ def run(
 ) -> BenchResult:
     gc.collect()
     nodes = synthetic_fleet(gpus, seed)
-    rss0 = _rss_mib()
+    # Memory the snapshot holds (arrays and indexes), traced on a separate build so the
+    # tracing does not slow the timed one.
+    tracemalloc.start()
+    traced = Snapshot(nodes)
+    held, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del traced
+    gc.collect()
     t0 = time.perf_counter()
     snap = Snapshot(nodes)
     build = time.perf_counter() - t0
     del nodes
-    gc.collect()
-    rss = _rss_mib() - rss0
+    rss = held / 2**20
     preload(snap, 0.5, seed)
     pol = make_policy(policy, seed=seed)
     pol.candidate_limit = CANDIDATE_LIMIT
@@ -223,6 +230,7 @@ def run(
         len(snap.node_names),
         build,
         rss,
+        _max_rss_mib(),
         whole_rate,
         mig_rate,
         frac_rate,
