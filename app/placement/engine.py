@@ -320,7 +320,9 @@ class Engine:
         """Prefer healthy, fast GPUs; keep a gang on GPUs of one performance class."""
         s = self.snap
         penalty = self._topology_penalty(cands)
-        if perf_class is None and (not s.flagged_nodes or not s._node_flagged[cands.node].any()):
+        if perf_class is None and (
+            not s.flagged_nodes or not any(map(s._node_flagged.item, cands.node.tolist()))
+        ):
             return penalty  # every candidate node is healthy and at nominal speed
         perf = s.node_perf[cands.node]
         penalty = penalty + (1.0 - np.minimum(perf, 1.0)) * self.policy.perf_weight
@@ -347,12 +349,18 @@ class Engine:
         weight = self.policy.topology_weight
         if not weight or not s.multi_node_domains:
             return np.zeros(len(cands))
+        if len(cands) <= 32:  # plain Python: cheaper than numpy's per-call cost at this size
+            dom_of, size_of, multi = s.node_domain_l, s.domain_gpus_l, s.node_in_multi_domain_l
+            free = s.domain_free.item
+            return np.array(
+                [
+                    weight * free(dom_of[n]) / size_of[dom_of[n]] if multi[n] else 0.0
+                    for n in cands.node.tolist()
+                ]
+            )
         dom = s.node_level[Level.NVLINK_DOMAIN][cands.node]
-        sizes = s.domain_gpus[dom]
-        multi = sizes > s.node_ngpu[cands.node]
-        if not multi.any():
-            return np.zeros(len(cands))
-        return np.where(multi, weight * s.domain_free[dom] / np.maximum(sizes, 1), 0.0)
+        multi = s.node_in_multi_domain[cands.node]
+        return np.where(multi, weight * s.domain_free[dom] / np.maximum(s.domain_gpus[dom], 1), 0.0)
 
     def _apply(
         self, req: Request, replica: int, tenant: int, n: int, slot: int, kind: int, plan: Plan

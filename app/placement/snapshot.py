@@ -147,6 +147,11 @@ class Snapshot:
         self.domain_gpus = np.bincount(dom, weights=self.node_ngpu).astype(np.int64)
         self.domain_free = np.zeros(len(self.domain_gpus), np.int64)  # whole-free GPUs
         self.multi_node_domains = bool((np.bincount(dom) > 1).any())
+        self.node_in_multi_domain = self.domain_gpus[dom] > self.node_ngpu
+        # Plain-list copies of the static topology, for the small-set scoring paths.
+        self.node_domain_l: list[int] = dom.tolist()
+        self.domain_gpus_l: list[int] = self.domain_gpus.tolist()
+        self.node_in_multi_domain_l: list[bool] = self.node_in_multi_domain.tolist()
         self.tenants: dict[str, int] = {}
         self.tenant_names: list[str] = []
         self.allocs: dict[int, Alloc] = {}

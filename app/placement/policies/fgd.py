@@ -12,6 +12,8 @@ Per-node terms are cached (invalidated by the snapshot's node versions) and a ca
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -106,10 +108,12 @@ class FragModel:
             return
         if len(stale) <= 8:  # plain Python beats numpy's per-call cost for a few nodes
             for n in stale.tolist():
-                free = [f for f in snap.gpu_free[n].tolist() if f >= 0]
-                sums = [float(sum(f for f in free if f < mu)) for mu in self._mu_l]
-                cnts = [sum(1 for f in free if f >= mu) for mu in self._mu_l]
-                idle = float(sum(free))
+                free = sorted(f for f in snap.gpu_free[n].tolist() if f >= 0)
+                prefix = list(itertools.accumulate(free, initial=0))
+                cuts = [bisect.bisect_left(free, mu) for mu in self._mu_l]
+                sums = [float(prefix[k]) for k in cuts]  # free milli on GPUs below mu
+                cnts = [len(free) - k for k in cuts]  # GPUs with at least mu free
+                idle = float(prefix[-1])
                 self.sum[n], self.cnt[n], self.idle[n] = sums, cnts, idle
                 self.node_frag[n] = self._frag_one(
                     int(snap.node_model[n]), int(snap.node_cpu_free[n]), sums, cnts, idle
@@ -299,18 +303,18 @@ class RackplanePolicy(Policy):
 
 
 def _distinct_states(snap: Snapshot, cands: Candidates) -> tuple[Candidates, np.ndarray]:
-    """Candidates with distinct (model, GPU row, chosen slot's free, CPU) states, and the index
+    """Candidates with distinct (model, GPU row, chosen slot, CPU) states, and the index
     mapping every candidate to its representative."""
-    rows = snap.gpu_free[cands.node].tolist()
+    raw = snap.gpu_free[cands.node].tobytes()
+    width = len(raw) // max(len(cands), 1)
     cpus = snap.node_cpu_free[cands.node].tolist()
     models = snap.node_model[cands.node].tolist()
     slots = cands.slot.tolist()
     seen: dict[tuple, int] = {}
     first: list[int] = []
-    back = np.empty(len(rows), np.int64)
-    for i, row in enumerate(rows):
-        sl = slots[i]
-        key = (models[i], tuple(row), cpus[i], row[sl] if sl >= 0 else -1)
+    back = np.empty(len(cpus), np.int64)
+    for i in range(len(cpus)):
+        key = (models[i], raw[i * width : (i + 1) * width], cpus[i], slots[i])
         j = seen.get(key)
         if j is None:
             j = seen[key] = len(first)
