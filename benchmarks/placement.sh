@@ -29,6 +29,8 @@ for list in gpushare20 gpushare40 gpushare60 gpushare80 gpushare100 \
   run "$list" rackplane
 done
 
+python benchmarks/report.py "$OUT"
+
 for gpus in 10000 100000 1000000; do
   "$RP" bench placement --gpus "$gpus" --runs 3 --json | tee -a "$OUT/placement_speed.jsonl"
 done

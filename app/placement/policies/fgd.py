@@ -268,6 +268,7 @@ class RackplanePolicy(Policy):
 
     name = "rackplane"
     random_ties = True
+    fill_quantum = 1000.0  # milli-GPU
 
     def __init__(
         self,
@@ -298,7 +299,10 @@ class RackplanePolicy(Policy):
             # Fill deltas are GPU milli (|d| < 1e5): scaled below one FGD point, they only order
             # FGD's ties, so only the tied candidates need them.
             tied = Candidates(cands.node[best], cands.slot[best], cands.kind[best])
-            score[best] += self.fill.delta(snap, req, tied) * 1e-6
+            # Only a difference of a whole GPU of stranded capacity overrides the fixed order:
+            # finer differences are noise next to the packing that the order gives.
+            fill = np.floor(self.fill.delta(snap, req, tied) / self.fill_quantum)
+            score[best] += fill * 1e-6
         return score
 
 
