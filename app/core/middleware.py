@@ -47,6 +47,20 @@ async def send_problem(
     await send({"type": "http.response.body", "body": body})
 
 
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the app a body already read, then defers to the real one."""
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class RequestContextMiddleware:
     """Assign a request id (or accept a sane X-Request-ID), bind it to every log line, return it,
     and record one access log line and Prometheus metrics per request."""
@@ -136,14 +150,4 @@ class BodySizeLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
-        body = b"".join(chunks)
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(b"".join(chunks), receive), send)

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.config import get_settings
 from app.core.db import get_sessionmaker, utcnow
-from app.core.middleware import send_problem
+from app.core.middleware import replay_body, send_problem
 from app.idempotency.models import IdempotencyRecord
 from app.tenancy.auth import parse_prefix
 
@@ -172,15 +172,6 @@ class IdempotencyMiddleware:
             await send({"type": "http.response.body", "body": rbody or b""})
             return
 
-        sent_body = False
-
-        async def replay_receive() -> Message:
-            nonlocal sent_body
-            if not sent_body:
-                sent_body = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
         status = 500
         resp_headers: dict[str, str] = {}
         resp_body = bytearray()
@@ -197,7 +188,7 @@ class IdempotencyMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, replay_receive, capture)
+            await self.app(scope, replay_body(body, receive), capture)
         except BaseException:
             await anyio.to_thread.run_sync(_finish, principal, key, 500, {}, b"")
             raise

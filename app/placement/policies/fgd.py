@@ -197,15 +197,7 @@ class FragModel:
         if len(cands) <= 64:
             return self._delta_small(snap, req, cands)
         shape = req.shape
-        if shape.gpus or shape.cpu_only:
-            key = cands.node
-        else:
-            a_all = snap.gpu_free[cands.node, np.maximum(cands.slot, 0)].astype(np.int64)
-            key = cands.node * 1024 + a_all
-        if len(key) > 256:
-            _u, first, back = np.unique(key, return_index=True, return_inverse=True)
-        else:
-            first = back = np.arange(len(key))
+        a_all, first, back = _same_outcome(snap, req, cands)
         nodes = cands.node[first]
         models = snap.node_model[nodes]
         cpu1 = snap.node_cpu_free[nodes] - shape.cpu_milli
@@ -223,6 +215,24 @@ class FragModel:
             i1 = i0 - shape.gpu_milli
         after = self.frag(models, cpu1, s1, c1, i1)
         return (after - self.node_frag[nodes])[back]
+
+
+def _same_outcome(snap: Snapshot, req: Request, cands: Candidates):
+    """Group candidates that leave their node in the same state (same node and, for shares,
+    same free milli on the chosen GPU). Returns (free milli at each candidate's GPU or None,
+    index of each group's first candidate, group of every candidate)."""
+    shape = req.shape
+    a_all = None
+    if shape.gpus or shape.cpu_only:
+        key = cands.node
+    else:
+        a_all = snap.gpu_free[cands.node, np.maximum(cands.slot, 0)].astype(np.int64)
+        key = cands.node * 1024 + a_all
+    if len(key) > 256:
+        _u, first, back = np.unique(key, return_index=True, return_inverse=True)
+    else:  # small sets: evaluating duplicates is cheaper than finding them
+        first = back = np.arange(len(key))
+    return a_all, first, back
 
 
 def _stale_nodes(model, snap: Snapshot) -> np.ndarray | None:
@@ -444,15 +454,7 @@ class FillModel:
         if len(cands) <= self.small_delta:
             return self._delta_small(snap, req, cands)
         shape = req.shape
-        if shape.gpus or shape.cpu_only:
-            key = cands.node
-        else:
-            a_all = snap.gpu_free[cands.node, np.maximum(cands.slot, 0)].astype(np.int64)
-            key = cands.node * 1024 + a_all
-        if len(key) > 256:
-            _u, first, back = np.unique(key, return_index=True, return_inverse=True)
-        else:  # small sets: evaluating duplicates is cheaper than finding them
-            first = back = np.arange(len(key))
+        a_all, first, back = _same_outcome(snap, req, cands)
         nodes = cands.node[first]
         models = snap.node_model[nodes]
         cpu1 = snap.node_cpu_free[nodes] - shape.cpu_milli
