@@ -489,22 +489,25 @@ class Engine:
     def _fill(
         self, req: Request, plan: Plan, nodes: list[int] | None, keep_order: bool = False
     ) -> list[Binding] | None:
-        """Place every replica, ranks contiguous: fill a node before moving to the next."""
+        """Place every replica; inside a topology group ranks are contiguous (a node is filled
+        before the next, in rank order). No group: the policy places each replica."""
+        if nodes is None:
+
+            def place(r: int, perf: float | None) -> Binding | None:
+                return self._place_replica(req, r, plan, None, perf)
+        else:
+            order = (
+                list(nodes) if keep_order else sorted(nodes, key=lambda n: self.snap.node_names[n])
+            )
+            allowed = set(order)
+
+            def place(r: int, perf: float | None) -> Binding | None:
+                return self._place_replica_in_order(req, r, plan, order, allowed, perf)
+
         bindings: list[Binding] = []
         perf_class = None
-        if nodes is None:
-            for r in range(req.replicas):
-                b = self._place_replica(req, r, plan, None, perf_class)
-                if b is None:
-                    return None
-                if req.same_perf_class and perf_class is None:
-                    perf_class = perf_class_of(self.snap.node_perf[self.snap.node_index[b.node]])
-                bindings.append(b)
-            return bindings
-        order = list(nodes) if keep_order else sorted(nodes, key=lambda n: self.snap.node_names[n])
-        allowed = set(order)
         for r in range(req.replicas):
-            b = self._place_replica_in_order(req, r, plan, order, allowed, perf_class)
+            b = place(r, perf_class)
             if b is None:
                 return None
             if req.same_perf_class and perf_class is None:
