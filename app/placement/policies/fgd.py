@@ -88,10 +88,7 @@ class FragModel:
         if self._snap_id == snap.token:
             return
         self._snap_id = snap.token
-        self.model_ok = np.array(
-            [[t.models is None or m in t.models for m in snap.model_names] for t in self.typical],
-            np.bool_,
-        ).T  # [model, T]
+        self.model_ok = _model_ok(self.typical, snap)
         n, t = len(snap.node_names), len(self.typical)
         self.sum = np.zeros((n, t), np.float64)
         self.cnt = np.zeros((n, t), np.int64)
@@ -215,6 +212,13 @@ class FragModel:
             i1 = i0 - shape.gpu_milli
         after = self.frag(models, cpu1, s1, c1, i1)
         return (after - self.node_frag[nodes])[back]
+
+
+def _model_ok(typical: list[TypicalShape], snap: Snapshot) -> np.ndarray:
+    """[model, shape]: whether each typical shape may run on each of the fleet's GPU models."""
+    return np.array(
+        [[t.models is None or m in t.models for m in snap.model_names] for t in typical], np.bool_
+    ).T
 
 
 def _same_outcome(snap: Snapshot, req: Request, cands: Candidates):
@@ -363,10 +367,7 @@ class FillModel:
         if self._snap_id == snap.token:
             return
         self._snap_id = snap.token
-        self.model_ok = np.array(
-            [[t.models is None or m in t.models for m in snap.model_names] for t in self.typical],
-            np.bool_,
-        ).T
+        self.model_ok = _model_ok(self.typical, snap)
         # value[model, t]: GPU milli one copy of t uses, times its weight (0 where t cannot run).
         self.value = np.where(self.model_ok, (self.per_copy * self.p)[None, :], 0.0)
         self.inv_cpu = 1.0 / self.cpu[None, :]
