@@ -1,0 +1,918 @@
+"""Fair-share queueing over a snapshot: quotas with borrowing, priorities, checkpoint-aware
+preemption, reservations with backfill, and what-if answers. Pure: decisions, no I/O.
+
+One scheduling cycle runs named phases in a configured order (default: reclaim, allocate,
+preempt, backfill). Every phase reads and changes one `_Cycle` (the snapshot, usage per tenant
+and GPU model, the queue) and appends its decisions to the `CycleResult`:
+
+- **reclaim**: a tenant below its guarantee whose work does not fit evicts *borrowed* work
+  (of tenants above their guarantee, never of a higher priority), cheapest loss first;
+- **allocate**: the queue in order (arrival, strict priority, or priority then fair share),
+  admitting what fits under each tenant's limit. What does not fit is skipped (`skip`), ends
+  the walk (`stop`), or ends the walk and goes to the backfill phase for a reservation
+  (`reserve`);
+- **preempt**: a blocked workload evicts workloads of a strictly lower priority (or of a
+  preemptible class), cheapest loss first;
+- **backfill**: the blocked head gets a reservation (GPUs and the earliest start from the
+  declared maximum runtimes of what runs), and the rest of the queue may start only where it
+  cannot delay it: on capacity outside the reservation, or ending before it starts.
+
+Units: quotas and usage are GPU-equivalents in milli (whole GPU 1000, MIG slice memory/8, a
+fractional share its milli), per GPU model.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from app.placement.engine import Engine, Plan
+from app.placement.isolation import Tier
+from app.placement.mig import PROFILES
+from app.placement.model import Binding, Request
+from app.placement.snapshot import Snapshot
+
+RESERVATION_TENANT = "__reservation__"
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    name: str
+    value: int
+    # Preemptible work is cheaper and can always be evicted (no minimum runtime, no cool-down).
+    preemptible: bool = False
+
+
+DEFAULT_PRIORITY_CLASSES: dict[str, PriorityClass] = {
+    p.name: p
+    for p in (
+        PriorityClass("production", 1000),
+        PriorityClass("training", 500),
+        PriorityClass("research", 100),
+        PriorityClass("preemptible", 0, preemptible=True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    """Per GPU model, in GPU-equivalent milli. A model missing from `limit` has no limit beyond
+    the fleet; a model missing from `guaranteed` has no guarantee (all its use is borrowed)."""
+
+    guaranteed: Mapping[str, int] = field(default_factory=dict)
+    limit: Mapping[str, int] = field(default_factory=dict)
+    weight: float = 1.0
+
+    def guarantee(self, model: str) -> int:
+        return self.guaranteed.get(model, 0)
+
+    def cap(self, model: str) -> int | None:
+        return self.limit.get(model)
+
+
+ORDERS = ("arrival", "priority", "fair-share")
+ON_BLOCKED = ("skip", "stop", "reserve")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    phases: tuple[str, ...] = ("reclaim", "allocate", "preempt", "backfill")
+    order: str = "fair-share"
+    on_blocked: str = "reserve"
+    placement_policy: str = "best-fit"
+    max_reservations: int = 1
+    half_life: float = 24 * 3600.0  # usage history decay (seconds)
+    history_weight: float = 0.5  # fair share: 0 = current use only, 1 = decayed history only
+    grace_period: float = 120.0  # a victim may checkpoint for this long before it stops
+    min_runtime: float = 600.0  # never evicted before running this long (non-preemptible)
+    cooldown: float = 1800.0  # never evicted again this soon after an eviction
+    starvation_factor: float = 1.0  # waited this many times its max runtime: goes first
+    max_victims: int = 64
+    reclaim_depth: int = 4  # per tenant and cycle: pending workloads that may reclaim
+    priority_classes: Mapping[str, PriorityClass] = field(
+        default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES)
+    )
+
+    def validate(self) -> None:
+        unknown = [p for p in self.phases if p not in PHASES]
+        if unknown:
+            raise ValueError(f"unknown phases {unknown}; known: {', '.join(PHASES)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order is one of {ORDERS}")
+        if self.on_blocked not in ON_BLOCKED:
+            raise ValueError(f"on_blocked is one of {ON_BLOCKED}")
+        if self.half_life <= 0 or not 0 <= self.history_weight <= 1:
+            raise ValueError("half_life > 0 and 0 <= history_weight <= 1")
+
+
+# --- workloads and decisions --------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """A queued or running workload as the scheduler sees it.
+
+    Running workloads carry the snapshot allocations they hold (`alloc_ids`), when the current
+    run started, their last checkpoint and their last eviction."""
+
+    id: str
+    request: Request
+    priority: str
+    submitted_at: float
+    max_runtime: float  # declared; the workload is stopped when it runs longer
+    checkpoint_cost: float = 0.0  # seconds to write a checkpoint
+    started_at: float | None = None
+    last_checkpoint_at: float | None = None
+    preempted_at: float | None = None
+    alloc_ids: tuple[int, ...] = ()
+    # Periodic checkpoints (seconds of run time); the last one counts if later than reported.
+    checkpoint_every: float | None = None
+    _charge: tuple[tuple[int, ...], list[tuple[str, int]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    _fit_key: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def tenant(self) -> str:
+        return self.request.tenant
+
+    @property
+    def gpu_milli(self) -> int:
+        return self.request.shape.gpu_milli * self.request.replicas
+
+    def last_checkpoint(self, now: float) -> float:
+        assert self.started_at is not None, "only running workloads have checkpoints"
+        last = self.started_at
+        if self.last_checkpoint_at is not None:
+            last = max(last, self.last_checkpoint_at)
+        if self.checkpoint_every:
+            k = (now - self.started_at) // self.checkpoint_every
+            last = max(last, self.started_at + k * self.checkpoint_every)
+        return last
+
+    def lost_gpu_seconds(self, now: float) -> float:
+        """Work lost if stopped now without a new checkpoint: GPUs x time since the last one."""
+        return max(0.0, now - self.last_checkpoint(now)) * self.gpu_milli / 1000
+
+
+@dataclass(frozen=True)
+class Admission:
+    workload: str
+    bindings: tuple[Binding, ...]
+    start_at: float  # after the victims' grace period when it preempted
+    borrowed: bool  # beyond its tenant's guarantee: may be reclaimed
+    phase: str
+    victims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Eviction:
+    workload: str
+    reason: str  # reclaim | priority
+    by: str  # the workload it makes room for
+    deadline: float  # stops then (checkpoints during the grace period)
+    lost_gpu_seconds: float  # if it cannot checkpoint within the grace period
+
+
+@dataclass(frozen=True)
+class Reservation:
+    workload: str
+    start_at: float
+    gpus: tuple[tuple[str, int], ...]
+
+
+@dataclass
+class CycleResult:
+    now: float
+    admissions: list[Admission] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+    reservations: list[Reservation] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)  # workload -> why it waits
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """Where a prospective workload would land now, whom it would preempt, or when it starts."""
+
+    placeable_now: bool
+    bindings: tuple[Binding, ...]
+    preempts: tuple[str, ...]
+    expected_start: float | None  # None: cannot start under its quota and the fleet
+    reason: str
+
+
+# --- state carried between cycles ---------------------------------------------------------------
+
+
+@dataclass
+class UsageHistory:
+    """Decayed usage per (tenant, model) in GPU-milli-seconds, with a configurable half-life."""
+
+    half_life: float
+    at: float | None = None
+    decayed: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def advance(self, now: float, usage: Mapping[tuple[str, str], int]) -> None:
+        """Integrate `usage` (held since the last call) up to `now`, decaying what was before."""
+        if self.at is None or now <= self.at:
+            self.at = now if self.at is None else self.at
+            return
+        lam = math.log(2) / self.half_life
+        decay = math.exp(-lam * (now - self.at))
+        gain = (1 - decay) / lam
+        for key in set(self.decayed) | set(usage):
+            value = self.decayed.get(key, 0.0) * decay + usage.get(key, 0) * gain
+            if value < 1e-3:
+                self.decayed.pop(key, None)
+            else:
+                self.decayed[key] = value
+        self.at = now
+
+    def average(self, key: tuple[str, str]) -> float:
+        """The decayed usage as an average rate (GPU-milli): constant use u converges to u."""
+        return self.decayed.get(key, 0.0) * math.log(2) / self.half_life
+
+
+# --- the scheduler ------------------------------------------------------------------------------
+
+
+class Scheduler:
+    """Runs scheduling cycles over one snapshot (which it changes: admissions are allocated,
+    evictions released; the caller commits or rolls back the snapshot)."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        tenants: Mapping[str, TenantQuota],
+        config: QueueConfig | None = None,
+        *,
+        policy=None,
+        history: UsageHistory | None = None,
+    ):
+        from app.placement.policies import make_policy
+
+        self.config = config or QueueConfig()
+        self.config.validate()
+        self.snap = snapshot
+        self.tenants = dict(tenants)
+        self.engine = Engine(snapshot, policy or make_policy(self.config.placement_policy, seed=0))
+        self.history = history or UsageHistory(self.config.half_life)
+        self.capacity = {
+            name: 1000 * int(snapshot.node_ngpu[snapshot.node_model == i].sum())
+            for i, name in enumerate(snapshot.model_names)
+        }
+
+    def quota(self, tenant: str) -> TenantQuota:
+        return self.tenants.get(tenant) or TenantQuota()
+
+    def prio(self, w: Workload) -> PriorityClass:
+        try:
+            return self.config.priority_classes[w.priority]
+        except KeyError:
+            raise ValueError(f"workload {w.id}: unknown priority class {w.priority!r}") from None
+
+    def cycle(self, now: float, pending: list[Workload], running: list[Workload]) -> CycleResult:
+        """One scheduling cycle: the configured phases in order."""
+        c = _Cycle(self, now, pending, running)
+        self.history.advance(now, c.usage_by_key())
+        for name in self.config.phases:
+            PHASES[name](c)
+        c.finish()
+        return c.result
+
+    def what_if(
+        self, workload: Workload, now: float, pending: list[Workload], running: list[Workload]
+    ) -> WhatIf:
+        """The decision for `workload` if it were at the head of its queue now; changes nothing."""
+        plan = Plan(self.snap)
+        mark = plan.checkpoint()
+        try:
+            c = _Cycle(self, now, pending, running, plan=plan)
+            over = c.over_limit(workload)
+            if over:
+                return WhatIf(False, (), (), None, over)
+            bindings = c.try_place(workload)
+            if bindings is not None:
+                return WhatIf(True, bindings, (), now, "fits now")
+            for reclaim in (True, False):
+                victims = c.victims_for(workload, reclaim=reclaim)
+                if victims is not None:
+                    placed = c.try_place(workload)
+                    assert placed is not None
+                    start = now + self.config.grace_period
+                    return WhatIf(
+                        True,
+                        placed,
+                        tuple(v.id for v in victims),
+                        start,
+                        "reclaims borrowed capacity" if reclaim else "preempts lower priority",
+                    )
+            res = c.reservation_for(workload)
+            if res is None:
+                return WhatIf(False, (), (), None, "does not fit the fleet")
+            return WhatIf(False, (), (), res.start_at, "waits for running work to end")
+        finally:
+            plan.rollback(mark)
+
+
+# --- one cycle ----------------------------------------------------------------------------------
+
+
+class _Cycle:
+    def __init__(
+        self,
+        sched: Scheduler,
+        now: float,
+        pending: list[Workload],
+        running: list[Workload],
+        plan: Plan | None = None,
+    ):
+        self.s = sched
+        self.cfg = sched.config
+        self.now = now
+        self.snap = sched.snap
+        self.plan = plan or Plan(self.snap)
+        self.result = CycleResult(now)
+        self.running = {w.id: w for w in running}
+        self.queue = [w for w in pending if w.started_at is None or not w.alloc_ids]
+        self.done: set[str] = set()  # admitted or given up for this cycle
+        self.evicted: set[str] = set()
+        self.usage: dict[str, dict[str, int]] = {}
+        for w in running:
+            for model, milli in self._charge(w):
+                self._add(w.tenant, model, milli)
+        self.blocked: list[Workload] = []
+        self.walk: _Walk | None = None
+        self.reserved: list[tuple[Reservation, frozenset[tuple[int, int]]]] = []
+        self.phantoms: list[int] = []
+        self.fail_cache: set[tuple] = set()
+        self.fail_unheld: set[tuple] = set()  # the same, ignoring reservations
+
+    # usage ---------------------------------------------------------------------------------
+
+    def _charge(self, w: Workload) -> list[tuple[str, int]]:
+        """(model, GPU-milli) per allocation of a running workload (cached on it)."""
+        cached = w._charge
+        if cached is not None and cached[0] == w.alloc_ids:
+            return cached[1]
+        snap = self.snap
+        out = []
+        for aid in w.alloc_ids:
+            a = snap.allocs[aid]
+            out.append((snap.model_names[int(snap.node_model[a.node])], _milli(a)))
+        w._charge = (w.alloc_ids, out)
+        return out
+
+    def _add(self, tenant: str, model: str, milli: int) -> None:
+        per = self.usage.setdefault(tenant, {})
+        per[model] = per.get(model, 0) + milli
+
+    def usage_by_key(self) -> dict[tuple[str, str], int]:
+        return {(t, m): v for t, per in self.usage.items() for m, v in per.items()}
+
+    def used(self, tenant: str, model: str) -> int:
+        return self.usage.get(tenant, {}).get(model, 0)
+
+    def share(self, tenant: str) -> float:
+        """Dominant share over GPU models of current and decayed use, divided by the weight."""
+        cfg, hist = self.cfg, self.s.history
+        best = 0.0
+        per = self.usage.get(tenant, {})
+        models = set(per) | {m for (t, m) in hist.decayed if t == tenant}
+        for m in models:
+            cap = self.s.capacity.get(m)
+            if not cap:
+                continue
+            eff = (1 - cfg.history_weight) * per.get(m, 0) + cfg.history_weight * hist.average(
+                (tenant, m)
+            )
+            best = max(best, eff / cap)
+        return best / max(self.s.quota(tenant).weight, 1e-9)
+
+    def models_of(self, bindings: Iterable[Binding]) -> dict[str, int]:
+        snap, out = self.snap, dict[str, int]()
+        for b in bindings:
+            a = snap.allocs[b.alloc_id]
+            model = snap.model_names[int(snap.node_model[a.node])]
+            out[model] = out.get(model, 0) + _milli(a)
+        return out
+
+    def over_limit(self, w: Workload, by_model: Mapping[str, int] | None = None) -> str | None:
+        """Why admitting `w` (charged as `by_model`, default: each allowed model) would exceed
+        its tenant's limit; None if it would not."""
+        q = self.s.quota(w.tenant)
+        if not q.limit:
+            return None
+
+        def within(m: str, milli: int) -> bool:
+            cap = q.cap(m)
+            return cap is None or self.used(w.tenant, m) + milli <= cap
+
+        if by_model is None:
+            models = w.request.shape.models or self.snap.model_names
+            ok = any(within(m, w.gpu_milli) for m in models)
+        else:
+            ok = all(within(m, milli) for m, milli in by_model.items())
+        return None if ok else "over its tenant's limit"
+
+    def borrowed(self, tenant: str, by_model: Mapping[str, int]) -> bool:
+        q = self.s.quota(tenant)
+        return any(self.used(tenant, m) > q.guarantee(m) for m in by_model)
+
+    # placement -----------------------------------------------------------------------------
+
+    def free_whole(self, models: Iterable[int]) -> int:
+        whole = self.snap.whole
+        wanted = set(models)
+        return sum(k * len(b) for (m, k), b in whole.items() if m in wanted)
+
+    @staticmethod
+    def _cache_key(w: Workload) -> tuple | None:
+        """Whole-GPU shapes that fail once fail for the rest of the walk; () for other shapes."""
+        key = w._fit_key
+        if key is None:
+            r = w.request
+            if not r.shape.gpus or r.shape.cpu_milli or r.shape.mem_mib:
+                key = ()
+            else:
+                key = (r.tier, r.shape.gpus, r.replicas, r.shape.models, r.topology)
+                key += (r.same_perf_class,)
+            w._fit_key = key
+        return key or None
+
+    def known_to_fail(self, w: Workload) -> bool:
+        key = self._cache_key(w)
+        return key is not None and key in self.fail_cache
+
+    def try_place(self, w: Workload, *, limit_check: bool = True) -> tuple[Binding, ...] | None:
+        """Place `w` (recorded in the plan) or return None with nothing changed. Failures of
+        whole-GPU shapes are remembered for the cycle (capacity only shrinks within a walk)."""
+        req = w.request
+        key = self._cache_key(w)
+        if key is not None:
+            if key in self.fail_cache:
+                return None
+            models = self.s.engine.allowed_models(req.shape, req.tier)
+            if self.free_whole(models) < req.shape.gpus * req.replicas:
+                self.fail_cache.add(key)
+                return None
+        mark = self.plan.checkpoint()
+        outcome = self.s.engine.place_one(req, self.plan)
+        if not outcome.placed:
+            self.plan.rollback(mark)
+            if key is not None:
+                self.fail_cache.add(key)
+            return None
+        if limit_check and self.over_limit(w, self.models_of(outcome.bindings)):
+            self.plan.rollback(mark)
+            return None
+        self.plan.outcomes.append(outcome)
+        return tuple(outcome.bindings)
+
+    def admit(
+        self,
+        w: Workload,
+        bindings: tuple[Binding, ...],
+        phase: str,
+        victims: tuple[str, ...] = (),
+    ) -> None:
+        by_model = self.models_of(bindings)
+        for m, milli in by_model.items():
+            self._add(w.tenant, m, milli)
+        start = self.now + (self.cfg.grace_period if victims else 0.0)
+        self.result.admissions.append(
+            Admission(w.id, bindings, start, self.borrowed(w.tenant, by_model), phase, victims)
+        )
+        self.done.add(w.id)
+        if self.walk is not None:
+            self.walk.rekey(w.tenant)
+
+    # eviction ------------------------------------------------------------------------------
+
+    def evictable(self, v: Workload) -> bool:
+        if v.id in self.evicted or v.started_at is None or v.started_at > self.now:
+            return False  # not running (yet)
+        if self.s.prio(v).preemptible:
+            return True
+        if self.now - v.started_at < self.cfg.min_runtime:
+            return False
+        return v.preempted_at is None or self.now - v.preempted_at >= self.cfg.cooldown
+
+    def victims_for(self, w: Workload, *, reclaim: bool) -> list[Workload] | None:
+        """Evict the cheapest set of running workloads that lets `w` fit, or return None with
+        nothing changed. Reclaim: borrowed work of other tenants, priority not above `w`'s.
+        Priority: work of a strictly lower priority (or a preemptible class)."""
+        mine = self.s.prio(w)
+        q = self.s.quota(w.tenant)
+        models = self.s.engine.allowed_models(w.request.shape, w.request.tier)
+        model_names = {self.snap.model_names[m] for m in models}
+        if reclaim:
+            # Only within its guarantee on some model it may use.
+            if not any(self.used(w.tenant, m) + w.gpu_milli <= q.guarantee(m) for m in model_names):
+                return None
+        over: dict[tuple[str, str], int] = {}
+        cands: list[tuple[tuple, Workload, list[tuple[str, int]]]] = []
+        for v in self.running.values():
+            if v.tenant == w.tenant and reclaim:
+                continue
+            if not self.evictable(v):
+                continue
+            pv = self.s.prio(v)
+            if reclaim:
+                if pv.value > mine.value:
+                    continue
+            elif not (pv.value < mine.value or (pv.preemptible and not mine.preemptible)):
+                continue
+            allocs = [x for x in self._charge(v) if x[0] in model_names]
+            if not allocs:
+                continue
+            assert v.started_at is not None
+            cands.append(((pv.value, v.lost_gpu_seconds(self.now), -v.started_at), v, allocs))
+        if not cands:
+            return None
+        cands.sort(key=lambda c: c[0])
+        mark = self.plan.checkpoint()
+        need = w.request.shape.gpus * w.request.replicas
+        chosen: list[Workload] = []
+        placed = None
+        for _, v, allocs in cands:
+            if reclaim:
+                vq = self.s.quota(v.tenant)
+                if not any(
+                    self.used(v.tenant, m) - over.get((v.tenant, m), 0) > vq.guarantee(m)
+                    for m, _ in allocs
+                ):
+                    continue
+                for m, milli in allocs:
+                    over[(v.tenant, m)] = over.get((v.tenant, m), 0) + milli
+            for aid in v.alloc_ids:
+                self.snap.release(aid)
+            chosen.append(v)
+            if len(chosen) > self.cfg.max_victims:
+                break
+            if need and self.free_whole(models) < need:
+                continue
+            inner = self.plan.checkpoint()
+            outcome = self.s.engine.place_one(w.request, self.plan)
+            self.plan.rollback(inner)
+            if outcome.placed:
+                placed = chosen
+                break
+        self.plan.rollback(mark)
+        if placed is None:
+            return None
+        # Drop victims that turn out not to be needed (the most expensive first).
+        keep = list(placed)
+        for v in sorted(placed, key=lambda x: -x.lost_gpu_seconds(self.now)):
+            trial = [x for x in keep if x is not v]
+            m2 = self.plan.checkpoint()
+            for x in trial:
+                for aid in x.alloc_ids:
+                    self.snap.release(aid)
+            ok = self.s.engine.place_one(w.request, self.plan).placed
+            self.plan.rollback(m2)
+            if ok:
+                keep = trial
+        for v in keep:
+            for m, milli in self._charge(v):
+                self._add(v.tenant, m, -milli)
+            for aid in v.alloc_ids:
+                self.snap.release(aid)
+            self.evicted.add(v.id)
+            lost = (
+                0.0 if v.checkpoint_cost <= self.cfg.grace_period else v.lost_gpu_seconds(self.now)
+            )
+            self.result.evictions.append(
+                Eviction(
+                    v.id,
+                    "reclaim" if reclaim else "priority",
+                    w.id,
+                    self.now + self.cfg.grace_period,
+                    lost,
+                )
+            )
+            del self.running[v.id]
+        # Capacity grew: earlier failures no longer say anything.
+        self.fail_cache.clear()
+        self.fail_unheld.clear()
+        return keep
+
+    # reservations --------------------------------------------------------------------------
+
+    def reservation_for(self, w: Workload) -> Reservation | None:
+        """The earliest start of `w` from the declared maximum runtimes of what runs, and the
+        GPUs it would take then. Running work holding GPUs of an earlier reservation is never
+        counted as ending (those GPUs are promised)."""
+        promised = {g for _, gpus in self.reserved for g in gpus}
+        snap = self.snap
+        ends: list[tuple[float, list[int]]] = []
+        for v in self.running.values():
+            if v.started_at is None:
+                continue
+            aids = list(v.alloc_ids)
+            if promised and any(
+                (snap.allocs[a].node, s) in promised for a in aids for s in snap.allocs[a].slots
+            ):
+                continue
+            ends.append((max(self.now, v.started_at + v.max_runtime), aids))
+        for adm in self.result.admissions:
+            ends.append(
+                (adm.start_at + self._max_runtime(adm.workload), [b.alloc_id for b in adm.bindings])
+            )
+        ends.sort(key=lambda e: e[0])
+        models = self.s.engine.allowed_models(w.request.shape, w.request.tier)
+        need = w.request.shape.gpus * w.request.replicas
+        mark = self.plan.checkpoint()
+        found: Reservation | None = None
+        try:
+            i = 0
+            while i < len(ends):
+                t = ends[i][0]
+                while i < len(ends) and ends[i][0] <= t:
+                    for aid in ends[i][1]:
+                        if aid in snap.allocs:
+                            snap.release(aid)
+                    i += 1
+                if need and self.free_whole(models) < need:
+                    continue
+                outcome = self.s.engine.place_one(w.request, self.plan)
+                if outcome.placed:
+                    gpus = tuple((b.node, g) for b in outcome.bindings for g in b.gpu_indices)
+                    found = Reservation(w.id, t, gpus)
+                    break
+        finally:
+            self.plan.rollback(mark)
+        return found
+
+    def _max_runtime(self, wid: str) -> float:
+        return self._by_id[wid].max_runtime
+
+    @property
+    def _by_id(self) -> dict[str, Workload]:
+        cached = getattr(self, "_ids", None)
+        if cached is None:
+            cached = self._ids = {w.id: w for w in self.queue}
+        return cached
+
+    def hold(self, res: Reservation) -> None:
+        """Keep the reservation's free GPUs out of reach for the rest of the cycle."""
+        snap = self.snap
+        gpus = frozenset((snap.node_index[n], g) for n, g in res.gpus)
+        self.reserved.append((res, gpus))
+        self.result.reservations.append(res)
+        self._hold(gpus)
+
+    def _hold(self, gpus: Iterable[tuple[int, int]]) -> None:
+        snap = self.snap
+        tid = snap.tenant_id(RESERVATION_TENANT)
+        by_node: dict[int, list[int]] = {}
+        for n, g in gpus:
+            if snap.is_whole_free(n, g):
+                by_node.setdefault(n, []).append(g)
+        for n, slots in by_node.items():
+            self.phantoms.append(snap.allocate(tid, Tier.DEDICATED, n, tuple(sorted(slots))))
+
+    def unhold(self) -> None:
+        for aid in self.phantoms:
+            self.snap.release(aid)
+        self.phantoms = []
+
+    def rehold(self) -> None:
+        for _, gpus in self.reserved:
+            self._hold(gpus)
+
+    def finish(self) -> None:
+        self.unhold()
+
+
+# --- the queue walk -----------------------------------------------------------------------------
+
+
+class _Walk:
+    """The queue in the configured order. Fair share: a heap of tenants keyed by (priority of
+    their head, starving head first, dominant share, head's arrival), re-keyed as they are
+    served; within a tenant, priority then arrival."""
+
+    def __init__(self, c: _Cycle):
+        self.c = c
+        cfg = c.cfg
+        prio = c.s.prio
+        now = c.now
+
+        def starving(w: Workload) -> bool:
+            return now - w.submitted_at >= cfg.starvation_factor * w.max_runtime
+
+        self.starving = starving
+        items = [w for w in c.queue if w.id not in c.done]
+        if cfg.order == "arrival":
+            items.sort(key=_arrival)
+            self.flat: list[Workload] | None = items[::-1]
+            return
+        if cfg.order == "priority":
+            items.sort(key=lambda w: (-prio(w).value, w.submitted_at, w.id))
+            self.flat = items[::-1]
+            return
+        self.flat = None
+        per: dict[str, list[Workload]] = {}
+        for w in items:
+            per.setdefault(w.tenant, []).append(w)
+        self.per = {
+            t: sorted(ws, key=lambda w: (-prio(w).value, not starving(w), w.submitted_at, w.id))[
+                ::-1
+            ]
+            for t, ws in per.items()
+        }
+        self.heap: list[tuple] = []
+        self.version: dict[str, int] = {}
+        for t in self.per:
+            self._push(t)
+
+    def _push(self, t: str) -> None:
+        ws = self.per.get(t)
+        while ws and ws[-1].id in self.c.done:
+            ws.pop()
+        if not ws:
+            return
+        head = ws[-1]
+        v = self.version.get(t, 0) + 1
+        self.version[t] = v
+        key = (
+            -self.c.s.prio(head).value,
+            not self.starving(head),
+            self.c.share(t),
+            head.submitted_at,
+            t,
+        )
+        heapq.heappush(self.heap, (key, v, t))
+
+    def rekey(self, tenant: str) -> None:
+        if self.flat is None:
+            self._push(tenant)
+
+    def next(self) -> Workload | None:
+        if self.flat is not None:
+            while self.flat:
+                w = self.flat.pop()
+                if w.id not in self.c.done:
+                    return w
+            return None
+        while self.heap:
+            _, v, t = heapq.heappop(self.heap)
+            if self.version.get(t) != v:
+                continue
+            ws = self.per[t]
+            while ws and ws[-1].id in self.c.done:
+                ws.pop()
+            if not ws:
+                continue
+            w = ws.pop()
+            self._push(t)
+            return w
+        return None
+
+
+# --- phases -------------------------------------------------------------------------------------
+
+
+def _reclaim(c: _Cycle) -> None:
+    """Tenants within their guarantee take back capacity that others borrowed."""
+    tried: dict[str, int] = {}
+    order = sorted(c.queue, key=lambda w: (-c.s.prio(w).value, w.submitted_at, w.id))
+    for w in order:
+        if w.id in c.done or tried.get(w.tenant, 0) >= c.cfg.reclaim_depth:
+            continue
+        q = c.s.quota(w.tenant)
+        shape = w.request.shape
+        models = shape.models or c.snap.model_names
+        if not any(c.used(w.tenant, m) + w.gpu_milli <= q.guarantee(m) for m in models):
+            continue
+        tried[w.tenant] = tried.get(w.tenant, 0) + 1
+        placed = c.try_place(w)
+        if placed is not None:
+            c.admit(w, placed, "reclaim")
+            continue
+        victims = c.victims_for(w, reclaim=True)
+        if victims is None:
+            continue
+        placed = c.try_place(w, limit_check=False)
+        assert placed is not None, "victims were chosen so that it fits"
+        c.admit(w, placed, "reclaim", tuple(v.id for v in victims))
+
+
+def _allocate(c: _Cycle) -> None:
+    """Walk the queue in order and admit what fits under its tenant's limit."""
+    c.walk = _Walk(c)
+    while (w := c.walk.next()) is not None:
+        if c.known_to_fail(w) and c.cfg.on_blocked == "skip":
+            c.result.blocked[w.id] = "no capacity"
+            continue
+        if c.over_limit(w):
+            c.result.blocked[w.id] = "over its tenant's limit"
+            continue
+        placed = c.try_place(w)
+        if placed is not None:
+            c.admit(w, placed, "allocate")
+            continue
+        c.result.blocked[w.id] = "no capacity"
+        if c.cfg.on_blocked == "skip":
+            continue
+        c.blocked.append(w)
+        return  # stop, or reserve: the backfill phase carries on from here
+    c.walk = None
+
+
+def _preempt(c: _Cycle) -> None:
+    """Blocked workloads evict strictly lower priorities, the least lost work first."""
+    for w in list(c.blocked):
+        if c.over_limit(w):
+            continue
+        victims = c.victims_for(w, reclaim=False)
+        if victims is None:
+            continue
+        placed = c.try_place(w)
+        if placed is None:
+            continue
+        c.blocked.remove(w)
+        c.result.blocked.pop(w.id, None)
+        c.admit(w, placed, "preempt", tuple(v.id for v in victims))
+
+
+def _backfill(c: _Cycle) -> None:
+    """Reserve for the blocked head, then admit only what cannot delay the reservation."""
+    if c.cfg.on_blocked != "reserve" or c.walk is None:
+        return
+    pending = [w for w in c.blocked if w.id not in c.done]
+    walk = c.walk
+
+    tries = 0
+
+    def reserve(w: Workload) -> None:
+        nonlocal tries
+        if len(c.reserved) >= c.cfg.max_reservations or tries > c.cfg.max_reservations:
+            return
+        tries += 1
+        res = c.reservation_for(w)
+        if res is not None:
+            c.hold(res)
+            c.result.blocked[w.id] = f"reserved from t={res.start_at:.0f}"
+
+    for head in pending:
+        reserve(head)
+    while (w := walk.next()) is not None:
+        short = bool(c.reserved) and c.now + w.max_runtime <= min(
+            r.start_at for r, _ in c.reserved
+        )
+        if c.known_to_fail(w) and not short:
+            c.result.blocked[w.id] = "no capacity"
+            continue
+        if c.over_limit(w):
+            c.result.blocked[w.id] = "over its tenant's limit"
+            continue
+        placed = c.try_place(w)
+        if placed is None and short:
+            # Ends before any reservation starts: it may use reserved GPUs.
+            saved, c.fail_cache = c.fail_cache, c.fail_unheld
+            if not c.known_to_fail(w):
+                c.unhold()
+                placed = c.try_place(w)
+                c.rehold()
+            c.fail_cache = saved
+        if placed is not None:
+            c.admit(w, placed, "backfill")
+            continue
+        c.result.blocked[w.id] = "no capacity"
+        reserve(w)
+    c.walk = None
+
+
+def _arrival(w: Workload) -> tuple[float, str]:
+    return (w.submitted_at, w.id)
+
+
+def _milli(a) -> int:
+    if a.mig is not None:
+        return PROFILES[a.mig].gpu_equivalent_milli
+    return a.milli or 1000 * len(a.slots)
+
+
+PHASES: dict[str, Callable[[_Cycle], None]] = {
+    "reclaim": _reclaim,
+    "allocate": _allocate,
+    "preempt": _preempt,
+    "backfill": _backfill,
+}
+
+BASELINES: dict[str, QueueConfig] = {
+    # What a default Kubernetes scheduler does: arrival order, first fit, no preemption.
+    "fifo": QueueConfig(
+        phases=("allocate",), order="arrival", on_blocked="skip", placement_policy="first-fit"
+    ),
+    # Strict priority: the head blocks everything behind it; it may evict lower priorities.
+    "priority": QueueConfig(phases=("allocate", "preempt"), order="priority", on_blocked="stop"),
+    "default": QueueConfig(),
+}

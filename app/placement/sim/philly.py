@@ -1,0 +1,413 @@
+"""Replay of the Microsoft Philly jobs through the queueing core (app/placement/queueing.py).
+
+Each job becomes a workload of its `cluster` (the tenant): `num_gpus` whole GPUs, one 8-GPU
+node when it fits in one, otherwise a gang of 8-GPU (or 4-GPU) replicas that prefers one rack.
+The trace has no priorities, declared runtimes or checkpoints, so the replay derives them,
+deterministically per job (the same for every policy):
+
+- priority class: production 5%, training 50%, research 30%, preemptible 15%;
+- declared maximum runtime: the real duration plus 25%, rounded up to a minute (users declare
+  limits above what they need; the scheduler only ever sees the declared figure);
+- checkpoints every 10-60 minutes of run time, costing 30-300 s to write.
+
+The fleet is 8-GPU nodes in racks of 8; tenants get guarantees in proportion to their share of
+the trace's GPU time (90% of the fleet in all) and weights in the same proportion.
+
+Events are arrivals, completions, and the end of a victim's grace period; a scheduling cycle
+runs whenever anything changed, over the same snapshot, for every policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import heapq
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from app.placement.isolation import Tier
+from app.placement.model import Level, Request, Shape, Topology
+from app.placement.queueing import (
+    BASELINES,
+    QueueConfig,
+    Scheduler,
+    TenantQuota,
+    Workload,
+)
+from app.placement.snapshot import NodeSpec, Snapshot
+
+MODEL = "A100-80GB"
+GPUS_PER_NODE = 8
+NODES_PER_RACK = 8
+BIG_GANG = 32
+
+
+@dataclass
+class Job:
+    idx: int
+    submit: float  # seconds from the first arrival (after --scale)
+    duration: float
+    gpus: int
+    tenant: str
+    priority: str
+    max_runtime: float
+    checkpoint_every: float
+    checkpoint_cost: float
+    done: float = 0.0  # work saved (seconds of run time)
+    started: float | None = None
+    first_start: float | None = None
+    finish: float | None = None
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    version: int = 0  # invalidates scheduled completions after an eviction
+    workload: Workload | None = None
+
+
+def _h(idx: int, salt: str) -> float:
+    d = hashlib.blake2b(f"{salt}:{idx}".encode(), digest_size=8).digest()
+    return int.from_bytes(d, "big") / 2**64
+
+
+def _priority(idx: int) -> str:
+    x = _h(idx, "priority")
+    if x < 0.05:
+        return "production"
+    if x < 0.55:
+        return "training"
+    if x < 0.85:
+        return "research"
+    return "preemptible"
+
+
+def parse_window(text: str | None) -> tuple[float, float] | None:
+    """`START:END` in days from the trace's first arrival, e.g. `14:42`."""
+    if not text:
+        return None
+    lo, _, hi = text.partition(":")
+    return float(lo or 0) * 86400, (float(hi) * 86400 if hi else math.inf)
+
+
+def load_jobs(
+    path: Path, window: tuple[float, float] | None = None, scale: float = 1.0
+) -> list[Job]:
+    """Jobs in arrival order. `window` (seconds from the first arrival) keeps a slice; `scale`
+    divides arrival times (compressing time: scale 2 offers the same jobs twice as fast)."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append(
+                (
+                    datetime.fromisoformat(r["timestamp"]).timestamp(),
+                    float(r["duration"]),
+                    int(r["num_gpus"]),
+                    r["cluster"],
+                )
+            )
+    rows.sort()
+    t0 = rows[0][0]
+    jobs: list[Job] = []
+    for i, (ts, dur, gpus, tenant) in enumerate(rows):
+        at = ts - t0
+        if window and not window[0] <= at < window[1]:
+            continue
+        dur = max(dur, 1.0)
+        jobs.append(
+            Job(
+                idx=i,
+                submit=at,
+                duration=dur,
+                gpus=gpus,
+                tenant=tenant,
+                priority=_priority(i),
+                max_runtime=math.ceil(dur * 1.25 / 60) * 60,
+                checkpoint_every=600 + 3000 * _h(i, "every"),
+                checkpoint_cost=30 + 270 * _h(i, "cost"),
+            )
+        )
+    if jobs:
+        base = jobs[0].submit
+        for j in jobs:
+            j.submit = (j.submit - base) / scale
+    return jobs
+
+
+def request_of(job: Job) -> Request:
+    if job.gpus <= GPUS_PER_NODE:
+        return Request(f"j{job.idx}", job.tenant, Tier.DEDICATED, Shape(gpus=job.gpus))
+    per = GPUS_PER_NODE if job.gpus % GPUS_PER_NODE == 0 else 4
+    return Request(
+        f"j{job.idx}",
+        job.tenant,
+        Tier.DEDICATED,
+        Shape(gpus=per),
+        replicas=job.gpus // per,
+        topology=Topology(Level.RACK, required=False),
+    )
+
+
+def fleet(nodes: int) -> list[NodeSpec]:
+    return [
+        NodeSpec(
+            f"n{i:04d}",
+            MODEL,
+            GPUS_PER_NODE,
+            96_000,
+            1_048_576,
+            region="philly",
+            rack=f"r{i // NODES_PER_RACK:03d}",
+            block="b0",
+        )
+        for i in range(nodes)
+    ]
+
+
+def quotas(jobs: list[Job], gpus: int, guaranteed_share: float = 0.9) -> dict[str, TenantQuota]:
+    """Guarantees and weights in proportion to each tenant's GPU time in the replayed jobs."""
+    demand: dict[str, float] = {}
+    for j in jobs:
+        demand[j.tenant] = demand.get(j.tenant, 0.0) + j.duration * j.gpus
+    total = sum(demand.values()) or 1.0
+    return {
+        t: TenantQuota(
+            guaranteed={MODEL: int(gpus * 1000 * guaranteed_share * d / total)},
+            weight=max(d / total, 1e-3),
+        )
+        for t, d in demand.items()
+    }
+
+
+@dataclass
+class Result:
+    policy: str
+    jobs: int
+    finished: int
+    gpus: int
+    jct: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    big_gang_wait_ratio: float = 0.0
+    big_gangs: int = 0
+    busy_gpu_s: float = 0.0
+    horizon_s: float = 0.0
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    shares: dict[str, dict[str, float]] = field(default_factory=dict)
+    cycles: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        def pct(xs: list[float], q: float) -> float:
+            if not xs:
+                return 0.0
+            s = sorted(xs)
+            return s[min(len(s) - 1, int(q * len(s)))]
+
+        # Tenants backlogged for at least 5% of the replay (shorter spells are noise).
+        floor = 0.05 * self.horizon_s / 3600
+        tracked = {t: v for t, v in self.shares.items() if v["backlogged_hours"] >= floor}
+        worst = max((abs(v["ratio"] - 1) for v in tracked.values()), default=0.0)
+        return {
+            "policy": self.policy,
+            "jobs": self.jobs,
+            "finished": self.finished,
+            "gpus": self.gpus,
+            "mean_jct_s": round(statistics.fmean(self.jct), 1) if self.jct else 0.0,
+            "p50_jct_s": round(pct(self.jct, 0.5), 1),
+            "p95_jct_s": round(pct(self.jct, 0.95), 1),
+            "p99_jct_s": round(pct(self.jct, 0.99), 1),
+            "mean_queue_s": round(statistics.fmean(self.waits), 1) if self.waits else 0.0,
+            "p99_queue_s": round(pct(self.waits, 0.99), 1),
+            "big_gangs": self.big_gangs,
+            "max_big_gang_wait_over_runtime": round(self.big_gang_wait_ratio, 3),
+            "utilisation": round(self.busy_gpu_s / (self.gpus * self.horizon_s), 4)
+            if self.horizon_s
+            else 0.0,
+            "preemptions": self.preemptions,
+            "gpu_hours_lost_to_preemption": round(self.lost_gpu_s / 3600, 1),
+            "tenant_share_vs_entitlement": {t: v["ratio"] for t, v in sorted(tracked.items())},
+            "max_share_deviation": round(worst, 4),
+            "cycles": self.cycles,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def _water_fill(capacity: float, demand: dict[str, float], weight: dict[str, float]) -> dict:
+    """Weighted max-min fair split of `capacity` over tenants capped at their demand."""
+    out = {t: 0.0 for t in demand}
+    active = {t for t in demand if demand[t] > 0}
+    left = capacity
+    while active and left > 1e-9:
+        wsum = sum(weight[t] for t in active)
+        step = {t: left * weight[t] / wsum for t in active}
+        capped = {t for t in active if out[t] + step[t] >= demand[t]}
+        if not capped:
+            for t in active:
+                out[t] += step[t]
+            break
+        for t in capped:
+            left -= demand[t] - out[t]
+            out[t] = demand[t]
+        active -= capped
+    return out
+
+
+def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQuota]) -> Result:
+    """Replay `jobs` on `nodes` 8-GPU nodes under the named queueing policy."""
+    start_wall = time.perf_counter()
+    jobs = [
+        Job(**{k: v for k, v in vars(j).items() if k != "workload"}) for j in jobs
+    ]  # fresh state per policy
+    config: QueueConfig = BASELINES[policy]
+    snap = Snapshot(fleet(nodes))
+    sched = Scheduler(snap, tenants, config)
+    gpus = nodes * GPUS_PER_NODE
+    res = Result(policy, len(jobs), 0, gpus)
+    by_id = {f"j{j.idx}": j for j in jobs}
+    events: list[tuple[float, int, int, str, int]] = []  # (t, order, seq, job id, version)
+    seq = 0
+    ARRIVE, STOP, START, FINISH = 3, 0, 1, 2  # same instant: stops, starts, finishes, arrivals
+
+    def push(t: float, kind: int, jid: str, version: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, kind, seq, jid, version))
+
+    for j in jobs:
+        push(j.submit, ARRIVE, f"j{j.idx}")
+    pending: dict[str, Workload] = {}
+    running: dict[str, Workload] = {}
+    starting: dict[str, float] = {}  # admitted after a grace period: start time
+    busy = 0  # GPUs busy (including victims in their grace period)
+    last_t = 0.0
+    horizon_end = max((j.submit for j in jobs), default=0.0)
+    share_used: dict[str, float] = {}
+    share_ent: dict[str, float] = {}
+    share_time: dict[str, float] = {}
+    weights = {t: q.weight for t, q in tenants.items()}
+    use: dict[str, float] = {}  # GPUs held per tenant (admitted work)
+    want: dict[str, float] = {}  # GPUs asked for per tenant (pending work)
+
+    def move(tenant: str, held: float, asked: float) -> None:
+        use[tenant] = use.get(tenant, 0.0) + held
+        want[tenant] = want.get(tenant, 0.0) + asked
+
+    def account(t: float) -> None:
+        nonlocal last_t
+        dt = min(t, horizon_end) - last_t
+        if dt > 0:
+            res.busy_gpu_s += busy * dt
+            # Share versus entitlement of the tenants with work waiting.
+            backlogged = {t_ for t_, v in want.items() if v > 0}
+            if backlogged:
+                free = gpus - sum(u for t_, u in use.items() if t_ not in backlogged)
+                demand = {t_: use.get(t_, 0.0) + want[t_] for t_ in backlogged}
+                ent = _water_fill(free, demand, {t_: weights.get(t_, 1e-3) for t_ in backlogged})
+                for t_ in backlogged:
+                    share_used[t_] = share_used.get(t_, 0.0) + use.get(t_, 0.0) * dt
+                    share_ent[t_] = share_ent.get(t_, 0.0) + ent[t_] * dt
+                    share_time[t_] = share_time.get(t_, 0.0) + dt
+        last_t = max(last_t, min(t, horizon_end))
+
+    def begin(j: Job, w: Workload, t: float) -> None:
+        nonlocal busy
+        j.started = t
+        if j.first_start is None:
+            j.first_start = t
+            res.waits.append(t - j.submit)
+            if j.gpus >= BIG_GANG:
+                res.big_gangs += 1
+                res.big_gang_wait_ratio = max(res.big_gang_wait_ratio, (t - j.submit) / j.duration)
+        w.started_at = t
+        busy += j.gpus
+        j.version += 1
+        push(t + (j.duration - j.done), FINISH, w.id, j.version)
+
+    while events:
+        t = events[0][0]
+        changed = False
+        account(t)
+        while events and events[0][0] == t:
+            _, kind, _, jid, version = heapq.heappop(events)
+            j = by_id[jid]
+            if kind == ARRIVE:
+                j.workload = Workload(
+                    jid,
+                    request_of(j),
+                    j.priority,
+                    j.submit,
+                    j.max_runtime,
+                    checkpoint_cost=j.checkpoint_cost,
+                    checkpoint_every=j.checkpoint_every,
+                )
+                pending[jid] = j.workload
+                move(j.tenant, 0, j.gpus)
+                changed = True
+            elif kind == FINISH and version == j.version and jid in running:
+                w = running.pop(jid)
+                for aid in w.alloc_ids:
+                    snap.release(aid)
+                busy -= j.gpus
+                move(j.tenant, -j.gpus, 0)
+                j.finish = t
+                res.finished += 1
+                res.jct.append(t - j.submit)
+                changed = True
+            elif kind == STOP:
+                busy -= j.gpus
+                pending[jid] = j.workload  # type: ignore[assignment]
+                move(j.tenant, 0, j.gpus)
+                changed = True
+            elif kind == START and jid in starting:
+                del starting[jid]
+                begin(j, running[jid], t)
+        if not changed or not pending:
+            continue
+        result = sched.cycle(t, list(pending.values()), list(running.values()))
+        snap.commit()
+        res.cycles += 1
+        for ev in result.evictions:
+            j = by_id[ev.workload]
+            w = running.pop(ev.workload)
+            move(j.tenant, -j.gpus, 0)
+            assert j.started is not None
+            if ev.lost_gpu_seconds == 0:  # checkpointed during the grace period
+                saved_at = t
+            else:
+                saved_at = w.last_checkpoint(t)
+            j.done += saved_at - j.started
+            j.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
+            res.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
+            res.preemptions += 1
+            j.preemptions += 1
+            j.version += 1  # its completion no longer holds
+            j.started = None
+            w.started_at = None
+            w.alloc_ids = ()
+            w.preempted_at = t
+            w.last_checkpoint_at = None
+            push(ev.deadline, STOP, ev.workload)
+        for adm in result.admissions:
+            j = by_id[adm.workload]
+            w = pending.pop(adm.workload)
+            move(j.tenant, j.gpus, -j.gpus)
+            w.alloc_ids = tuple(b.alloc_id for b in adm.bindings)
+            running[adm.workload] = w
+            if adm.start_at > t:
+                starting[adm.workload] = adm.start_at
+                w.started_at = adm.start_at  # holds its GPUs from now, runs from then
+                push(adm.start_at, START, adm.workload)
+            else:
+                begin(j, w, t)
+    res.horizon_s = horizon_end
+    res.shares = {
+        t_: {
+            "ratio": round(share_used[t_] / share_ent[t_], 4) if share_ent[t_] else 1.0,
+            "backlogged_hours": share_time[t_] / 3600,
+        }
+        for t_ in share_used
+    }
+    res.seconds = time.perf_counter() - start_wall
+    return res
