@@ -173,7 +173,7 @@ class Admission:
 @dataclass(frozen=True)
 class Eviction:
     workload: str
-    reason: str  # reclaim | priority
+    reason: str  # reclaim | fair-share | priority
     by: str  # the workload it makes room for
     deadline: float  # stops then (checkpoints during the grace period)
     lost_gpu_seconds: float  # if it cannot checkpoint within the grace period
@@ -299,8 +299,8 @@ class Scheduler:
             bindings = c.try_place(workload)
             if bindings is not None:
                 return WhatIf(True, bindings, (), now, "fits now")
-            for reclaim in (True, False):
-                victims = c.victims_for(workload, reclaim=reclaim)
+            for mode in ("reclaim", "priority"):
+                victims = c.victims_for(workload, mode=mode)
                 if victims is not None:
                     placed = c.try_place(workload)
                     assert placed is not None
@@ -310,7 +310,9 @@ class Scheduler:
                         placed,
                         tuple(v.id for v in victims),
                         start,
-                        "reclaims borrowed capacity" if reclaim else "preempts lower priority",
+                        "reclaims borrowed capacity"
+                        if mode == "reclaim"
+                        else "preempts lower priority",
                     )
             res = c.reservation_for(workload)
             if res is None:
@@ -352,6 +354,7 @@ class _Cycle:
         self.phantoms: list[int] = []
         self.fail_cache: set[tuple] = set()
         self.fail_unheld: set[tuple] = set()  # the same, ignoring reservations
+        self.victim_fail: set[tuple] = set()  # (shape, kind, tenant, priority) found no victims
 
     # usage ---------------------------------------------------------------------------------
 
@@ -503,19 +506,50 @@ class _Cycle:
             return False
         return v.preempted_at is None or self.now - v.preempted_at >= self.cfg.cooldown
 
-    def victims_for(self, w: Workload, *, reclaim: bool) -> list[Workload] | None:
+    def victims_for(self, w: Workload, *, mode: str) -> list[Workload] | None:
         """Evict the cheapest set of running workloads that lets `w` fit, or return None with
-        nothing changed. Reclaim: borrowed work of other tenants, priority not above `w`'s.
-        Priority: work of a strictly lower priority (or a preemptible class)."""
+        nothing changed. Never a victim of a higher priority than `w`. Modes:
+
+        - reclaim: `w` is within its tenant's guarantee; victims are other tenants' borrowed
+          work (their tenant stays above its guarantee before each eviction);
+        - fair-share: victims are other tenants' work whose tenant, after the eviction, still
+          has a larger share than `w`'s tenant after admitting it (so the move cannot flip
+          back);
+        - priority: victims of a strictly lower priority (or a preemptible class)."""
+        reclaim = mode != "priority"
         mine = self.s.prio(w)
         q = self.s.quota(w.tenant)
         models = self.s.engine.allowed_models(w.request.shape, w.request.tier)
         model_names = {self.snap.model_names[m] for m in models}
-        if reclaim:
+        if mode == "reclaim":
             # Only within its guarantee on some model it may use.
             if not any(self.used(w.tenant, m) + w.gpu_milli <= q.guarantee(m) for m in model_names):
                 return None
-        over: dict[tuple[str, str], int] = {}
+        hw = 1 - self.cfg.history_weight
+        mine_after = self.share(w.tenant) + max(
+            hw * w.gpu_milli / (self.s.capacity[m] * max(q.weight, 1e-9)) for m in model_names
+        )
+        shares: dict[str, float] = {}
+
+        def lender_ok(v: Workload, allocs: list[tuple[str, int]], taken: dict) -> bool:
+            if mode == "priority":
+                return True
+            vq = self.s.quota(v.tenant)
+            if mode == "reclaim":
+                return any(
+                    self.used(v.tenant, m) - taken.get((v.tenant, m), 0) > vq.guarantee(m)
+                    for m, _ in allocs
+                )
+            if v.tenant not in shares:
+                shares[v.tenant] = self.share(v.tenant)
+            gone = sum(
+                hw
+                * (taken.get((v.tenant, m), 0) + milli)
+                / (self.s.capacity[m] * max(vq.weight, 1e-9))
+                for m, milli in allocs
+            )
+            return shares[v.tenant] - gone > mine_after
+
         cands: list[tuple[tuple, Workload, list[tuple[str, int]]]] = []
         for v in self.running.values():
             if v.tenant == w.tenant and reclaim:
@@ -533,23 +567,28 @@ class _Cycle:
                 continue
             assert v.started_at is not None
             cands.append(((pv.value, v.lost_gpu_seconds(self.now), -v.started_at), v, allocs))
-        if not cands:
+        fkey = self._cache_key(w)
+        vkey = (fkey, mode, w.tenant if reclaim else None, mine.value)
+        if not cands or (fkey is not None and vkey in self.victim_fail):
             return None
         cands.sort(key=lambda c: c[0])
-        mark = self.plan.checkpoint()
         need = w.request.shape.gpus * w.request.replicas
+        if w.request.replicas == 1 and need:
+            local = self._node_local(need, cands, set(models), lender_ok)
+            if local is None:
+                if fkey is not None:
+                    self.victim_fail.add(vkey)
+                return None
+            cands = local
+        mark = self.plan.checkpoint()
         chosen: list[Workload] = []
         placed = None
+        over: dict[tuple[str, str], int] = {}
         for _, v, allocs in cands:
-            if reclaim:
-                vq = self.s.quota(v.tenant)
-                if not any(
-                    self.used(v.tenant, m) - over.get((v.tenant, m), 0) > vq.guarantee(m)
-                    for m, _ in allocs
-                ):
-                    continue
-                for m, milli in allocs:
-                    over[(v.tenant, m)] = over.get((v.tenant, m), 0) + milli
+            if not lender_ok(v, allocs, over):
+                continue
+            for m, milli in allocs:
+                over[(v.tenant, m)] = over.get((v.tenant, m), 0) + milli
             for aid in v.alloc_ids:
                 self.snap.release(aid)
             chosen.append(v)
@@ -565,6 +604,8 @@ class _Cycle:
                 break
         self.plan.rollback(mark)
         if placed is None:
+            if fkey is not None:
+                self.victim_fail.add(vkey)
             return None
         # Drop victims that turn out not to be needed (the most expensive first).
         keep = list(placed)
@@ -590,7 +631,7 @@ class _Cycle:
             self.result.evictions.append(
                 Eviction(
                     v.id,
-                    "reclaim" if reclaim else "priority",
+                    mode,
                     w.id,
                     self.now + self.cfg.grace_period,
                     lost,
@@ -600,7 +641,42 @@ class _Cycle:
         # Capacity grew: earlier failures no longer say anything.
         self.fail_cache.clear()
         self.fail_unheld.clear()
+        self.victim_fail.clear()
         return keep
+
+    def _node_local(self, need: int, cands: list, models: set[int], lender_ok) -> list | None:
+        """For a one-node shape: the node where the cheapest victims free `need` GPUs (lowest
+        priority, then least lost work, then fewest victims); its victims, cheapest first."""
+        snap = self.snap
+        per_node: dict[int, list] = {}
+        for c in cands:
+            for n in {snap.allocs[a].node for a in c[1].alloc_ids}:
+                per_node.setdefault(n, []).append(c)
+        best: tuple | None = None
+        for n, lst in per_node.items():
+            if int(snap.node_model[n]) not in models or not snap.node_open(n):
+                continue
+            free = len(snap._wslots[n])
+            take: list = []
+            over: dict[tuple[str, str], int] = {}
+            for c in lst:
+                if free >= need:
+                    break
+                v, allocs = c[1], c[2]
+                if not lender_ok(v, allocs, over):
+                    continue
+                for m, milli in allocs:
+                    over[(v.tenant, m)] = over.get((v.tenant, m), 0) + milli
+                free += sum(
+                    len(snap.allocs[a].slots) for a in v.alloc_ids if snap.allocs[a].node == n
+                )
+                take.append(c)
+            if free < need:
+                continue
+            key = (max(c[0][0] for c in take), sum(c[0][1] for c in take), len(take), n)
+            if best is None or key < best[0]:
+                best = (key, take)
+        return None if best is None else best[1]
 
     # reservations --------------------------------------------------------------------------
 
@@ -781,27 +857,42 @@ class _Walk:
 
 def _reclaim(c: _Cycle) -> None:
     """Tenants within their guarantee take back capacity that others borrowed."""
+    _take_back(c, "reclaim")
+
+
+def _fair_share(c: _Cycle) -> None:
+    """Tenants below their fair share take capacity from tenants above theirs (the donor
+    stays above the taker after the move, so it cannot flip back)."""
+    _take_back(c, "fair-share")
+
+
+def _take_back(c: _Cycle, mode: str) -> None:
     tried: dict[str, int] = {}
-    order = sorted(c.queue, key=lambda w: (-c.s.prio(w).value, w.submitted_at, w.id))
+    share = {t: c.share(t) for t in {w.tenant for w in c.queue}}
+    order = sorted(
+        c.queue, key=lambda w: (-c.s.prio(w).value, share[w.tenant], w.submitted_at, w.id)
+    )
     for w in order:
         if w.id in c.done or tried.get(w.tenant, 0) >= c.cfg.reclaim_depth:
             continue
-        q = c.s.quota(w.tenant)
-        shape = w.request.shape
-        models = shape.models or c.snap.model_names
-        if not any(c.used(w.tenant, m) + w.gpu_milli <= q.guarantee(m) for m in models):
+        if mode == "reclaim":
+            q = c.s.quota(w.tenant)
+            models = w.request.shape.models or c.snap.model_names
+            if not any(c.used(w.tenant, m) + w.gpu_milli <= q.guarantee(m) for m in models):
+                continue
+        elif c.over_limit(w):
             continue
         tried[w.tenant] = tried.get(w.tenant, 0) + 1
         placed = c.try_place(w)
         if placed is not None:
-            c.admit(w, placed, "reclaim")
+            c.admit(w, placed, mode)
             continue
-        victims = c.victims_for(w, reclaim=True)
+        victims = c.victims_for(w, mode=mode)
         if victims is None:
             continue
         placed = c.try_place(w, limit_check=False)
         assert placed is not None, "victims were chosen so that it fits"
-        c.admit(w, placed, "reclaim", tuple(v.id for v in victims))
+        c.admit(w, placed, mode, tuple(v.id for v in victims))
 
 
 def _allocate(c: _Cycle) -> None:
@@ -831,7 +922,7 @@ def _preempt(c: _Cycle) -> None:
     for w in list(c.blocked):
         if c.over_limit(w):
             continue
-        victims = c.victims_for(w, reclaim=False)
+        victims = c.victims_for(w, mode="priority")
         if victims is None:
             continue
         placed = c.try_place(w)
@@ -864,9 +955,7 @@ def _backfill(c: _Cycle) -> None:
     for head in pending:
         reserve(head)
     while (w := walk.next()) is not None:
-        short = bool(c.reserved) and c.now + w.max_runtime <= min(
-            r.start_at for r, _ in c.reserved
-        )
+        short = bool(c.reserved) and c.now + w.max_runtime <= min(r.start_at for r, _ in c.reserved)
         if c.known_to_fail(w) and not short:
             c.result.blocked[w.id] = "no capacity"
             continue
@@ -902,6 +991,7 @@ def _milli(a) -> int:
 
 PHASES: dict[str, Callable[[_Cycle], None]] = {
     "reclaim": _reclaim,
+    "fair-share": _fair_share,
     "allocate": _allocate,
     "preempt": _preempt,
     "backfill": _backfill,

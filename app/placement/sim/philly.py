@@ -197,6 +197,8 @@ class Result:
     shares: dict[str, dict[str, float]] = field(default_factory=dict)
     cycles: int = 0
     seconds: float = 0.0
+    idle_backlogged_gpu_s: float = 0.0  # GPUs idle while some work waited
+    backlogged_s: float = 0.0
 
     def as_dict(self) -> dict:
         def pct(xs: list[float], q: float) -> float:
@@ -224,6 +226,11 @@ class Result:
             "max_big_gang_wait_over_runtime": round(self.big_gang_wait_ratio, 3),
             "utilisation": round(self.busy_gpu_s / (self.gpus * self.horizon_s), 4)
             if self.horizon_s
+            else 0.0,
+            "idle_gpus_while_backlogged": round(
+                self.idle_backlogged_gpu_s / self.backlogged_s, 1
+            )
+            if self.backlogged_s
             else 0.0,
             "preemptions": self.preemptions,
             "gpu_hours_lost_to_preemption": round(self.lost_gpu_s / 3600, 1),
@@ -302,6 +309,8 @@ def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQu
             # Share versus entitlement of the tenants with work waiting.
             backlogged = {t_ for t_, v in want.items() if v > 0}
             if backlogged:
+                res.idle_backlogged_gpu_s += (gpus - busy) * dt
+                res.backlogged_s += dt
                 free = gpus - sum(u for t_, u in use.items() if t_ not in backlogged)
                 demand = {t_: use.get(t_, 0.0) + want[t_] for t_ in backlogged}
                 ent = _water_fill(free, demand, {t_: weights.get(t_, 1e-3) for t_ in backlogged})
