@@ -94,6 +94,7 @@ class QueueConfig:
     starvation_factor: float = 1.0  # waited this many times its max runtime: goes first
     max_victims: int = 64
     reclaim_depth: int = 4  # per tenant and cycle: pending workloads that may reclaim
+    backfill_depth: int = 200  # workloads the backfill phase examines per cycle
     priority_classes: Mapping[str, PriorityClass] = field(
         default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES)
     )
@@ -345,6 +346,7 @@ class _Cycle:
         self.done: set[str] = set()  # admitted or given up for this cycle
         self.evicted: set[str] = set()
         self.usage: dict[str, dict[str, int]] = {}
+        self.shares: dict[str, float] = {}
         for w in running:
             for model, milli in self._charge(w):
                 self._add(w.tenant, model, milli)
@@ -372,6 +374,7 @@ class _Cycle:
         return out
 
     def _add(self, tenant: str, model: str, milli: int) -> None:
+        self.shares.pop(tenant, None)
         per = self.usage.setdefault(tenant, {})
         per[model] = per.get(model, 0) + milli
 
@@ -383,6 +386,12 @@ class _Cycle:
 
     def share(self, tenant: str) -> float:
         """Dominant share over GPU models of current and decayed use, divided by the weight."""
+        cached = self.shares.get(tenant)
+        if cached is None:
+            cached = self.shares[tenant] = self._share(tenant)
+        return cached
+
+    def _share(self, tenant: str) -> float:
         cfg, hist = self.cfg, self.s.history
         best = 0.0
         per = self.usage.get(tenant, {})
@@ -671,7 +680,7 @@ class _Cycle:
                     len(snap.allocs[a].slots) for a in v.alloc_ids if snap.allocs[a].node == n
                 )
                 take.append(c)
-            if free < need:
+            if free < need or not take:
                 continue
             key = (max(c[0][0] for c in take), sum(c[0][1] for c in take), len(take), n)
             if best is None or key < best[0]:
@@ -868,10 +877,17 @@ def _fair_share(c: _Cycle) -> None:
 
 def _take_back(c: _Cycle, mode: str) -> None:
     tried: dict[str, int] = {}
-    share = {t: c.share(t) for t in {w.tenant for w in c.queue}}
-    order = sorted(
-        c.queue, key=lambda w: (-c.s.prio(w).value, share[w.tenant], w.submitted_at, w.id)
-    )
+    per: dict[str, list[Workload]] = {}
+    for w in c.queue:
+        per.setdefault(w.tenant, []).append(w)
+    depth = c.cfg.reclaim_depth
+    heads = [
+        w
+        for ws in per.values()
+        for w in heapq.nsmallest(depth * 2, ws, key=lambda w: (-c.s.prio(w).value, w.submitted_at))
+    ]
+    share = {t: c.share(t) for t in per}
+    order = sorted(heads, key=lambda w: (-c.s.prio(w).value, share[w.tenant], w.submitted_at, w.id))
     for w in order:
         if w.id in c.done or tried.get(w.tenant, 0) >= c.cfg.reclaim_depth:
             continue
@@ -880,7 +896,7 @@ def _take_back(c: _Cycle, mode: str) -> None:
             models = w.request.shape.models or c.snap.model_names
             if not any(c.used(w.tenant, m) + w.gpu_milli <= q.guarantee(m) for m in models):
                 continue
-        elif c.over_limit(w):
+        if c.over_limit(w):
             continue
         tried[w.tenant] = tried.get(w.tenant, 0) + 1
         placed = c.try_place(w)
@@ -890,9 +906,9 @@ def _take_back(c: _Cycle, mode: str) -> None:
         victims = c.victims_for(w, mode=mode)
         if victims is None:
             continue
-        placed = c.try_place(w, limit_check=False)
-        assert placed is not None, "victims were chosen so that it fits"
-        c.admit(w, placed, mode, tuple(v.id for v in victims))
+        placed = c.try_place(w)
+        if placed is not None:  # None only if the model it landed on is over its limit
+            c.admit(w, placed, mode, tuple(v.id for v in victims))
 
 
 def _allocate(c: _Cycle) -> None:
@@ -954,7 +970,11 @@ def _backfill(c: _Cycle) -> None:
 
     for head in pending:
         reserve(head)
+    examined = 0
     while (w := walk.next()) is not None:
+        examined += 1
+        if examined > c.cfg.backfill_depth:
+            break
         short = bool(c.reserved) and c.now + w.max_runtime <= min(r.start_at for r, _ in c.reserved)
         if c.known_to_fail(w) and not short:
             c.result.blocked[w.id] = "no capacity"

@@ -429,7 +429,7 @@ def test_a_cycle_never_exceeds_limits_nor_preempts_upwards(running, pending, lim
         w.started_at = 0
     q.sched.tenants = tenants
     before = {t: q.used(t) for t in tenants}
-    prio = {w.id: q.sched.prio(w).value for w in [*q.running.values()]}
+    prio = {w.id: q.sched.prio(w).value for w in [*q.running.values(), *q.pending.values()]}
     for i, (t, g, p, at, rep) in enumerate(pending):
         gpus, reps = (8, rep + 1) if rep else (g, 1)
         w = q.submit(f"p{i}", t, gpus, prio=p, at=6000 + at, replicas=reps)

@@ -227,9 +227,7 @@ class Result:
             "utilisation": round(self.busy_gpu_s / (self.gpus * self.horizon_s), 4)
             if self.horizon_s
             else 0.0,
-            "idle_gpus_while_backlogged": round(
-                self.idle_backlogged_gpu_s / self.backlogged_s, 1
-            )
+            "idle_gpus_while_backlogged": round(self.idle_backlogged_gpu_s / self.backlogged_s, 1)
             if self.backlogged_s
             else 0.0,
             "preemptions": self.preemptions,
