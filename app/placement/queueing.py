@@ -343,6 +343,7 @@ class _Cycle:
         self.result = CycleResult(now)
         self.running = {w.id: w for w in running}
         self.queue = [w for w in pending if w.started_at is None or not w.alloc_ids]
+        self.by_id = {w.id: w for w in self.queue}
         self.done: set[str] = set()  # admitted or given up for this cycle
         self.evicted: set[str] = set()
         self.usage: dict[str, dict[str, int]] = {}
@@ -735,14 +736,7 @@ class _Cycle:
         return found
 
     def _max_runtime(self, wid: str) -> float:
-        return self._by_id[wid].max_runtime
-
-    @property
-    def _by_id(self) -> dict[str, Workload]:
-        cached = getattr(self, "_ids", None)
-        if cached is None:
-            cached = self._ids = {w.id: w for w in self.queue}
-        return cached
+        return self.by_id[wid].max_runtime
 
     def hold(self, res: Reservation) -> None:
         """Keep the reservation's free GPUs out of reach for the rest of the cycle."""
