@@ -28,6 +28,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from app.placement.engine import Engine, Plan
 from app.placement.isolation import Tier
 from app.placement.mig import PROFILES
@@ -92,6 +94,10 @@ class QueueConfig:
     min_runtime: float = 600.0  # never evicted before running this long (non-preemptible)
     cooldown: float = 1800.0  # never evicted again this soon after an eviction
     starvation_factor: float = 1.0  # waited this many times its max runtime: goes first
+    # True: priority orders the whole queue and a higher class may evict any tenant's lower
+    # class. False: priority orders work within a tenant; across tenants the fair share decides,
+    # and only preemptible work of other tenants may be evicted for priority.
+    priority_across_tenants: bool = True
     max_victims: int = 64
     reclaim_depth: int = 4  # per tenant and cycle: pending workloads that may reclaim
     backfill_depth: int = 200  # workloads the backfill phase examines per cycle
@@ -263,6 +269,8 @@ class Scheduler:
         self.tenants = dict(tenants)
         self.engine = Engine(snapshot, policy or make_policy(self.config.placement_policy, seed=0))
         self.history = history or UsageHistory(self.config.half_life)
+        # Reservations of the last cycle, kept on the same GPUs while their workloads wait.
+        self.reservations: dict[str, Reservation] = {}
         self.capacity = {
             name: 1000 * int(snapshot.node_ngpu[snapshot.node_model == i].sum())
             for i, name in enumerate(snapshot.model_names)
@@ -281,9 +289,11 @@ class Scheduler:
         """One scheduling cycle: the configured phases in order."""
         c = _Cycle(self, now, pending, running)
         self.history.advance(now, c.usage_by_key())
+        c.carry(self.reservations)
         for name in self.config.phases:
             PHASES[name](c)
         c.finish()
+        self.reservations = {r.workload: r for r in c.result.reservations}
         return c.result
 
     def what_if(
@@ -294,6 +304,7 @@ class Scheduler:
         mark = plan.checkpoint()
         try:
             c = _Cycle(self, now, pending, running, plan=plan)
+            c.carry(self.reservations)
             over = c.over_limit(workload)
             if over:
                 return WhatIf(False, (), (), None, over)
@@ -353,8 +364,10 @@ class _Cycle:
                 self._add(w.tenant, model, milli)
         self.blocked: list[Workload] = []
         self.walk: _Walk | None = None
-        self.reserved: list[tuple[Reservation, frozenset[tuple[int, int]]]] = []
-        self.phantoms: list[int] = []
+        # Reservations held in this cycle (by workload), and the placeholder allocations that
+        # keep their free GPUs out of reach of everyone else.
+        self.reserved: dict[str, tuple[Reservation, frozenset[tuple[int, int]]]] = {}
+        self.phantoms: dict[str, list[int]] = {}
         self.fail_cache: set[tuple] = set()
         self.fail_unheld: set[tuple] = set()  # the same, ignoring reservations
         self.victim_fail: set[tuple] = set()  # (shape, kind, tenant, priority) found no victims
@@ -465,6 +478,8 @@ class _Cycle:
     def try_place(self, w: Workload, *, limit_check: bool = True) -> tuple[Binding, ...] | None:
         """Place `w` (recorded in the plan) or return None with nothing changed. Failures of
         whole-GPU shapes are remembered for the cycle (capacity only shrinks within a walk)."""
+        if w.id in self.reserved:
+            return self._place_owner(w, limit_check)
         req = w.request
         key = self._cache_key(w)
         if key is not None:
@@ -486,6 +501,17 @@ class _Cycle:
             return None
         self.plan.outcomes.append(outcome)
         return tuple(outcome.bindings)
+
+    def _place_owner(self, w: Workload, limit_check: bool) -> tuple[Binding, ...] | None:
+        """A workload holding a reservation may use the GPUs it holds; placed, it gives the
+        reservation up."""
+        self.unhold(w.id)
+        res = self.reserved.pop(w.id)
+        placed = self.try_place(w, limit_check=limit_check)
+        if placed is None:
+            self.reserved[w.id] = res
+            self.rehold(w.id)
+        return placed
 
     def admit(
         self,
@@ -542,7 +568,7 @@ class _Cycle:
         shares: dict[str, float] = {}
 
         def lender_ok(v: Workload, allocs: list[tuple[str, int]], taken: dict) -> bool:
-            if mode == "priority":
+            if mode == "priority" and (v.tenant == w.tenant or self.cfg.priority_across_tenants):
                 return True
             vq = self.s.quota(v.tenant)
             if mode == "reclaim":
@@ -572,13 +598,15 @@ class _Cycle:
                     continue
             elif not (pv.value < mine.value or (pv.preemptible and not mine.preemptible)):
                 continue
+
             allocs = [x for x in self._charge(v) if x[0] in model_names]
             if not allocs:
                 continue
             assert v.started_at is not None
             cands.append(((pv.value, v.lost_gpu_seconds(self.now), -v.started_at), v, allocs))
         fkey = self._cache_key(w)
-        vkey = (fkey, mode, w.tenant if reclaim else None, mine.value)
+        tenant_bound = reclaim or not self.cfg.priority_across_tenants
+        vkey = (fkey, mode, w.tenant if tenant_bound else None, mine.value)
         if not cands or (fkey is not None and vkey in self.victim_fail):
             return None
         cands.sort(key=lambda c: c[0])
@@ -694,7 +722,7 @@ class _Cycle:
         """The earliest start of `w` from the declared maximum runtimes of what runs, and the
         GPUs it would take then. Running work holding GPUs of an earlier reservation is never
         counted as ending (those GPUs are promised)."""
-        promised = {g for _, gpus in self.reserved for g in gpus}
+        promised = {g for _, gpus in self.reserved.values() for g in gpus}
         snap = self.snap
         ends: list[tuple[float, list[int]]] = []
         for v in self.running.values():
@@ -713,10 +741,19 @@ class _Cycle:
         ends.sort(key=lambda e: e[0])
         models = self.s.engine.allowed_models(w.request.shape, w.request.tier)
         need = w.request.shape.gpus * w.request.replicas
+        bound = self._earliest_bound(w, ends, models)
+        if bound == math.inf:
+            return None
         mark = self.plan.checkpoint()
         found: Reservation | None = None
         try:
             i = 0
+            # Nothing can start before the bound: release what ends before it in one go.
+            while i < len(ends) and ends[i][0] < bound:
+                for aid in ends[i][1]:
+                    if aid in snap.allocs:
+                        snap.release(aid)
+                i += 1
             while i < len(ends):
                 t = ends[i][0]
                 while i < len(ends) and ends[i][0] <= t:
@@ -735,38 +772,104 @@ class _Cycle:
             self.plan.rollback(mark)
         return found
 
+    def _earliest_bound(self, w: Workload, ends: list[tuple[float, list[int]]], models) -> float:
+        """A lower bound on when a whole-GPU `w` could start (`now` for other shapes), from when
+        each GPU comes free: a GPU is free once every allocation on it has ended (never, for
+        GPUs held beyond the declared ends), and a node hosts a replica per `gpus` free GPUs.
+        Optimistic (ignores host resources, topology and MIG re-layout), so the exact search
+        may start there; `inf` when not even that is ever enough."""
+        per, reps = w.request.shape.gpus, w.request.replicas
+        if not per:
+            return self.now
+        snap = self.snap
+        end_of = {aid: t for t, aids in ends for aid in aids}
+        gpu_end: dict[int, dict[int, float]] = {}
+        for aid, a in snap.allocs.items():
+            t = end_of.get(aid, math.inf)
+            slots = gpu_end.setdefault(a.node, {})
+            for s in a.slots:
+                if t > slots.get(s, -math.inf):
+                    slots[s] = t
+        wanted = set(models)
+        ngpu = snap.node_ngpu
+        # Nodes nobody holds anything on host their replicas now.
+        open_idle = snap.node_sched & np.isin(snap.node_model, list(wanted)) & (ngpu >= per)
+        idle = [n for n in np.flatnonzero(open_idle).tolist() if n not in gpu_end]
+        now_count = sum(int(ngpu[n]) // per for n in idle)
+        if now_count >= reps:
+            return self.now
+        steps: list[float] = []
+        for n, slots in gpu_end.items():
+            if not open_idle[n]:
+                continue
+            times = sorted(slots.values())
+            times = [self.now] * (int(ngpu[n]) - len(times)) + times
+            steps.extend(times[k * per - 1] for k in range(1, int(ngpu[n]) // per + 1))
+        need = reps - now_count
+        if len(steps) < need:
+            return math.inf
+        return max(self.now, heapq.nsmallest(need, steps)[-1])
+
     def _max_runtime(self, wid: str) -> float:
         return self.by_id[wid].max_runtime
+
+    def carry(self, previous: Mapping[str, Reservation]) -> None:
+        """Hold again, on the same GPUs, the reservations of workloads still waiting (a
+        reservation recomputed every cycle drifts later as other work fills its GPUs). One
+        whose GPUs are no longer reachable is dropped; its workload gets a new one."""
+        snap = self.snap
+        end: dict[int, float] = {}
+        for v in self.running.values():
+            if v.started_at is not None:
+                for aid in v.alloc_ids:
+                    end[aid] = max(self.now, v.started_at + v.max_runtime)
+        for wid, res in previous.items():
+            w = self.by_id.get(wid)
+            if w is None or len(self.reserved) >= self.cfg.max_reservations:
+                continue
+            start = self.now
+            for node, g in res.gpus:
+                n = snap.node_index.get(node)
+                if n is None or not snap.node_sched[n]:
+                    start = math.inf
+                    break
+                for aid in snap.holders.get(n * snap.max_gpus + g, ()):
+                    start = max(start, end.get(aid, math.inf))
+            if start < math.inf:
+                self.hold(Reservation(wid, start, res.gpus))
 
     def hold(self, res: Reservation) -> None:
         """Keep the reservation's free GPUs out of reach for the rest of the cycle."""
         snap = self.snap
         gpus = frozenset((snap.node_index[n], g) for n, g in res.gpus)
-        self.reserved.append((res, gpus))
-        self.result.reservations.append(res)
-        self._hold(gpus)
+        self.reserved[res.workload] = (res, gpus)
+        self.phantoms[res.workload] = self._hold(gpus)
 
-    def _hold(self, gpus: Iterable[tuple[int, int]]) -> None:
+    def _hold(self, gpus: Iterable[tuple[int, int]]) -> list[int]:
         snap = self.snap
         tid = snap.tenant_id(RESERVATION_TENANT)
         by_node: dict[int, list[int]] = {}
         for n, g in gpus:
             if snap.is_whole_free(n, g):
                 by_node.setdefault(n, []).append(g)
-        for n, slots in by_node.items():
-            self.phantoms.append(snap.allocate(tid, Tier.DEDICATED, n, tuple(sorted(slots))))
+        return [
+            snap.allocate(tid, Tier.DEDICATED, n, tuple(sorted(slots)))
+            for n, slots in by_node.items()
+        ]
 
-    def unhold(self) -> None:
-        for aid in self.phantoms:
-            self.snap.release(aid)
-        self.phantoms = []
+    def unhold(self, wid: str | None = None) -> None:
+        for key in [wid] if wid is not None else list(self.phantoms):
+            for aid in self.phantoms.pop(key, ()):
+                self.snap.release(aid)
 
-    def rehold(self) -> None:
-        for _, gpus in self.reserved:
-            self._hold(gpus)
+    def rehold(self, wid: str | None = None) -> None:
+        for key in [wid] if wid is not None else list(self.reserved):
+            if key not in self.phantoms:
+                self.phantoms[key] = self._hold(self.reserved[key][1])
 
     def finish(self) -> None:
         self.unhold()
+        self.result.reservations = [res for res, _ in self.reserved.values()]
 
 
 # --- the queue walk -----------------------------------------------------------------------------
@@ -821,7 +924,7 @@ class _Walk:
         v = self.version.get(t, 0) + 1
         self.version[t] = v
         key = (
-            -self.c.s.prio(head).value,
+            -self.c.s.prio(head).value if self.c.cfg.priority_across_tenants else 0,
             not self.starving(head),
             self.c.share(t),
             head.submitted_at,
@@ -951,11 +1054,15 @@ def _backfill(c: _Cycle) -> None:
     walk = c.walk
 
     tries = 0
+    reserved_for = {c.by_id[wid].tenant for wid in c.reserved}
 
     def reserve(w: Workload) -> None:
         nonlocal tries
         if len(c.reserved) >= c.cfg.max_reservations or tries > c.cfg.max_reservations:
             return
+        if w.id in c.reserved or w.tenant in reserved_for:
+            return  # one per tenant: its head is the one that waits
+        reserved_for.add(w.tenant)
         tries += 1
         res = c.reservation_for(w)
         if res is not None:
@@ -969,9 +1076,12 @@ def _backfill(c: _Cycle) -> None:
         examined += 1
         if examined > c.cfg.backfill_depth:
             break
-        short = bool(c.reserved) and c.now + w.max_runtime <= min(r.start_at for r, _ in c.reserved)
+        short = bool(c.reserved) and c.now + w.max_runtime <= min(
+            r.start_at for r, _ in c.reserved.values()
+        )
         if c.known_to_fail(w) and not short:
             c.result.blocked[w.id] = "no capacity"
+            reserve(w)
             continue
         if c.over_limit(w):
             c.result.blocked[w.id] = "over its tenant's limit"

@@ -194,6 +194,25 @@ def test_priority_goes_before_fair_share():
     assert q.admitted() == {"a-prod"}
 
 
+def test_priority_can_be_scoped_to_the_tenant():
+    """priority_across_tenants=False: priority orders a tenant's own work; across tenants the
+    fair share decides, and a higher class evicts another tenant only if that tenant stays
+    better off than the taker."""
+    q = Queue([node("n1", gpus=1)], {"a": quota(), "b": quota()}, priority_across_tenants=False)
+    q.submit("b-research", "b", prio="research", at=0)
+    q.submit("a-prod", "a", prio="production", at=50)
+    q.cycle(60)
+    assert q.admitted() == {"b-research"}
+
+    q = Queue([node("n1", gpus=2)], {"a": quota(), "b": quota()}, priority_across_tenants=False)
+    _running(q, "a-old", "a", prio="research", started=0, ckpt=900)
+    _running(q, "b-old", "b", prio="research", started=0, ckpt=0)  # the cheaper victim
+    q.submit("a-prod", "a", prio="production", at=1000)
+    res = q.cycle(1000)
+    assert [e.workload for e in res.evictions] == ["a-old"]  # b would end below a
+    assert q.admitted() == {"a-prod"}
+
+
 # --- preemption -----------------------------------------------------------------------------------
 
 
@@ -345,6 +364,24 @@ def test_the_reserved_gang_starts_no_later_than_its_reservation():
             q.finish(wid)
         q.cycle(t)
         assert t <= first + 500, "the gang was pushed back past its reservation"
+
+
+def test_a_reservation_stays_on_its_gpus_while_its_workload_waits():
+    """Recomputed every cycle, a reservation drifts: here an urgent job would take n1 and push
+    the gang from t=3000 (n1 + n3) to t=5000 (n3 + n2). Carried over, it holds."""
+    q = Queue([node("n1"), node("n2"), node("n3")], {"a": quota(), "b": quota()})
+    q.submit("x", "b", 8, runtime=1000)  # n1 until 1000
+    q.submit("y", "b", 6, runtime=5000)
+    q.submit("z", "b", 6, runtime=3000)
+    q.cycle(0)
+    q.submit("gang", "a", 8, replicas=2, at=10, runtime=3600)
+    [first] = q.cycle(10).reservations
+    assert first.start_at == 3000
+    q.finish("x")
+    q.submit("urgent", "b", 8, at=15, prio="production", runtime=100_000)
+    [again] = q.cycle(20).reservations
+    assert again.gpus == first.gpus and again.start_at == 3000
+    assert "urgent" not in q.running
 
 
 def test_starving_work_goes_to_the_head_of_its_priority():
