@@ -59,11 +59,12 @@ class Job:
     checkpoint_cost: float
     done: float = 0.0  # work saved (seconds of run time)
     started: float | None = None
-    first_start: float | None = None
     finish: float | None = None
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     version: int = 0  # invalidates scheduled completions after an eviction
+    queued: float = 0.0  # seconds spent waiting: before the first start and after evictions
+    waiting_since: float | None = None
     workload: Workload | None = None
 
 
@@ -321,17 +322,15 @@ def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQu
     def begin(j: Job, w: Workload, t: float) -> None:
         nonlocal busy
         j.started = t
-        if j.first_start is None:
-            j.first_start = t
-            res.waits.append(t - j.submit)
-            if j.gpus >= BIG_GANG:
-                res.big_gangs += 1
-                res.big_gang_wait_ratio = max(res.big_gang_wait_ratio, (t - j.submit) / j.duration)
+        assert j.waiting_since is not None
+        j.queued += t - j.waiting_since
+        j.waiting_since = None
         w.started_at = t
         busy += j.gpus
         j.version += 1
         push(t + (j.duration - j.done), FINISH, w.id, j.version)
 
+    t = 0.0
     while events:
         t = events[0][0]
         changed = False
@@ -350,6 +349,7 @@ def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQu
                     checkpoint_every=j.checkpoint_every,
                 )
                 pending[jid] = j.workload
+                j.waiting_since = t
                 move(j.tenant, 0, j.gpus)
                 changed = True
             elif kind == FINISH and version == j.version and jid in running:
@@ -361,10 +361,12 @@ def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQu
                 j.finish = t
                 res.finished += 1
                 res.jct.append(t - j.submit)
+                res.waits.append(j.queued)
                 changed = True
             elif kind == STOP:
                 busy -= j.gpus
                 pending[jid] = j.workload  # type: ignore[assignment]
+                j.waiting_since = t
                 move(j.tenant, 0, j.gpus)
                 changed = True
             elif kind == START and jid in starting:
@@ -409,6 +411,13 @@ def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQu
             else:
                 begin(j, w, t)
     res.horizon_s = horizon_end
+    # Gangs of 32+ GPUs: all the time they waited (also after evictions, and any still waiting
+    # when the replay ends) over their runtime.
+    for j in jobs:
+        if j.gpus >= BIG_GANG:
+            res.big_gangs += 1
+            waited = j.queued + (t - j.waiting_since if j.waiting_since is not None else 0.0)
+            res.big_gang_wait_ratio = max(res.big_gang_wait_ratio, waited / j.duration)
     res.shares = {
         t_: {
             "ratio": round(share_used[t_] / share_ent[t_], 4) if share_ent[t_] else 1.0,
