@@ -18,6 +18,7 @@ from app.health import router as health
 from app.idempotency.middleware import IdempotencyMiddleware
 from app.keys import router as keys
 from app.tenants import router as tenants
+from app.workloads import router as workloads
 
 DESCRIPTION = """Rackplane: the control plane of a multi-tenant GPU cloud.
 
@@ -32,7 +33,7 @@ def create_app() -> FastAPI:
     configure_logging(settings.log_level, settings.log_json)
     app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION)
     install_error_handlers(app)
-    for module in (health, tenants, keys, fleet):
+    for module in (health, tenants, keys, fleet, workloads):
         app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)

@@ -6,6 +6,7 @@ from app.idempotency.models import IdempotencyRecord
 from app.keys.models import ApiKey
 from app.outbox.models import OutboxMessage
 from app.tenants.models import Tenant
+from app.workloads.models import TenantQuota, Workload, WorkloadEvent
 
 __all__ = [
     "Base",
@@ -18,4 +19,7 @@ __all__ = [
     "Rack",
     "Region",
     "Tenant",
+    "TenantQuota",
+    "Workload",
+    "WorkloadEvent",
 ]

@@ -92,6 +92,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 TABLES = [
+    "workload_events",
+    "workloads",
+    "tenant_quotas",
     "gpus",
     "nodes",
     "racks",

@@ -16,7 +16,9 @@ from tests.conftest import SMALL_FLEET, auth
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("POST", "/v1/signup")}
 # Valid bodies for tenant routes that have both a path parameter and a body, so the 404 (not a
 # 422) is what the other tenant sees.
-BODIES: dict[tuple[str, str], dict] = {}
+BODIES: dict[tuple[str, str], dict] = {
+    ("POST", "/v1/workloads/{workload_id}/checkpoints"): {"size_bytes": 1},
+}
 
 
 @pytest.fixture
@@ -43,6 +45,8 @@ def matrix(world, client, session):
     )
     assert r.status_code == 202, r.text
     node = session.scalar(select(Node).limit(1))
+    w = client.post("/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(a_key))
+    assert w.status_code == 201, w.text
     ids = {
         "tenant_id": str(a.id),
         "key_id": str(session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == a.id).limit(1))),
@@ -51,6 +55,7 @@ def matrix(world, client, session):
         "node_id": str(node.id),
         "gpu_id": str(session.scalar(select(Gpu.id).limit(1))),
         "region_id": str(session.scalar(select(Region.id).limit(1))),
+        "workload_id": w.json()["id"],
     }
     return {
         "a": a,
@@ -140,7 +145,7 @@ def test_tenant_keys_on_operator_routes_are_403(client, matrix):
 
 
 def test_other_tenants_objects_are_404_and_never_leak(client, matrix):
-    a_ids = {matrix["ids"]["tenant_id"], matrix["ids"]["key_id"]}
+    a_ids = {matrix["ids"][k] for k in ("tenant_id", "key_id", "workload_id")}
     checked = 0
     for method, path, op in _operations(client):
         if (method, path) in PUBLIC or path.startswith("/v1/admin/"):

@@ -46,14 +46,19 @@ def get_owned(
     obj_id: uuid.UUID | str,
     *,
     what: str | None = None,
+    for_update: bool = False,
 ) -> M:
-    """Fetch one tenant-owned object visible to `auth`, or raise 404."""
+    """Fetch one tenant-owned object visible to `auth`, or raise 404. `for_update` locks its
+    row for the rest of the transaction (concurrent writers of one object serialise)."""
     label = what or model.__name__.lower()
     try:
         oid = obj_id if isinstance(obj_id, uuid.UUID) else uuid.UUID(str(obj_id))
     except ValueError:
         raise NotFound(f"No {label} with id {obj_id!s}.", code=f"{label}_not_found") from None
-    obj = session.scalar(scoped_select(auth, model).where(model.id == oid))  # type: ignore[attr-defined]
+    stmt = scoped_select(auth, model).where(model.id == oid)  # type: ignore[attr-defined]
+    if for_update:
+        stmt = stmt.with_for_update()
+    obj = session.scalar(stmt)
     if obj is None:
         raise NotFound(f"No {label} with id {oid}.", code=f"{label}_not_found")
     return obj

@@ -1,0 +1,140 @@
+"""Workload states and the only transitions allowed between them. Every transition writes an
+event row; an invalid one is an error (409 `invalid_state_transition`), never silent."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.db import utcnow
+from app.core.errors import Conflict
+
+if TYPE_CHECKING:
+    from app.workloads.models import Workload
+
+
+class State(str, enum.Enum):
+    pending = "pending"
+    queued = "queued"
+    placing = "placing"
+    provisioning = "provisioning"
+    running = "running"
+    checkpointing = "checkpointing"
+    preempted = "preempted"
+    succeeded = "succeeded"
+    failed = "failed"
+    terminated = "terminated"
+
+
+S = State
+TERMINAL = frozenset({S.succeeded, S.failed, S.terminated})
+# Holding (or about to hold) GPUs: what counts as a tenant's current use.
+HOLDING = frozenset({S.placing, S.provisioning, S.running, S.checkpointing})
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    S.pending: frozenset({S.queued, S.failed, S.terminated}),
+    S.queued: frozenset({S.placing, S.failed, S.terminated}),
+    # A plan that loses its race (a generation check fails) goes back to the queue.
+    S.placing: frozenset({S.provisioning, S.queued, S.failed, S.terminated}),
+    S.provisioning: frozenset({S.running, S.queued, S.failed, S.terminated}),
+    S.running: frozenset({S.checkpointing, S.succeeded, S.failed, S.terminated}),
+    # Preemption: checkpoint within the grace period, then release the GPUs.
+    S.checkpointing: frozenset({S.preempted, S.running, S.failed, S.terminated}),
+    S.preempted: frozenset({S.queued, S.terminated}),
+    S.succeeded: frozenset(),
+    S.failed: frozenset(),
+    S.terminated: frozenset(),
+}
+
+
+class InvalidTransition(Conflict):
+    code = "invalid_state_transition"
+    title = "Invalid state transition"
+
+
+def check(current: State | str, to: State | str) -> None:
+    cur, new = State(current), State(to)
+    if new not in TRANSITIONS[cur]:
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[cur])) or "none (terminal)"
+        raise InvalidTransition(
+            f"A {cur.value} workload cannot become {new.value}; allowed: {allowed}.",
+            state=cur.value,
+            requested=new.value,
+        )
+
+
+def _next_seq(session: Session, w: Workload) -> int:
+    from app.workloads.models import WorkloadEvent
+
+    last = session.scalar(
+        select(func.max(WorkloadEvent.seq)).where(WorkloadEvent.workload_id == w.id)
+    )
+    return (last or 0) + 1
+
+
+def record(
+    session: Session,
+    w: Workload,
+    *,
+    kind: str,
+    from_state: str | None,
+    to_state: str,
+    reason: str,
+    details: dict[str, Any] | None = None,
+    at: datetime | None = None,
+) -> None:
+    from app.workloads.models import WorkloadEvent
+
+    session.add(
+        WorkloadEvent(
+            workload_id=w.id,
+            tenant_id=w.tenant_id,
+            seq=_next_seq(session, w),
+            kind=kind,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            details=details or {},
+            at=at or utcnow(),
+        )
+    )
+    session.flush()
+
+
+def transition(
+    session: Session,
+    w: Workload,
+    to: State,
+    reason: str,
+    details: dict[str, Any] | None = None,
+    *,
+    at: datetime | None = None,
+) -> None:
+    """Move `w` to `to` (or raise InvalidTransition) and append the event, in the caller's
+    transaction."""
+    check(w.state, to)
+    at = at or utcnow()
+    before = w.state
+    w.state = to.value
+    w.generation += 1
+    if to in TERMINAL:
+        w.finished_at = at
+    elif to is S.running and w.started_at is None:
+        w.started_at = at
+    elif to is S.preempted:
+        w.preempted_at = at
+        w.preemptions += 1
+    record(
+        session,
+        w,
+        kind="transition",
+        from_state=before,
+        to_state=to.value,
+        reason=reason,
+        details=details,
+        at=at,
+    )

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.db import session_dependency
+from app.core.schemas import Page, PageParams, paginate
+from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
+from app.tenancy.scoping import get_owned, scoped_select
+from app.tenants.models import Tenant
+from app.workloads import service
+from app.workloads.lifecycle import State
+from app.workloads.models import Workload, WorkloadEvent
+from app.workloads.schemas import (
+    CheckpointIn,
+    EventOut,
+    EventPage,
+    QuotaList,
+    QuotaOut,
+    QuotaSet,
+    WorkloadCreate,
+    WorkloadOut,
+)
+
+router = APIRouter(prefix="/v1", tags=["workloads"])
+admin = APIRouter(prefix="/v1/admin", tags=["admin: quotas"])
+
+
+@router.post(
+    "/workloads",
+    status_code=201,
+    response_model=WorkloadOut,
+    summary="Submit a workload: an instance, a VM or a gang job",
+)
+def submit(
+    body: WorkloadCreate,
+    response: Response,
+    auth: AuthContext = Depends(tenant_write),
+    session: Session = Depends(session_dependency),
+) -> Workload:
+    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+    w = service.submit(session, tenant, body)
+    response.headers["Location"] = f"/v1/workloads/{w.id}"
+    return w
+
+
+@router.get("/workloads", response_model=Page[WorkloadOut], summary="List workloads")
+def list_workloads(
+    state: State | None = None,
+    kind: Literal["instance", "vm", "job"] | None = None,
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    stmt = scoped_select(auth, Workload)
+    if state is not None:
+        stmt = stmt.where(Workload.state == state.value)
+    if kind is not None:
+        stmt = stmt.where(Workload.kind == kind)
+    items, nxt = paginate(session, stmt, Workload, page)
+    return {"items": items, "next_cursor": nxt}
+
+
+@router.get("/workloads/{workload_id}", response_model=WorkloadOut, summary="Read a workload")
+def read(
+    workload_id: str,
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> Workload:
+    return get_owned(session, auth, Workload, workload_id, what="workload")
+
+
+@router.delete(
+    "/workloads/{workload_id}", response_model=WorkloadOut, summary="Terminate a workload"
+)
+def terminate(
+    workload_id: str,
+    auth: AuthContext = Depends(tenant_write),
+    session: Session = Depends(session_dependency),
+) -> Workload:
+    w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
+    service.terminate(session, w)
+    return w
+
+
+@router.get(
+    "/workloads/{workload_id}/events",
+    response_model=EventPage,
+    summary="The workload's timeline: every transition with its reason",
+)
+def events(
+    workload_id: str,
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    w = get_owned(session, auth, Workload, workload_id, what="workload")
+    rows = session.scalars(
+        scoped_select(auth, WorkloadEvent)
+        .where(WorkloadEvent.workload_id == w.id)
+        .order_by(WorkloadEvent.seq)
+    )
+    return {"items": list(rows)}
+
+
+@router.post(
+    "/workloads/{workload_id}/checkpoints",
+    status_code=201,
+    response_model=EventOut,
+    summary="Report a completed checkpoint (preemption then loses only later work)",
+)
+def checkpoint(
+    workload_id: str,
+    body: CheckpointIn,
+    auth: AuthContext = Depends(tenant_write),
+    session: Session = Depends(session_dependency),
+) -> WorkloadEvent:
+    w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
+    service.report_checkpoint(session, w, body.completed_at, body.size_bytes)
+    return session.scalars(
+        select(WorkloadEvent)
+        .where(WorkloadEvent.workload_id == w.id)
+        .order_by(WorkloadEvent.seq.desc())
+        .limit(1)
+    ).one()
+
+
+def _quota_list(session: Session, tenant_id) -> dict:
+    held, queued = service.usage(session, tenant_id)
+    items = []
+    for q in sorted(service.quotas_of(session, tenant_id).values(), key=lambda q: q.gpu_model):
+        out = QuotaOut.model_validate(q)
+        out.used_milli = held.get(q.gpu_model, 0)
+        out.queued_milli = queued.get(q.gpu_model, 0)
+        items.append(out)
+    return {"items": items}
+
+
+@router.get("/quotas", response_model=QuotaList, summary="The tenant's quotas and current use")
+def my_quotas(
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    return _quota_list(session, auth.tenant_id)
+
+
+@admin.get(
+    "/tenants/{tenant_id}/quotas", response_model=QuotaList, summary="A tenant's quotas and use"
+)
+def tenant_quotas(
+    tenant_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    return _quota_list(session, tenant.id)
+
+
+@admin.put(
+    "/tenants/{tenant_id}/quotas",
+    response_model=QuotaList,
+    summary="Set a tenant's quotas (replaces them): guarantee, hard limit and weight per model",
+)
+def put_quotas(
+    tenant_id: str,
+    body: QuotaSet,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    service.set_quotas(session, tenant.id, body.quotas)
+    return _quota_list(session, tenant.id)

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from app.core.schemas import OutModel, StrictModel
+from app.placement.catalog import GPU_MODELS
+from app.placement.mig import PROFILES, profile_by_name
+from app.workloads.tiers import ISOLATION_CHOICES
+
+Priority = Literal["production", "training", "research", "preemptible"]
+Isolation = Literal[tuple(ISOLATION_CHOICES)]  # type: ignore[valid-type]
+GpuModelName = Literal[tuple(GPU_MODELS)]  # type: ignore[valid-type]
+
+
+class TopologyIn(StrictModel):
+    level: Literal["nvlink_domain", "rack", "block"]
+    mode: Literal["required", "preferred"] = "preferred"
+
+
+class CheckpointPolicy(StrictModel):
+    interval_s: int | None = Field(
+        None, ge=60, le=7 * 86400, description="The workload checkpoints this often."
+    )
+    cost_s: int = Field(0, ge=0, le=3600, description="Seconds it takes to write a checkpoint.")
+
+
+class WorkloadCreate(StrictModel):
+    kind: Literal["instance", "vm", "job"] = Field(
+        ...,
+        description="`instance`: a container on whole GPUs, a MIG slice or a fractional share; "
+        "`vm`: passthrough or confidential VM; `job`: a gang of `replicas` all or nothing.",
+    )
+    name: str | None = Field(None, max_length=200)
+    gpu_models: list[GpuModelName] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=8, description="Allowed GPU models; empty = any."
+    )
+    gpus: int = Field(0, ge=0, le=72, description="Whole GPUs per replica, on one node.")
+    mig_profile: str | None = Field(
+        None, description="A MIG profile: the model's name (`3g.40gb`) or the generic key (`3g`)."
+    )
+    milli: int = Field(0, ge=0, le=999, description="A fractional share of one GPU (milli-GPU).")
+    gpu_memory_mib: int = Field(0, ge=0, le=200_000, description="GPU memory of the share.")
+    cpu_milli: int = Field(0, ge=0, le=1_000_000)
+    memory_mib: int = Field(0, ge=0, le=8_000_000)
+    replicas: int = Field(1, ge=1, le=4096)
+    isolation: Isolation | None = Field(  # type: ignore[valid-type]
+        None, description="Requested isolation; omitted: chosen from the tenant's policy."
+    )
+    priority: Priority = "training"
+    topology: TopologyIn | None = None
+    region: str | None = Field(None, max_length=63)
+    max_runtime_s: int = Field(86400, ge=60, le=30 * 86400)
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+    @model_validator(mode="after")
+    def _shape(self) -> WorkloadCreate:
+        given = [
+            n
+            for n, v in (
+                ("gpus", self.gpus),
+                ("mig_profile", self.mig_profile),
+                ("milli", self.milli),
+            )
+            if v
+        ]
+        if len(given) != 1:
+            raise ValueError("give exactly one of gpus, mig_profile or milli")
+        if self.milli and not self.gpu_memory_mib:
+            raise ValueError("a fractional share needs gpu_memory_mib")
+        if not self.milli and self.gpu_memory_mib:
+            raise ValueError("gpu_memory_mib is for fractional shares only")
+        if self.mig_profile:
+            models = self.gpu_models or [m for m in GPU_MODELS if GPU_MODELS[m].mig_capable]
+            keys = set()
+            for m in models:
+                try:
+                    keys.add(profile_by_name(m, self.mig_profile).key)
+                except KeyError:
+                    pass
+            if not keys:
+                raise ValueError(
+                    f"{self.mig_profile!r} is not a MIG profile of {', '.join(models)}"
+                )
+            if len(keys) > 1:
+                raise ValueError(f"{self.mig_profile!r} means different slices on these models")
+            self.mig_profile = keys.pop()
+        if self.kind != "job" and self.replicas != 1:
+            raise ValueError("only a job has replicas")
+        if self.topology is not None and self.kind != "job":
+            raise ValueError("a topology constraint applies to a job (a gang)")
+        return self
+
+    @property
+    def unit(self) -> str:
+        return "whole" if self.gpus else "mig" if self.mig_profile else "fraction"
+
+    @property
+    def gpu_milli(self) -> int:
+        per = (
+            self.gpus * 1000
+            if self.gpus
+            else PROFILES[self.mig_profile].gpu_equivalent_milli
+            if self.mig_profile
+            else self.milli
+        )
+        return per * self.replicas
+
+
+class WorkloadOut(OutModel):
+    id: uuid.UUID
+    name: str | None
+    kind: str
+    state: str
+    tier: str
+    priority: str
+    shape: dict
+    replicas: int
+    gpu_milli: int
+    topology: dict | None
+    region: str | None
+    max_runtime_s: int
+    checkpoint_interval_s: int | None
+    checkpoint_cost_s: int
+    labels: dict[str, str]
+    placement: list | None = Field(
+        None, description="Per replica: region, rack, node, GPU indices, MIG profile and slot."
+    )
+    last_checkpoint_at: datetime | None
+    started_at: datetime | None
+    preempted_at: datetime | None
+    preemptions: int
+    finished_at: datetime | None
+    created_at: datetime
+
+
+class EventOut(OutModel):
+    seq: int
+    kind: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    details: dict
+    at: datetime
+
+
+class EventPage(OutModel):
+    items: list[EventOut]
+
+
+class CheckpointIn(StrictModel):
+    completed_at: datetime | None = Field(None, description="Default: now. With an offset.")
+    size_bytes: int = Field(..., ge=0)
+
+
+class QuotaIn(StrictModel):
+    gpu_model: GpuModelName  # type: ignore[valid-type]
+    guaranteed_milli: int = Field(0, ge=0, description="GPU-equivalents in milli (1 GPU = 1000).")
+    limit_milli: int | None = Field(None, ge=0, description="Hard limit; null: none.")
+    weight: float = Field(1.0, gt=0, le=1000)
+
+    @model_validator(mode="after")
+    def _covers(self) -> QuotaIn:
+        if self.limit_milli is not None and self.limit_milli < self.guaranteed_milli:
+            raise ValueError("limit_milli must be at least guaranteed_milli")
+        return self
+
+
+class QuotaSet(StrictModel):
+    quotas: list[QuotaIn] = Field(..., max_length=32)
+
+    @model_validator(mode="after")
+    def _unique(self) -> QuotaSet:
+        models = [q.gpu_model for q in self.quotas]
+        if len(models) != len(set(models)):
+            raise ValueError("one entry per gpu_model")
+        return self
+
+
+class QuotaOut(OutModel):
+    gpu_model: str
+    guaranteed_milli: int
+    limit_milli: int | None
+    weight: float
+    used_milli: int = 0
+    queued_milli: int = 0
+
+
+class QuotaList(OutModel):
+    items: list[QuotaOut]

@@ -1,0 +1,180 @@
+"""Workload writes: submission (tier choice, hard limits), termination, checkpoints; quotas."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from app.core.db import utcnow
+from app.core.errors import Conflict, ValidationFailed
+from app.placement.catalog import GPU_MODELS
+from app.tenants.models import Tenant
+from app.workloads import lifecycle
+from app.workloads.lifecycle import HOLDING, TERMINAL, State
+from app.workloads.models import TenantQuota, Workload
+from app.workloads.schemas import QuotaIn, WorkloadCreate
+from app.workloads.tiers import ShapeFacts, choose_tier
+
+
+class QuotaLimitExceeded(ValidationFailed):
+    code = "quota_limit_exceeded"
+    title = "Over the tenant's hard limit"
+
+
+def quotas_of(session: Session, tenant_id: uuid.UUID) -> dict[str, TenantQuota]:
+    rows = session.scalars(select(TenantQuota).where(TenantQuota.tenant_id == tenant_id))
+    return {q.gpu_model: q for q in rows}
+
+
+def _check_limit(session: Session, tenant_id: uuid.UUID, body: WorkloadCreate) -> None:
+    """A request that no allowed GPU model's hard limit could ever hold is refused now; one
+    that only has to wait for the tenant's own work to end queues."""
+    quotas = quotas_of(session, tenant_id)
+    models = body.gpu_models or list(GPU_MODELS)
+    limits = []
+    for m in models:
+        q = quotas.get(m)
+        if q is None or q.limit_milli is None or body.gpu_milli <= q.limit_milli:
+            return
+        limits.append(f"{m}: {q.limit_milli}")
+    raise QuotaLimitExceeded(
+        f"The workload needs {body.gpu_milli} GPU-milli; the tenant's hard limit is "
+        f"{', '.join(limits)}.",
+        needed_milli=body.gpu_milli,
+    )
+
+
+def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
+    tier = choose_tier(
+        body.kind,
+        ShapeFacts(body.unit, body.gpus, body.replicas, tuple(body.gpu_models)),
+        body.isolation,
+        list(tenant.isolation_policy or []),
+    )
+    _check_limit(session, tenant.id, body)
+    shape = {
+        "gpu_models": list(body.gpu_models),
+        "gpus": body.gpus,
+        "mig_profile": body.mig_profile,
+        "milli": body.milli,
+        "gpu_memory_mib": body.gpu_memory_mib,
+        "cpu_milli": body.cpu_milli,
+        "memory_mib": body.memory_mib,
+    }
+    now = utcnow()
+    w = Workload(
+        tenant_id=tenant.id,
+        name=body.name,
+        kind=body.kind,
+        state=State.pending.value,
+        tier=tier.label,
+        priority=body.priority,
+        shape=shape,
+        replicas=body.replicas,
+        gpu_milli=body.gpu_milli,
+        topology=body.topology.model_dump() if body.topology else None,
+        region=body.region,
+        max_runtime_s=body.max_runtime_s,
+        checkpoint_interval_s=body.checkpoint.interval_s,
+        checkpoint_cost_s=body.checkpoint.cost_s,
+        labels=dict(body.labels),
+        generation=0,
+        preemptions=0,
+        created_at=now,
+    )
+    session.add(w)
+    session.flush()
+    lifecycle.record(
+        session,
+        w,
+        kind="transition",
+        from_state=None,
+        to_state=State.pending.value,
+        reason="submitted",
+        details={"tier": tier.label},
+        at=now,
+    )
+    lifecycle.transition(session, w, State.queued, "accepted: waits for placement", at=now)
+    return w
+
+
+def terminate(session: Session, w: Workload, reason: str = "terminated by the customer") -> None:
+    lifecycle.transition(session, w, State.terminated, reason)
+
+
+class NotRunning(Conflict):
+    code = "workload_not_running"
+    title = "The workload is not running"
+
+
+def report_checkpoint(
+    session: Session, w: Workload, completed_at: datetime | None, size_bytes: int
+) -> None:
+    if State(w.state) not in (State.running, State.checkpointing):
+        raise NotRunning(f"A {w.state} workload has no checkpoints to report.", state=w.state)
+    at = completed_at or utcnow()
+    if at > utcnow():
+        raise ValidationFailed("completed_at is in the future.", code="checkpoint_in_future")
+    started = w.started_at
+    if started is not None and at < _aware(started):
+        raise ValidationFailed(
+            "completed_at is before the workload started.", code="checkpoint_before_start"
+        )
+    if w.last_checkpoint_at is None or at > _aware(w.last_checkpoint_at):
+        w.last_checkpoint_at = at
+        w.last_checkpoint_bytes = size_bytes
+    lifecycle.record(
+        session,
+        w,
+        kind="checkpoint",
+        from_state=w.state,
+        to_state=w.state,
+        reason="checkpoint reported",
+        details={"completed_at": at.isoformat(), "size_bytes": size_bytes},
+    )
+
+
+def _aware(dt: datetime) -> datetime:
+    from datetime import UTC
+
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def set_quotas(session: Session, tenant_id: uuid.UUID, quotas: list[QuotaIn]) -> None:
+    """Replace the tenant's quotas with `quotas` (models left out have none)."""
+    session.execute(delete(TenantQuota).where(TenantQuota.tenant_id == tenant_id))
+    for q in quotas:
+        session.add(
+            TenantQuota(
+                tenant_id=tenant_id,
+                gpu_model=q.gpu_model,
+                guaranteed_milli=q.guaranteed_milli,
+                limit_milli=q.limit_milli,
+                weight=q.weight,
+            )
+        )
+    session.flush()
+
+
+def usage(session: Session, tenant_id: uuid.UUID) -> tuple[dict[str, int], dict[str, int]]:
+    """(held, queued) GPU-milli per model. Held: from the placement of workloads holding GPUs;
+    queued: waiting workloads, counted against every model they accept."""
+    held: dict[str, int] = {}
+    queued: dict[str, int] = {}
+    rows = session.scalars(
+        select(Workload).where(
+            Workload.tenant_id == tenant_id,
+            Workload.state.in_([s.value for s in HOLDING | {State.queued, State.pending}]),
+        )
+    )
+    for w in rows:
+        if State(w.state) in HOLDING:
+            for b in w.placement or []:
+                held[b["gpu_model"]] = held.get(b["gpu_model"], 0) + int(b["gpu_milli"])
+        elif State(w.state) not in TERMINAL:
+            for m in w.shape.get("gpu_models") or list(GPU_MODELS):
+                queued[m] = queued.get(m, 0) + w.gpu_milli
+    return held, queued

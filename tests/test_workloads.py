@@ -1,0 +1,321 @@
+"""Workloads on the API (real PostgreSQL): submission and tier choice, refusals that name the
+rule, hard limits, the lifecycle's transitions and timeline, checkpoints, quotas."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import auth
+
+ALL = [
+    "shared-timeslice",
+    "shared-fractional",
+    "shared-mig",
+    "dedicated-gpu",
+    "vm",
+    "confidential-vm",
+]
+
+
+@pytest.fixture
+def tenant(world):
+    t = world.tenant("acme", policy=ALL)
+    return t, world.key(t)
+
+
+def _submit(client, key, **body):
+    return client.post("/v1/workloads", json=body, headers=auth(key))
+
+
+def _events(client, key, wid):
+    r = client.get(f"/v1/workloads/{wid}/events", headers=auth(key))
+    assert r.status_code == 200, r.text
+    return r.json()["items"]
+
+
+def test_a_gang_job_is_accepted_queued_and_its_timeline_says_why(client, tenant):
+    _, key = tenant
+    r = _submit(
+        client,
+        key,
+        kind="job",
+        gpus=8,
+        replicas=4,
+        gpu_models=["H100-80GB"],
+        topology={"level": "nvlink_domain", "mode": "required"},
+        priority="production",
+        max_runtime_s=7200,
+        checkpoint={"interval_s": 900, "cost_s": 60},
+        labels={"team": "llm"},
+    )
+    assert r.status_code == 201, r.text
+    w = r.json()
+    assert r.headers["location"] == f"/v1/workloads/{w['id']}"
+    assert (w["state"], w["tier"], w["gpu_milli"], w["replicas"]) == (
+        "queued",
+        "dedicated",
+        32_000,
+        4,
+    )
+    assert w["topology"] == {"level": "nvlink_domain", "mode": "required"}
+    ev = _events(client, key, w["id"])
+    assert [(e["seq"], e["from_state"], e["to_state"]) for e in ev] == [
+        (1, None, "pending"),
+        (2, "pending", "queued"),
+    ]
+    assert ev[0]["reason"] == "submitted" and ev[0]["details"] == {"tier": "dedicated"}
+    got = client.get(f"/v1/workloads/{w['id']}", headers=auth(key)).json()
+    assert got == w
+
+
+@pytest.mark.parametrize(
+    "body, tier, profile",
+    [
+        (
+            {"kind": "instance", "mig_profile": "3g.40gb", "gpu_models": ["H100-80GB"]},
+            "mig-shared",
+            "3g",
+        ),
+        (
+            {"kind": "instance", "mig_profile": "1g.18gb", "gpu_models": ["H200-141GB"]},
+            "mig-shared",
+            "1g",
+        ),
+        ({"kind": "instance", "mig_profile": "2g"}, "mig-shared", "2g"),
+        (
+            {"kind": "instance", "mig_profile": "3g", "isolation": "dedicated-mig"},
+            "mig-dedicated",
+            "3g",
+        ),
+        ({"kind": "instance", "milli": 250, "gpu_memory_mib": 8192}, "mps", None),
+        (
+            {
+                "kind": "instance",
+                "milli": 250,
+                "gpu_memory_mib": 8192,
+                "isolation": "shared-timeslice",
+            },
+            "timeslice",
+            None,
+        ),
+        ({"kind": "vm", "gpus": 4}, "vm", None),
+        (
+            {"kind": "vm", "gpus": 8, "isolation": "confidential-vm", "gpu_models": ["H100-80GB"]},
+            "confidential-vm",
+            None,
+        ),
+    ],
+)
+def test_the_tier_follows_the_request_and_the_policy(client, tenant, body, tier, profile):
+    _, key = tenant
+    r = _submit(client, key, **body)
+    assert r.status_code == 201, r.text
+    assert r.json()["tier"] == tier
+    assert r.json()["shape"]["mig_profile"] == profile
+
+
+def test_a_tenant_whose_policy_forbids_shared_mig_gets_dedicated_mig(client, world):
+    t = world.tenant("careful", policy=["dedicated-gpu"])
+    r = _submit(client, world.key(t), kind="instance", mig_profile="1g")
+    assert r.status_code == 201 and r.json()["tier"] == "mig-dedicated"
+
+
+@pytest.mark.parametrize(
+    "policy, body, rule",
+    [
+        (ALL, {"kind": "vm", "mig_profile": "3g"}, "vm_needs_whole_gpus"),
+        (ALL, {"kind": "vm", "gpus": 3}, "vm_gpu_count"),
+        (
+            ALL,
+            {"kind": "instance", "mig_profile": "3g", "isolation": "confidential-vm"},
+            "confidential_vm_needs_whole_gpus",
+        ),
+        (
+            ALL,
+            {"kind": "instance", "gpus": 1, "isolation": "confidential-vm"},
+            "confidential_vm_is_a_vm",
+        ),
+        (
+            ALL,
+            {"kind": "vm", "gpus": 1, "isolation": "confidential-vm", "gpu_models": ["A100-80GB"]},
+            "confidential_vm_unsupported_model",
+        ),
+        (
+            ALL,
+            {"kind": "instance", "gpus": 1, "isolation": "shared-mig"},
+            "isolation_does_not_fit_shape",
+        ),
+        (
+            ["dedicated-gpu", "vm"],
+            {"kind": "instance", "milli": 100, "gpu_memory_mib": 1024},
+            "tier_forbidden_by_tenant_policy",
+        ),
+        (["shared-mig"], {"kind": "vm", "gpus": 1}, "tier_forbidden_by_tenant_policy"),
+        (
+            ALL[:-1],
+            {"kind": "vm", "gpus": 1, "isolation": "confidential-vm"},
+            "tier_forbidden_by_tenant_policy",
+        ),
+    ],
+)
+def test_impossible_combinations_are_refused_naming_the_rule(client, world, policy, body, rule):
+    t = world.tenant("t", policy=policy)
+    r = _submit(client, world.key(t), **body)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    p = r.json()
+    assert (p["code"], p["rule"]) == ("isolation_rule_violated", rule)
+    assert client.get("/v1/workloads", headers=auth(world.key(t))).json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"kind": "instance"}, "body"),
+        ({"kind": "instance", "gpus": 1, "milli": 100, "gpu_memory_mib": 1}, "body"),
+        ({"kind": "instance", "milli": 100}, "body"),
+        ({"kind": "instance", "gpus": 1, "replicas": 2}, "body"),
+        ({"kind": "instance", "gpus": 1, "topology": {"level": "rack"}}, "body"),
+        ({"kind": "instance", "mig_profile": "5g"}, "body"),
+        ({"kind": "instance", "mig_profile": "3g.71gb", "gpu_models": ["H100-80GB"]}, "body"),
+        ({"kind": "instance", "gpus": 1, "gpu_models": ["Z80"]}, "body.gpu_models[0]"),
+        ({"kind": "pod", "gpus": 1}, "body.kind"),
+        ({"kind": "instance", "gpus": 1, "priority": "urgent"}, "body.priority"),
+        ({"kind": "instance", "gpus": 1, "max_runtime_s": 0}, "body.max_runtime_s"),
+        ({"kind": "instance", "gpus": 1, "colour": "red"}, "body.colour"),
+    ],
+)
+def test_bad_submissions_are_422_with_the_field(client, tenant, body, field):
+    _, key = tenant
+    r = _submit(client, key, **body)
+    assert r.status_code == 422, r.text
+    p = r.json()
+    assert p["code"] == "validation_error"
+    assert any(e["field"] == field for e in p["errors"]), p["errors"]
+
+
+def test_quotas_hard_limit_refuses_at_once_and_use_is_reported(client, world, tenant):
+    t, key = tenant
+    op = world.key(None)
+    r = client.put(
+        f"/v1/admin/tenants/{t.id}/quotas",
+        json={
+            "quotas": [
+                {
+                    "gpu_model": "H100-80GB",
+                    "guaranteed_milli": 8000,
+                    "limit_milli": 16000,
+                    "weight": 2,
+                },
+                {"gpu_model": "A100-80GB", "guaranteed_milli": 0, "limit_milli": 1000},
+            ]
+        },
+        headers=auth(op),
+    )
+    assert r.status_code == 200, r.text
+    too_big = _submit(
+        client, key, kind="job", gpus=8, replicas=3, gpu_models=["H100-80GB", "A100-80GB"]
+    )
+    assert too_big.status_code == 422
+    assert too_big.json()["code"] == "quota_limit_exceeded"
+    assert too_big.json()["needed_milli"] == 24_000
+    ok = _submit(client, key, kind="job", gpus=8, replicas=2, gpu_models=["H100-80GB"])
+    assert ok.status_code == 201
+    mig = _submit(client, key, kind="instance", mig_profile="1g", gpu_models=["A100-80GB"])
+    assert mig.status_code == 201  # 125 milli: a 1g slice is 1/8 of a GPU, not a GPU
+    mine = client.get("/v1/quotas", headers=auth(key)).json()["items"]
+    assert mine == [
+        {
+            "gpu_model": "A100-80GB",
+            "guaranteed_milli": 0,
+            "limit_milli": 1000,
+            "weight": 1.0,
+            "used_milli": 0,
+            "queued_milli": 125,
+        },
+        {
+            "gpu_model": "H100-80GB",
+            "guaranteed_milli": 8000,
+            "limit_milli": 16000,
+            "weight": 2.0,
+            "used_milli": 0,
+            "queued_milli": 16000,
+        },
+    ]
+    assert client.get(f"/v1/admin/tenants/{t.id}/quotas", headers=auth(op)).json()["items"] == mine
+    bad = client.put(
+        f"/v1/admin/tenants/{t.id}/quotas",
+        json={"quotas": [{"gpu_model": "H100-80GB", "guaranteed_milli": 9, "limit_milli": 8}]},
+        headers=auth(op),
+    )
+    assert bad.status_code == 422
+    # Unchanged by the refused update.
+    assert client.get("/v1/quotas", headers=auth(key)).json()["items"] == mine
+
+
+def test_terminate_is_a_transition_and_a_terminal_state_stays(client, tenant):
+    _, key = tenant
+    wid = _submit(client, key, kind="instance", gpus=1).json()["id"]
+    r = client.delete(f"/v1/workloads/{wid}", headers=auth(key))
+    assert r.status_code == 200 and r.json()["state"] == "terminated"
+    assert r.json()["finished_at"] is not None
+    again = client.delete(f"/v1/workloads/{wid}", headers=auth(key))
+    assert again.status_code == 409
+    p = again.json()
+    assert (p["code"], p["state"], p["requested"]) == (
+        "invalid_state_transition",
+        "terminated",
+        "terminated",
+    )
+    ev = _events(client, key, wid)
+    assert [e["to_state"] for e in ev] == ["pending", "queued", "terminated"]
+    assert ev[-1]["reason"] == "terminated by the customer"
+
+
+def test_checkpoints_are_reported_only_while_running(client, tenant, session):
+    from app.workloads import lifecycle
+    from app.workloads.lifecycle import State
+    from app.workloads.models import Workload
+
+    _, key = tenant
+    wid = _submit(client, key, kind="instance", gpus=1).json()["id"]
+    r = client.post(f"/v1/workloads/{wid}/checkpoints", json={"size_bytes": 10}, headers=auth(key))
+    assert r.status_code == 409 and r.json()["code"] == "workload_not_running"
+    w = session.get(Workload, __import__("uuid").UUID(wid))
+    for to in (State.placing, State.provisioning, State.running):
+        lifecycle.transition(session, w, to, "test")
+    session.commit()
+    r = client.post(f"/v1/workloads/{wid}/checkpoints", json={"size_bytes": 123}, headers=auth(key))
+    assert r.status_code == 201, r.text
+    assert (r.json()["kind"], r.json()["to_state"]) == ("checkpoint", "running")
+    got = client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()
+    assert got["last_checkpoint_at"] is not None and got["started_at"] is not None
+    future = client.post(
+        f"/v1/workloads/{wid}/checkpoints",
+        json={"size_bytes": 1, "completed_at": "2999-01-01T00:00:00Z"},
+        headers=auth(key),
+    )
+    assert future.status_code == 422 and future.json()["code"] == "checkpoint_in_future"
+
+
+def test_idempotency_key_makes_one_workload(client, tenant):
+    _, key = tenant
+    h = {**auth(key), "Idempotency-Key": "submit-1"}
+    a = client.post("/v1/workloads", json={"kind": "instance", "gpus": 2}, headers=h)
+    b = client.post("/v1/workloads", json={"kind": "instance", "gpus": 2}, headers=h)
+    assert a.status_code == b.status_code == 201
+    assert a.json()["id"] == b.json()["id"]
+    assert len(client.get("/v1/workloads", headers=auth(key)).json()["items"]) == 1
+
+
+def test_lists_are_the_tenants_own_and_filter(client, world, tenant):
+    _, key = tenant
+    other = world.tenant("other", policy=ALL)
+    okey = world.key(other)
+    mine = _submit(client, key, kind="vm", gpus=1).json()["id"]
+    _submit(client, key, kind="instance", gpus=1)
+    _submit(client, okey, kind="instance", gpus=1)
+    vms = client.get("/v1/workloads?kind=vm", headers=auth(key)).json()["items"]
+    assert [w["id"] for w in vms] == [mine]
+    assert len(client.get("/v1/workloads?state=queued", headers=auth(key)).json()["items"]) == 2
+    assert client.get(f"/v1/workloads/{mine}", headers=auth(okey)).status_code == 404
