@@ -904,7 +904,7 @@ class _Walk:
         for w in items:
             per.setdefault(w.tenant, []).append(w)
         self.per = {
-            t: sorted(ws, key=lambda w: (-prio(w).value, not starving(w), w.submitted_at, w.id))[
+            t: sorted(ws, key=lambda w: (not starving(w), -prio(w).value, w.submitted_at, w.id))[
                 ::-1
             ]
             for t, ws in per.items()
@@ -924,8 +924,8 @@ class _Walk:
         v = self.version.get(t, 0) + 1
         self.version[t] = v
         key = (
-            -self.c.s.prio(head).value if self.c.cfg.priority_across_tenants else 0,
             not self.starving(head),
+            -self.c.s.prio(head).value if self.c.cfg.priority_across_tenants else 0,
             self.c.share(t),
             head.submitted_at,
             t,

@@ -384,12 +384,14 @@ def test_a_reservation_stays_on_its_gpus_while_its_workload_waits():
     assert "urgent" not in q.running
 
 
-def test_starving_work_goes_to_the_head_of_its_priority():
+def test_starving_work_goes_first_even_before_higher_priorities():
+    """Aging bounds every wait: work that has waited its declared runtime goes ahead of fresh
+    work of any class (and then gets the reservation if it does not fit)."""
     q = Queue([node("n1", gpus=1)], {"a": quota(), "b": quota()}, starvation_factor=1.0)
     q.sched.history.advance(0, {})
     q.sched.history.advance(3600, {("a", H100): 8 * GPU})
-    q.submit("a-starved", "a", at=0, runtime=600)  # waited 6x its runtime
-    q.submit("b-fresh", "b", at=3500, runtime=600)
+    q.submit("a-starved", "a", at=0, runtime=600, prio="research")  # waited 6x its runtime
+    q.submit("b-fresh", "b", at=3500, runtime=600, prio="production")
     q.cycle(3600)
     assert q.admitted() == {"a-starved"}
 
