@@ -2,12 +2,12 @@
 # Reproduces the queueing figures in BENCHMARKS.md: the Philly replay of fifo, priority and
 # Rackplane's default on the same jobs, in one run.
 # Usage: benchmarks/queueing.sh [OUT_DIR] [WINDOW] [NODES]
-#   defaults: benchmarks/results, days 28:42 of the trace (its two busiest weeks), 48 8-GPU nodes.
+#   defaults: benchmarks/results, days 28:42 of the trace (its two busiest weeks), 64 8-GPU nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results}
 WINDOW=${2:-28:42}
-NODES=${3:-48}
+NODES=${3:-64}
 RP=${RP:-.venv/bin/rackplane}
 JOBS=${JOBS:-../shared/traces/philly/philly_jobs.csv}
 mkdir -p "$OUT"

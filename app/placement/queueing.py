@@ -7,7 +7,8 @@ and GPU model, the queue) and appends its decisions to the `CycleResult`:
 
 - **reclaim**: a tenant below its guarantee whose work does not fit evicts *borrowed* work
   (of tenants above their guarantee, never of a higher priority), cheapest loss first;
-- **allocate**: the queue in order (arrival, strict priority, or priority then fair share),
+- **allocate**: the queue in order (arrival, strict priority, or priority then fair share;
+  work waiting longer than its declared runtime goes first whatever its class),
   admitting what fits under each tenant's limit. What does not fit is skipped (`skip`), ends
   the walk (`stop`), or ends the walk and goes to the backfill phase for a reservation
   (`reserve`);
