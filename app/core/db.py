@@ -32,6 +32,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_aware(dt: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC); PostgreSQL aware ones."""
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
 def new_id() -> uuid.UUID:
     return uuid.uuid4()
 

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import session_dependency, utcnow
+from app.core.db import as_aware, session_dependency, utcnow
 from app.core.errors import Forbidden, Unauthorized
 
 KEY_PREFIX = "rp_"
@@ -112,10 +112,10 @@ def authenticate(
     now = utcnow()
     if key.revoked_at is not None:
         raise Unauthorized("The API key has been revoked.", code="revoked_api_key")
-    if key.expires_at is not None and _aware(key.expires_at) <= now:
+    if key.expires_at is not None and as_aware(key.expires_at) <= now:
         raise Unauthorized("The API key has expired.", code="expired_api_key")
     # Keep last_used_at fresh to the minute without writing on every request.
-    if key.last_used_at is None or now - _aware(key.last_used_at) > timedelta(seconds=60):
+    if key.last_used_at is None or now - as_aware(key.last_used_at) > timedelta(seconds=60):
         key.last_used_at = now
     tenant_status = None
     if key.tenant_id is not None:
@@ -123,12 +123,6 @@ def authenticate(
     ctx = AuthContext(key.id, key.prefix, key.tenant_id, frozenset(key.scopes), tenant_status)
     request.state.auth = ctx
     return ctx
-
-
-def _aware(dt):
-    from datetime import UTC
-
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def _tenant_scope(scope: str, *, allow_inactive: bool = False):

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from app.core.db import utcnow
+from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.placement.catalog import GPU_MODELS
 from app.tenants.models import Tenant
@@ -119,11 +119,11 @@ def report_checkpoint(
     if at > utcnow():
         raise ValidationFailed("completed_at is in the future.", code="checkpoint_in_future")
     started = w.started_at
-    if started is not None and at < _aware(started):
+    if started is not None and at < as_aware(started):
         raise ValidationFailed(
             "completed_at is before the workload started.", code="checkpoint_before_start"
         )
-    if w.last_checkpoint_at is None or at > _aware(w.last_checkpoint_at):
+    if w.last_checkpoint_at is None or at > as_aware(w.last_checkpoint_at):
         w.last_checkpoint_at = at
         w.last_checkpoint_bytes = size_bytes
     lifecycle.record(
@@ -135,12 +135,6 @@ def report_checkpoint(
         reason="checkpoint reported",
         details={"completed_at": at.isoformat(), "size_bytes": size_bytes},
     )
-
-
-def _aware(dt: datetime) -> datetime:
-    from datetime import UTC
-
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def set_quotas(session: Session, tenant_id: uuid.UUID, quotas: list[QuotaIn]) -> None:
