@@ -6,10 +6,20 @@ from app.idempotency.models import IdempotencyRecord
 from app.keys.models import ApiKey
 from app.outbox.models import OutboxMessage
 from app.tenants.models import Tenant
-from app.workloads.models import TenantQuota, Workload, WorkloadEvent
+from app.workloads.models import (
+    Allocation,
+    GpuUsage,
+    MigClaim,
+    TenantQuota,
+    Workload,
+    WorkloadEvent,
+)
 
 __all__ = [
+    "Allocation",
     "Base",
+    "GpuUsage",
+    "MigClaim",
     "ApiKey",
     "FleetImport",
     "Gpu",

@@ -57,6 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_LOG_JSON": "true",
             "RACKPLANE_LOG_LEVEL": "WARNING",
             "RACKPLANE_SEED_DEMO": "false",
+            # Quick machines and short grace periods, so lifecycles finish within a test.
+            "RACKPLANE_SIM_BOOT_SECONDS": "0.3",
+            "RACKPLANE_PREEMPTION_GRACE": "1",
+            "RACKPLANE_PLACEMENT_TICK": "1",
         }
     )
 
@@ -92,6 +96,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 TABLES = [
+    "mig_claims",
+    "gpu_usage",
+    "allocations",
     "workload_events",
     "workloads",
     "tenant_quotas",
@@ -111,11 +118,21 @@ TABLES = [
 def clean_db(database):
     """Every test starts from empty tables."""
     from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
 
     from app.core.db import get_engine
 
-    with get_engine().begin() as conn:
-        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    # A worker process may still be finishing an earlier test's task: a deadlock with it just
+    # means truncating again.
+    for attempt in range(5):
+        try:
+            with get_engine().begin() as conn:
+                conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+            break
+        except OperationalError:
+            if attempt == 4:
+                raise
+            time.sleep(0.2)
     yield
 
 

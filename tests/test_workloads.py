@@ -17,6 +17,34 @@ ALL = [
 ]
 
 
+# Every node cordoned: a worker process left running by another test module must not place
+# these workloads while the tests look at them queued.
+FLEET = """
+regions:
+  - name: r1
+    racks:
+      - name: hgx-h100
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes: [{name: h100-1, state: cordoned}]
+      - name: hgx-h200
+        kind: hgx
+        gpu_model: H200-141GB
+        nodes: [{name: h200-1, state: cordoned}]
+  - name: r2
+    racks:
+      - name: hgx-a100
+        kind: hgx
+        gpu_model: A100-80GB
+        nodes: [{name: a100-1, state: cordoned}]
+"""
+
+
+@pytest.fixture(autouse=True)
+def fleet(world):
+    world.fleet(FLEET)
+
+
 @pytest.fixture
 def tenant(world):
     t = world.tenant("acme", policy=ALL)
@@ -319,3 +347,18 @@ def test_lists_are_the_tenants_own_and_filter(client, world, tenant):
     assert [w["id"] for w in vms] == [mine]
     assert len(client.get("/v1/workloads?state=queued", headers=auth(key)).json()["items"]) == 2
     assert client.get(f"/v1/workloads/{mine}", headers=auth(okey)).status_code == 404
+
+
+def test_the_region_is_chosen_or_checked_and_impossible_models_are_refused(client, tenant):
+    _, key = tenant
+    a100 = _submit(client, key, kind="instance", gpus=1, gpu_models=["A100-80GB"])
+    assert a100.status_code == 201 and a100.json()["region"] == "r2"
+    anyw = _submit(client, key, kind="instance", gpus=1)
+    assert anyw.json()["region"] == "r1"  # the region with the most GPUs
+    for body in (
+        {"gpu_models": ["B200"]},
+        {"gpu_models": ["A100-80GB"], "region": "r1"},
+        {"region": "mars"},
+    ):
+        r = _submit(client, key, kind="instance", gpus=1, **body)
+        assert r.status_code == 422 and r.json()["code"] == "no_matching_capacity", r.text

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from celery import Celery, signals
 
+import app.models  # noqa: F401  (every model registered: tasks flush across foreign keys)
 from app.core.config import get_settings
 from workers.settings import celery_settings
 
 celery_app = Celery("rackplane")
 celery_app.conf.update(celery_settings(get_settings()))
 celery_app.autodiscover_tasks(
-    ["app.fleet", "app.outbox", "app.idempotency"], related_name="tasks", force=True
+    ["app.fleet", "app.outbox", "app.idempotency", "app.workloads"],
+    related_name="tasks",
+    force=True,
 )
 
 

@@ -37,6 +37,8 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "fleet.*": {"queue": "fleet"},
             "outbox.*": {"queue": "default"},
             "idempotency.*": {"queue": "default"},
+            "placement.*": {"queue": "placement"},
+            "workloads.*": {"queue": "provisioning"},
         },
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -46,6 +48,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "beat_schedule": {
             "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
             "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
+            "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
         },
         "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
     }

@@ -30,6 +30,13 @@ class Settings(BaseSettings):
     idempotency_ttl_hours: int = Field(default=24, alias="RACKPLANE_IDEMPOTENCY_TTL_HOURS")
     seed_demo: bool = Field(default=True, alias="RACKPLANE_SEED_DEMO")
     celery_always_eager: bool = Field(default=False, alias="RACKPLANE_CELERY_EAGER")
+    # The simulated provider (embedded default and tests): boot time and failure rate.
+    sim_boot_seconds: float = Field(default=3.0, ge=0, alias="RACKPLANE_SIM_BOOT_SECONDS")
+    sim_fail_rate: float = Field(default=0.0, ge=0, le=1, alias="RACKPLANE_SIM_FAIL_RATE")
+    # A preempted workload may checkpoint for this long before it is stopped.
+    preemption_grace_seconds: float = Field(default=120.0, ge=0, alias="RACKPLANE_PREEMPTION_GRACE")
+    # Beat: how often every region with waiting work gets a placement cycle.
+    placement_tick_seconds: float = Field(default=5.0, gt=0, alias="RACKPLANE_PLACEMENT_TICK")
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -19,6 +19,8 @@ class OutboxMessage(TimestampMixin, Base):
     task: Mapped[str] = mapped_column(String(100))
     kwargs: Mapped[dict] = mapped_column(JSON)
     queue: Mapped[str] = mapped_column(String(50))
+    # Run no earlier than this (Celery eta), e.g. the end of a victim's grace period.
+    eta: Mapped[datetime | None] = mapped_column(default=None)
     sent_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text, default=None)

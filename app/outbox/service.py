@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from app.core.db import get_sessionmaker, utcnow
+from app.core.db import as_aware, get_sessionmaker, utcnow
 from app.core.logging import get_logger
 from app.outbox.models import OutboxMessage
 
@@ -17,9 +17,14 @@ log = get_logger(__name__)
 _PENDING = "rackplane_outbox_pending"
 
 
-def enqueue(session: Session, task: str, *, queue: str, **kwargs: Any) -> OutboxMessage:
-    """Record `task(**kwargs)` to be sent once the session's transaction commits."""
-    msg = OutboxMessage(task=task, kwargs=kwargs, queue=queue, created_at=utcnow())
+def enqueue(
+    session: Session, task: str, *, queue: str, countdown: float = 0.0, **kwargs: Any
+) -> OutboxMessage:
+    """Record `task(**kwargs)` to be sent once the session's transaction commits (to run no
+    earlier than `countdown` seconds from now)."""
+    now = utcnow()
+    eta = now + timedelta(seconds=countdown) if countdown > 0 else None
+    msg = OutboxMessage(task=task, kwargs=kwargs, queue=queue, eta=eta, created_at=now)
     session.add(msg)
     session.flush()
     session.info.setdefault(_PENDING, []).append(msg.id)
@@ -71,6 +76,7 @@ def send(
                     msg.task,
                     kwargs=msg.kwargs,
                     queue=msg.queue,
+                    eta=as_aware(msg.eta) if msg.eta is not None else None,
                     retry=True,
                     retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
                 )

@@ -34,7 +34,7 @@ import numpy as np
 from app.placement.engine import Engine, Plan
 from app.placement.isolation import Tier
 from app.placement.mig import PROFILES
-from app.placement.model import Binding, Request
+from app.placement.model import Binding, Reconfiguration, Request
 from app.placement.snapshot import Snapshot
 
 RESERVATION_TENANT = "__reservation__"
@@ -201,6 +201,8 @@ class CycleResult:
     evictions: list[Eviction] = field(default_factory=list)
     reservations: list[Reservation] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)  # workload -> why it waits
+    # GPUs the admissions need in (or out of) MIG mode; they are idle.
+    reconfigurations: list[Reconfiguration] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -870,6 +872,7 @@ class _Cycle:
 
     def finish(self) -> None:
         self.unhold()
+        self.result.reconfigurations = list(self.plan.reconfigurations)
         self.result.reservations = [res for res, _ in self.reserved.values()]
 
 

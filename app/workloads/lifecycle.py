@@ -120,7 +120,6 @@ def transition(
     at = at or utcnow()
     before = w.state
     w.state = to.value
-    w.generation += 1
     if to in TERMINAL:
         w.finished_at = at
     elif to is S.running and w.started_at is None:

@@ -11,9 +11,12 @@ from sqlalchemy import (
     CheckConstraint,
     Float,
     ForeignKey,
+    Index,
     Integer,
+    SmallInteger,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -57,8 +60,12 @@ class Workload(TimestampMixin, Base):
     preempted_at: Mapped[datetime | None] = mapped_column(default=None)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
-    # Bumped on every state change (optimistic concurrency for workers applying plans).
+    # Optimistic concurrency: every UPDATE says `WHERE generation = <what this writer read>`
+    # and bumps it, so a writer holding a stale copy fails (StaleDataError) instead of
+    # overwriting a newer state.
     generation: Mapped[int] = mapped_column(Integer, default=0)
+
+    __mapper_args__ = {"version_id_col": generation}
 
 
 class WorkloadEvent(Base):
@@ -107,3 +114,80 @@ class TenantQuota(TimestampMixin, Base):
     guaranteed_milli: Mapped[int] = mapped_column(Integer, default=0)
     limit_milli: Mapped[int | None] = mapped_column(Integer, default=None)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
+
+
+class Allocation(TimestampMixin, Base):
+    """One replica's hold on one node: whole GPUs, a MIG slice or a fractional share. Rows are
+    never deleted: `released_at` ends them, so the history can be audited for overlaps."""
+
+    __tablename__ = "allocations"
+    __tenant_column__ = "tenant_id"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    workload_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), index=True
+    )
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="RESTRICT"), index=True
+    )
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
+    replica: Mapped[int] = mapped_column(Integer)
+    tier: Mapped[str] = mapped_column(String(24))
+    gpu_indices: Mapped[list] = mapped_column(JSON)
+    mig_profile: Mapped[str | None] = mapped_column(String(8), default=None)
+    mig_start: Mapped[int | None] = mapped_column(SmallInteger, default=None)
+    milli: Mapped[int] = mapped_column(Integer)  # per GPU: 1000, a MIG slice's, or the share's
+    gpu_memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    released_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+
+
+class GpuUsage(Base):
+    """What is held on one GPU, kept by the same transaction that writes allocations. The
+    CHECKs make over-commit impossible: a whole GPU adds 1000 milli, so nothing else fits
+    beside it; fractional shares add theirs and their memory."""
+
+    __tablename__ = "gpu_usage"
+    __table_args__ = (
+        CheckConstraint("milli_used >= 0 AND milli_used <= 1000", name="milli_within_gpu"),
+        CheckConstraint(
+            "memory_used_mib >= 0 AND memory_used_mib <= memory_mib", name="memory_within_gpu"
+        ),
+    )
+
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    gpu_index: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    milli_used: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    memory_used_mib: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class MigClaim(Base):
+    """One MIG memory slice held by an allocation. Two live claims of one slice cannot exist
+    (partial unique index), so MIG placements cannot overlap."""
+
+    __tablename__ = "mig_claims"
+    __table_args__ = (
+        Index(
+            "uq_mig_claims_live_slice",
+            "node_id",
+            "gpu_index",
+            "slice",
+            unique=True,
+            postgresql_where=text("released_at IS NULL"),
+            sqlite_where=text("released_at IS NULL"),
+        ),
+        CheckConstraint("slice >= 0 AND slice < 8", name="slice_in_gpu"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    allocation_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("allocations.id", ondelete="CASCADE"), index=True
+    )
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    gpu_index: Mapped[int] = mapped_column(SmallInteger)
+    slice: Mapped[int] = mapped_column(SmallInteger)
+    released_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict, ValidationFailed
+from app.fleet.models import Gpu, Node, Rack, Region
+from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.tenants.models import Tenant
 from app.workloads import lifecycle
@@ -47,6 +49,35 @@ def _check_limit(session: Session, tenant_id: uuid.UUID, body: WorkloadCreate) -
     )
 
 
+class NoMatchingCapacity(ValidationFailed):
+    code = "no_matching_capacity"
+    title = "No such GPUs in the fleet"
+
+
+def choose_region(session: Session, body: WorkloadCreate) -> str:
+    """The region named, or the one with the most GPUs of the allowed models. A request no
+    region could ever hold is refused now rather than queued forever."""
+    stmt = (
+        select(Region.name, func.count(Gpu.id))
+        .select_from(Gpu)
+        .join(Node, Gpu.node_id == Node.id)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .group_by(Region.name)
+        .order_by(func.count(Gpu.id).desc(), Region.name)
+    )
+    if body.gpu_models:
+        stmt = stmt.where(Gpu.model.in_(body.gpu_models))
+    if body.region:
+        stmt = stmt.where(Region.name == body.region)
+    row = session.execute(stmt.limit(1)).first()
+    if row is None:
+        where = f" in region {body.region!r}" if body.region else ""
+        models = ", ".join(body.gpu_models) or "any model"
+        raise NoMatchingCapacity(f"The fleet has no GPUs of {models}{where}.")
+    return row[0]
+
+
 def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
     tier = choose_tier(
         body.kind,
@@ -55,6 +86,7 @@ def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         list(tenant.isolation_policy or []),
     )
     _check_limit(session, tenant.id, body)
+    region = choose_region(session, body)
     shape = {
         "gpu_models": list(body.gpu_models),
         "gpus": body.gpus,
@@ -76,7 +108,7 @@ def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         replicas=body.replicas,
         gpu_milli=body.gpu_milli,
         topology=body.topology.model_dump() if body.topology else None,
-        region=body.region,
+        region=region,
         max_runtime_s=body.max_runtime_s,
         checkpoint_interval_s=body.checkpoint.interval_s,
         checkpoint_cost_s=body.checkpoint.cost_s,
@@ -98,11 +130,18 @@ def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         at=now,
     )
     lifecycle.transition(session, w, State.queued, "accepted: waits for placement", at=now)
+    enqueue(session, "placement.cycle", queue="placement", region=region)
     return w
 
 
 def terminate(session: Session, w: Workload, reason: str = "terminated by the customer") -> None:
+    from app.workloads.placement import release
+
+    held = State(w.state) in HOLDING
     lifecycle.transition(session, w, State.terminated, reason)
+    if held and release(session, w):
+        enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+        enqueue(session, "placement.cycle", queue="placement", region=w.region)
 
 
 class NotRunning(Conflict):

@@ -1,0 +1,416 @@
+"""The I/O edge of placement: a region's snapshot from the database, one scheduling cycle of the
+pure core (`app.placement.queueing`), and the plan applied in the same transaction.
+
+Safety, in layers:
+- one decider per region at a time: a transaction-scoped advisory lock (PostgreSQL; the
+  embedded SQLite has one writer anyway), so different regions run in parallel;
+- every workload the plan touches is re-read `FOR UPDATE` and must still have the state and
+  generation the snapshot saw, else the whole plan is dropped and the cycle runs again;
+- the database itself refuses double allocation: `gpu_usage` CHECKs (a GPU never holds more than
+  1000 milli or its memory) and a partial unique index on live MIG slice claims.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from app.core.db import as_aware, utcnow
+from app.core.logging import get_logger
+from app.fleet.models import Gpu, GpuHealth, Node, NodeState, Rack, Region
+from app.outbox.service import enqueue
+from app.placement.catalog import GPU_MODELS
+from app.placement.isolation import Tier
+from app.placement.mig import MEMORY_SLICES, PROFILES
+from app.placement.model import Level, Request, Shape, Topology
+from app.placement.queueing import (
+    QueueConfig,
+    Scheduler,
+    TenantQuota,
+)
+from app.placement.queueing import (
+    Workload as QWorkload,
+)
+from app.placement.snapshot import DEGRADED, FAILED, HEALTHY, NodeSpec, Snapshot
+from app.workloads import lifecycle
+from app.workloads.lifecycle import HOLDING, State
+from app.workloads.models import Allocation, GpuUsage, MigClaim, Workload
+from app.workloads.models import TenantQuota as QuotaRow
+
+log = get_logger(__name__)
+
+EPOCH = datetime(2026, 1, 1, tzinfo=utcnow().tzinfo)
+_HEALTH = {
+    GpuHealth.healthy.value: HEALTHY,
+    GpuHealth.degraded.value: DEGRADED,
+    GpuHealth.failed.value: FAILED,
+}
+
+
+def seconds(dt: datetime | None) -> float | None:
+    return None if dt is None else (as_aware(dt) - EPOCH).total_seconds()
+
+
+class PlanConflict(Exception):
+    """A workload changed between the snapshot and the apply: drop the plan, run again."""
+
+
+@dataclass
+class CycleReport:
+    region: str
+    ran: bool  # False: another worker holds the region's lock
+    admitted: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)
+
+
+def lock_region(session: Session, region: str) -> bool:
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    key = int.from_bytes(hashlib.blake2b(f"placement:{region}".encode(), digest_size=8).digest())
+    key -= 1 << 63  # a signed bigint
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}))
+
+
+def request_of(w: Workload) -> Request:
+    s = w.shape
+    shape = Shape(
+        gpus=s.get("gpus", 0),
+        mig=s.get("mig_profile"),
+        milli=s.get("milli", 0),
+        gpu_mem_mib=s.get("gpu_memory_mib", 0),
+        cpu_milli=s.get("cpu_milli", 0),
+        mem_mib=s.get("memory_mib", 0),
+        models=frozenset(s["gpu_models"]) if s.get("gpu_models") else None,
+    )
+    topo = None
+    if w.topology:
+        topo = Topology(Level[w.topology["level"].upper()], w.topology["mode"] == "required")
+    return Request(str(w.id), str(w.tenant_id), Tier.parse(w.tier), shape, w.replicas, topo)
+
+
+@dataclass
+class _World:
+    snap: Snapshot
+    node_ids: dict[str, uuid.UUID]  # node name -> id
+    node_rack: dict[str, tuple[str, str]]  # node name -> (region, rack)
+    node_model: dict[str, str]
+    alloc_of: dict[int, uuid.UUID] = field(default_factory=dict)  # snapshot id -> row id
+
+
+def _world(session: Session, region: str) -> _World | None:
+    rows = session.execute(
+        select(Node, Rack.name, Rack.block)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .where(Region.name == region)
+        .order_by(Node.name)
+    ).all()
+    if not rows:
+        return None
+    gpus: dict[uuid.UUID, list[Gpu]] = {}
+    for g in session.scalars(
+        select(Gpu).where(Gpu.node_id.in_([n.id for n, _, _ in rows])).order_by(Gpu.index)
+    ):
+        gpus.setdefault(g.node_id, []).append(g)
+    specs = []
+    for node, rack, block in rows:
+        gs = gpus.get(node.id, [])
+        specs.append(
+            NodeSpec(
+                node.name,
+                node.gpu_model,
+                len(gs),
+                node.cpu_milli,
+                node.memory_mib,
+                region=region,
+                rack=f"{region}/{rack}",
+                block=f"{region}/{block}",
+                domain=node.nvlink_domain,
+                mig_gpus=tuple(g.index for g in gs if g.mig_mode),
+                schedulable=node.state == NodeState.ready.value,
+                gpu_health=tuple(_HEALTH.get(g.health, HEALTHY) for g in gs),
+            )
+        )
+    return _World(
+        Snapshot(specs),
+        {n.name: n.id for n, _, _ in rows},
+        {n.name: (region, rack) for n, rack, _ in rows},
+        {n.name: n.gpu_model for n, _, _ in rows},
+    )
+
+
+def run_cycle(session: Session, region: str, config: QueueConfig | None = None) -> CycleReport:
+    """One placement cycle for `region`, applied in the caller's transaction (which the caller
+    commits). Raises PlanConflict if a workload changed under it (roll back and run again)."""
+    if not lock_region(session, region):
+        return CycleReport(region, ran=False)
+    now = utcnow()
+    world = _world(session, region)
+    if world is None:  # no nodes (left): its work waits for capacity to be registered
+        return CycleReport(region, ran=True)
+    snap = world.snap
+    node_name = {v: k for k, v in world.node_ids.items()}
+
+    holding = list(
+        session.scalars(
+            select(Workload).where(
+                Workload.region == region, Workload.state.in_([s.value for s in HOLDING])
+            )
+        )
+    )
+    queued = list(
+        session.scalars(
+            select(Workload)
+            .where(Workload.region == region, Workload.state == State.queued.value)
+            .order_by(Workload.created_at)
+        )
+    )
+    seen = {w.id: (w.state, w.generation) for w in holding + queued}
+    # Live allocations into the snapshot, per workload.
+    allocs: dict[uuid.UUID, list[int]] = {}
+    for a in session.scalars(
+        select(Allocation).where(
+            Allocation.released_at.is_(None), Allocation.node_id.in_(list(world.node_ids.values()))
+        )
+    ):
+        n = snap.node_index[node_name[a.node_id]]
+        mig = PROFILES[a.mig_profile] if a.mig_profile else None
+        aid = snap.allocate(
+            snap.tenant_id(str(a.tenant_id)),
+            Tier.parse(a.tier),
+            n,
+            tuple(a.gpu_indices),
+            milli=0 if (mig or a.milli == 1000) else a.milli,
+            gpu_mem=a.gpu_memory_mib,
+            cpu=a.cpu_milli,
+            mem=a.memory_mib,
+            mig=mig,
+            mig_start=a.mig_start,
+        )
+        world.alloc_of[aid] = a.id
+        allocs.setdefault(a.workload_id, []).append(aid)
+    snap.commit()
+
+    def qw(w: Workload) -> QWorkload:
+        running = State(w.state) in (State.running,)
+        return QWorkload(
+            str(w.id),
+            request_of(w),
+            w.priority,
+            seconds(w.created_at) or 0.0,
+            float(w.max_runtime_s),
+            checkpoint_cost=float(w.checkpoint_cost_s),
+            # Only running work can be evicted; work on its way up or down is left alone.
+            started_at=seconds(w.started_at) if running else None,
+            last_checkpoint_at=seconds(w.last_checkpoint_at),
+            preempted_at=seconds(w.preempted_at),
+            alloc_ids=tuple(allocs.get(w.id, ())),
+            checkpoint_every=float(w.checkpoint_interval_s) if w.checkpoint_interval_s else None,
+        )
+
+    tenants = {str(w.tenant_id) for w in holding + queued}
+    quotas: dict[str, TenantQuota] = {}
+    if tenants:
+        rows = session.scalars(
+            select(QuotaRow).where(QuotaRow.tenant_id.in_([uuid.UUID(t) for t in tenants]))
+        )
+        for q in rows:
+            cur = quotas.get(str(q.tenant_id)) or TenantQuota(guaranteed={}, limit={})
+            g = dict(cur.guaranteed) | {q.gpu_model: q.guaranteed_milli}
+            lim = dict(cur.limit)
+            if q.limit_milli is not None:
+                lim[q.gpu_model] = q.limit_milli
+            quotas[str(q.tenant_id)] = TenantQuota(g, lim, q.weight)
+    report = CycleReport(region, ran=True)
+    if not queued:
+        return report
+    if config is None:
+        from app.core.config import get_settings
+
+        config = QueueConfig(grace_period=get_settings().preemption_grace_seconds)
+    sched = Scheduler(snap, quotas, config)
+    result = sched.cycle(
+        seconds(now) or 0.0, [qw(w) for w in queued], [qw(w) for w in holding if w.id in allocs]
+    )
+    report.blocked = dict(result.blocked)
+
+    def locked(wid: str) -> Workload:
+        w = session.scalar(
+            select(Workload)
+            .where(Workload.id == uuid.UUID(wid))
+            .with_for_update()
+            .execution_options(populate_existing=True)  # the row as committed, not as first read
+        )
+        if w is None or (w.state, w.generation) != seen[w.id]:
+            raise PlanConflict(f"workload {wid} changed during the cycle")
+        return w
+
+    for ev in result.evictions:
+        w = locked(ev.workload)
+        deadline = now + timedelta(seconds=ev.deadline - (seconds(now) or 0.0))
+        lifecycle.transition(
+            session,
+            w,
+            State.checkpointing,
+            f"preempted ({ev.reason}) for workload {ev.by}: checkpoint before {deadline:%H:%M:%S}",
+            {
+                "reason": ev.reason,
+                "by": ev.by,
+                "deadline": deadline.isoformat(),
+                "lost_gpu_seconds": round(ev.lost_gpu_seconds, 1),
+            },
+            at=now,
+        )
+        release(session, w, now)  # its GPUs are promised to `by`, which starts after the grace
+        enqueue(
+            session,
+            "workloads.finish_preemption",
+            queue="provisioning",
+            workload_id=str(w.id),
+            countdown=max(0.0, (deadline - now).total_seconds()),
+        )
+        report.evicted.append(ev.workload)
+    gpu_model_of = world.node_model
+    for reconf in result.reconfigurations:
+        session.execute(
+            update(Gpu)
+            .where(Gpu.node_id == world.node_ids[reconf.node], Gpu.index == reconf.gpu_index)
+            .values(mig_mode=reconf.mig_mode)
+        )
+    for adm in result.admissions:
+        w = locked(adm.workload)
+        placement = []
+        for b in adm.bindings:
+            a = snap.allocs[b.alloc_id]
+            model = gpu_model_of[b.node]
+            milli = PROFILES[a.mig].gpu_equivalent_milli if a.mig else (a.milli or 1000)
+            row = Allocation(
+                workload_id=w.id,
+                tenant_id=w.tenant_id,
+                node_id=world.node_ids[b.node],
+                replica=b.replica,
+                tier=w.tier,
+                gpu_indices=list(b.gpu_indices),
+                mig_profile=a.mig,
+                mig_start=a.mig_start,
+                milli=milli,
+                gpu_memory_mib=a.gpu_mem,
+                cpu_milli=a.cpu,
+                memory_mib=a.mem,
+                created_at=now,
+            )
+            session.add(row)
+            session.flush()
+            _claim(session, row, model)
+            reg, rack = world.node_rack[b.node]
+            placement.append(
+                {
+                    "replica": b.replica,
+                    "region": reg,
+                    "rack": rack,
+                    "node": b.node,
+                    "gpu_indices": list(b.gpu_indices),
+                    "gpu_model": model,
+                    "mig_profile": a.mig,
+                    "mig_slot": a.mig_start,
+                    "milli": a.milli if not a.mig and a.milli else None,
+                    "gpu_milli": milli * len(b.gpu_indices),
+                }
+            )
+        w.placement = placement
+        lifecycle.transition(
+            session,
+            w,
+            State.placing,
+            f"placed by the {adm.phase} phase"
+            + (f", after preempting {', '.join(adm.victims)}" if adm.victims else ""),
+            {"phase": adm.phase, "borrowed": adm.borrowed, "victims": list(adm.victims)},
+            at=now,
+        )
+        delay = max(0.0, adm.start_at - (seconds(now) or 0.0))
+        enqueue(
+            session,
+            "workloads.provision",
+            queue="provisioning",
+            workload_id=str(w.id),
+            countdown=delay,
+        )
+        report.admitted.append(adm.workload)
+    return report
+
+
+def _usage_row(session: Session, node_id: uuid.UUID, gpu: int, model: str) -> None:
+    values = {
+        "node_id": node_id,
+        "gpu_index": gpu,
+        "milli_used": 0,
+        "memory_mib": GPU_MODELS[model].memory_mib if model in GPU_MODELS else 0,
+        "memory_used_mib": 0,
+    }
+    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(ins(GpuUsage).values(**values).on_conflict_do_nothing())
+
+
+def _claim(session: Session, a: Allocation, model: str, sign: int = 1) -> None:
+    """Add (or, with sign -1, remove) `a` to the per-GPU usage rows and MIG claims. The CHECKs
+    and the unique index turn any double allocation into an IntegrityError."""
+    mem_cap = GPU_MODELS[model].memory_mib if model in GPU_MODELS else 0
+    for g in a.gpu_indices:
+        _usage_row(session, a.node_id, g, model)
+        if a.mig_profile:
+            mem = mem_cap * PROFILES[a.mig_profile].memory // MEMORY_SLICES
+        elif a.milli < 1000:
+            mem = a.gpu_memory_mib
+        else:
+            mem = mem_cap
+        session.execute(
+            update(GpuUsage)
+            .where(GpuUsage.node_id == a.node_id, GpuUsage.gpu_index == g)
+            .values(
+                milli_used=GpuUsage.milli_used + sign * a.milli,
+                memory_used_mib=GpuUsage.memory_used_mib + sign * mem,
+            )
+        )
+    if a.mig_profile and sign > 0:
+        p = PROFILES[a.mig_profile]
+        assert a.mig_start is not None
+        for s in range(a.mig_start, a.mig_start + p.memory):
+            session.add(
+                MigClaim(allocation_id=a.id, node_id=a.node_id, gpu_index=a.gpu_indices[0], slice=s)
+            )
+    session.flush()
+
+
+def release(session: Session, w: Workload, at: datetime | None = None) -> int:
+    """End `w`'s live allocations (GPU usage and MIG claims go with them)."""
+    at = at or utcnow()
+    rows = list(
+        session.scalars(
+            select(Allocation)
+            .where(Allocation.workload_id == w.id, Allocation.released_at.is_(None))
+            .with_for_update()
+        )
+    )
+    models = dict(
+        session.execute(
+            select(Node.id, Node.gpu_model).where(Node.id.in_([a.node_id for a in rows]))
+        ).all()
+    )
+    for a in rows:
+        a.released_at = at
+        _claim(session, a, models[a.node_id], sign=-1)
+        session.execute(
+            update(MigClaim)
+            .where(MigClaim.allocation_id == a.id, MigClaim.released_at.is_(None))
+            .values(released_at=at)
+        )
+    session.flush()
+    return len(rows)

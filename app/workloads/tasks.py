@@ -1,0 +1,189 @@
+"""Workload tasks. Every task takes ids, re-reads its rows under a lock and does nothing if the
+state moved on, so a redelivered or repeated task is harmless."""
+
+from __future__ import annotations
+
+import uuid
+
+from celery import shared_task
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm.exc import StaleDataError
+
+from app.core.db import session_scope, utcnow
+from app.core.logging import get_logger
+from app.outbox.service import enqueue
+from app.workloads import lifecycle
+from app.workloads.lifecycle import State
+from app.workloads.models import Workload, WorkloadEvent
+from app.workloads.placement import PlanConflict, release, run_cycle
+from app.workloads.providers import get_provider
+
+log = get_logger(__name__)
+POLL_SECONDS = 0.5
+
+
+@shared_task(
+    name="placement.cycle",
+    bind=True,
+    ignore_result=True,
+    max_retries=20,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    retry_backoff_max=10,
+)
+def placement_cycle(self, region: str) -> dict:
+    """One placement cycle for a region; a lost race (a workload changed, or the database
+    refused an allocation) drops the whole plan and runs again on fresh state."""
+    try:
+        with session_scope() as session:
+            report = run_cycle(session, region)
+    except (PlanConflict, IntegrityError, StaleDataError) as exc:
+        log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
+        raise self.retry(exc=exc, countdown=0.05) from exc
+    if report.ran:
+        log.info(
+            "placement_cycle",
+            region=region,
+            admitted=len(report.admitted),
+            evicted=len(report.evicted),
+            blocked=len(report.blocked),
+        )
+    return {"ran": report.ran, "admitted": len(report.admitted)}
+
+
+@shared_task(name="placement.tick", ignore_result=True)
+def placement_tick() -> int:
+    """Beat: a cycle for every region with waiting work (submissions trigger their own; this
+    catches what a lost message or a capacity change left waiting)."""
+    with session_scope() as session:
+        regions = session.scalars(
+            select(Workload.region).where(Workload.state == State.queued.value).distinct()
+        ).all()
+    for r in regions:
+        placement_cycle.apply_async(kwargs={"region": r}, queue="placement")
+    return len(regions)
+
+
+def _locked(session, workload_id: str) -> Workload | None:
+    return session.scalar(
+        select(Workload).where(Workload.id == uuid.UUID(workload_id)).with_for_update()
+    )
+
+
+def _provisioning_since(session, w: Workload):
+    return session.scalar(
+        select(WorkloadEvent.at)
+        .where(WorkloadEvent.workload_id == w.id, WorkloadEvent.to_state == "provisioning")
+        .order_by(WorkloadEvent.seq.desc())
+        .limit(1)
+    )
+
+
+@shared_task(
+    name="workloads.provision",
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=20,
+)
+def provision(workload_id: str) -> str:
+    with session_scope() as session:
+        w = _locked(session, workload_id)
+        if w is None or w.state not in (State.placing.value, State.provisioning.value):
+            return "skipped"
+        if w.state == State.placing.value:
+            lifecycle.transition(session, w, State.provisioning, "provisioning (simulated)")
+        since = _provisioning_since(session, w) or utcnow()
+        delay = get_provider().provision(w, since)
+        enqueue(
+            session,
+            "workloads.check",
+            queue="provisioning",
+            countdown=delay,
+            workload_id=workload_id,
+        )
+        return w.state
+
+
+@shared_task(
+    name="workloads.check",
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=20,
+)
+def check(workload_id: str) -> str:
+    with session_scope() as session:
+        w = _locked(session, workload_id)
+        if w is None or w.state != State.provisioning.value:
+            return "skipped"
+        since = _provisioning_since(session, w) or utcnow()
+        status = get_provider().status(w, since)
+        if status == "booting":
+            enqueue(
+                session,
+                "workloads.check",
+                queue="provisioning",
+                countdown=POLL_SECONDS,
+                workload_id=workload_id,
+            )
+        elif status == "ready":
+            lifecycle.transition(session, w, State.running, "the provider reports it up")
+        else:
+            release(session, w)
+            lifecycle.transition(
+                session,
+                w,
+                State.queued,
+                "provisioning failed: back in the queue",
+                {"provider_status": status},
+            )
+            enqueue(session, "placement.cycle", queue="placement", region=w.region)
+        return status
+
+
+@shared_task(
+    name="workloads.finish_preemption",
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=20,
+)
+def finish_preemption(workload_id: str) -> str:
+    """The grace period is over: the victim has stopped; it waits again, from its checkpoint."""
+    with session_scope() as session:
+        w = _locked(session, workload_id)
+        if w is None or w.state != State.checkpointing.value:
+            return "skipped"
+        get_provider().deprovision(w)
+        lifecycle.transition(session, w, State.preempted, "grace period over: stopped")
+        lifecycle.transition(
+            session,
+            w,
+            State.queued,
+            "requeued: resumes from its last checkpoint",
+            {
+                "last_checkpoint_at": w.last_checkpoint_at.isoformat()
+                if w.last_checkpoint_at
+                else None
+            },
+        )
+        enqueue(session, "placement.cycle", queue="placement", region=w.region)
+        return "requeued"
+
+
+@shared_task(
+    name="workloads.deprovision",
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=20,
+)
+def deprovision(workload_id: str) -> str:
+    with session_scope() as session:
+        w = session.get(Workload, uuid.UUID(workload_id))
+        if w is None:
+            return "missing"
+        get_provider().deprovision(w)
+        return "done"

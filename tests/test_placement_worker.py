@@ -1,0 +1,213 @@
+"""Placement on real PostgreSQL, Redis and a Celery worker process: submissions reach `running`
+on the simulated provider, preemption checkpoints then requeues, termination releases; and the
+database itself refuses double allocation."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from tests.conftest import auth, wait_until
+
+ALL = ["shared-timeslice", "shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
+
+
+def fleet(nodes: int) -> str:
+    rows = "\n".join(f"          - {{name: h{i}}}" for i in range(1, nodes + 1))
+    return f"""
+regions:
+  - name: r1
+    racks:
+      - name: hgx-1
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes:
+{rows}
+"""
+
+
+def _state(client, key, wid):
+    return client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()
+
+
+def _states(client, key, wid):
+    ev = client.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+    return [e["to_state"] for e in ev if e["kind"] == "transition"]
+
+
+def _running(client, key, wid, timeout=30.0):
+    return wait_until(
+        lambda: (w := _state(client, key, wid))["state"] == "running" and w, timeout=timeout
+    )
+
+
+# --- database guards --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def held(world, client, session):
+    """A one-node fleet and a (terminated, so no worker places it) workload to hang
+    hand-written allocations on."""
+    from app.fleet.models import Node
+
+    world.fleet(fleet(1))
+    t = world.tenant("acme", policy=ALL)
+    key = world.key(t)
+    wid = client.post("/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(key))
+    wid = wid.json()["id"]
+    assert client.delete(f"/v1/workloads/{wid}", headers=auth(key)).status_code == 200
+    node = session.scalar(select(Node))
+    return t, uuid.UUID(wid), node
+
+
+def _alloc(session, held, gpus, *, milli=1000, mig=None, start=None, mem=0):
+    from app.workloads.models import Allocation
+    from app.workloads.placement import _claim
+
+    t, wid, node = held
+    a = Allocation(
+        workload_id=wid,
+        tenant_id=t.id,
+        node_id=node.id,
+        replica=0,
+        tier="dedicated",
+        gpu_indices=gpus,
+        mig_profile=mig,
+        mig_start=start,
+        milli=milli,
+        gpu_memory_mib=mem,
+    )
+    session.add(a)
+    session.flush()
+    _claim(session, a, "H100-80GB")
+    return a
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ({"gpus": [3]}, {"gpus": [2, 3]}),  # whole GPU twice
+        ({"gpus": [0]}, {"gpus": [0], "mig": "1g", "start": 6, "milli": 125}),  # MIG beside whole
+        (
+            {"gpus": [5], "mig": "3g", "start": 4, "milli": 500},
+            {"gpus": [5], "mig": "2g", "start": 4, "milli": 250},
+        ),  # overlapping MIG slices
+        (
+            {"gpus": [1], "milli": 600, "mem": 1000},
+            {"gpus": [1], "milli": 500, "mem": 1000},
+        ),  # fractional over-commit
+        (
+            {"gpus": [1], "milli": 100, "mem": 60_000},
+            {"gpus": [1], "milli": 100, "mem": 30_000},
+        ),  # GPU memory over-commit
+    ],
+)
+def test_the_database_refuses_double_allocation(session, held, first, second):
+    _alloc(session, held, **first)
+    session.commit()
+    with pytest.raises(IntegrityError):
+        _alloc(session, held, **second)
+    session.rollback()
+
+
+def test_mig_slices_side_by_side_and_reuse_after_release(session, held):
+    from app.workloads.models import GpuUsage, MigClaim
+
+    a = _alloc(session, held, [7], mig="3g", start=0, milli=500)
+    _alloc(session, held, [7], mig="3g", start=4, milli=500)
+    session.commit()
+    from app.workloads.models import Workload
+    from app.workloads.placement import release
+
+    w = session.get(Workload, a.workload_id)
+    assert release(session, w) == 2
+    _alloc(session, held, [7], mig="7g", start=0, milli=1000)  # the slices are free again
+    session.commit()
+    assert session.scalar(select(GpuUsage.milli_used).where(GpuUsage.gpu_index == 7)) == 1000
+    live = select(func.count()).select_from(MigClaim).where(MigClaim.released_at.is_(None))
+    assert session.scalar(live) == 8
+
+
+# --- the lifecycle on a real worker -----------------------------------------------------------
+
+
+def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, celery_worker_process):
+    from app.workloads.models import Allocation, GpuUsage
+
+    world.fleet(fleet(2))
+    t = world.tenant("acme", policy=ALL)
+    key = world.key(t)
+    gang = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 4,
+            "replicas": 2,
+            "gpu_models": ["H100-80GB"],
+            "topology": {"level": "rack", "mode": "required"},
+        },
+        headers=auth(key),
+    ).json()["id"]
+    mig = client.post(
+        "/v1/workloads", json={"kind": "instance", "mig_profile": "3g.40gb"}, headers=auth(key)
+    ).json()["id"]
+    g = _running(client, key, gang)
+    m = _running(client, key, mig)
+    assert _states(client, key, gang) == ["pending", "queued", "placing", "provisioning", "running"]
+    assert [p["replica"] for p in g["placement"]] == [0, 1]
+    assert all(p["rack"] == "hgx-1" and p["region"] == "r1" for p in g["placement"])
+    assert sum(len(p["gpu_indices"]) for p in g["placement"]) == 8
+    [slot] = m["placement"]
+    assert (slot["mig_profile"], slot["gpu_milli"]) == ("3g", 500)
+    assert slot["mig_slot"] in (0, 4)
+    gang_gpus = {(p["node"], i) for p in g["placement"] for i in p["gpu_indices"]}
+    assert (slot["node"], slot["gpu_indices"][0]) not in gang_gpus
+    session.expire_all()
+    assert session.scalar(select(func.sum(GpuUsage.milli_used))) == 8000 + 500
+    for wid in (gang, mig):
+        r = client.delete(f"/v1/workloads/{wid}", headers=auth(key))
+        assert r.status_code == 200 and r.json()["state"] == "terminated"
+    session.expire_all()
+    assert session.scalar(select(func.sum(GpuUsage.milli_used))) == 0
+    assert (
+        session.scalar(
+            select(func.count()).select_from(Allocation).where(Allocation.released_at.is_(None))
+        )
+        == 0
+    )
+
+
+def test_preemption_checkpoints_then_requeues_and_resumes(client, world, celery_worker_process):
+    world.fleet(fleet(1))
+    a, b = world.tenant("a", policy=ALL), world.tenant("b", policy=ALL)
+    ka, kb = world.key(a), world.key(b)
+    low = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "instance",
+            "gpus": 8,
+            "priority": "preemptible",
+            "checkpoint": {"interval_s": 600, "cost_s": 0},
+        },
+        headers=auth(ka),
+    ).json()["id"]
+    _running(client, ka, low)
+    r = client.post(f"/v1/workloads/{low}/checkpoints", json={"size_bytes": 10}, headers=auth(ka))
+    assert r.status_code == 201
+    high = client.post(
+        "/v1/workloads",
+        json={"kind": "instance", "gpus": 8, "priority": "production"},
+        headers=auth(kb),
+    ).json()["id"]
+    _running(client, kb, high)
+    back = wait_until(lambda: (w := _state(client, ka, low))["state"] == "queued" and w)
+    assert back["preemptions"] == 1 and back["placement"] is not None
+    assert _states(client, ka, low)[-4:] == ["running", "checkpointing", "preempted", "queued"]
+    ev = client.get(f"/v1/workloads/{low}/events", headers=auth(ka)).json()["items"]
+    why = next(e for e in ev if e["to_state"] == "checkpointing")
+    assert why["details"]["by"] == high and why["details"]["reason"] == "priority"
+    client.delete(f"/v1/workloads/{high}", headers=auth(kb))
+    _running(client, ka, low)  # resumes on the freed GPUs
