@@ -211,3 +211,50 @@ def test_preemption_checkpoints_then_requeues_and_resumes(client, world, celery_
     assert why["details"]["by"] == high and why["details"]["reason"] == "priority"
     client.delete(f"/v1/workloads/{high}", headers=auth(kb))
     _running(client, ka, low)  # resumes on the freed GPUs
+
+
+def test_dry_run_answers_where_whom_and_when_and_writes_nothing(
+    client, world, session, celery_worker_process
+):
+    from datetime import datetime, timedelta
+
+    from app.workloads.models import Workload
+
+    world.fleet(fleet(1))
+    a, b = world.tenant("a", policy=ALL), world.tenant("b", policy=ALL)
+    ka, kb = world.key(a), world.key(b)
+
+    def ask(key, **body):
+        r = client.post(
+            "/v1/workloads:dry-run", json={"kind": "instance", **body}, headers=auth(key)
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    empty = ask(kb, gpus=2)
+    assert empty["placeable_now"] and empty["preempts"] == [] and empty["reason"] == "fits now"
+    assert empty["placement"][0]["node"] == "h1" and len(empty["placement"][0]["gpu_indices"]) == 2
+    low = client.post(
+        "/v1/workloads",
+        json={"kind": "instance", "gpus": 8, "priority": "preemptible", "max_runtime_s": 3600},
+        headers=auth(ka),
+    ).json()["id"]
+    running = _running(client, ka, low)
+    high = ask(kb, gpus=8, priority="production")
+    assert high["placeable_now"] and high["preempts"] == [low]
+    start = datetime.fromisoformat(high["expected_start"])
+    assert (
+        timedelta(0)
+        < start - datetime.fromisoformat(running["started_at"])
+        < timedelta(seconds=120)
+    )
+    waits = ask(kb, gpus=8, priority="preemptible")  # equal class: must wait for the end
+    assert not waits["placeable_now"] and waits["preempts"] == []
+    ends = datetime.fromisoformat(running["started_at"]) + timedelta(seconds=3600)
+    assert abs((datetime.fromisoformat(waits["expected_start"]) - ends).total_seconds()) < 2
+    session.expire_all()
+    assert session.scalar(select(func.count()).select_from(Workload)) == 1
+    over = client.post(
+        "/v1/workloads:dry-run", json={"kind": "vm", "mig_profile": "1g"}, headers=auth(kb)
+    )
+    assert over.status_code == 422 and over.json()["rule"] == "vm_needs_whole_gpus"

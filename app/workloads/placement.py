@@ -147,18 +147,66 @@ def _world(session: Session, region: str) -> _World | None:
     )
 
 
-def run_cycle(session: Session, region: str, config: QueueConfig | None = None) -> CycleReport:
-    """One placement cycle for `region`, applied in the caller's transaction (which the caller
-    commits). Raises PlanConflict if a workload changed under it (roll back and run again)."""
-    if not lock_region(session, region):
-        return CycleReport(region, ran=False)
-    now = utcnow()
+@dataclass
+class _Loaded:
+    """A region as the core sees it: the snapshot with every live allocation, the workloads
+    holding GPUs and those waiting, and the quotas of their tenants."""
+
+    world: _World
+    holding: list[Workload]
+    queued: list[Workload]
+    allocs: dict[uuid.UUID, list[int]]  # workload -> snapshot allocation ids
+    quotas: dict[str, TenantQuota]
+
+    def qw(self, w: Workload) -> QWorkload:
+        running = State(w.state) is State.running
+        return QWorkload(
+            str(w.id),
+            request_of(w),
+            w.priority,
+            seconds(w.created_at) or 0.0,
+            float(w.max_runtime_s),
+            checkpoint_cost=float(w.checkpoint_cost_s),
+            # Only running work can be evicted; work on its way up or down is left alone.
+            started_at=seconds(w.started_at) if running else None,
+            last_checkpoint_at=seconds(w.last_checkpoint_at),
+            preempted_at=seconds(w.preempted_at),
+            alloc_ids=tuple(self.allocs.get(w.id, ())),
+            checkpoint_every=float(w.checkpoint_interval_s) if w.checkpoint_interval_s else None,
+        )
+
+    def scheduler(self, config: QueueConfig | None = None) -> Scheduler:
+        if config is None:
+            from app.core.config import get_settings
+
+            config = QueueConfig(grace_period=get_settings().preemption_grace_seconds)
+        return Scheduler(self.world.snap, self.quotas, config)
+
+    def running(self) -> list[QWorkload]:
+        return [self.qw(w) for w in self.holding if w.id in self.allocs]
+
+
+def _quotas(session: Session, tenant_ids: set[uuid.UUID]) -> dict[str, TenantQuota]:
+    quotas: dict[str, TenantQuota] = {}
+    if not tenant_ids:
+        return quotas
+    for q in session.scalars(select(QuotaRow).where(QuotaRow.tenant_id.in_(list(tenant_ids)))):
+        cur = quotas.get(str(q.tenant_id)) or TenantQuota(guaranteed={}, limit={})
+        lim = dict(cur.limit)
+        if q.limit_milli is not None:
+            lim[q.gpu_model] = q.limit_milli
+        quotas[str(q.tenant_id)] = TenantQuota(
+            dict(cur.guaranteed) | {q.gpu_model: q.guaranteed_milli}, lim, q.weight
+        )
+    return quotas
+
+
+def _load(session: Session, region: str, extra_tenant: uuid.UUID | None = None) -> _Loaded | None:
     world = _world(session, region)
-    if world is None:  # no nodes (left): its work waits for capacity to be registered
-        return CycleReport(region, ran=True)
+    if world is None:
+        return None
     snap = world.snap
     node_name = {v: k for k, v in world.node_ids.items()}
-
     holding = list(
         session.scalars(
             select(Workload).where(
@@ -173,20 +221,17 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             .order_by(Workload.created_at)
         )
     )
-    seen = {w.id: (w.state, w.generation) for w in holding + queued}
-    # Live allocations into the snapshot, per workload.
     allocs: dict[uuid.UUID, list[int]] = {}
     for a in session.scalars(
         select(Allocation).where(
             Allocation.released_at.is_(None), Allocation.node_id.in_(list(world.node_ids.values()))
         )
     ):
-        n = snap.node_index[node_name[a.node_id]]
         mig = PROFILES[a.mig_profile] if a.mig_profile else None
         aid = snap.allocate(
             snap.tenant_id(str(a.tenant_id)),
             Tier.parse(a.tier),
-            n,
+            snap.node_index[node_name[a.node_id]],
             tuple(a.gpu_indices),
             milli=0 if (mig or a.milli == 1000) else a.milli,
             gpu_mem=a.gpu_memory_mib,
@@ -198,47 +243,29 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
         world.alloc_of[aid] = a.id
         allocs.setdefault(a.workload_id, []).append(aid)
     snap.commit()
+    tenants = {w.tenant_id for w in holding + queued}
+    if extra_tenant is not None:
+        tenants.add(extra_tenant)
+    return _Loaded(world, holding, queued, allocs, _quotas(session, tenants))
 
-    def qw(w: Workload) -> QWorkload:
-        running = State(w.state) in (State.running,)
-        return QWorkload(
-            str(w.id),
-            request_of(w),
-            w.priority,
-            seconds(w.created_at) or 0.0,
-            float(w.max_runtime_s),
-            checkpoint_cost=float(w.checkpoint_cost_s),
-            # Only running work can be evicted; work on its way up or down is left alone.
-            started_at=seconds(w.started_at) if running else None,
-            last_checkpoint_at=seconds(w.last_checkpoint_at),
-            preempted_at=seconds(w.preempted_at),
-            alloc_ids=tuple(allocs.get(w.id, ())),
-            checkpoint_every=float(w.checkpoint_interval_s) if w.checkpoint_interval_s else None,
-        )
 
-    tenants = {str(w.tenant_id) for w in holding + queued}
-    quotas: dict[str, TenantQuota] = {}
-    if tenants:
-        rows = session.scalars(
-            select(QuotaRow).where(QuotaRow.tenant_id.in_([uuid.UUID(t) for t in tenants]))
-        )
-        for q in rows:
-            cur = quotas.get(str(q.tenant_id)) or TenantQuota(guaranteed={}, limit={})
-            g = dict(cur.guaranteed) | {q.gpu_model: q.guaranteed_milli}
-            lim = dict(cur.limit)
-            if q.limit_milli is not None:
-                lim[q.gpu_model] = q.limit_milli
-            quotas[str(q.tenant_id)] = TenantQuota(g, lim, q.weight)
+def run_cycle(session: Session, region: str, config: QueueConfig | None = None) -> CycleReport:
+    """One placement cycle for `region`, applied in the caller's transaction (which the caller
+    commits). Raises PlanConflict if a workload changed under it (roll back and run again)."""
+    if not lock_region(session, region):
+        return CycleReport(region, ran=False)
+    now = utcnow()
+    loaded = _load(session, region)
+    if loaded is None:  # no nodes (left): its work waits for capacity to be registered
+        return CycleReport(region, ran=True)
+    world, snap = loaded.world, loaded.world.snap
+    holding, queued = loaded.holding, loaded.queued
+    seen = {w.id: (w.state, w.generation) for w in holding + queued}
     report = CycleReport(region, ran=True)
     if not queued:
         return report
-    if config is None:
-        from app.core.config import get_settings
-
-        config = QueueConfig(grace_period=get_settings().preemption_grace_seconds)
-    sched = Scheduler(snap, quotas, config)
-    result = sched.cycle(
-        seconds(now) or 0.0, [qw(w) for w in queued], [qw(w) for w in holding if w.id in allocs]
+    result = loaded.scheduler(config).cycle(
+        seconds(now) or 0.0, [loaded.qw(w) for w in queued], loaded.running()
     )
     report.blocked = dict(result.blocked)
 
@@ -310,21 +337,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             session.add(row)
             session.flush()
             _claim(session, row, model)
-            reg, rack = world.node_rack[b.node]
-            placement.append(
-                {
-                    "replica": b.replica,
-                    "region": reg,
-                    "rack": rack,
-                    "node": b.node,
-                    "gpu_indices": list(b.gpu_indices),
-                    "gpu_model": model,
-                    "mig_profile": a.mig,
-                    "mig_slot": a.mig_start,
-                    "milli": a.milli if not a.mig and a.milli else None,
-                    "gpu_milli": milli * len(b.gpu_indices),
-                }
-            )
+            placement.append(describe(world, b))
         w.placement = placement
         lifecycle.transition(
             session,
@@ -345,6 +358,55 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
         )
         report.admitted.append(adm.workload)
     return report
+
+
+def describe(world: _World, b) -> dict:
+    """One replica's placement as the API shows it."""
+    reg, rack = world.node_rack[b.node]
+    per_gpu = PROFILES[b.mig_profile].gpu_equivalent_milli if b.mig_profile else (b.milli or 1000)
+    return {
+        "replica": b.replica,
+        "region": reg,
+        "rack": rack,
+        "node": b.node,
+        "gpu_indices": list(b.gpu_indices),
+        "gpu_model": world.node_model[b.node],
+        "mig_profile": b.mig_profile,
+        "mig_slot": b.mig_start,
+        "milli": b.milli or None,
+        "gpu_milli": per_gpu * len(b.gpu_indices),
+    }
+
+
+@dataclass
+class DryRun:
+    placeable_now: bool
+    placement: list[dict]
+    preempts: list[str]
+    expected_start: datetime | None
+    reason: str
+
+
+def dry_run(session: Session, w: Workload) -> DryRun:
+    """What the next cycle would do with `w` (not stored) if it were at the head of its queue:
+    where it lands now, whom it preempts, or when it is expected to start. Reads only."""
+    loaded = _load(session, w.region or "", extra_tenant=w.tenant_id)
+    if loaded is None:
+        return DryRun(False, [], [], None, "the region has no nodes")
+    now = utcnow()
+    ans = loaded.scheduler().what_if(
+        loaded.qw(w), seconds(now) or 0.0, [loaded.qw(x) for x in loaded.queued], loaded.running()
+    )
+    start = None
+    if ans.expected_start is not None:
+        start = EPOCH + timedelta(seconds=ans.expected_start)
+    return DryRun(
+        ans.placeable_now,
+        [describe(loaded.world, b) for b in ans.bindings],
+        list(ans.preempts),
+        start,
+        ans.reason,
+    )
 
 
 def _usage_row(session: Session, node_id: uuid.UUID, gpu: int, model: str) -> None:

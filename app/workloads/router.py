@@ -16,6 +16,7 @@ from app.workloads.lifecycle import State
 from app.workloads.models import Workload, WorkloadEvent
 from app.workloads.schemas import (
     CheckpointIn,
+    DryRunOut,
     EventOut,
     EventPage,
     QuotaList,
@@ -45,6 +46,32 @@ def submit(
     w = service.submit(session, tenant, body)
     response.headers["Location"] = f"/v1/workloads/{w.id}"
     return w
+
+
+@router.post(
+    "/workloads:dry-run",
+    response_model=DryRunOut,
+    summary="What-if: where a workload would land now, whom it would preempt, or when it starts",
+)
+def dry_run(
+    body: WorkloadCreate,
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    from app.workloads.placement import dry_run as what_if
+
+    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+    w = service.build(session, tenant, body)
+    ans = what_if(session, w)
+    return {
+        "placeable_now": ans.placeable_now,
+        "tier": w.tier,
+        "region": w.region,
+        "placement": ans.placement,
+        "preempts": ans.preempts,
+        "expected_start": ans.expected_start,
+        "reason": ans.reason,
+    }
 
 
 @router.get("/workloads", response_model=Page[WorkloadOut], summary="List workloads")

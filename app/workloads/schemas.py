@@ -192,3 +192,30 @@ class QuotaOut(OutModel):
 
 class QuotaList(OutModel):
     items: list[QuotaOut]
+
+
+class PlacementOut(OutModel):
+    replica: int
+    region: str
+    rack: str
+    node: str
+    gpu_indices: list[int]
+    gpu_model: str
+    mig_profile: str | None
+    mig_slot: int | None
+    milli: int | None
+    gpu_milli: int
+
+
+class DryRunOut(OutModel):
+    placeable_now: bool = Field(..., description="It would be placed by the next cycle.")
+    tier: str
+    region: str
+    placement: list[PlacementOut] = Field(..., description="Where it would land now.")
+    preempts: list[uuid.UUID] = Field(..., description="Workloads it would preempt (any tenant's).")
+    expected_start: datetime | None = Field(
+        ...,
+        description="Now, after the victims' grace period, or when running work ends; "
+        "null if it cannot start under its quota and the fleet.",
+    )
+    reason: str

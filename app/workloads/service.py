@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.core.db import as_aware, utcnow
+from app.core.db import as_aware, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.fleet.models import Gpu, Node, Rack, Region
 from app.outbox.service import enqueue
@@ -78,7 +78,8 @@ def choose_region(session: Session, body: WorkloadCreate) -> str:
     return row[0]
 
 
-def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
+def build(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
+    """The workload `body` asks for, checked (tier, hard limit, region) but not stored."""
     tier = choose_tier(
         body.kind,
         ShapeFacts(body.unit, body.gpus, body.replicas, tuple(body.gpu_models)),
@@ -117,6 +118,13 @@ def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         preemptions=0,
         created_at=now,
     )
+    w.id = new_id()
+    return w
+
+
+def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
+    w = build(session, tenant, body)
+    now = w.created_at
     session.add(w)
     session.flush()
     lifecycle.record(
@@ -126,11 +134,11 @@ def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         from_state=None,
         to_state=State.pending.value,
         reason="submitted",
-        details={"tier": tier.label},
+        details={"tier": w.tier},
         at=now,
     )
     lifecycle.transition(session, w, State.queued, "accepted: waits for placement", at=now)
-    enqueue(session, "placement.cycle", queue="placement", region=region)
+    enqueue(session, "placement.cycle", queue="placement", region=w.region)
     return w
 
 
