@@ -167,6 +167,7 @@ def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, cel
     assert (slot["node"], slot["gpu_indices"][0]) not in gang_gpus
     session.expire_all()
     assert session.scalar(select(func.sum(GpuUsage.milli_used))) == 8000 + 500
+    _check_manifests(client, key, g, m)
     for wid in (gang, mig):
         r = client.delete(f"/v1/workloads/{wid}", headers=auth(key))
         assert r.status_code == 200 and r.json()["state"] == "terminated"
@@ -178,6 +179,80 @@ def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, cel
         )
         == 0
     )
+
+
+def _as_pod(obj):
+    """Through the official client's own deserializer: a manifest it cannot read fails."""
+    import json
+
+    from kubernetes.client import ApiClient
+
+    class Response:
+        data = json.dumps(obj)
+
+    return ApiClient().deserialize(Response(), "V1Pod")
+
+
+def _check_manifests(client, key, gang, mig):
+    r = client.get(f"/v1/workloads/{gang['id']}/manifest", headers=auth(key))
+    assert r.status_code == 200, r.text
+    lst = r.json()
+    assert (lst["apiVersion"], lst["kind"], len(lst["items"])) == ("v1", "List", 2)
+    for i, (item, p) in enumerate(zip(lst["items"], gang["placement"], strict=True)):
+        pod = _as_pod(item)
+        assert pod.spec.node_selector == {"kubernetes.io/hostname": p["node"]}
+        limits = pod.spec.containers[0].resources.limits
+        assert limits == {"nvidia.com/gpu": "4"}
+        assert pod.metadata.labels["rackplane.dev/tenant"] == "acme"
+        assert pod.metadata.labels["rackplane.dev/tier"] == "dedicated"
+        assert pod.metadata.annotations["rackplane.dev/gpu-indices"] == ",".join(
+            map(str, p["gpu_indices"])
+        )
+        assert {"name": "RACKPLANE_RANK", "value": str(i)} in item["spec"]["containers"][0]["env"]
+        assert pod.spec.restart_policy == "Never" and pod.metadata.namespace == "tenant-acme"
+    pod = _as_pod(client.get(f"/v1/workloads/{mig['id']}/manifest", headers=auth(key)).json())
+    assert pod.spec.containers[0].resources.limits == {"nvidia.com/mig-3g.40gb": "1"}
+    assert pod.metadata.annotations["rackplane.dev/mig-slot"] == str(
+        mig["placement"][0]["mig_slot"]
+    )
+
+
+def test_manifests_of_vms_and_shares_and_of_unplaced_work(client, world, celery_worker_process):
+    world.fleet(fleet(1))
+    t = world.tenant("acme", policy=ALL)
+    key = world.key(t)
+    vm = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "vm",
+            "gpus": 2,
+            "cpu_milli": 16000,
+            "memory_mib": 65536,
+            "image": "registry.example/vm-disk:1",
+        },
+        headers=auth(key),
+    ).json()["id"]
+    share = client.post(
+        "/v1/workloads",
+        json={"kind": "instance", "milli": 250, "gpu_memory_mib": 10240},
+        headers=auth(key),
+    ).json()["id"]
+    _running(client, key, vm)
+    _running(client, key, share)
+    pod = _as_pod(client.get(f"/v1/workloads/{vm}/manifest", headers=auth(key)).json())
+    assert pod.spec.runtime_class_name == "kata-qemu-nvidia-gpu"
+    assert pod.spec.containers[0].image == "registry.example/vm-disk:1"
+    assert pod.spec.containers[0].resources.limits == {
+        "nvidia.com/gpu": "2",
+        "cpu": "16000m",
+        "memory": "65536Mi",
+    }
+    pod = _as_pod(client.get(f"/v1/workloads/{share}/manifest", headers=auth(key)).json())
+    assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu.shared": "1"}
+    assert pod.metadata.annotations["rackplane.dev/gpu-milli"] == "250"
+    client.delete(f"/v1/workloads/{vm}", headers=auth(key))
+    r = client.get(f"/v1/workloads/{vm}/manifest", headers=auth(key))
+    assert r.status_code == 409 and r.json()["code"] == "workload_not_placed"
 
 
 def test_preemption_checkpoints_then_requeues_and_resumes(client, world, celery_worker_process):

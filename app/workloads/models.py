@@ -53,6 +53,7 @@ class Workload(TimestampMixin, Base):
     checkpoint_interval_s: Mapped[int | None] = mapped_column(Integer, default=None)
     checkpoint_cost_s: Mapped[int] = mapped_column(Integer, default=0)
     labels: Mapped[dict] = mapped_column(JSON, default=dict)
+    image: Mapped[str | None] = mapped_column(String(500), default=None)
     placement: Mapped[list | None] = mapped_column(JSON, default=None)
     last_checkpoint_at: Mapped[datetime | None] = mapped_column(default=None)
     last_checkpoint_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)

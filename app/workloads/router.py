@@ -7,12 +7,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency
+from app.core.errors import Conflict
 from app.core.schemas import Page, PageParams, paginate
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
 from app.tenancy.scoping import get_owned, scoped_select
 from app.tenants.models import Tenant
 from app.workloads import service
-from app.workloads.lifecycle import State
+from app.workloads.lifecycle import HOLDING, State
 from app.workloads.models import Workload, WorkloadEvent
 from app.workloads.schemas import (
     CheckpointIn,
@@ -27,6 +28,14 @@ from app.workloads.schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["workloads"])
+PLACED = {s.value for s in HOLDING}
+
+
+class NotPlaced(Conflict):
+    code = "workload_not_placed"
+    title = "The workload is not placed"
+
+
 admin = APIRouter(prefix="/v1/admin", tags=["admin: quotas"])
 
 
@@ -111,6 +120,27 @@ def terminate(
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     service.terminate(session, w)
     return w
+
+
+@router.get(
+    "/workloads/{workload_id}/manifest",
+    response_model=dict,
+    summary="The Kubernetes manifest a real cluster would run for this placed workload",
+)
+def manifest(
+    workload_id: str,
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    from app.workloads import k8s
+
+    w = get_owned(session, auth, Workload, workload_id, what="workload")
+    if not w.placement or w.state not in PLACED:
+        raise NotPlaced(
+            f"A {w.state} workload holds no GPUs, so it has no manifest.", state=w.state
+        )
+    tenant = session.get(Tenant, w.tenant_id)
+    return k8s.manifest(w, tenant.slug)
 
 
 @router.get(

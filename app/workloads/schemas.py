@@ -56,6 +56,12 @@ class WorkloadCreate(StrictModel):
     max_runtime_s: int = Field(86400, ge=60, le=30 * 86400)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    image: str | None = Field(
+        None,
+        max_length=500,
+        pattern=r"^[a-z0-9][a-z0-9._/:@-]*$",
+        description="Container (or VM disk) image for the rendered manifest; default: CUDA base.",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> WorkloadCreate:
@@ -127,6 +133,7 @@ class WorkloadOut(OutModel):
     checkpoint_interval_s: int | None
     checkpoint_cost_s: int
     labels: dict[str, str]
+    image: str | None
     placement: list | None = Field(
         None, description="Per replica: region, rack, node, GPU indices, MIG profile and slot."
     )

@@ -114,6 +114,7 @@ def build(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         checkpoint_interval_s=body.checkpoint.interval_s,
         checkpoint_cost_s=body.checkpoint.cost_s,
         labels=dict(body.labels),
+        image=body.image,
         generation=0,
         preemptions=0,
         created_at=now,
