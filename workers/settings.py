@@ -49,6 +49,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
             "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
+            "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
         },
         "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
     }

@@ -332,7 +332,9 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
                 gpu_memory_mib=a.gpu_mem,
                 cpu_milli=a.cpu,
                 memory_mib=a.mem,
-                created_at=now,
+                # Stamped after the snapshot was read, so it is later than the release of
+                # anything this cycle saw freed: the history orders hand-overs correctly.
+                created_at=utcnow(),
             )
             session.add(row)
             session.flush()

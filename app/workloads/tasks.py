@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
-from app.core.db import session_scope, utcnow
+from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
 from app.outbox.service import enqueue
 from app.workloads import lifecycle
@@ -187,3 +187,48 @@ def deprovision(workload_id: str) -> str:
             return "missing"
         get_provider().deprovision(w)
         return "done"
+
+
+STUCK_AFTER_SECONDS = 30.0
+
+
+@shared_task(name="workloads.reconcile", ignore_result=True)
+def reconcile() -> int:
+    """Beat: nudge workloads whose follow-up task was lost (a message dropped with a crashed
+    worker, a broker outage). The tasks are idempotent, so a spurious nudge does nothing."""
+    from datetime import timedelta
+
+    from sqlalchemy import func
+
+    from app.core.config import get_settings
+
+    grace = get_settings().preemption_grace_seconds
+    # How long each state may sit without an event before its task is sent again.
+    patience = {
+        State.placing.value: ("workloads.provision", STUCK_AFTER_SECONDS),
+        State.provisioning.value: ("workloads.check", STUCK_AFTER_SECONDS),
+        State.checkpointing.value: ("workloads.finish_preemption", grace + STUCK_AFTER_SECONDS),
+    }
+    now = utcnow()
+    nudged = 0
+    with session_scope() as session:
+        last = (
+            select(WorkloadEvent.workload_id, func.max(WorkloadEvent.at).label("at"))
+            .group_by(WorkloadEvent.workload_id)
+            .subquery()
+        )
+        rows = session.execute(
+            select(Workload.id, Workload.state, last.c.at)
+            .join(last, last.c.workload_id == Workload.id)
+            .where(Workload.state.in_(list(patience)))
+            .limit(1000)
+        ).all()
+        for wid, state, at in rows:
+            task, wait = patience[state]
+            if as_aware(at) > now - timedelta(seconds=wait):
+                continue
+            enqueue(session, task, queue="provisioning", workload_id=str(wid))
+            nudged += 1
+    if nudged:
+        log.warning("workloads_reconciled", nudged=nudged)
+    return nudged
