@@ -307,3 +307,20 @@ def test_one_idempotency_key_fifty_times_at_once_makes_one_workload(api, world, 
         text("SELECT count(*) FROM workloads WHERE tenant_id = :t"), {"t": t.id}
     ).scalar()
     assert count == 1
+
+
+def test_the_lifecycle_benchmark_places_every_submission(database):
+    """The benchmark's own plumbing (scratch database, API, worker, open-loop load): every
+    submission is placed and the figures the issue names are reported. Timing is not judged
+    here; BENCHMARKS.md has it."""
+    from app.workloads.bench import run
+
+    out = run(workers=1, rate=10, duration=2)
+    assert out["submitted"] == out["placed"] == 20 and out["rejected"] == 0
+    for field in (
+        "p50_submit_to_placed_ms",
+        "p99_submit_to_placed_ms",
+        "cycles_per_s",
+        "placements_per_s",
+    ):
+        assert out[field] > 0

@@ -124,6 +124,9 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
             g["id"] = new_id()
         session.execute(Gpu.__table__.insert(), new_gpus)
         created["gpus"] = len(new_gpus)
+    from app.workloads.service import forget_regions
+
+    forget_regions()
     return {**{f"created_{k}": v for k, v in created.items()}, "updated_nodes": updated}
 
 

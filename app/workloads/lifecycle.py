@@ -86,14 +86,17 @@ def record(
     reason: str,
     details: dict[str, Any] | None = None,
     at: datetime | None = None,
+    seq: int | None = None,
+    flush: bool = True,
 ) -> None:
+    """Append an event; `seq` may be given when the caller knows it (a new workload)."""
     from app.workloads.models import WorkloadEvent
 
     session.add(
         WorkloadEvent(
             workload_id=w.id,
             tenant_id=w.tenant_id,
-            seq=_next_seq(session, w),
+            seq=seq if seq is not None else _next_seq(session, w),
             kind=kind,
             from_state=from_state,
             to_state=to_state,
@@ -102,7 +105,8 @@ def record(
             at=at or utcnow(),
         )
     )
-    session.flush()
+    if flush:
+        session.flush()
 
 
 def transition(

@@ -69,6 +69,8 @@ class CycleReport:
     admitted: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)
+    read_at: datetime | None = None  # when the snapshot was read
+    seen: frozenset[uuid.UUID] = frozenset()  # the queued workloads it saw
 
 
 def lock_region(session: Session, region: str) -> bool:
@@ -252,6 +254,13 @@ def _load(session: Session, region: str, extra_tenant: uuid.UUID | None = None) 
 def run_cycle(session: Session, region: str, config: QueueConfig | None = None) -> CycleReport:
     """One placement cycle for `region`, applied in the caller's transaction (which the caller
     commits). Raises PlanConflict if a workload changed under it (roll back and run again)."""
+    waiting = session.scalar(
+        select(Workload.id)
+        .where(Workload.region == region, Workload.state == State.queued.value)
+        .limit(1)
+    )
+    if waiting is None:  # nothing to decide: skip the snapshot
+        return CycleReport(region, ran=True, read_at=utcnow())
     if not lock_region(session, region):
         return CycleReport(region, ran=False)
     now = utcnow()
@@ -261,7 +270,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
     world, snap = loaded.world, loaded.world.snap
     holding, queued = loaded.holding, loaded.queued
     seen = {w.id: (w.state, w.generation) for w in holding + queued}
-    report = CycleReport(region, ran=True)
+    report = CycleReport(region, ran=True, read_at=utcnow(), seen=frozenset(w.id for w in queued))
     if not queued:
         return report
     result = loaded.scheduler(config).cycle(

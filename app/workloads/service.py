@@ -54,9 +54,31 @@ class NoMatchingCapacity(ValidationFailed):
     title = "No such GPUs in the fleet"
 
 
+_REGIONS: dict[tuple, tuple[float, str | None]] = {}
+REGION_CACHE_SECONDS = 5.0
+
+
 def choose_region(session: Session, body: WorkloadCreate) -> str:
     """The region named, or the one with the most GPUs of the allowed models. A request no
-    region could ever hold is refused now rather than queued forever."""
+    region could ever hold is refused now rather than queued forever. Answers are cached for a
+    few seconds (the fleet changes by imports, not per request)."""
+    import time
+
+    key = (tuple(sorted(body.gpu_models)), body.region)
+    hit = _REGIONS.get(key)
+    if hit is not None and time.monotonic() - hit[0] < REGION_CACHE_SECONDS and hit[1]:
+        return hit[1]
+    region = _region_query(session, body)
+    _REGIONS[key] = (time.monotonic(), region)
+    return region
+
+
+def forget_regions() -> None:
+    """The fleet changed (in this process): choose regions afresh."""
+    _REGIONS.clear()
+
+
+def _region_query(session: Session, body: WorkloadCreate) -> str:
     stmt = (
         select(Region.name, func.count(Gpu.id))
         .select_from(Gpu)
@@ -124,10 +146,13 @@ def build(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
 
 
 def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
+    """Store the workload already queued, with both events (pending, then queued) written in
+    the same statement batch: the submission path is the hottest in the API."""
     w = build(session, tenant, body)
+    lifecycle.check(State.pending, State.queued)
+    w.state = State.queued.value
     now = w.created_at
     session.add(w)
-    session.flush()
     lifecycle.record(
         session,
         w,
@@ -137,8 +162,20 @@ def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         reason="submitted",
         details={"tier": w.tier},
         at=now,
+        seq=1,
+        flush=False,
     )
-    lifecycle.transition(session, w, State.queued, "accepted: waits for placement", at=now)
+    lifecycle.record(
+        session,
+        w,
+        kind="transition",
+        from_state=State.pending.value,
+        to_state=State.queued.value,
+        reason="accepted: waits for placement",
+        at=now,
+        seq=2,
+        flush=False,
+    )
     enqueue(session, "placement.cycle", queue="placement", region=w.region)
     return w
 

@@ -33,15 +33,23 @@ POLL_SECONDS = 0.5
     retry_backoff_max=10,
 )
 def placement_cycle(self, region: str) -> dict:
-    """One placement cycle for a region; a lost race (a workload changed, or the database
+    """Placement cycles for a region until no submission is left that arrived after the last
+    snapshot was read. A cycle finding the region locked retries shortly (the running one
+    may already have read its snapshot). A lost race (a workload changed, or the database
     refused an allocation) drops the whole plan and runs again on fresh state."""
-    try:
-        with session_scope() as session:
-            report = run_cycle(session, region)
-    except (PlanConflict, IntegrityError, StaleDataError) as exc:
-        log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
-        raise self.retry(exc=exc, countdown=0.05) from exc
-    if report.ran:
+    admitted = 0
+    for _ in range(MAX_ROUNDS):
+        try:
+            with session_scope() as session:
+                report = run_cycle(session, region)
+        except (PlanConflict, IntegrityError, StaleDataError) as exc:
+            log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
+            raise self.retry(exc=exc, countdown=0.05) from exc
+        if not report.ran:
+            if self.request.retries < LOCKED_RETRIES:
+                raise self.retry(countdown=0.05)
+            break
+        admitted += len(report.admitted)
         log.info(
             "placement_cycle",
             region=region,
@@ -49,7 +57,31 @@ def placement_cycle(self, region: str) -> dict:
             evicted=len(report.evicted),
             blocked=len(report.blocked),
         )
-    return {"ran": report.ran, "admitted": len(report.admitted)}
+        if not _arrived_since(region, report):
+            break
+    return {"admitted": admitted}
+
+
+MAX_ROUNDS = 50
+LOCKED_RETRIES = 4
+
+
+def _arrived_since(region: str, report) -> bool:
+    """Whether work the last snapshot did not see is waiting (stamped before the snapshot but
+    committed after it counts too: stamps are taken before commit)."""
+    from datetime import timedelta
+
+    if report.read_at is None:
+        return False
+    with session_scope() as session:
+        recent = session.scalars(
+            select(Workload.id).where(
+                Workload.region == region,
+                Workload.state == State.queued.value,
+                Workload.created_at >= report.read_at - timedelta(seconds=30),
+            )
+        )
+        return any(wid not in report.seen for wid in recent)
 
 
 @shared_task(name="placement.tick", ignore_result=True)

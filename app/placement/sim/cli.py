@@ -17,7 +17,7 @@ from app.placement.policies import DEFAULT_POLICY, POLICIES
 sim_cli = typer.Typer(
     help="Replay public GPU-cluster traces through the placement engine.", no_args_is_help=True
 )
-bench_cli = typer.Typer(help="Benchmarks of the placement core.", no_args_is_help=True)
+bench_cli = typer.Typer(help="Benchmarks: the placement core, the lifecycle.", no_args_is_help=True)
 err = Console(stderr=True)
 TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
 
@@ -207,3 +207,19 @@ def philly_cmd(
             },
         }
         _emit(summary, as_json)
+
+
+@bench_cli.command("lifecycle")
+def bench_lifecycle(
+    workers: str = typer.Option("1", help="Worker processes; a comma list runs each in turn."),
+    rate: float = typer.Option(100.0, help="Submissions per second (open loop)."),
+    duration: float = typer.Option(20.0, help="Seconds of load."),
+    runs: int = typer.Option(1, help="Repeats per worker count; medians are reported."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Submit-to-placed latency through API, outbox, Redis, Celery workers and PostgreSQL, on
+    a scratch database (see app/workloads/bench.py)."""
+    from app.workloads.bench import median_of, run
+
+    for n in [int(x) for x in workers.split(",")]:
+        _emit(median_of([run(n, rate, duration) for _ in range(runs)]), as_json)

@@ -1,0 +1,334 @@
+"""`rackplane bench lifecycle`: submit-to-placed latency through the real path.
+
+A scratch PostgreSQL database and Redis key prefix, a uvicorn API process, N Celery worker
+processes (the first also runs beat), a fleet of two regions (two partitions), and an open-loop
+load: submissions at a fixed rate, alternating regions, each one terminated a second after it
+runs (so the fleet churns instead of filling). Submit-to-placed is the time from sending the
+POST to the workload's `placing` event (same machine, same clock).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fleet(nodes_per_region: int) -> str:
+    """Two regions of 8-GPU H100 nodes, sized so capacity never runs out during the load:
+    the benchmark measures the control plane, not a full fleet."""
+    regions = []
+    for r in ("r1", "r2"):
+        nodes = ", ".join(f"{{name: {r}-n{i}}}" for i in range(nodes_per_region))
+        regions.append(
+            f"  - name: {r}\n    racks:\n      - name: {r}-hgx\n        kind: hgx\n"
+            f"        gpu_model: H100-80GB\n        nodes: [{nodes}]\n"
+        )
+    return "regions:\n" + "".join(regions)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class _Env:
+    """A scratch database and broker prefix, with the processes that use them."""
+
+    def __init__(self, workers: int):
+        import sqlalchemy as sa
+
+        base = os.environ.get(
+            "DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+        )
+        if base.startswith("postgresql://"):
+            base = "postgresql+psycopg://" + base[len("postgresql://") :]
+        self.name = f"rackplane_bench_{secrets.token_hex(4)}"
+        self.admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as c:
+            c.execute(sa.text(f'CREATE DATABASE "{self.name}"'))
+        url = sa.engine.make_url(base).set(database=self.name)
+        self.dir = tempfile.mkdtemp(prefix="rackplane-bench-")
+        self.prefix = f"bench-{self.name}:"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": url.render_as_string(hide_password=False),
+            "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            "RACKPLANE_BROKER_PREFIX": self.prefix,
+            "RACKPLANE_DATA_DIR": self.dir,
+            "RACKPLANE_SEED_DEMO": "false",
+            "RACKPLANE_SIM_BOOT_SECONDS": "0.2",
+            "RACKPLANE_PLACEMENT_TICK": "1",
+            "RACKPLANE_LOG_LEVEL": "INFO",
+            "RACKPLANE_LOG_JSON": "true",
+        }
+        self.procs: list[subprocess.Popen] = []
+        self._run([sys.executable, "-m", "app.cli", "migrate"])
+        self.workers = workers
+
+    def _run(self, argv: list[str]) -> None:
+        subprocess.run(argv, cwd=ROOT, env=self.env, check=True, capture_output=True)
+
+    def seed(self, nodes_per_region: int) -> tuple[str, str]:
+        """The fleet, a tenant and its key (in a child process, on the scratch database)."""
+        code = (
+            "import json\n"
+            "from app.core.db import session_scope\n"
+            "from app.fleet import document\n"
+            "from app.fleet.service import apply_document\n"
+            "from app.tenants.service import create_tenant\n"
+            "from app.keys.service import create_key\n"
+            "import sys\n"
+            "with session_scope() as s:\n"
+            "    apply_document(s, document.load(sys.stdin.read()))\n"
+            "    t = create_tenant(s, name='Bench', slug='bench', contact_email='b@example.com',"
+            " status='active', isolation_policy=None)\n"
+            "    k = create_key(s, tenant_id=t.id, name='bench', scopes=['read','write'])\n"
+            "    print(json.dumps({'key': k.key}))\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=self.env,
+            input=_fleet(nodes_per_region),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        import json
+
+        return json.loads(out.stdout.strip().splitlines()[-1])["key"], self.env["DATABASE_URL"]
+
+    def start(self) -> str:
+        from workers.settings import QUEUES
+
+        port = _free_port()
+        log = open(Path(self.dir) / "api.log", "wb")
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "app.main:app",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        for i in range(self.workers):
+            wlog = open(Path(self.dir) / f"worker{i}.log", "wb")
+            argv = [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.celery_app",
+                "worker",
+                "-Q",
+                ",".join(QUEUES),
+                "--concurrency",
+                "1",
+                "-n",
+                f"w{i}@{self.name}",
+                "--loglevel",
+                "INFO",
+            ]
+            if i == 0:
+                argv.append("--beat")
+            self.procs.append(
+                subprocess.Popen(
+                    argv, cwd=ROOT, env=self.env, stdout=wlog, stderr=subprocess.STDOUT
+                )
+            )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        logs = [Path(self.dir) / f"worker{i}.log" for i in range(self.workers)]
+        while time.time() < deadline and not all(b"ready" in p.read_bytes() for p in logs):
+            time.sleep(0.2)
+        return url
+
+    def cycles(self) -> int:
+        return sum(
+            (Path(self.dir) / f"worker{i}.log").read_bytes().count(b'"event": "placement_cycle"')
+            for i in range(self.workers)
+        )
+
+    def close(self) -> None:
+        import redis
+        import sqlalchemy as sa
+
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        r = redis.Redis.from_url(self.env["REDIS_URL"])
+        for k in r.scan_iter(f"{self.prefix}*"):
+            r.delete(k)
+        with self.admin.connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+
+
+def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    started = time.perf_counter()
+    env = _Env(workers)
+    try:
+        n = int(rate * duration)
+        key, db = env.seed(nodes_per_region=max(8, -(-n // 16) + 4))
+        url = env.start()
+        engine = sa.create_engine(db)
+        headers = {"Authorization": f"Bearer {key}"}
+        sent: dict[str, float] = {}
+        api_ms: list[float] = []
+        errors = 0
+        lock = threading.Lock()
+        stop = threading.Event()
+        client = httpx.Client(
+            base_url=url, headers=headers, timeout=30, limits=httpx.Limits(max_connections=64)
+        )
+
+        def submit(i: int, at: float) -> None:
+            nonlocal errors
+            delay = at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            t = time.time()
+            r = client.post(
+                "/v1/workloads",
+                json={
+                    "kind": "instance",
+                    "gpus": 1,
+                    "region": "r1" if i % 2 else "r2",
+                    "max_runtime_s": 600,
+                },
+            )
+            with lock:
+                api_ms.append((time.time() - t) * 1000)
+                if r.status_code == 201:
+                    sent[r.json()["id"]] = t
+                else:
+                    errors += 1
+
+        def churn() -> None:
+            """Terminate what has run for a second, so the fleet keeps turning over."""
+            while not stop.is_set():
+                with engine.connect() as c:
+                    rows = (
+                        c.execute(
+                            sa.text(
+                                "SELECT id FROM workloads WHERE state = 'running' "
+                                "AND started_at < now() - interval '1 second' LIMIT 100"
+                            )
+                        )
+                        .scalars()
+                        .all()
+                    )
+                for wid in rows:
+                    try:
+                        client.delete(f"/v1/workloads/{wid}")
+                    except httpx.HTTPError:
+                        return  # the API is shutting down
+                stop.wait(0.3)
+
+        churner = threading.Thread(target=churn, daemon=True)
+        churner.start()
+        cycles0 = env.cycles()
+        t0 = time.time() + 0.5
+        with ThreadPoolExecutor(48) as pool:
+            for i in range(n):
+                pool.submit(submit, i, t0 + i / rate)
+        load_s = time.time() - t0
+
+        def placed() -> dict[str, float]:
+            with engine.connect() as c:
+                rows = c.execute(
+                    sa.text(
+                        "SELECT workload_id, min(at) FROM workload_events "
+                        "WHERE to_state = 'placing' GROUP BY workload_id"
+                    )
+                ).all()
+            return {
+                str(w): at.replace(tzinfo=UTC).timestamp() if at.tzinfo is None else at.timestamp()
+                for w, at in rows
+            }
+
+        deadline = time.time() + 60
+        got = placed()
+        while time.time() < deadline and len([w for w in sent if w in got]) < len(sent):
+            time.sleep(0.5)
+            got = placed()
+        cycles = env.cycles() - cycles0
+        stop.set()
+        churner.join(timeout=5)
+        lat = [(got[w] - s) * 1000 for w, s in sent.items() if w in got]
+        first = min(sent.values(), default=t0)
+        last = max((got[w] for w in sent if w in got), default=first)
+        return {
+            "workers": workers,
+            "partitions": 2,
+            "rate": rate,
+            "duration_s": duration,
+            "submitted": len(sent),
+            "rejected": errors,
+            "placed": len(lat),
+            "p50_submit_to_placed_ms": round(_pct(lat, 0.5), 1),
+            "p99_submit_to_placed_ms": round(_pct(lat, 0.99), 1),
+            "max_submit_to_placed_ms": round(max(lat, default=float("nan")), 1),
+            "p99_submit_api_ms": round(_pct(api_ms, 0.99), 1),
+            "placements_per_s": round(len(lat) / max(last - first, 1e-9), 1),
+            "offered_per_s": round(n / max(load_s, 1e-9), 1),
+            "cycles_per_s": round(cycles / max(last - first, 1e-9), 1),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+    finally:
+        env.close()
+
+
+def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, v in results[0].items() if isinstance(v, int | float)]
+    out = dict(results[0])
+    for k in keys:
+        out[k] = round(statistics.median(r[k] for r in results), 1)
+    out["runs"] = len(results)
+    out["at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    return out
