@@ -124,15 +124,16 @@ def clean_db(database):
 
     # A worker process may still be finishing an earlier test's task: a deadlock with it just
     # means truncating again.
-    for attempt in range(5):
+    for attempt in range(30):
         try:
             with get_engine().begin() as conn:
+                conn.execute(text("SET LOCAL lock_timeout = '2s'"))
                 conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
             break
         except OperationalError:
-            if attempt == 4:
+            if attempt == 29:
                 raise
-            time.sleep(0.2)
+            time.sleep(0.3)
     yield
 
 

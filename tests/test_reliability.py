@@ -92,7 +92,7 @@ def _worker(name: str) -> subprocess.Popen:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def more_workers(celery_worker_process):
     """Three more worker processes beside the session's one (which runs beat): four in all."""
     procs = [_worker(f"extra{i}") for i in range(3)]
