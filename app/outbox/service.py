@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session
 
 from app.core.db import as_aware, get_sessionmaker, utcnow
@@ -27,7 +27,7 @@ def enqueue(
     msg = OutboxMessage(task=task, kwargs=kwargs, queue=queue, eta=eta, created_at=now)
     session.add(msg)
     session.flush()
-    session.info.setdefault(_PENDING, []).append(msg.id)
+    session.info.setdefault(_PENDING, []).append((msg.id, task, kwargs, queue, eta))
     return msg
 
 
@@ -44,13 +44,82 @@ def _after_rollback(session: Session) -> None:
 
 
 def flush_committed(session: Session) -> None:
-    """Send what the session committed. Called by the unit-of-work wrappers after commit."""
-    ids = session.info.pop("rackplane_outbox_committed", None)
-    if ids:
-        try:
-            send(ids)
-        except Exception as exc:  # the beat drainer will retry; the change itself is committed
-            log.warning("outbox_send_deferred", ids=ids, error=str(exc))
+    """Send what the session committed, then mark it sent in one statement. Called by the
+    unit-of-work wrappers after commit. A crash between the two leaves the rows unsent and the
+    beat drainer sends them again: tasks take ids and are idempotent, so a repeat is harmless,
+    while a message never sent would not be."""
+    msgs = session.info.pop("rackplane_outbox_committed", None)
+    if not msgs:
+        return
+    from workers.celery_app import celery_app
+
+    sent = []
+    try:
+        for mid, task, kwargs, queue, eta in msgs:
+            celery_app.send_task(
+                task,
+                kwargs=kwargs,
+                queue=queue,
+                eta=eta,
+                retry=True,
+                retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+            )
+            sent.append(mid)
+    except Exception as exc:  # the drainer will send the rest; the change itself is committed
+        log.warning("outbox_send_deferred", ids=[m[0] for m in msgs], error=str(exc))
+    if sent:
+        _marker.mark(sent)
+
+
+class _Marker:
+    """Marks sent outbox rows from a background thread, many per statement, so a request does
+    not wait for a second transaction. Lost marks (the process dies first) only mean the
+    drainer sends those messages again, which idempotent tasks absorb."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self.q: queue.Queue[int] = queue.Queue()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def mark(self, ids: list[int]) -> None:
+        import threading
+
+        for i in ids:
+            self.q.put(i)
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, daemon=True, name="outbox-mark")
+                self.thread.start()
+
+    def _run(self) -> None:
+        import queue
+
+        while True:
+            try:
+                ids = [self.q.get(timeout=5)]
+            except queue.Empty:
+                return
+            while len(ids) < 500:
+                try:
+                    ids.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                with get_sessionmaker()() as s:
+                    s.execute(
+                        update(OutboxMessage)
+                        .where(OutboxMessage.id.in_(ids), OutboxMessage.sent_at.is_(None))
+                        .values(sent_at=utcnow(), attempts=OutboxMessage.attempts + 1)
+                    )
+                    s.commit()
+            except Exception as exc:  # the drainer covers it
+                log.warning("outbox_mark_failed", ids=len(ids), error=str(exc))
+
+
+_marker = _Marker()
 
 
 def send(

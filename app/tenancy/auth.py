@@ -104,7 +104,14 @@ def authenticate(
     prefix = parse_prefix(raw)
     if prefix is None:
         raise Unauthorized("The API key is malformed.", code="invalid_api_key")
-    key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+    # The key and its tenant in one round trip; the tenant stays in the session's identity
+    # map for the route (`get_owned` finds it there).
+    row = session.execute(
+        select(ApiKey, Tenant)
+        .outerjoin(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(ApiKey.prefix == prefix)
+    ).first()
+    key, tenant = (row[0], row[1]) if row is not None else (None, None)
     # Compare even when the prefix is unknown, so timing does not reveal which prefixes exist.
     expected = key.secret_hash if key is not None else "0" * 64
     if not hmac.compare_digest(expected, hash_secret(raw)) or key is None:
@@ -117,9 +124,7 @@ def authenticate(
     # Keep last_used_at fresh to the minute without writing on every request.
     if key.last_used_at is None or now - as_aware(key.last_used_at) > timedelta(seconds=60):
         key.last_used_at = now
-    tenant_status = None
-    if key.tenant_id is not None:
-        tenant_status = session.scalar(select(Tenant.status).where(Tenant.id == key.tenant_id))
+    tenant_status = tenant.status if tenant is not None else None
     ctx = AuthContext(key.id, key.prefix, key.tenant_id, frozenset(key.scopes), tenant_status)
     request.state.auth = ctx
     return ctx

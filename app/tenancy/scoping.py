@@ -55,10 +55,16 @@ def get_owned(
         oid = obj_id if isinstance(obj_id, uuid.UUID) else uuid.UUID(str(obj_id))
     except ValueError:
         raise NotFound(f"No {label} with id {obj_id!s}.", code=f"{label}_not_found") from None
-    stmt = scoped_select(auth, model).where(model.id == oid)  # type: ignore[attr-defined]
     if for_update:
-        stmt = stmt.with_for_update()
-    obj = session.scalar(stmt)
+        stmt = scoped_select(auth, model).where(model.id == oid)  # type: ignore[attr-defined]
+        obj = session.scalar(stmt.with_for_update())
+    else:
+        # By primary key (free when the session already holds it), then the same owner check
+        # the filtered query would make.
+        obj = session.get(model, oid)
+        if obj is not None and not auth.is_platform:
+            if getattr(obj, model.__tenant_column__) != auth.tenant_id:  # type: ignore[attr-defined]
+                obj = None
     if obj is None:
         raise NotFound(f"No {label} with id {oid}.", code=f"{label}_not_found")
     return obj
