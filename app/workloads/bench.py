@@ -1,6 +1,6 @@
 """`rackplane bench lifecycle`: submit-to-placed latency through the real path.
 
-A scratch PostgreSQL database and Redis key prefix, a uvicorn API process, N Celery worker
+A scratch PostgreSQL database and Redis key prefix, a uvicorn API (two processes), N Celery worker
 processes (the first also runs beat), a fleet of two regions (two partitions), and an open-loop
 load: submissions at a fixed rate, alternating regions, each one terminated a second after it
 runs (so the fleet churns instead of filling). Submit-to-placed is the time from sending the
@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+API_PROCESSES = 2  # uvicorn worker processes: one per core here
 
 
 def _fleet(nodes_per_region: int) -> str:
@@ -136,6 +137,8 @@ class _Env:
                     str(port),
                     "--log-level",
                     "warning",
+                    "--workers",
+                    str(API_PROCESSES),
                 ],
                 cwd=ROOT,
                 env=self.env,
@@ -235,8 +238,8 @@ def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
             async with httpx.AsyncClient(
                 base_url=url,
                 headers=headers,
-                timeout=60,
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                timeout=httpx.Timeout(60, pool=None),
+                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
             ) as ac:
 
                 async def one(i: int) -> None:
@@ -245,15 +248,19 @@ def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
                     if delay > 0:
                         await asyncio.sleep(delay)
                     t = time.time()
-                    r = await ac.post(
-                        "/v1/workloads",
-                        json={
-                            "kind": "instance",
-                            "gpus": 1,
-                            "region": "r1" if i % 2 else "r2",
-                            "max_runtime_s": 600,
-                        },
-                    )
+                    try:
+                        r = await ac.post(
+                            "/v1/workloads",
+                            json={
+                                "kind": "instance",
+                                "gpus": 1,
+                                "region": "r1" if i % 2 else "r2",
+                                "max_runtime_s": 600,
+                            },
+                        )
+                    except httpx.HTTPError:
+                        errors += 1
+                        return
                     api_ms.append((time.time() - t) * 1000)
                     if r.status_code == 201:
                         sent[r.json()["id"]] = t
