@@ -124,23 +124,14 @@ def up(
         )
     children: list[subprocess.Popen] = []
     if worker:
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.celery_app",
-            "worker",
-            "--beat",
-            "--loglevel",
-            settings.log_level,
-            "--concurrency",
-            str(concurrency),
-            "-Q",
-            ",".join(__import__("workers.settings", fromlist=["QUEUES"]).QUEUES),
-            "-n",
+        from workers.settings import worker_command
+
+        cmd = worker_command(
             f"rackplane-{os.getpid()}@%h",
-        ]
+            beat=True,
+            concurrency=concurrency,
+            loglevel=settings.log_level,
+        )
         # Its own process group, so the worker's pool and beat children stop with it.
         children.append(subprocess.Popen(cmd, cwd=ROOT, start_new_session=True))
     sys.stdout.flush()
@@ -182,20 +173,9 @@ def _stop_groups(children: list[subprocess.Popen], timeout: float = 20.0) -> Non
 @cli.command("worker")
 def run_worker(concurrency: int = 2, beat: bool = True) -> None:
     """Run a Celery worker (and beat) for every queue."""
-    from workers.settings import QUEUES
+    from workers.settings import worker_command
 
-    args = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.celery_app",
-        "worker",
-        "-Q",
-        ",".join(QUEUES),
-        "--concurrency",
-        str(concurrency),
-    ] + (["--beat"] if beat else [])
+    args = worker_command(beat=beat, concurrency=concurrency)
     raise typer.Exit(subprocess.call(args, cwd=ROOT))
 
 

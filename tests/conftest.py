@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -227,29 +226,13 @@ regions:
 @pytest.fixture(scope="session")
 def celery_worker_process(database):
     """A real `celery worker` process on the test database and Redis (with beat)."""
-    from workers.settings import QUEUES
+    from workers.settings import worker_command
 
     log = Path(os.environ["RACKPLANE_DATA_DIR"]) / "worker.log"
     env = {**os.environ, "RACKPLANE_LOG_LEVEL": "INFO"}
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.celery_app",
-                "worker",
-                "--beat",
-                "-Q",
-                ",".join(QUEUES),
-                "--concurrency",
-                "1",
-                "-n",
-                f"test-{RUN_ID}@%h",
-                "--loglevel",
-                "INFO",
-            ],
+            worker_command(f"test-{RUN_ID}@%h", beat=True),
             cwd=ROOT,
             env=env,
             stdout=fh,

@@ -65,26 +65,11 @@ def api(database):
 
 
 def _worker(name: str) -> subprocess.Popen:
-    from workers.settings import QUEUES
+    from workers.settings import worker_command
 
     log = open(os.path.join(os.environ["RACKPLANE_DATA_DIR"], f"{name}.log"), "wb")
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.celery_app",
-            "worker",
-            "-Q",
-            ",".join(QUEUES),
-            "--concurrency",
-            "1",
-            "-n",
-            f"{name}-{RUN_ID}@%h",
-            "--loglevel",
-            "WARNING",
-        ],
+        worker_command(f"{name}-{RUN_ID}@%h", loglevel="WARNING"),
         cwd=ROOT,
         env=dict(os.environ),
         stdout=log,

@@ -53,3 +53,35 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         },
         "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
     }
+
+
+def worker_command(
+    name: str | None = None,
+    *,
+    beat: bool = False,
+    concurrency: int = 1,
+    loglevel: str = "INFO",
+    queues: tuple[str, ...] = QUEUES,
+) -> list[str]:
+    """The command line of a Celery worker on Rackplane's queues (`name` as its node name)."""
+    import sys
+
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        loglevel,
+    ]
+    if name:
+        argv += ["-n", name]
+    if beat:
+        argv.append("--beat")
+    return argv

@@ -122,7 +122,7 @@ class _Env:
         return json.loads(out.stdout.strip().splitlines()[-1])["key"], self.env["DATABASE_URL"]
 
     def start(self) -> str:
-        from workers.settings import QUEUES
+        from workers.settings import worker_command
 
         port = _free_port()
         log = open(Path(self.dir) / "api.log", "wb")
@@ -148,24 +148,7 @@ class _Env:
         )
         for i in range(self.workers):
             wlog = open(Path(self.dir) / f"worker{i}.log", "wb")
-            argv = [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.celery_app",
-                "worker",
-                "-Q",
-                ",".join(QUEUES),
-                "--concurrency",
-                "1",
-                "-n",
-                f"w{i}@{self.name}",
-                "--loglevel",
-                "INFO",
-            ]
-            if i == 0:
-                argv.append("--beat")
+            argv = worker_command(f"w{i}@{self.name}", beat=i == 0)
             self.procs.append(
                 subprocess.Popen(
                     argv, cwd=ROOT, env=self.env, stdout=wlog, stderr=subprocess.STDOUT

@@ -23,6 +23,17 @@ log = get_logger(__name__)
 POLL_SECONDS = 0.5
 
 
+def _task(name: str):
+    """A workload task: takes ids, retried with backoff only when the database is away."""
+    return shared_task(
+        name=name,
+        ignore_result=True,
+        autoretry_for=(OperationalError,),
+        retry_backoff=True,
+        max_retries=20,
+    )
+
+
 @shared_task(
     name="placement.cycle",
     bind=True,
@@ -112,13 +123,7 @@ def _provisioning_since(session, w: Workload):
     )
 
 
-@shared_task(
-    name="workloads.provision",
-    ignore_result=True,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=20,
-)
+@_task("workloads.provision")
 def provision(workload_id: str) -> str:
     with session_scope() as session:
         w = _locked(session, workload_id)
@@ -138,13 +143,7 @@ def provision(workload_id: str) -> str:
         return w.state
 
 
-@shared_task(
-    name="workloads.check",
-    ignore_result=True,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=20,
-)
+@_task("workloads.check")
 def check(workload_id: str) -> str:
     with session_scope() as session:
         w = _locked(session, workload_id)
@@ -175,13 +174,7 @@ def check(workload_id: str) -> str:
         return status
 
 
-@shared_task(
-    name="workloads.finish_preemption",
-    ignore_result=True,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=20,
-)
+@_task("workloads.finish_preemption")
 def finish_preemption(workload_id: str) -> str:
     """The grace period is over: the victim has stopped; it waits again, from its checkpoint."""
     with session_scope() as session:
@@ -205,13 +198,7 @@ def finish_preemption(workload_id: str) -> str:
         return "requeued"
 
 
-@shared_task(
-    name="workloads.deprovision",
-    ignore_result=True,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=20,
-)
+@_task("workloads.deprovision")
 def deprovision(workload_id: str) -> str:
     with session_scope() as session:
         w = session.get(Workload, uuid.UUID(workload_id))
