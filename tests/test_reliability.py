@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,15 +23,11 @@ from tests.conftest import ROOT, RUN_ID, auth, wait_until
 ALL = ["shared-timeslice", "shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def api(database):
-    port = _free_port()
+    from app.workloads.bench import free_port
+
+    port = free_port()
     log = open(os.path.join(os.environ["RACKPLANE_DATA_DIR"], "api.log"), "wb")
     proc = subprocess.Popen(
         [

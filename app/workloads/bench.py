@@ -41,7 +41,7 @@ def _fleet(nodes_per_region: int) -> str:
     return "regions:\n" + "".join(regions)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -124,7 +124,7 @@ class _Env:
     def start(self) -> str:
         from workers.settings import worker_command
 
-        port = _free_port()
+        port = free_port()
         log = open(Path(self.dir) / "api.log", "wb")
         self.procs.append(
             subprocess.Popen(

@@ -55,7 +55,12 @@ _HEALTH = {
 
 
 def seconds(dt: datetime | None) -> float | None:
-    return None if dt is None else (as_aware(dt) - EPOCH).total_seconds()
+    """The core's clock (seconds since EPOCH); None stays None."""
+    return None if dt is None else clock(dt)
+
+
+def clock(dt: datetime) -> float:
+    return (as_aware(dt) - EPOCH).total_seconds()
 
 
 class PlanConflict(Exception):
@@ -104,7 +109,6 @@ class _World:
     node_ids: dict[str, uuid.UUID]  # node name -> id
     node_rack: dict[str, tuple[str, str]]  # node name -> (region, rack)
     node_model: dict[str, str]
-    alloc_of: dict[int, uuid.UUID] = field(default_factory=dict)  # snapshot id -> row id
 
 
 def _world(session: Session, region: str) -> _World | None:
@@ -166,7 +170,7 @@ class _Loaded:
             str(w.id),
             request_of(w),
             w.priority,
-            seconds(w.created_at) or 0.0,
+            clock(w.created_at),
             float(w.max_runtime_s),
             checkpoint_cost=float(w.checkpoint_cost_s),
             # Only running work can be evicted; work on its way up or down is left alone.
@@ -242,7 +246,6 @@ def _load(session: Session, region: str, extra_tenant: uuid.UUID | None = None) 
             mig=mig,
             mig_start=a.mig_start,
         )
-        world.alloc_of[aid] = a.id
         allocs.setdefault(a.workload_id, []).append(aid)
     snap.commit()
     tenants = {w.tenant_id for w in holding + queued}
@@ -274,7 +277,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
     if not queued:
         return report
     result = loaded.scheduler(config).cycle(
-        seconds(now) or 0.0, [loaded.qw(w) for w in queued], loaded.running()
+        clock(now), [loaded.qw(w) for w in queued], loaded.running()
     )
     report.blocked = dict(result.blocked)
 
@@ -291,7 +294,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
 
     for ev in result.evictions:
         w = locked(ev.workload)
-        deadline = now + timedelta(seconds=ev.deadline - (seconds(now) or 0.0))
+        deadline = now + timedelta(seconds=ev.deadline - clock(now))
         lifecycle.transition(
             session,
             w,
@@ -314,7 +317,6 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             countdown=max(0.0, (deadline - now).total_seconds()),
         )
         report.evicted.append(ev.workload)
-    gpu_model_of = world.node_model
     for reconf in result.reconfigurations:
         session.execute(
             update(Gpu)
@@ -326,7 +328,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
         placement = []
         for b in adm.bindings:
             a = snap.allocs[b.alloc_id]
-            model = gpu_model_of[b.node]
+            model = world.node_model[b.node]
             milli = PROFILES[a.mig].gpu_equivalent_milli if a.mig else (a.milli or 1000)
             row = Allocation(
                 workload_id=w.id,
@@ -359,7 +361,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             {"phase": adm.phase, "borrowed": adm.borrowed, "victims": list(adm.victims)},
             at=now,
         )
-        delay = max(0.0, adm.start_at - (seconds(now) or 0.0))
+        delay = max(0.0, adm.start_at - clock(now))
         enqueue(
             session,
             "workloads.provision",
@@ -406,7 +408,7 @@ def dry_run(session: Session, w: Workload) -> DryRun:
         return DryRun(False, [], [], None, "the region has no nodes")
     now = utcnow()
     ans = loaded.scheduler().what_if(
-        loaded.qw(w), seconds(now) or 0.0, [loaded.qw(x) for x in loaded.queued], loaded.running()
+        loaded.qw(w), clock(now), [loaded.qw(x) for x in loaded.queued], loaded.running()
     )
     start = None
     if ans.expected_start is not None:
