@@ -13,6 +13,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
@@ -309,3 +310,108 @@ def test_the_lifecycle_benchmark_places_every_submission(database):
         "placements_per_s",
     ):
         assert out[field] > 0
+
+
+def _redis_server(port: int, log_dir: str) -> subprocess.Popen:
+    """A private Redis (nothing on disk, like production's cache-only setup here), so stopping it
+    disturbs no other test."""
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    proc = subprocess.Popen(
+        [*argv, "--appendonly", "no", "--dir", log_dir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    import redis
+
+    client = redis.Redis(port=port)
+    wait_until(lambda: _pings(client), timeout=10)
+    return proc
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_a_broker_restart_under_load_loses_no_accepted_submission(database, tmp_path):
+    """Redis stops in the middle of a steady load and comes back empty (it keeps nothing on
+    disk, so every message it held is gone). While it is away the API answers 503 problem+json
+    where it needs the broker (readiness) and never 500; submissions are still accepted, because
+    the outbox holds their follow-up work in PostgreSQL. After it returns, every accepted
+    submission is placed and runs: the drainer re-sends what was never sent and the reconciler
+    re-sends what was lost with the broker."""
+    from app.workloads.bench import ScratchDeployment, free_port
+
+    port = free_port()
+    redis_proc = _redis_server(port, str(tmp_path))
+    env = ScratchDeployment(workers=1, redis_url=f"redis://127.0.0.1:{port}/0")
+    try:
+        key, db = env.seed(nodes_per_region=24)  # room for everything submitted
+        url = env.start()
+        statuses: list[int] = []
+        problems: list[str] = []
+        accepted: list[str] = []
+        ready: list[int] = []
+
+        def submit(c: httpx.Client, i: int) -> None:
+            r = c.post(
+                "/v1/workloads",
+                json={"kind": "instance", "gpus": 1, "region": "r1" if i % 2 else "r2"},
+            )
+            statuses.append(r.status_code)
+            if r.status_code == 201:
+                accepted.append(r.json()["id"])
+            elif r.status_code == 503:
+                assert r.headers["content-type"].startswith("application/problem+json")
+                problems.append(r.json()["code"])
+
+        with httpx.Client(base_url=url, headers=auth(key), timeout=30) as c:
+            i = 0
+            for phase, seconds in (("before", 3), ("away", 6), ("back", 3)):
+                if phase == "away":
+                    redis_proc.terminate()
+                    redis_proc.wait(timeout=10)
+                    r = c.get("/readyz")
+                    ready.append(r.status_code)
+                    assert r.headers["content-type"].startswith("application/problem+json")
+                    assert "broker" in r.json()["checks"]
+                if phase == "back":
+                    redis_proc = _redis_server(port, str(tmp_path))
+                end = time.time() + seconds
+                while time.time() < end:
+                    submit(c, i)
+                    i += 1
+                    time.sleep(0.05)
+            wait_until(lambda: c.get("/readyz").status_code == 200, timeout=30)
+
+        assert ready == [503]
+        assert set(statuses) <= {201, 503}, statuses
+        assert len(accepted) > 30 and statuses.count(201) == len(accepted)
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(db)
+
+        def states() -> dict[str, int]:
+            with engine.connect() as conn:
+                return dict(
+                    conn.execute(
+                        sa.text("SELECT state, count(*) FROM workloads GROUP BY state")
+                    ).all()
+                )
+
+        # Lost provisioning messages are re-sent by the reconciler after its patience (30 s).
+        try:
+            wait_until(lambda: states() == {"running": len(accepted)}, timeout=120, interval=1)
+        except AssertionError:
+            assert states() == {"running": len(accepted)}, (
+                "worker log: " + (Path(env.dir) / "worker0.log").read_text()[-4000:]
+            )
+        engine.dispose()
+    finally:
+        env.close()
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)

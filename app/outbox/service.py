@@ -3,6 +3,7 @@ Celery only after that change commits (immediately when possible, else by the be
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +16,10 @@ from app.outbox.models import OutboxMessage
 
 log = get_logger(__name__)
 _PENDING = "rackplane_outbox_pending"
+# After a failed send, requests stop trying the broker for this long (each try costs them up to
+# a second of connection retries); what they commit meanwhile waits for the drainer.
+BREAKER_SECONDS = 2.0
+_breaker = {"open_until": 0.0}
 
 
 def enqueue(
@@ -51,6 +56,8 @@ def flush_committed(session: Session) -> None:
     msgs = session.info.pop("rackplane_outbox_committed", None)
     if not msgs:
         return
+    if time.monotonic() < _breaker["open_until"]:
+        return  # the broker failed a moment ago: the drainer sends these once it is back
     from workers.celery_app import celery_app
 
     sent = []
@@ -66,6 +73,7 @@ def flush_committed(session: Session) -> None:
             )
             sent.append(mid)
     except Exception as exc:  # the drainer will send the rest; the change itself is committed
+        _breaker["open_until"] = time.monotonic() + BREAKER_SECONDS
         log.warning("outbox_send_deferred", ids=[m[0] for m in msgs], error=str(exc))
     if sent:
         _marker.mark(sent)

@@ -54,10 +54,10 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-class _Env:
+class ScratchDeployment:
     """A scratch database and broker prefix, with the processes that use them."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, redis_url: str | None = None):
         import sqlalchemy as sa
 
         base = os.environ.get(
@@ -75,7 +75,7 @@ class _Env:
         self.env = {
             **os.environ,
             "DATABASE_URL": url.render_as_string(hide_password=False),
-            "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            "REDIS_URL": redis_url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
             "RACKPLANE_BROKER_PREFIX": self.prefix,
             "RACKPLANE_DATA_DIR": self.dir,
             "RACKPLANE_SEED_DEMO": "false",
@@ -196,7 +196,7 @@ def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
     import sqlalchemy as sa
 
     started = time.perf_counter()
-    env = _Env(workers)
+    env = ScratchDeployment(workers)
     try:
         n = int(rate * duration)
         key, db = env.seed(nodes_per_region=max(8, -(-n // 16) + 4))
