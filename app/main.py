@@ -11,7 +11,11 @@ from app import models  # noqa: F401  (register every model)
 from app.core.config import get_settings
 from app.core.errors import install_error_handlers
 from app.core.logging import configure_logging
-from app.core.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from app.core.middleware import (
+    BodySizeLimitMiddleware,
+    ConcurrencyLimitMiddleware,
+    RequestContextMiddleware,
+)
 from app.fleet import router as fleet
 from app.fleet.document import FleetDocument
 from app.health import router as health
@@ -37,12 +41,19 @@ def create_app() -> FastAPI:
         app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)
-    # Outermost last: request context wraps everything, then size limits, then idempotency.
+    # Outermost last: request context wraps everything, then the in-flight bound, size limits,
+    # idempotency.
     app.add_middleware(IdempotencyMiddleware)
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_bytes=settings.max_body_bytes,
         large_paths={"/v1/admin/fleet:import": settings.max_import_bytes},
+    )
+    app.add_middleware(
+        ConcurrencyLimitMiddleware,
+        limit=settings.api_max_in_flight,
+        timeout=settings.api_queue_timeout_seconds,
+        exempt=frozenset({"/healthz", "/readyz", "/metrics"}),
     )
     app.add_middleware(RequestContextMiddleware)
 

@@ -166,3 +166,62 @@ def test_idempotency_records_expire(client, world, session, monkeypatch):
         client.post("/v1/admin/tenants", headers=headers, json=_tenant_body("a2")).status_code
         == 201
     )
+
+
+def test_requests_beyond_the_in_flight_bound_wait_then_get_a_503_problem():
+    """The bound keeps a burst from deadlocking the database pool: requests past it wait on
+    the event loop, and one that waits too long is shed with 503 and Retry-After; probes are
+    never queued."""
+    import anyio
+
+    from app.core.middleware import ConcurrencyLimitMiddleware
+
+    release = anyio.Event()
+    inside = []
+
+    async def app(scope, receive, send):
+        inside.append(scope["path"])
+        if scope["path"] == "/slow":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limited = ConcurrencyLimitMiddleware(app, limit=1, timeout=0.2, exempt=frozenset({"/healthz"}))
+
+    async def call(path):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b""}
+
+        await limited({"type": "http", "path": path, "method": "GET"}, receive, send)
+        return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]
+
+    async def scenario():
+        results = {}
+        async with anyio.create_task_group() as tg:
+
+            async def run(name, path):
+                results[name] = await call(path)
+
+            tg.start_soon(run, "slow", "/slow")
+            await anyio.sleep(0.05)
+            tg.start_soon(run, "shed", "/x")  # waits 0.2 s for the slot, then 503
+            tg.start_soon(run, "probe", "/healthz")  # not queued
+            await anyio.sleep(0.4)
+            tg.start_soon(run, "queued", "/y")  # waits, and gets in once /slow is done
+            await anyio.sleep(0.05)
+            release.set()
+        return results
+
+    results = anyio.run(scenario)
+    status, headers, body = results["shed"]
+    assert status == 503 and headers[b"retry-after"] == b"1"
+    assert headers[b"content-type"] == b"application/problem+json"
+    assert json.loads(body)["code"] == "overloaded"
+    assert results["probe"][0] == 200 and results["slow"][0] == 200
+    assert results["queued"][0] == 200
+    assert inside == ["/slow", "/healthz", "/y"]  # the shed request never reached the app

@@ -25,6 +25,13 @@ class Settings(BaseSettings):
     log_json: bool = Field(default=True, alias="RACKPLANE_LOG_JSON")
     max_body_bytes: int = Field(default=1_048_576, alias="RACKPLANE_MAX_BODY_BYTES")
     max_import_bytes: int = Field(default=32 * 1_048_576, alias="RACKPLANE_MAX_IMPORT_BYTES")
+    # Requests inside the app at once, per API process: below the database pool (each holds at
+    # most one connection at a time), so a request never waits for a connection that another
+    # request holds while it waits for a thread. The rest queue; past the timeout they get 503.
+    api_max_in_flight: int = Field(default=24, ge=1, alias="RACKPLANE_API_MAX_IN_FLIGHT")
+    api_queue_timeout_seconds: float = Field(
+        default=15.0, gt=0, alias="RACKPLANE_API_QUEUE_TIMEOUT_SECONDS"
+    )
     # Optional server-side secret mixed into API-key hashes (a "pepper").
     key_pepper: str = Field(default="", alias="RACKPLANE_KEY_PEPPER")
     idempotency_ttl_hours: int = Field(default=24, alias="RACKPLANE_IDEMPOTENCY_TTL_HOURS")

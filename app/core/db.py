@@ -67,7 +67,12 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # POOL_SIZE + MAX_OVERFLOW stays above the API's in-flight limit (settings.api_max_in_flight)
+    # plus the outbox marker's connection.
+    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW)
+
+
+POOL_SIZE, MAX_OVERFLOW = 10, 20
 
 
 @lru_cache

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request ids, access logs and metrics, body size limits."""
+"""Pure ASGI middleware: request ids, access logs and metrics, body size limits, a bound on
+requests in flight."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import time
 import uuid
 
+import anyio
 import structlog
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -151,3 +153,49 @@ class BodySizeLimitMiddleware:
             if not message.get("more_body"):
                 break
         await self.app(scope, replay_body(b"".join(chunks), receive), send)
+
+
+IN_FLIGHT_WAIT = Histogram(
+    "rackplane_http_queue_wait_seconds",
+    "Time a request waited for an in-flight slot",
+    buckets=(0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10),
+)
+SHED = Counter("rackplane_http_shed_total", "Requests answered 503 after waiting for a slot")
+
+
+class ConcurrencyLimitMiddleware:
+    """At most `limit` requests inside the app at once; the rest wait here, on the event loop,
+    in arrival order, and get 503 problem+json with Retry-After if no slot frees in `timeout`
+    seconds. Without it, a burst larger than the database pool deadlocks the sync handlers:
+    threads block for a connection held by requests that wait for a thread to finish. Probes
+    (`exempt`) are never queued, so liveness answers under load."""
+
+    def __init__(
+        self, app: ASGIApp, limit: int, timeout: float, exempt: frozenset[str] = frozenset()
+    ):
+        self.app = app
+        self.slots = anyio.Semaphore(limit)
+        self.timeout = timeout
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        with anyio.move_on_after(self.timeout) as waited:
+            await self.slots.acquire()
+        IN_FLIGHT_WAIT.observe(time.perf_counter() - start)
+        if waited.cancelled_caught:
+            SHED.inc()
+            return await send_problem(
+                send,
+                503,
+                "overloaded",
+                "Service overloaded",
+                f"No capacity to take the request within {self.timeout:g} s; retry shortly.",
+                headers=[(b"retry-after", b"1")],
+            )
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.slots.release()
