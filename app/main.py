@@ -21,6 +21,7 @@ from app.fleet.document import FleetDocument
 from app.health import router as health
 from app.idempotency.middleware import IdempotencyMiddleware
 from app.keys import router as keys
+from app.metering import router as metering
 from app.tenants import router as tenants
 from app.workloads import router as workloads
 
@@ -37,7 +38,7 @@ def create_app() -> FastAPI:
     configure_logging(settings.log_level, settings.log_json)
     app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION)
     install_error_handlers(app)
-    for module in (health, tenants, keys, fleet, workloads):
+    for module in (health, tenants, keys, fleet, workloads, metering):
         app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)

@@ -4,6 +4,7 @@ from app.core.db import Base
 from app.fleet.models import FleetImport, Gpu, Node, Rack, Region
 from app.idempotency.models import IdempotencyRecord
 from app.keys.models import ApiKey
+from app.metering.models import UsageEvent
 from app.outbox.models import OutboxMessage
 from app.tenants.models import Tenant
 from app.workloads.models import (
@@ -30,6 +31,7 @@ __all__ = [
     "Region",
     "Tenant",
     "TenantQuota",
+    "UsageEvent",
     "Workload",
     "WorkloadEvent",
 ]

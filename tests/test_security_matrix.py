@@ -19,6 +19,17 @@ PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("POST",
 BODIES: dict[tuple[str, str], dict] = {
     ("POST", "/v1/workloads/{workload_id}/checkpoints"): {"size_bytes": 1},
 }
+# Required query parameters of tenant list routes (grouped so that any of A's ids would show).
+QUERIES: dict[tuple[str, str], dict] = {
+    ("GET", "/v1/usage"): {
+        "from": "2026-01-01T00:00:00Z",
+        "to": "2027-01-01T00:00:00Z",
+        "group_by": "tenant_id,workload_id",
+    },
+}
+WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z"}
+QUERIES[("GET", "/v1/admin/usage")] = WINDOW
+QUERIES[("GET", "/v1/admin/utilisation")] = WINDOW
 
 
 @pytest.fixture
@@ -47,6 +58,30 @@ def matrix(world, client, session):
     node = session.scalar(select(Node).limit(1))
     w = client.post("/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(a_key))
     assert w.status_code == 201, w.text
+    # Tenant A has usage on record (as the placement worker would have written it).
+    ingested = client.post(
+        "/v1/admin/usage/events",
+        json={
+            "events": [
+                {
+                    "event_key": f"matrix:{w.json()['id']}:start",
+                    "kind": "start",
+                    "allocation_id": w.json()["id"],
+                    "workload_id": w.json()["id"],
+                    "tenant_id": str(a.id),
+                    "region": "r1",
+                    "gpu_model": "H100-80GB",
+                    "shape": "whole",
+                    "tier": "dedicated-gpu",
+                    "priority": "training",
+                    "gpu_milli": 1000,
+                    "occurred_at": "2026-06-01T00:00:00Z",
+                }
+            ]
+        },
+        headers=auth(op_key),
+    )
+    assert ingested.status_code == 200, ingested.text
     ids = {
         "tenant_id": str(a.id),
         "key_id": str(session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == a.id).limit(1))),
@@ -165,8 +200,12 @@ def test_other_tenants_objects_are_404_and_never_leak(client, matrix):
                 {k: v for k, v in r.json().items() if k not in ("detail", "instance")}
             )
         elif method == "GET":
-            r = client.get(path, headers=auth(matrix["b_key"]))
+            params = QUERIES.get((method, path))
+            r = client.get(path, params=params, headers=auth(matrix["b_key"]))
             assert r.status_code == 200, f"{method} {path} -> {r.status_code}"
+            if params:  # and A sees its own there, so the check above has teeth
+                mine = client.get(path, params=params, headers=auth(matrix["a_key"]))
+                assert any(i in mine.text for i in a_ids), f"{method} {path}: A sees nothing"
             text = r.text
         else:
             continue
@@ -180,5 +219,6 @@ def test_other_tenants_objects_are_404_and_never_leak(client, matrix):
 def test_operator_key_reaches_operator_routes(client, matrix):
     for method, path, _ in _operations(client):
         if method == "GET" and path.startswith("/v1/admin/"):
-            r = client.get(_fill(path, matrix["ids"]), headers=auth(matrix["op"]))
+            params = QUERIES.get((method, path))
+            r = client.get(_fill(path, matrix["ids"]), params=params, headers=auth(matrix["op"]))
             assert r.status_code == 200, f"{path} -> {r.status_code} {r.text}"

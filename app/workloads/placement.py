@@ -25,6 +25,8 @@ from sqlalchemy.orm import Session
 from app.core.db import as_aware, utcnow
 from app.core.logging import get_logger
 from app.fleet.models import Gpu, GpuHealth, Node, NodeState, Rack, Region
+from app.metering import service as metering
+from app.metering.models import UsageKind
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
@@ -308,7 +310,8 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             },
             at=now,
         )
-        release(session, w, now)  # its GPUs are promised to `by`, which starts after the grace
+        # Its GPUs are promised to `by`, which starts after the grace.
+        release(session, w, now, reason="preempted")
         enqueue(
             session,
             "workloads.finish_preemption",
@@ -323,12 +326,14 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             .where(Gpu.node_id == world.node_ids[reconf.node], Gpu.index == reconf.gpu_index)
             .values(mig_mode=reconf.mig_mode)
         )
+    started: list[dict] = []  # usage ledger: each new allocation starts metering
     for adm in result.admissions:
         w = locked(adm.workload)
         placement = []
         for b in adm.bindings:
             a = snap.allocs[b.alloc_id]
             model = world.node_model[b.node]
+            region = world.node_rack[b.node][0]
             milli = PROFILES[a.mig].gpu_equivalent_milli if a.mig else (a.milli or 1000)
             row = Allocation(
                 workload_id=w.id,
@@ -351,6 +356,16 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             session.flush()
             _claim(session, row, model)
             placement.append(describe(world, b))
+            started.append(
+                metering.allocation_event(
+                    UsageKind.start,
+                    row,
+                    region=region,
+                    gpu_model=model,
+                    priority=w.priority,
+                    at=row.created_at,
+                )
+            )
         w.placement = placement
         lifecycle.transition(
             session,
@@ -370,6 +385,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             countdown=delay,
         )
         report.admitted.append(adm.workload)
+    metering.ingest(session, started)
     return report
 
 
@@ -464,8 +480,11 @@ def _claim(session: Session, a: Allocation, model: str, sign: int = 1) -> None:
     session.flush()
 
 
-def release(session: Session, w: Workload, at: datetime | None = None) -> int:
-    """End `w`'s live allocations (GPU usage and MIG claims go with them)."""
+def release(
+    session: Session, w: Workload, at: datetime | None = None, reason: str | None = None
+) -> int:
+    """End `w`'s live allocations (GPU usage and MIG claims go with them) and stop their
+    metering, in the caller's transaction."""
     at = at or utcnow()
     rows = list(
         session.scalars(
@@ -474,18 +493,36 @@ def release(session: Session, w: Workload, at: datetime | None = None) -> int:
             .with_for_update()
         )
     )
-    models = dict(
-        session.execute(
-            select(Node.id, Node.gpu_model).where(Node.id.in_([a.node_id for a in rows]))
-        ).all()
-    )
+    where = {
+        nid: (model, region)
+        for nid, model, region in session.execute(
+            select(Node.id, Node.gpu_model, Region.name)
+            .join(Rack, Node.rack_id == Rack.id)
+            .join(Region, Rack.region_id == Region.id)
+            .where(Node.id.in_([a.node_id for a in rows]))
+        )
+    }
+    stopped = []
     for a in rows:
         a.released_at = at
-        _claim(session, a, models[a.node_id], sign=-1)
+        model, region = where[a.node_id]
+        _claim(session, a, model, sign=-1)
+        stopped.append(
+            metering.allocation_event(
+                UsageKind.stop,
+                a,
+                region=region,
+                gpu_model=model,
+                priority=w.priority,
+                at=at,
+                reason=reason,
+            )
+        )
         session.execute(
             update(MigClaim)
             .where(MigClaim.allocation_id == a.id, MigClaim.released_at.is_(None))
             .values(released_at=at)
         )
     session.flush()
+    metering.ingest(session, stopped)
     return len(rows)

@@ -185,7 +185,7 @@ def terminate(session: Session, w: Workload, reason: str = "terminated by the cu
 
     held = State(w.state) in HOLDING
     lifecycle.transition(session, w, State.terminated, reason)
-    if held and release(session, w):
+    if held and release(session, w, reason="terminated"):
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
         enqueue(session, "placement.cycle", queue="placement", region=w.region)
 

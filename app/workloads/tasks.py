@@ -162,7 +162,7 @@ def check(workload_id: str) -> str:
         elif status == "ready":
             lifecycle.transition(session, w, State.running, "the provider reports it up")
         else:
-            release(session, w)
+            release(session, w, reason="provisioning_failed")
             lifecycle.transition(
                 session,
                 w,

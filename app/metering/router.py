@@ -1,0 +1,140 @@
+"""Usage for tenants (their own only) and operators (any tenant, and the fleet's idle iron)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy.orm import Session
+
+from app.core.db import session_dependency
+from app.metering import service
+from app.metering.models import UsageEvent
+from app.metering.schemas import (
+    IngestOut,
+    UsageEventBatch,
+    UsageOut,
+    UtilisationOut,
+)
+from app.tenancy.auth import AuthContext, platform, tenant_read
+from app.tenancy.scoping import restrict
+
+router = APIRouter(prefix="/v1", tags=["usage"])
+admin = APIRouter(prefix="/v1/admin", tags=["admin: usage"])
+
+FROM = Query(..., alias="from", description="Window start (inclusive), ISO 8601 with offset")
+TO = Query(..., alias="to", description="Window end (exclusive)")
+GRANULARITY = Query("day", pattern="^(hour|day)$")
+GROUP_BY = Query(
+    "",
+    description="Comma-separated dimensions: "
+    + ", ".join(service.DIMENSIONS)
+    + ". Empty: one total per bucket.",
+)
+
+
+def _group_by(raw: str) -> list[str]:
+    return [g.strip() for g in raw.split(",") if g.strip()]
+
+
+def _answer(rows: list[dict], start: datetime, end: datetime, granularity: str, group_by):
+    total = sum(r["milli_gpu_ms"] for r in rows)
+    return {
+        "from": start,
+        "to": end,
+        "granularity": granularity,
+        "group_by": group_by,
+        "rows": rows,
+        "total_milli_gpu_ms": total,
+        "total_gpu_hours": round(total / service.GPU_HOUR, 6),
+    }
+
+
+@router.get("/usage", response_model=UsageOut, summary="Your usage, by time bucket and dimension")
+def usage(
+    start: datetime = FROM,
+    end: datetime = TO,
+    granularity: str = GRANULARITY,
+    group_by: str = GROUP_BY,
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    groups = _group_by(group_by)
+    rows = service.usage(
+        session, lambda s: restrict(auth, s, UsageEvent), start, end, granularity, groups
+    )
+    return _answer(rows, start, end, granularity, groups)
+
+
+@admin.get("/usage", response_model=UsageOut, summary="Any tenant's usage, or everyone's")
+def admin_usage(
+    start: datetime = FROM,
+    end: datetime = TO,
+    granularity: str = GRANULARITY,
+    group_by: str = GROUP_BY,
+    tenant_id: uuid.UUID | None = None,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    def scope(stmt):
+        stmt = restrict(auth, stmt, UsageEvent)
+        return stmt if tenant_id is None else stmt.where(UsageEvent.tenant_id == tenant_id)
+
+    groups = _group_by(group_by)
+    rows = service.usage(session, scope, start, end, granularity, groups)
+    return _answer(rows, start, end, granularity, groups)
+
+
+@admin.get(
+    "/utilisation",
+    response_model=UtilisationOut,
+    summary="Fleet utilisation: allocated vs idle GPU-hours by region and GPU model",
+)
+def utilisation(
+    start: datetime = FROM,
+    end: datetime = TO,
+    granularity: str = GRANULARITY,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    rows = service.utilisation(
+        session, lambda s: restrict(auth, s, UsageEvent), start, end, granularity
+    )
+    allocated = sum(r["allocated_gpu_hours"] for r in rows)
+    capacity = sum(r["capacity_gpu_hours"] for r in rows)
+    return {
+        "from": start,
+        "to": end,
+        "granularity": granularity,
+        "rows": rows,
+        "allocated_gpu_hours": round(allocated, 6),
+        "idle_gpu_hours": round(capacity - allocated, 6),
+        "utilisation_pct": round(100 * allocated / capacity, 3) if capacity else 0.0,
+    }
+
+
+@admin.post(
+    "/usage/events",
+    response_model=IngestOut,
+    summary="Ingest usage events (providers, replays, corrections); repeats are skipped",
+)
+def ingest(
+    body: UsageEventBatch,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    from sqlalchemy import select
+
+    from app.core.errors import ValidationFailed
+    from app.tenants.models import Tenant
+
+    wanted = {e.tenant_id for e in body.events}
+    known = set(session.scalars(select(Tenant.id).where(Tenant.id.in_(wanted))))
+    if wanted - known:
+        raise ValidationFailed(
+            f"Unknown tenant(s): {', '.join(sorted(map(str, wanted - known)))}.",
+            code="unknown_tenant",
+        )
+    new = service.ingest(session, (e.model_dump() for e in body.events))
+    return {"received": len(body.events), "new": new}

@@ -1,0 +1,291 @@
+"""Metering: ingest allocation lifecycle events into the ledger (idempotently, in any order),
+and read usage back as integer quantities per time bucket and dimension.
+
+Exactness: times count in whole milliseconds since the Unix epoch (floored), quantities in
+milli-GPU-milliseconds, so an interval's usage is `gpu_milli * (stop_ms - start_ms)` with no
+rounding anywhere, and the sum over buckets equals the sum over intervals.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session, aliased
+
+from app.core.db import as_aware, utcnow
+from app.core.errors import ValidationFailed
+from app.metering.models import UsageEvent, UsageKind
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MS = timedelta(milliseconds=1)
+GPU_HOUR = 1000 * 3_600_000  # milli-GPU-milliseconds in one GPU-hour
+GRANULARITY_MS = {"hour": 3_600_000, "day": 86_400_000}
+DIMENSIONS = ("tenant_id", "workload_id", "region", "gpu_model", "shape", "tier", "priority")
+MAX_BUCKETS = 24 * 400  # per query: 400 days by the hour
+
+
+def to_ms(dt: datetime) -> int:
+    return (as_aware(dt) - EPOCH) // MS
+
+
+def from_ms(ms: int) -> datetime:
+    return EPOCH + timedelta(milliseconds=ms)
+
+
+def shape_of(tier: str, mig_profile: str | None, milli: int) -> str:
+    """The billed shape of an allocation: what the price book prices."""
+    if tier in ("vm", "confidential-vm"):
+        return "vm"
+    if mig_profile:
+        return f"mig-{mig_profile}"
+    return "fractional" if milli < 1000 else "whole"
+
+
+def start_key(allocation_id: uuid.UUID | str) -> str:
+    return f"alloc:{allocation_id}:start"
+
+
+def stop_key(allocation_id: uuid.UUID | str) -> str:
+    return f"alloc:{allocation_id}:stop"
+
+
+def ingest(session: Session, events: Iterable[dict[str, Any]]) -> int:
+    """Insert events whose key is new; a key seen before is skipped, whatever it carries (the
+    first write wins, and history is never edited). Returns how many were new."""
+    rows = [dict(e) for e in events]
+    if not rows:
+        return 0
+    now = utcnow()
+    for r in rows:
+        r.setdefault("recorded_at", now)
+        r.setdefault("quantity", None)
+        r.setdefault("reason", None)
+        r.setdefault("allocation_id", None)
+        r.setdefault("workload_id", None)
+    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    new = 0
+    for i in range(0, len(rows), 1000):
+        stmt = (
+            ins(UsageEvent)
+            .values(rows[i : i + 1000])
+            .on_conflict_do_nothing(index_elements=["event_key"])
+            .returning(UsageEvent.id)
+        )
+        new += len(session.execute(stmt).all())
+    return new
+
+
+def allocation_event(
+    kind: UsageKind,
+    allocation,
+    *,
+    region: str,
+    gpu_model: str,
+    priority: str,
+    at: datetime,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """The ledger event for an allocation's start or stop (the allocation row carries the rest)."""
+    return {
+        "event_key": (start_key if kind is UsageKind.start else stop_key)(allocation.id),
+        "kind": kind.value,
+        "allocation_id": allocation.id,
+        "workload_id": allocation.workload_id,
+        "tenant_id": allocation.tenant_id,
+        "region": region,
+        "gpu_model": gpu_model,
+        "shape": shape_of(allocation.tier, allocation.mig_profile, allocation.milli),
+        "tier": allocation.tier,
+        "priority": priority,
+        "gpu_milli": allocation.milli * len(allocation.gpu_indices),
+        "occurred_at": at,
+        "reason": reason,
+    }
+
+
+@dataclass(frozen=True)
+class Interval:
+    start_ms: int
+    stop_ms: int | None  # None: still held
+    gpu_milli: int
+    dims: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    at_ms: int
+    quantity: int
+    dims: dict[str, Any]
+
+
+def _dims(e: UsageEvent) -> dict[str, Any]:
+    return {d: getattr(e, d) for d in DIMENSIONS}
+
+
+def read(
+    session: Session, scope, start: datetime, end: datetime
+) -> tuple[list[Interval], list[Adjustment]]:
+    """Every interval overlapping [start, end) and every adjustment inside it, restricted by
+    `scope` (a callable that adds the tenancy filter to a select of UsageEvent)."""
+    stop = aliased(UsageEvent)
+    stmt = (
+        select(UsageEvent, stop.occurred_at)
+        .outerjoin(
+            stop,
+            and_(stop.allocation_id == UsageEvent.allocation_id, stop.kind == UsageKind.stop.value),
+        )
+        .where(
+            UsageEvent.kind == UsageKind.start.value,
+            UsageEvent.occurred_at < end,
+            (stop.occurred_at.is_(None)) | (stop.occurred_at > start),
+        )
+    )
+    intervals = [
+        Interval(to_ms(e.occurred_at), None if s is None else to_ms(s), e.gpu_milli, _dims(e))
+        for e, s in session.execute(scope(stmt))
+    ]
+    adj = select(UsageEvent).where(
+        UsageEvent.kind == UsageKind.adjustment.value,
+        UsageEvent.occurred_at >= start,
+        UsageEvent.occurred_at < end,
+    )
+    adjustments = [
+        Adjustment(to_ms(e.occurred_at), e.quantity or 0, _dims(e))
+        for e in session.scalars(scope(adj))
+    ]
+    return intervals, adjustments
+
+
+def bucketize(
+    intervals: Sequence[Interval],
+    adjustments: Sequence[Adjustment],
+    start: datetime,
+    end: datetime,
+    granularity: str,
+    group_by: Sequence[str],
+    now: datetime | None = None,
+) -> dict[tuple[int, tuple], int]:
+    """{(bucket start ms, group values): milli-GPU-ms}. Open intervals accrue up to `now`."""
+    step = GRANULARITY_MS[granularity]
+    lo, hi = to_ms(start), to_ms(end)
+    now_ms = to_ms(now or utcnow())
+    out: dict[tuple[int, tuple], int] = defaultdict(int)
+    for iv in intervals:
+        a = max(iv.start_ms, lo)
+        b = min(iv.stop_ms if iv.stop_ms is not None else max(now_ms, iv.start_ms), hi)
+        if b <= a:
+            continue
+        group = tuple(iv.dims[g] for g in group_by)
+        bucket = a - (a % step)
+        while bucket < b:
+            nxt = bucket + step
+            out[(bucket, group)] += iv.gpu_milli * (min(b, nxt) - max(a, bucket))
+            bucket = nxt
+    for adj in adjustments:
+        group = tuple(adj.dims[g] for g in group_by)
+        out[(adj.at_ms - adj.at_ms % step, group)] += adj.quantity
+    return out
+
+
+def check_window(start: datetime, end: datetime, granularity: str) -> None:
+    if granularity not in GRANULARITY_MS:
+        raise ValidationFailed(
+            f"granularity must be one of {', '.join(GRANULARITY_MS)}.", code="invalid_granularity"
+        )
+    if as_aware(end) <= as_aware(start):
+        raise ValidationFailed("`to` must be after `from`.", code="invalid_window")
+    buckets = (to_ms(end) - to_ms(start)) // GRANULARITY_MS[granularity]
+    if buckets > MAX_BUCKETS:
+        raise ValidationFailed(
+            f"The window spans {buckets} {granularity}s; at most {MAX_BUCKETS} per query.",
+            code="window_too_large",
+        )
+
+
+def usage(
+    session: Session,
+    scope,
+    start: datetime,
+    end: datetime,
+    granularity: str,
+    group_by: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Usage rows, one per bucket and group, in bucket order."""
+    check_window(start, end, granularity)
+    unknown = [g for g in group_by if g not in DIMENSIONS]
+    if unknown:
+        raise ValidationFailed(
+            f"Cannot group by {', '.join(unknown)}; choose from {', '.join(DIMENSIONS)}.",
+            code="invalid_group_by",
+        )
+    intervals, adjustments = read(session, scope, start, end)
+    buckets = bucketize(intervals, adjustments, start, end, granularity, group_by)
+    step = GRANULARITY_MS[granularity]
+    rows = []
+    for (bucket, group), q in sorted(buckets.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        rows.append(
+            {
+                "start": from_ms(bucket),
+                "end": from_ms(bucket + step),
+                "group": {
+                    g: (str(v) if isinstance(v, uuid.UUID) else v)
+                    for g, v in zip(group_by, group, strict=True)
+                },
+                "milli_gpu_ms": q,
+                "gpu_hours": round(q / GPU_HOUR, 6),
+            }
+        )
+    return rows
+
+
+def utilisation(
+    session: Session, scope, start: datetime, end: datetime, granularity: str
+) -> list[dict[str, Any]]:
+    """Per bucket, region and GPU model: the GPU-hours the fleet had (each GPU from its
+    registration), those allocated to any tenant, and the idle rest."""
+    from app.fleet.models import Gpu, Node, Rack, Region
+
+    check_window(start, end, granularity)
+    fleet = session.execute(
+        select(Gpu.created_at, Node.gpu_model, Region.name)
+        .join(Node, Gpu.node_id == Node.id)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .where(Gpu.created_at < end)
+    ).all()
+    keys = ("region", "gpu_model")
+    capacity = bucketize(
+        [Interval(to_ms(at), None, 1000, {"region": r, "gpu_model": m}) for at, m, r in fleet],
+        [],
+        start,
+        end,
+        granularity,
+        keys,
+    )
+    intervals, adjustments = read(session, scope, start, end)
+    used = bucketize(intervals, adjustments, start, end, granularity, keys)
+    step = GRANULARITY_MS[granularity]
+    rows = []
+    for bucket, group in sorted(set(capacity) | set(used), key=lambda k: (k[0], k[1])):
+        cap, alloc = capacity.get((bucket, group), 0), used.get((bucket, group), 0)
+        rows.append(
+            {
+                "start": from_ms(bucket),
+                "end": from_ms(bucket + step),
+                "region": group[0],
+                "gpu_model": group[1],
+                "capacity_gpu_hours": round(cap / GPU_HOUR, 6),
+                "allocated_gpu_hours": round(alloc / GPU_HOUR, 6),
+                "idle_gpu_hours": round((cap - alloc) / GPU_HOUR, 6),
+                "utilisation_pct": round(100 * alloc / cap, 3) if cap else 0.0,
+            }
+        )
+    return rows
