@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app import models  # noqa: F401  (register every model)
+from app.billing import router as billing
 from app.core.config import get_settings
 from app.core.errors import install_error_handlers
 from app.core.logging import configure_logging
@@ -38,7 +39,7 @@ def create_app() -> FastAPI:
     configure_logging(settings.log_level, settings.log_json)
     app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION)
     install_error_handlers(app)
-    for module in (health, tenants, keys, fleet, workloads, metering):
+    for module in (health, tenants, keys, fleet, workloads, metering, billing):
         app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)

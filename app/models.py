@@ -1,5 +1,6 @@
 """Import every model so `Base.metadata` is complete (Alembic and tests use this)."""
 
+from app.billing.models import Price
 from app.core.db import Base
 from app.fleet.models import FleetImport, Gpu, Node, Rack, Region
 from app.idempotency.models import IdempotencyRecord
@@ -27,6 +28,7 @@ __all__ = [
     "IdempotencyRecord",
     "Node",
     "OutboxMessage",
+    "Price",
     "Rack",
     "Region",
     "Tenant",

@@ -95,6 +95,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 TABLES = [
+    "prices",
     "usage_events",
     "mig_claims",
     "gpu_usage",

@@ -1,0 +1,206 @@
+"""Pricing the usage ledger.
+
+Usage is cut into hours (the ledger's exact integer quantities); each hour of each SKU, tier,
+region and plan is priced at the price version in effect at the start of that hour, and hours
+with the same price version add up into one line. A line's amount is rounded once, half up, to
+the minor unit: quantities stay exact, and money is never a float.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.billing.models import Plan, Price
+from app.core.errors import ValidationFailed
+from app.metering import service as metering
+
+HOUR_MS = metering.GRANULARITY_MS["hour"]
+DAY_MS = metering.GRANULARITY_MS["day"]
+
+
+def plan_of(priority: str) -> Plan:
+    """Preemptible work pays the preemptible price; everything else on demand."""
+    return Plan.preemptible if priority == "preemptible" else Plan.on_demand
+
+
+def amount(quantity: int, unit_amount: int) -> int:
+    """Minor units for `quantity` milli-GPU-ms at `unit_amount` per GPU-hour, rounded half
+    away from zero, in integers only."""
+    num = abs(quantity) * unit_amount
+    out = (2 * num + metering.GPU_HOUR) // (2 * metering.GPU_HOUR)
+    return out if quantity >= 0 else -out
+
+
+def period_window(period: str) -> tuple[datetime, datetime]:
+    """`YYYY-MM` as [first instant, first instant of the next month) in UTC."""
+    m = re.fullmatch(r"(\d{4})-(\d{2})", period)
+    if not m or not 1 <= int(m.group(2)) <= 12:
+        raise ValidationFailed("period must look like 2026-11.", code="invalid_period")
+    y, mo = int(m.group(1)), int(m.group(2))
+    start = datetime(y, mo, 1, tzinfo=UTC)
+    end = datetime(y + mo // 12, mo % 12 + 1, 1, tzinfo=UTC)
+    return start, end
+
+
+def create_price(session: Session, **fields: Any) -> Price:
+    """A new version of the price for (model, shape, tier, region, plan)."""
+    key = {k: fields[k] for k in ("gpu_model", "shape", "tier", "region", "plan")}
+    last = session.scalar(
+        select(func.max(Price.version)).where(*(getattr(Price, k) == v for k, v in key.items()))
+    )
+    price = Price(**fields, version=(last or 0) + 1)
+    session.add(price)
+    session.flush()
+    return price
+
+
+class PriceBook:
+    """Every price, indexed for lookup by (model, plan); small enough to hold per request."""
+
+    def __init__(self, prices: Sequence[Price]):
+        self.by: dict[tuple[str, str], list[tuple[int, Price]]] = defaultdict(list)
+        for p in prices:
+            self.by[(p.gpu_model, p.plan)].append((metering.to_ms(p.effective_from), p))
+        self._cache: dict[tuple, Price | None] = {}
+
+    @classmethod
+    def load(cls, session: Session) -> PriceBook:
+        return cls(list(session.scalars(select(Price))))
+
+    def resolve(
+        self, gpu_model: str, shape: str, tier: str, region: str, plan: Plan, at_ms: int
+    ) -> Price | None:
+        """The most specific price in effect at `at_ms`: an exact shape beats its family
+        (`mig` for `mig-1g`), a named tier or region beats '*'; among equals the latest
+        effective date, then the highest version."""
+        key = (gpu_model, shape, tier, region, plan, at_ms)
+        if key in self._cache:
+            return self._cache[key]
+        family = shape.split("-", 1)[0]
+        best, best_rank = None, None
+        for since, p in self.by.get((gpu_model, plan.value), ()):
+            if since > at_ms or p.shape not in (shape, family):
+                continue
+            if p.tier not in (tier, "*") or p.region not in (region, "*"):
+                continue
+            rank = (p.shape == shape, p.tier != "*", p.region != "*", since, p.version)
+            if best_rank is None or rank > best_rank:
+                best, best_rank = p, rank
+        self._cache[key] = best
+        return best
+
+
+@dataclass
+class Line:
+    tenant_id: str
+    gpu_model: str
+    shape: str
+    tier: str
+    region: str
+    plan: str
+    day: datetime | None
+    price: Price | None
+    quantity: int = 0  # milli-GPU-ms
+
+    @property
+    def amount(self) -> int:
+        return amount(self.quantity, self.price.unit_amount) if self.price else 0
+
+
+@dataclass
+class Priced:
+    lines: list[Line] = field(default_factory=list)
+
+    def totals(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for ln in self.lines:
+            if ln.price is not None:
+                out[ln.price.currency] += ln.amount
+        return dict(out)
+
+    @property
+    def unpriced(self) -> int:
+        return sum(ln.quantity for ln in self.lines if ln.price is None)
+
+
+DIMS = ("tenant_id", "gpu_model", "shape", "tier", "region", "priority")
+
+
+def price_usage(
+    session: Session,
+    scope,
+    start: datetime,
+    end: datetime,
+    *,
+    by_day: bool = False,
+    book: PriceBook | None = None,
+    now: datetime | None = None,
+) -> Priced:
+    """Priced lines for the usage in [start, end) visible through `scope`: one per tenant,
+    SKU, tier, region, plan and price version (and day, with `by_day`)."""
+    book = book or PriceBook.load(session)
+    intervals, adjustments = metering.read(session, scope, start, end)
+    hours = metering.bucketize(intervals, adjustments, start, end, "hour", DIMS, now=now)
+    lines: dict[tuple, Line] = {}
+    for (hour, (tenant, model, shape, tier, region, priority)), q in hours.items():
+        plan = plan_of(priority)
+        price = book.resolve(model, shape, tier, region, plan, hour)
+        day = metering.from_ms(hour - hour % DAY_MS) if by_day else None
+        key = (
+            str(tenant),
+            model,
+            shape,
+            tier,
+            region,
+            plan.value,
+            day,
+            price.id if price else None,
+        )
+        line = lines.get(key)
+        if line is None:
+            line = lines[key] = Line(
+                str(tenant), model, shape, tier, region, plan.value, day, price
+            )
+        line.quantity += q
+    ordered = sorted(
+        lines.values(),
+        key=lambda ln: (
+            ln.tenant_id,
+            ln.day or start,
+            ln.gpu_model,
+            ln.shape,
+            ln.tier,
+            ln.region,
+            ln.plan,
+            ln.price.version if ln.price else 0,
+        ),
+    )
+    return Priced(ordered)
+
+
+def line_out(ln: Line) -> dict[str, Any]:
+    return {
+        "tenant_id": uuid.UUID(ln.tenant_id),
+        "sku": f"{ln.gpu_model}/{ln.shape}",
+        "gpu_model": ln.gpu_model,
+        "shape": ln.shape,
+        "tier": ln.tier,
+        "region": ln.region,
+        "plan": ln.plan,
+        "day": ln.day,
+        "milli_gpu_ms": ln.quantity,
+        "gpu_hours": round(ln.quantity / metering.GPU_HOUR, 6),
+        "unit_amount": ln.price.unit_amount if ln.price else None,
+        "currency": ln.price.currency if ln.price else None,
+        "price_version": ln.price.version if ln.price else None,
+        "amount": ln.amount,
+    }
