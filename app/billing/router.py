@@ -12,9 +12,8 @@ from app.billing import service
 from app.billing.models import Price
 from app.billing.schemas import BillingSummary, PriceIn, PriceList, PriceOut
 from app.core.db import session_dependency, utcnow
-from app.metering.models import UsageEvent
+from app.metering.service import visible_to
 from app.tenancy.auth import AuthContext, platform, tenant_read
-from app.tenancy.scoping import restrict
 
 router = APIRouter(prefix="/v1", tags=["billing"])
 admin = APIRouter(prefix="/v1/admin", tags=["admin: billing"])
@@ -59,9 +58,7 @@ def _summary(session: Session, auth: AuthContext, period: str, until: datetime |
     start, end = service.period_window(period)
     now = utcnow()
     accrued = min(end, until or now)
-    priced = service.price_usage(
-        session, lambda s: restrict(auth, s, UsageEvent), start, end, now=accrued
-    )
+    priced = service.price_usage(session, visible_to(auth), start, end, now=accrued)
     return {
         "period": period,
         "start": start,

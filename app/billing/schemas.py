@@ -57,7 +57,6 @@ class BillingLine(OutModel):
     tier: str
     region: str
     plan: str
-    day: datetime | None = None
     milli_gpu_ms: int
     gpu_hours: float
     unit_amount: int | None = Field(..., description="None: no price covers this usage")

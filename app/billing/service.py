@@ -23,9 +23,6 @@ from app.billing.models import Plan, Price
 from app.core.errors import ValidationFailed
 from app.metering import service as metering
 
-HOUR_MS = metering.GRANULARITY_MS["hour"]
-DAY_MS = metering.GRANULARITY_MS["day"]
-
 
 def plan_of(priority: str) -> Plan:
     """Preemptible work pays the preemptible price; everything else on demand."""
@@ -107,7 +104,6 @@ class Line:
     tier: str
     region: str
     plan: str
-    day: datetime | None
     price: Price | None
     quantity: int = 0  # milli-GPU-ms
 
@@ -141,41 +137,27 @@ def price_usage(
     start: datetime,
     end: datetime,
     *,
-    by_day: bool = False,
-    book: PriceBook | None = None,
     now: datetime | None = None,
 ) -> Priced:
     """Priced lines for the usage in [start, end) visible through `scope`: one per tenant,
-    SKU, tier, region, plan and price version (and day, with `by_day`)."""
-    book = book or PriceBook.load(session)
+    SKU, tier, region, plan and price version."""
+    book = PriceBook.load(session)
     intervals, adjustments = metering.read(session, scope, start, end)
     hours = metering.bucketize(intervals, adjustments, start, end, "hour", DIMS, now=now)
     lines: dict[tuple, Line] = {}
     for (hour, (tenant, model, shape, tier, region, priority)), q in hours.items():
         plan = plan_of(priority)
         price = book.resolve(model, shape, tier, region, plan, hour)
-        day = metering.from_ms(hour - hour % DAY_MS) if by_day else None
-        key = (
-            str(tenant),
-            model,
-            shape,
-            tier,
-            region,
-            plan.value,
-            day,
-            price.id if price else None,
-        )
+        dims = (str(tenant), model, shape, tier, region, plan.value)
+        key = (*dims, price.id if price else None)
         line = lines.get(key)
         if line is None:
-            line = lines[key] = Line(
-                str(tenant), model, shape, tier, region, plan.value, day, price
-            )
+            line = lines[key] = Line(*dims, price)
         line.quantity += q
     ordered = sorted(
         lines.values(),
         key=lambda ln: (
             ln.tenant_id,
-            ln.day or start,
             ln.gpu_model,
             ln.shape,
             ln.tier,
@@ -196,7 +178,6 @@ def line_out(ln: Line) -> dict[str, Any]:
         "tier": ln.tier,
         "region": ln.region,
         "plan": ln.plan,
-        "day": ln.day,
         "milli_gpu_ms": ln.quantity,
         "gpu_hours": round(ln.quantity / metering.GPU_HOUR, 6),
         "unit_amount": ln.price.unit_amount if ln.price else None,

@@ -6,11 +6,12 @@ import uuid
 from datetime import datetime
 
 from fastapi import APIRouter, Depends, Query
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency
+from app.core.errors import ValidationFailed
 from app.metering import service
-from app.metering.models import UsageEvent
 from app.metering.schemas import (
     IngestOut,
     UsageEventBatch,
@@ -18,7 +19,7 @@ from app.metering.schemas import (
     UtilisationOut,
 )
 from app.tenancy.auth import AuthContext, platform, tenant_read
-from app.tenancy.scoping import restrict
+from app.tenants.models import Tenant
 
 router = APIRouter(prefix="/v1", tags=["usage"])
 admin = APIRouter(prefix="/v1/admin", tags=["admin: usage"])
@@ -61,9 +62,7 @@ def usage(
     session: Session = Depends(session_dependency),
 ) -> dict:
     groups = _group_by(group_by)
-    rows = service.usage(
-        session, lambda s: restrict(auth, s, UsageEvent), start, end, granularity, groups
-    )
+    rows = service.usage(session, service.visible_to(auth), start, end, granularity, groups)
     return _answer(rows, start, end, granularity, groups)
 
 
@@ -77,11 +76,8 @@ def admin_usage(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    def scope(stmt):
-        stmt = restrict(auth, stmt, UsageEvent)
-        return stmt if tenant_id is None else stmt.where(UsageEvent.tenant_id == tenant_id)
-
     groups = _group_by(group_by)
+    scope = service.visible_to(auth, tenant_id)
     rows = service.usage(session, scope, start, end, granularity, groups)
     return _answer(rows, start, end, granularity, groups)
 
@@ -98,20 +94,8 @@ def utilisation(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    rows = service.utilisation(
-        session, lambda s: restrict(auth, s, UsageEvent), start, end, granularity
-    )
-    allocated = sum(r["allocated_gpu_hours"] for r in rows)
-    capacity = sum(r["capacity_gpu_hours"] for r in rows)
-    return {
-        "from": start,
-        "to": end,
-        "granularity": granularity,
-        "rows": rows,
-        "allocated_gpu_hours": round(allocated, 6),
-        "idle_gpu_hours": round(capacity - allocated, 6),
-        "utilisation_pct": round(100 * allocated / capacity, 3) if capacity else 0.0,
-    }
+    rows, totals = service.utilisation(session, service.visible_to(auth), start, end, granularity)
+    return {"from": start, "to": end, "granularity": granularity, "rows": rows, **totals}
 
 
 @admin.post(
@@ -124,11 +108,6 @@ def ingest(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    from sqlalchemy import select
-
-    from app.core.errors import ValidationFailed
-    from app.tenants.models import Tenant
-
     wanted = {e.tenant_id for e in body.events}
     known = set(session.scalars(select(Tenant.id).where(Tenant.id.in_(wanted))))
     if wanted - known:

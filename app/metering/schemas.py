@@ -94,6 +94,7 @@ class UtilisationOut(OutModel):
     to: datetime
     granularity: Literal["hour", "day"]
     rows: list[UtilisationRow]
+    capacity_gpu_hours: float
     allocated_gpu_hours: float
     idle_gpu_hours: float
     utilisation_pct: float

@@ -49,6 +49,18 @@ def shape_of(tier: str, mig_profile: str | None, milli: int) -> str:
     return "fractional" if milli < 1000 else "whole"
 
 
+def visible_to(auth, tenant_id: uuid.UUID | None = None):
+    """The scope `read` applies: the caller's tenancy filter (the one helper for it), narrowed
+    to one tenant when an operator asks for one."""
+    from app.tenancy.scoping import restrict
+
+    def scope(stmt):
+        stmt = restrict(auth, stmt, UsageEvent)
+        return stmt if tenant_id is None else stmt.where(UsageEvent.tenant_id == tenant_id)
+
+    return scope
+
+
 def start_key(allocation_id: uuid.UUID | str) -> str:
     return f"alloc:{allocation_id}:start"
 
@@ -248,9 +260,10 @@ def usage(
 
 def utilisation(
     session: Session, scope, start: datetime, end: datetime, granularity: str
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Per bucket, region and GPU model: the GPU-hours the fleet had (each GPU from its
-    registration), those allocated to any tenant, and the idle rest."""
+    registration), those allocated to any tenant, and the idle rest; and the window's totals,
+    from the exact quantities."""
     from app.fleet.models import Gpu, Node, Rack, Region
 
     check_window(start, end, granularity)
@@ -282,10 +295,17 @@ def utilisation(
                 "end": from_ms(bucket + step),
                 "region": group[0],
                 "gpu_model": group[1],
-                "capacity_gpu_hours": round(cap / GPU_HOUR, 6),
-                "allocated_gpu_hours": round(alloc / GPU_HOUR, 6),
-                "idle_gpu_hours": round((cap - alloc) / GPU_HOUR, 6),
-                "utilisation_pct": round(100 * alloc / cap, 3) if cap else 0.0,
+                **_split(cap, alloc),
             }
         )
-    return rows
+    return rows, _split(sum(capacity.values()), sum(used.values()))
+
+
+def _split(capacity: int, allocated: int) -> dict[str, float]:
+    """Capacity, allocated and idle GPU-hours from exact milli-GPU-ms."""
+    return {
+        "capacity_gpu_hours": round(capacity / GPU_HOUR, 6),
+        "allocated_gpu_hours": round(allocated / GPU_HOUR, 6),
+        "idle_gpu_hours": round((capacity - allocated) / GPU_HOUR, 6),
+        "utilisation_pct": round(100 * allocated / capacity, 3) if capacity else 0.0,
+    }
