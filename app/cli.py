@@ -26,7 +26,11 @@ tenants_cli = typer.Typer(help="Onboard tenants.", no_args_is_help=True)
 keys_cli = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 cli.add_typer(fleet_cli, name="fleet")
 cli.add_typer(tenants_cli, name="tenants")
+billing_cli = typer.Typer(
+    help="Exports, Stripe meter events, reconciliation.", no_args_is_help=True
+)
 cli.add_typer(keys_cli, name="keys")
+cli.add_typer(billing_cli, name="billing")
 
 
 def _register_sim() -> None:
@@ -347,6 +351,92 @@ def keys_revoke(prefix: str) -> None:
             _fail(f"no key with prefix {prefix}", 2)
         revoke(key)
     console.print(f"key {prefix} revoked")
+
+
+@billing_cli.command("export")
+def billing_export(
+    period: str = typer.Option(..., help="The month, e.g. 2026-11."),
+    format: str = typer.Option("csv", help="csv or jsonl."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File (default: stdout)."),
+) -> None:
+    """Every tenant's month for finance: one row per day, tenant, SKU, tier, region, plan and
+    price version (the same rows as GET /v1/admin/billing/exports)."""
+    from app.billing import exports
+    from app.core.db import session_scope
+    from app.core.errors import AppError
+    from app.tenancy.auth import SYSTEM
+
+    if format not in exports.FORMATS:
+        _fail(f"format must be one of {', '.join(exports.FORMATS)}", 2)
+    try:
+        with session_scope() as session:
+            rows = exports.export_rows(session, SYSTEM, period)
+    except AppError as exc:
+        _fail(exc.detail or exc.title, 2)
+    out = open(output, "w", newline="") if output else sys.stdout
+    try:
+        for chunk in exports.stream(rows, format):
+            out.write(chunk)
+    finally:
+        if output:
+            out.close()
+    if output:
+        err.print(f"wrote {len(rows)} rows to {output}")
+
+
+@billing_cli.command("push")
+def billing_push() -> None:
+    """Plan the meter events the ledger owes Stripe and send them now (what the beat task
+    `billing.meter_export` does every RACKPLANE_METER_EXPORT_EVERY seconds)."""
+    from dataclasses import asdict
+
+    from app.billing import stripe_export
+    from app.billing.stripe_gateway import gateway
+    from app.core.db import session_scope
+
+    if gateway() is None:
+        _fail("Stripe is not configured (set RACKPLANE_STRIPE_API_KEY)", 2)
+    with session_scope() as session:
+        planned = stripe_export.plan(session)
+    sent = stripe_export.send()
+    console.print_json(json.dumps({"planned": asdict(planned), "sent": asdict(sent)}, default=str))
+
+
+@billing_cli.command("reconcile")
+def billing_reconcile(
+    period: str = typer.Option(..., help="The month, e.g. 2026-11."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Ledger totals against what Stripe was sent, per tenant and meter; exits 1 on any
+    difference."""
+    from app.billing import stripe_export
+    from app.core.db import session_scope
+    from app.core.errors import AppError
+    from app.tenancy.auth import SYSTEM
+
+    try:
+        with session_scope() as session:
+            report = stripe_export.reconcile(session, SYSTEM, period)
+    except AppError as exc:
+        _fail(exc.detail or exc.title, 2)
+    if as_json:
+        console.print_json(json.dumps(report, default=str))
+    else:
+        table = Table("tenant", "meter", "ledger", "exported", "adjusted", "difference", "pending")
+        for r in report["rows"]:
+            table.add_row(
+                str(r["tenant_id"]),
+                r["meter"],
+                str(r["ledger_milli_gpu_ms"]),
+                str(r["exported_milli_gpu_ms"]),
+                str(r["adjusted_milli_gpu_ms"]),
+                str(r["difference_milli_gpu_ms"]),
+                str(r["pending_events"]),
+            )
+        console.print(table)
+        console.print(f"through {report['through']}: {report['differences']} difference(s)")
+    if report["differences"]:
+        raise typer.Exit(1)
 
 
 @cli.command()

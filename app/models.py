@@ -1,6 +1,13 @@
 """Import every model so `Base.metadata` is complete (Alembic and tests use this)."""
 
-from app.billing.models import Price
+from app.billing.models import (
+    BillingAdjustment,
+    Budget,
+    BudgetAlert,
+    MeterExport,
+    MeterExportCursor,
+    Price,
+)
 from app.core.db import Base
 from app.fleet.models import FleetImport, Gpu, Node, Rack, Region
 from app.idempotency.models import IdempotencyRecord
@@ -19,6 +26,11 @@ from app.workloads.models import (
 
 __all__ = [
     "Allocation",
+    "BillingAdjustment",
+    "Budget",
+    "BudgetAlert",
+    "MeterExport",
+    "MeterExportCursor",
     "Base",
     "GpuUsage",
     "MigClaim",

@@ -60,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_SIM_BOOT_SECONDS": "0.3",
             "RACKPLANE_PREEMPTION_GRACE": "1",
             "RACKPLANE_PLACEMENT_TICK": "1",
+            "RACKPLANE_BUDGET_EVAL_SECONDS": "1",
         }
     )
 
@@ -95,6 +96,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 TABLES = [
+    "budget_alerts",
+    "budgets",
+    "meter_exports",
+    "billing_adjustments",
+    "meter_export_cursor",
     "prices",
     "usage_events",
     "mig_claims",

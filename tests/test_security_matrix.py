@@ -31,6 +31,9 @@ WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z"}
 QUERIES[("GET", "/v1/admin/usage")] = WINDOW
 QUERIES[("GET", "/v1/admin/utilisation")] = WINDOW
 QUERIES[("GET", "/v1/billing/summary")] = {"period": "2026-06"}  # A's usage starts then
+QUERIES[("GET", "/v1/billing/exports")] = {"period": "2026-06", "format": "csv"}
+QUERIES[("GET", "/v1/admin/billing/exports")] = {"period": "2026-06"}
+QUERIES[("GET", "/v1/admin/billing/reconciliation")] = {"period": "2026-06"}
 
 
 @pytest.fixture
@@ -83,6 +86,9 @@ def matrix(world, client, session):
         headers=auth(op_key),
     )
     assert ingested.status_code == 200, ingested.text
+    for k in (a_key, b_key):  # both have budgets: B reads its own, never A's
+        budget = client.put("/v1/budget", json={"spend_limit": 10**9}, headers=auth(k))
+        assert budget.status_code == 200, budget.text
     ids = {
         "tenant_id": str(a.id),
         "key_id": str(session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == a.id).limit(1))),

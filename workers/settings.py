@@ -39,6 +39,8 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "idempotency.*": {"queue": "default"},
             "placement.*": {"queue": "placement"},
             "workloads.*": {"queue": "provisioning"},
+            "metering.*": {"queue": "metering"},
+            "billing.*": {"queue": "billing"},
         },
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -50,6 +52,11 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
+            "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
+            "billing.meter_export": {
+                "task": "billing.meter_export",
+                "schedule": s.meter_export_seconds,
+            },
         },
         "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
     }

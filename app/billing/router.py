@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.billing import service
-from app.billing.models import Price
-from app.billing.schemas import BillingSummary, PriceIn, PriceList, PriceOut
+from app.billing import budgets, exports, service, stripe_export
+from app.billing.models import Budget, BudgetAlert, Price
+from app.billing.schemas import (
+    BillingSummary,
+    BudgetIn,
+    BudgetOut,
+    PriceIn,
+    PriceList,
+    PriceOut,
+    Reconciliation,
+)
 from app.core.db import session_dependency, utcnow
-from app.metering.service import visible_to
-from app.tenancy.auth import AuthContext, platform, tenant_read
+from app.metering.service import GPU_HOUR, visible_to
+from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
+from app.tenancy.scoping import get_owned, scoped_select
+from app.tenants.models import Tenant
 
 router = APIRouter(prefix="/v1", tags=["billing"])
 admin = APIRouter(prefix="/v1/admin", tags=["admin: billing"])
@@ -93,3 +106,150 @@ def upcoming(
 ) -> dict:
     now = utcnow()
     return _summary(session, auth, f"{now:%Y-%m}", now)
+
+
+def _budget_out(session: Session, auth: AuthContext, tenant_id: uuid.UUID) -> dict:
+    b = get_owned(session, auth, Budget, tenant_id, what="budget")
+    period = budgets.period_of(utcnow())
+    alerts = session.scalars(
+        scoped_select(auth, BudgetAlert)
+        .where(BudgetAlert.tenant_id == tenant_id, BudgetAlert.period == period)
+        .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
+    )
+    current = b.period == period
+    return {
+        "tenant_id": b.tenant_id,
+        "currency": b.currency,
+        "spend_limit": b.spend_limit,
+        "gpu_hour_limit": b.gpu_hour_limit,
+        "stop_preemptible": b.stop_preemptible,
+        "period": b.period,
+        "spent": b.spent if current else 0,
+        "gpu_hours_used": round(b.used_milli_gpu_ms / GPU_HOUR, 6) if current else 0.0,
+        "exhausted": b.exhausted_period == period,
+        "evaluated_at": b.evaluated_at,
+        "alerts": list(alerts),
+    }
+
+
+@router.get("/budget", response_model=BudgetOut, summary="Your budget, this month's use and alerts")
+def my_budget(
+    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+    return _budget_out(session, auth, tenant.id)
+
+
+@router.put(
+    "/budget",
+    response_model=BudgetOut,
+    summary="Set your monthly budget (spend and/or GPU-hour limit); evaluated at once",
+)
+def put_my_budget(
+    body: BudgetIn,
+    auth: AuthContext = Depends(tenant_write),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+    budgets.set_budget(session, tenant.id, **body.model_dump())
+    return _budget_out(session, auth, tenant.id)
+
+
+@router.delete("/budget", status_code=204, summary="Remove your budget (no limits)")
+def delete_my_budget(
+    auth: AuthContext = Depends(tenant_write), session: Session = Depends(session_dependency)
+) -> None:
+    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+    session.delete(get_owned(session, auth, Budget, tenant.id, what="budget"))
+
+
+@admin.get(
+    "/tenants/{tenant_id}/budget", response_model=BudgetOut, summary="A tenant's budget and use"
+)
+def tenant_budget(
+    tenant_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    return _budget_out(session, auth, tenant.id)
+
+
+@admin.put(
+    "/tenants/{tenant_id}/budget",
+    response_model=BudgetOut,
+    summary="Set a tenant's monthly budget; evaluated at once",
+)
+def put_tenant_budget(
+    tenant_id: str,
+    body: BudgetIn,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    budgets.set_budget(session, tenant.id, **body.model_dump())
+    return _budget_out(session, auth, tenant.id)
+
+
+_EXPORT_MEDIA = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
+_EXPORT_DOC = {
+    200: {
+        "description": "One row per day, tenant, SKU, tier, region, plan and price version",
+        "content": {"text/csv": {}, "application/x-ndjson": {}},
+    }
+}
+
+
+def _export(session: Session, auth: AuthContext, period: str, fmt: str) -> StreamingResponse:
+    rows = exports.export_rows(session, auth, period)
+    return StreamingResponse(
+        exports.stream(rows, fmt),
+        media_type=_EXPORT_MEDIA[fmt],
+        headers={
+            "Content-Disposition": f'attachment; filename="rackplane-usage-{period}.{fmt}"',
+            "X-Row-Count": str(len(rows)),
+        },
+    )
+
+
+@router.get(
+    "/billing/exports",
+    response_class=StreamingResponse,
+    responses=_EXPORT_DOC,
+    summary="Your month as rows for finance (CSV or JSON lines), streamed",
+)
+def my_export(
+    period: str = Query(..., description="The month, e.g. 2026-11"),
+    format: Literal["csv", "jsonl"] = Query("csv"),
+    auth: AuthContext = Depends(tenant_read),
+    session: Session = Depends(session_dependency),
+) -> StreamingResponse:
+    return _export(session, auth, period, format)
+
+
+@admin.get(
+    "/billing/exports",
+    response_class=StreamingResponse,
+    responses=_EXPORT_DOC,
+    summary="Every tenant's month as rows for finance (CSV or JSON lines), streamed",
+)
+def admin_export(
+    period: str = Query(..., description="The month, e.g. 2026-11"),
+    format: Literal["csv", "jsonl"] = Query("csv"),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> StreamingResponse:
+    return _export(session, auth, period, format)
+
+
+@admin.get(
+    "/billing/reconciliation",
+    response_model=Reconciliation,
+    summary="Ledger totals against what Stripe was sent, per tenant, meter and month",
+)
+def reconciliation(
+    period: str = Query(..., description="The month, e.g. 2026-11"),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    return stripe_export.reconcile(session, auth, period)

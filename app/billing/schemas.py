@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from typing import Literal
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, model_validator
 
 from app.core.schemas import OutModel, StrictModel
 from app.placement.catalog import GPU_MODELS
@@ -73,3 +73,65 @@ class BillingSummary(OutModel):
     lines: list[BillingLine]
     totals: dict[str, int] = Field(..., description="Minor units per currency")
     unpriced_milli_gpu_ms: int
+
+
+class BudgetIn(StrictModel):
+    currency: str = Field("usd", pattern=r"^[a-z]{3}$", description="Currency of the spend limit")
+    spend_limit: int | None = Field(
+        None, ge=0, le=10**15, description="Minor units per month (e.g. cents); null: no limit"
+    )
+    gpu_hour_limit: int | None = Field(
+        None, ge=0, le=10**9, description="GPU-hours (GPU-equivalents) per month; null: no limit"
+    )
+    stop_preemptible: bool = Field(
+        False, description="At a limit, also stop running preemptible workloads"
+    )
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> BudgetIn:
+        if self.spend_limit is None and self.gpu_hour_limit is None:
+            raise ValueError("set spend_limit, gpu_hour_limit or both")
+        return self
+
+
+class BudgetAlertOut(OutModel):
+    period: str
+    metric: Literal["spend", "gpu_hours"]
+    threshold_pct: int
+    used: int = Field(description="Minor units for spend, milli-GPU-ms for gpu_hours")
+    limit: int = Field(description="Same unit as `used`")
+    created_at: datetime
+
+
+class BudgetOut(OutModel):
+    tenant_id: uuid.UUID
+    currency: str
+    spend_limit: int | None
+    gpu_hour_limit: int | None
+    stop_preemptible: bool
+    period: str | None = Field(description="The month last evaluated")
+    spent: int = Field(description="Minor units spent this month (priced as the bill prices)")
+    gpu_hours_used: float
+    exhausted: bool = Field(description="A limit is reached: new submissions are refused")
+    evaluated_at: datetime | None
+    alerts: list[BudgetAlertOut] = Field(description="Thresholds crossed this month")
+
+
+class ReconciliationRow(StrictModel):
+    tenant_id: uuid.UUID
+    stripe_customer_id: str
+    meter: str
+    ledger_milli_gpu_ms: int
+    exported_milli_gpu_ms: int = Field(description="In meter events Stripe took (not cancelled)")
+    adjusted_milli_gpu_ms: int = Field(description="Credits and charges outside Stripe's windows")
+    difference_milli_gpu_ms: int = Field(description="ledger - exported - adjusted; 0 is right")
+    pending_events: int = Field(description="Meter events or cancellations still to send")
+    failed_events: int = Field(description="Meter events Stripe refused (an operator acts)")
+
+
+class Reconciliation(StrictModel):
+    period: str
+    start: datetime
+    through: datetime = Field(description="End of the last bucket old enough to be exported")
+    rows: list[ReconciliationRow]
+    differences: int = Field(description="Rows whose difference is not zero")

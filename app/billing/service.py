@@ -1,9 +1,10 @@
 """Pricing the usage ledger.
 
-Usage is cut into hours (the ledger's exact integer quantities); each hour of each SKU, tier,
-region and plan is priced at the price version in effect at the start of that hour, and hours
-with the same price version add up into one line. A line's amount is rounded once, half up, to
-the minor unit: quantities stay exact, and money is never a float.
+Usage is cut into days, and again at the instant a price version takes effect (the ledger's
+exact integer quantities); each segment of each SKU, tier, region and plan is priced at the one
+version in effect over it, and segments with the same version add up into one line. A line's
+amount is rounded once, half up, to the minor unit: quantities stay exact, and money is never a
+float.
 """
 
 from __future__ import annotations
@@ -129,6 +130,22 @@ class Priced:
 
 
 DIMS = ("tenant_id", "gpu_model", "shape", "tier", "region", "priority")
+DAY_MS = 86_400_000
+
+
+def priced_segments(
+    session: Session, scope, start: datetime, end: datetime, now: datetime | None = None
+) -> tuple[PriceBook, dict[tuple[int, tuple], int]]:
+    """The usage in [start, end) visible through `scope`, cut into days and again wherever a
+    price version takes effect, so one price holds over each segment: {(segment start ms,
+    DIMS values): milli-GPU-ms}."""
+    book = PriceBook.load(session)
+    lo, hi = metering.to_ms(start), metering.to_ms(end)
+    cuts = {*range(lo, hi, DAY_MS), hi}
+    for versions in book.by.values():
+        cuts.update(since for since, _ in versions if lo < since < hi)
+    intervals, adjustments = metering.read(session, scope, start, end)
+    return book, metering.segmentize(intervals, adjustments, sorted(cuts), DIMS, now=now)
 
 
 def price_usage(
@@ -141,13 +158,11 @@ def price_usage(
 ) -> Priced:
     """Priced lines for the usage in [start, end) visible through `scope`: one per tenant,
     SKU, tier, region, plan and price version."""
-    book = PriceBook.load(session)
-    intervals, adjustments = metering.read(session, scope, start, end)
-    hours = metering.bucketize(intervals, adjustments, start, end, "hour", DIMS, now=now)
+    book, segments = priced_segments(session, scope, start, end, now)
     lines: dict[tuple, Line] = {}
-    for (hour, (tenant, model, shape, tier, region, priority)), q in hours.items():
+    for (seg, (tenant, model, shape, tier, region, priority)), q in segments.items():
         plan = plan_of(priority)
-        price = book.resolve(model, shape, tier, region, plan, hour)
+        price = book.resolve(model, shape, tier, region, plan, seg)
         dims = (str(tenant), model, shape, tier, region, plan.value)
         key = (*dims, price.id if price else None)
         line = lines.get(key)

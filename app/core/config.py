@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     # A preempted workload may checkpoint for this long before it is stopped.
     preemption_grace_seconds: float = Field(default=120.0, ge=0, alias="RACKPLANE_PREEMPTION_GRACE")
     # Beat: how often every region with waiting work gets a placement cycle.
+    stripe_api_key: str | None = Field(default=None, alias="RACKPLANE_STRIPE_API_KEY")
+    stripe_api_base: str | None = Field(default=None, alias="RACKPLANE_STRIPE_API_BASE")
+    # Usage goes to Stripe per bucket of this many seconds, once the bucket ended this long ago
+    # (late ledger events after that become corrections).
+    meter_bucket_seconds: int = Field(default=3600, ge=1, le=86400, alias="RACKPLANE_METER_BUCKET")
+    meter_settle_seconds: float = Field(default=300.0, ge=0, alias="RACKPLANE_METER_SETTLE")
+    meter_export_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_METER_EXPORT_EVERY")
+    budget_eval_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_BUDGET_EVAL_SECONDS")
     placement_tick_seconds: float = Field(default=5.0, gt=0, alias="RACKPLANE_PLACEMENT_TICK")
 
     @property

@@ -9,8 +9,9 @@ rounding anywhere, and the sum over buckets equals the sum over intervals.
 from __future__ import annotations
 
 import uuid
+from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,14 +50,18 @@ def shape_of(tier: str, mig_profile: str | None, milli: int) -> str:
     return "fractional" if milli < 1000 else "whole"
 
 
-def visible_to(auth, tenant_id: uuid.UUID | None = None):
+def visible_to(auth, tenant_id: uuid.UUID | Collection[uuid.UUID] | None = None):
     """The scope `read` applies: the caller's tenancy filter (the one helper for it), narrowed
-    to one tenant when an operator asks for one."""
+    to one tenant (or several) when an operator or a background job asks for them."""
     from app.tenancy.scoping import restrict
 
     def scope(stmt):
         stmt = restrict(auth, stmt, UsageEvent)
-        return stmt if tenant_id is None else stmt.where(UsageEvent.tenant_id == tenant_id)
+        if tenant_id is None:
+            return stmt
+        if isinstance(tenant_id, uuid.UUID):
+            return stmt.where(UsageEvent.tenant_id == tenant_id)
+        return stmt.where(UsageEvent.tenant_id.in_(list(tenant_id)))
 
     return scope
 
@@ -181,12 +186,13 @@ def bucketize(
     adjustments: Sequence[Adjustment],
     start: datetime,
     end: datetime,
-    granularity: str,
+    granularity: str | int,
     group_by: Sequence[str],
     now: datetime | None = None,
 ) -> dict[tuple[int, tuple], int]:
-    """{(bucket start ms, group values): milli-GPU-ms}. Open intervals accrue up to `now`."""
-    step = GRANULARITY_MS[granularity]
+    """{(bucket start ms, group values): milli-GPU-ms}. Open intervals accrue up to `now`.
+    `granularity` is `hour`, `day` or a bucket length in milliseconds."""
+    step = granularity if isinstance(granularity, int) else GRANULARITY_MS[granularity]
     lo, hi = to_ms(start), to_ms(end)
     now_ms = to_ms(now or utcnow())
     out: dict[tuple[int, tuple], int] = defaultdict(int)
@@ -204,6 +210,35 @@ def bucketize(
     for adj in adjustments:
         group = tuple(adj.dims[g] for g in group_by)
         out[(adj.at_ms - adj.at_ms % step, group)] += adj.quantity
+    return out
+
+
+def segmentize(
+    intervals: Sequence[Interval],
+    adjustments: Sequence[Adjustment],
+    cuts: Sequence[int],
+    group_by: Sequence[str],
+    now: datetime | None = None,
+) -> dict[tuple[int, tuple], int]:
+    """Like `bucketize`, over the irregular segments [cuts[i], cuts[i+1]) (sorted ms): e.g. days
+    split where a price version takes effect. Keyed by segment start."""
+    lo, hi = cuts[0], cuts[-1]
+    now_ms = to_ms(now or utcnow())
+    out: dict[tuple[int, tuple], int] = defaultdict(int)
+    for iv in intervals:
+        a = max(iv.start_ms, lo)
+        b = min(iv.stop_ms if iv.stop_ms is not None else max(now_ms, iv.start_ms), hi)
+        if b <= a:
+            continue
+        group = tuple(iv.dims[g] for g in group_by)
+        i = bisect_right(cuts, a) - 1
+        while cuts[i] < b:
+            out[(cuts[i], group)] += iv.gpu_milli * (min(b, cuts[i + 1]) - max(a, cuts[i]))
+            i += 1
+    for adj in adjustments:
+        if lo <= adj.at_ms < hi:
+            seg = cuts[bisect_right(cuts, adj.at_ms) - 1]
+            out[(seg, tuple(adj.dims[g] for g in group_by))] += adj.quantity
     return out
 
 

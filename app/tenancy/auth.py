@@ -77,6 +77,10 @@ class AuthContext:
         return any(scope in _IMPLIED.get(s, {s}) for s in self.scopes)
 
 
+# Background jobs (beat tasks, CLI commands) act as the platform; they narrow by tenant themselves.
+SYSTEM = AuthContext(uuid.UUID(int=0), "system", None, frozenset({PLATFORM_SCOPE}))
+
+
 def extract_key(request: Request) -> str | None:
     auth = request.headers.get("authorization")
     if auth:

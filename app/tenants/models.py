@@ -46,3 +46,6 @@ class Tenant(TimestampMixin, Base):
     isolation_policy: Mapped[list[str]] = mapped_column(
         JSON, default=lambda: list(DEFAULT_ISOLATION_POLICY)
     )
+    # The Stripe customer, created when the tenant is onboarded (None until then, or without
+    # Stripe configured).
+    stripe_customer_id: Mapped[str | None] = mapped_column(String(255), default=None)

@@ -63,4 +63,7 @@ class TenantOut(OutModel):
     contact_email: str
     status: TenantStatus
     isolation_policy: list[IsolationTier]
+    stripe_customer_id: str | None = Field(
+        None, description="The Stripe customer billed for this tenant (set after onboarding)"
+    )
     created_at: datetime

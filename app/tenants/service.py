@@ -3,7 +3,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.core.config import get_settings
 from app.core.errors import Conflict
+from app.outbox.service import enqueue
 from app.tenants.models import DEFAULT_ISOLATION_POLICY, Tenant, TenantStatus
 
 
@@ -29,6 +31,9 @@ def create_tenant(
     )
     session.add(tenant)
     session.flush()
+    if get_settings().stripe_api_key:
+        # The Stripe customer is created after commit, by a task (retried until Stripe answers).
+        enqueue(session, "billing.ensure_customer", queue="billing", tenant_id=str(tenant.id))
     return tenant
 
 

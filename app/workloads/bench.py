@@ -57,7 +57,9 @@ def _pct(xs: list[float], q: float) -> float:
 class ScratchDeployment:
     """A scratch database and broker prefix, with the processes that use them."""
 
-    def __init__(self, workers: int, redis_url: str | None = None):
+    def __init__(
+        self, workers: int, redis_url: str | None = None, env: dict[str, str] | None = None
+    ):
         import sqlalchemy as sa
 
         base = os.environ.get(
@@ -83,6 +85,7 @@ class ScratchDeployment:
             "RACKPLANE_PLACEMENT_TICK": "1",
             "RACKPLANE_LOG_LEVEL": "INFO",
             "RACKPLANE_LOG_JSON": "true",
+            **(env or {}),
         }
         self.procs: list[subprocess.Popen] = []
         self._run([sys.executable, "-m", "app.cli", "migrate"])

@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from app.billing.budgets import check_submission
 from app.core.db import as_aware, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.fleet.models import Gpu, Node, Rack, Region
@@ -109,6 +110,7 @@ def build(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         list(tenant.isolation_policy or []),
     )
     _check_limit(session, tenant.id, body)
+    check_submission(session, tenant.id)
     region = choose_region(session, body)
     shape = {
         "gpu_models": list(body.gpu_models),

@@ -1,0 +1,192 @@
+"""Budgets: a monthly spend limit and GPU-hour limit per tenant, alerts at 50/80/100 %, refusal
+of new submissions at a hard limit, and (if the tenant chose so) preemptible work stopped.
+
+The evaluator prices the month so far for every budgeted tenant at once (the same pricing the
+bill uses) and stores the result on the budget; the submission path then reads one row by
+primary key rather than pricing a month per request. A limit is therefore enforced within one
+evaluation interval (`RACKPLANE_BUDGET_EVAL_SECONDS`), and at once when the budget is set.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from app.billing.models import Budget, BudgetAlert
+from app.billing.service import period_window, price_usage
+from app.core.db import utcnow
+from app.core.errors import AppError
+from app.core.logging import get_logger
+from app.metering.service import GPU_HOUR, visible_to
+from app.tenancy.auth import SYSTEM
+
+log = get_logger(__name__)
+THRESHOLDS = (50, 80, 100)
+
+
+class BudgetExhausted(AppError):
+    status, code, title = 402, "budget_exhausted", "The tenant's budget for this month is spent"
+
+
+def period_of(at: datetime) -> str:
+    return f"{at:%Y-%m}"
+
+
+def check_submission(session: Session, tenant_id: uuid.UUID, now: datetime | None = None) -> None:
+    """Refuse new work while the tenant's budget for this month is exhausted."""
+    b = session.get(Budget, tenant_id)
+    if b is None or b.exhausted_period != period_of(now or utcnow()):
+        return
+    raise BudgetExhausted(
+        f"The budget for {b.exhausted_period} is reached ({describe(b)}); new workloads are "
+        "refused until the limit is raised or the month ends.",
+        period=b.exhausted_period,
+        spent=b.spent,
+        spend_limit=b.spend_limit,
+        currency=b.currency,
+        gpu_hours_used=round(b.used_milli_gpu_ms / GPU_HOUR, 6),
+        gpu_hour_limit=b.gpu_hour_limit,
+    )
+
+
+def describe(b: Budget) -> str:
+    parts = []
+    if b.spend_limit is not None:
+        parts.append(f"spent {b.spent} of {b.spend_limit} {b.currency} minor units")
+    if b.gpu_hour_limit is not None:
+        parts.append(f"{b.used_milli_gpu_ms / GPU_HOUR:.3f} of {b.gpu_hour_limit} GPU-hours")
+    return "; ".join(parts)
+
+
+def metrics(b: Budget) -> list[tuple[str, int, int]]:
+    """(metric, used, limit) in the same integer unit, for each limit the budget sets."""
+    out = []
+    if b.spend_limit is not None:
+        out.append(("spend", b.spent, b.spend_limit))
+    if b.gpu_hour_limit is not None:
+        out.append(("gpu_hours", b.used_milli_gpu_ms, b.gpu_hour_limit * GPU_HOUR))
+    return out
+
+
+def evaluate(
+    session: Session, tenant_ids: list[uuid.UUID] | None = None, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Bring every budget (or those of `tenant_ids`) up to date for the current month: spend and
+    GPU-hours so far, alerts for thresholds newly crossed, the exhausted mark, and preemptible
+    work stopped where the tenant asked for it. Returns the alerts written now."""
+    now = now or utcnow()
+    period = period_of(now)
+    stmt = select(Budget).order_by(Budget.tenant_id).with_for_update()
+    if tenant_ids is not None:
+        stmt = stmt.where(Budget.tenant_id.in_(tenant_ids))
+    budgets = list(session.scalars(stmt))
+    if not budgets:
+        return []
+    start, end = period_window(period)
+    priced = price_usage(
+        session, visible_to(SYSTEM, [b.tenant_id for b in budgets]), start, end, now=now
+    )
+    spend: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    used: dict[str, int] = defaultdict(int)
+    for ln in priced.lines:
+        used[ln.tenant_id] += ln.quantity
+        if ln.price is not None:
+            spend[ln.tenant_id][ln.price.currency] += ln.amount
+    crossed: list[dict[str, Any]] = []
+    for b in budgets:
+        t = str(b.tenant_id)
+        b.period, b.evaluated_at = period, now
+        b.spent, b.used_milli_gpu_ms = spend[t][b.currency], used[t]
+        reached = False
+        for metric, u, limit in metrics(b):
+            for pct in THRESHOLDS:
+                if u * 100 >= pct * limit:
+                    crossed.append(
+                        {
+                            "id": uuid.uuid4(),
+                            "tenant_id": b.tenant_id,
+                            "period": period,
+                            "metric": metric,
+                            "threshold_pct": pct,
+                            "used": u,
+                            "limit": limit,
+                            "created_at": now,
+                        }
+                    )
+            reached = reached or u >= limit
+        b.exhausted_period = period if reached else None
+        if reached and b.stop_preemptible:
+            stop_preemptible(session, b.tenant_id, period)
+    new = _record(session, crossed)
+    for a in new:
+        log.info("budget_alert", **{k: str(v) for k, v in a.items() if k != "id"})
+    return new
+
+
+def _record(session: Session, alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Insert the alerts not written before (the unique key decides); return those."""
+    if not alerts:
+        return []
+    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = (
+        ins(BudgetAlert)
+        .values(alerts)
+        .on_conflict_do_nothing(index_elements=["tenant_id", "period", "metric", "threshold_pct"])
+        .returning(BudgetAlert.id)
+    )
+    ids = {r[0] for r in session.execute(stmt)}
+    return [a for a in alerts if a["id"] in ids]
+
+
+def stop_preemptible(session: Session, tenant_id: uuid.UUID, period: str) -> int:
+    """Terminate the tenant's preemptible workloads that hold GPUs. Returns how many."""
+    from app.workloads.lifecycle import HOLDING
+    from app.workloads.models import Workload
+    from app.workloads.service import terminate
+
+    rows = session.scalars(
+        select(Workload)
+        .where(
+            Workload.tenant_id == tenant_id,
+            Workload.priority == "preemptible",
+            Workload.state.in_([s.value for s in HOLDING]),
+        )
+        .with_for_update()
+    ).all()
+    for w in rows:
+        terminate(session, w, reason=f"budget for {period} exhausted: preemptible work stopped")
+    if rows:
+        log.info("budget_stopped_preemptible", tenant_id=str(tenant_id), workloads=len(rows))
+    return len(rows)
+
+
+def set_budget(session: Session, tenant_id: uuid.UUID, **fields: Any) -> Budget:
+    """Create or replace the tenant's budget and evaluate it at once (a limit raised above the
+    month's spend lifts the refusal now, one lowered below it applies now)."""
+    b = session.get(Budget, tenant_id, with_for_update=True)
+    if b is None:
+        b = Budget(tenant_id=tenant_id, **fields)
+        session.add(b)
+    else:
+        for k, v in fields.items():
+            setattr(b, k, v)
+    session.flush()
+    evaluate(session, [tenant_id])
+    return b
+
+
+def alerts_of(session: Session, tenant_id: uuid.UUID, period: str) -> list[BudgetAlert]:
+    return list(
+        session.scalars(
+            select(BudgetAlert)
+            .where(BudgetAlert.tenant_id == tenant_id, BudgetAlert.period == period)
+            .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
+        )
+    )
