@@ -116,10 +116,10 @@ def stream(rows: list[dict[str, Any]], fmt: str, chunk: int = 2000) -> Iterator[
             yield "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows[i : i + chunk])
         return
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(COLUMNS)
     for i, r in enumerate(rows, 1):
-        writer.writerow(r)
+        writer.writerow([r[c] for c in COLUMNS])
         if i % chunk == 0:
             yield buf.getvalue()
             buf.seek(0)

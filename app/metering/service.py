@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, aliased
 
@@ -87,17 +86,38 @@ def ingest(session: Session, events: Iterable[dict[str, Any]]) -> int:
         r.setdefault("reason", None)
         r.setdefault("allocation_id", None)
         r.setdefault("workload_id", None)
-    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    new = 0
-    for i in range(0, len(rows), 1000):
-        stmt = (
-            ins(UsageEvent)
-            .values(rows[i : i + 1000])
-            .on_conflict_do_nothing(index_elements=["event_key"])
-            .returning(UsageEvent.id)
-        )
-        new += len(session.execute(stmt).all())
-    return new
+    if session.get_bind().dialect.name == "postgresql":
+        return _ingest_pg(session, rows)
+    table = UsageEvent.__table__
+    stmt = (
+        sqlite_insert(table)
+        .on_conflict_do_nothing(index_elements=["event_key"])
+        .returning(table.c.id)
+    )
+    return len(session.connection().execute(stmt, rows).all())
+
+
+_COLUMNS = [c.name for c in UsageEvent.__table__.columns if c.name != "id"]
+_PG_INSERT = (
+    f"INSERT INTO usage_events ({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
+    " ON CONFLICT (event_key) DO NOTHING RETURNING id"
+)
+
+
+def _ingest_pg(session: Session, rows: list[dict[str, Any]]) -> int:
+    """psycopg's pipelined executemany of one prepared INSERT, in the session's transaction:
+    about 10x the rate of SQLAlchemy's multi-row INSERTs, whose long queries psycopg converts
+    afresh every time (profiled with py-spy)."""
+    cur = session.connection().connection.cursor()
+    try:
+        cur.executemany(_PG_INSERT, [[r[c] for c in _COLUMNS] for r in rows], returning=True)
+        new = 0
+        while True:
+            new += len(cur.fetchall())
+            if not cur.nextset():
+                return new
+    finally:
+        cur.close()
 
 
 def allocation_event(
@@ -128,33 +148,39 @@ def allocation_event(
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Interval:
     start_ms: int
     stop_ms: int | None  # None: still held
     gpu_milli: int
-    dims: dict[str, Any]
+    dims: tuple  # values of DIMENSIONS, in that order
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Adjustment:
     at_ms: int
     quantity: int
-    dims: dict[str, Any]
+    dims: tuple
 
 
-def _dims(e: UsageEvent) -> dict[str, Any]:
-    return {d: getattr(e, d) for d in DIMENSIONS}
+def picker(group_by: Sequence[str]):
+    """A function from an interval's `dims` to the values of `group_by`."""
+    idx = [DIMENSIONS.index(g) for g in group_by]
+    return lambda dims: tuple([dims[i] for i in idx])
+
+
+_DIM_COLUMNS = [getattr(UsageEvent, d) for d in DIMENSIONS]
 
 
 def read(
     session: Session, scope, start: datetime, end: datetime
 ) -> tuple[list[Interval], list[Adjustment]]:
     """Every interval overlapping [start, end) and every adjustment inside it, restricted by
-    `scope` (a callable that adds the tenancy filter to a select of UsageEvent)."""
+    `scope` (a callable that adds the tenancy filter to a select of UsageEvent). Plain columns,
+    not ORM objects: a month's export reads millions of rows."""
     stop = aliased(UsageEvent)
     stmt = (
-        select(UsageEvent, stop.occurred_at)
+        select(UsageEvent.occurred_at, stop.occurred_at, UsageEvent.gpu_milli, *_DIM_COLUMNS)
         .outerjoin(
             stop,
             and_(stop.allocation_id == UsageEvent.allocation_id, stop.kind == UsageKind.stop.value),
@@ -165,18 +191,24 @@ def read(
             (stop.occurred_at.is_(None)) | (stop.occurred_at > start),
         )
     )
+    n = len(DIMENSIONS)
     intervals = [
-        Interval(to_ms(e.occurred_at), None if s is None else to_ms(s), e.gpu_milli, _dims(e))
-        for e, s in session.execute(scope(stmt))
+        Interval(
+            to_ms(row[0]),
+            None if row[1] is None else to_ms(row[1]),
+            row[2],
+            tuple(row[3 : 3 + n]),
+        )
+        for row in session.execute(scope(stmt))
     ]
-    adj = select(UsageEvent).where(
+    adj = select(UsageEvent.occurred_at, UsageEvent.quantity, *_DIM_COLUMNS).where(
         UsageEvent.kind == UsageKind.adjustment.value,
         UsageEvent.occurred_at >= start,
         UsageEvent.occurred_at < end,
     )
     adjustments = [
-        Adjustment(to_ms(e.occurred_at), e.quantity or 0, _dims(e))
-        for e in session.scalars(scope(adj))
+        Adjustment(to_ms(row[0]), row[1] or 0, tuple(row[2:]))
+        for row in session.execute(scope(adj))
     ]
     return intervals, adjustments
 
@@ -196,19 +228,20 @@ def bucketize(
     lo, hi = to_ms(start), to_ms(end)
     now_ms = to_ms(now or utcnow())
     out: dict[tuple[int, tuple], int] = defaultdict(int)
+    pick = picker(group_by)
     for iv in intervals:
         a = max(iv.start_ms, lo)
         b = min(iv.stop_ms if iv.stop_ms is not None else max(now_ms, iv.start_ms), hi)
         if b <= a:
             continue
-        group = tuple(iv.dims[g] for g in group_by)
+        group = pick(iv.dims)
         bucket = a - (a % step)
         while bucket < b:
             nxt = bucket + step
             out[(bucket, group)] += iv.gpu_milli * (min(b, nxt) - max(a, bucket))
             bucket = nxt
     for adj in adjustments:
-        group = tuple(adj.dims[g] for g in group_by)
+        group = pick(adj.dims)
         out[(adj.at_ms - adj.at_ms % step, group)] += adj.quantity
     return out
 
@@ -225,12 +258,13 @@ def segmentize(
     lo, hi = cuts[0], cuts[-1]
     now_ms = to_ms(now or utcnow())
     out: dict[tuple[int, tuple], int] = defaultdict(int)
+    pick = picker(group_by)
     for iv in intervals:
         a = max(iv.start_ms, lo)
         b = min(iv.stop_ms if iv.stop_ms is not None else max(now_ms, iv.start_ms), hi)
         if b <= a:
             continue
-        group = tuple(iv.dims[g] for g in group_by)
+        group = pick(iv.dims)
         i = bisect_right(cuts, a) - 1
         while cuts[i] < b:
             out[(cuts[i], group)] += iv.gpu_milli * (min(b, cuts[i + 1]) - max(a, cuts[i]))
@@ -238,7 +272,7 @@ def segmentize(
     for adj in adjustments:
         if lo <= adj.at_ms < hi:
             seg = cuts[bisect_right(cuts, adj.at_ms) - 1]
-            out[(seg, tuple(adj.dims[g] for g in group_by))] += adj.quantity
+            out[(seg, pick(adj.dims))] += adj.quantity
     return out
 
 
@@ -311,7 +345,10 @@ def utilisation(
     ).all()
     keys = ("region", "gpu_model")
     capacity = bucketize(
-        [Interval(to_ms(at), None, 1000, {"region": r, "gpu_model": m}) for at, m, r in fleet],
+        [
+            Interval(to_ms(at), None, 1000, (None, None, r, m, None, None, None))
+            for at, m, r in fleet
+        ],
         [],
         start,
         end,

@@ -17,7 +17,7 @@ from app.placement.policies import DEFAULT_POLICY, POLICIES
 sim_cli = typer.Typer(
     help="Replay public GPU-cluster traces through the placement engine.", no_args_is_help=True
 )
-bench_cli = typer.Typer(help="Benchmarks: the placement core, the lifecycle.", no_args_is_help=True)
+bench_cli = typer.Typer(help="Benchmarks: placement, lifecycle, metering.", no_args_is_help=True)
 err = Console(stderr=True)
 TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
 
@@ -223,3 +223,18 @@ def bench_lifecycle(
 
     for n in [int(x) for x in workers.split(",")]:
         _emit(median_of([run(n, rate, duration) for _ in range(runs)]), as_json)
+
+
+@bench_cli.command("metering")
+def bench_metering(
+    events: int = typer.Option(200_000, help="Ledger events to ingest per run."),
+    tenants: int = typer.Option(10_000, help="Tenants in the export month."),
+    intervals: int = typer.Option(1_000_000, help="Usage intervals in the export month."),
+    runs: int = typer.Option(3, help="Repeats; medians are reported."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Ledger ingestion rate on PostgreSQL and the time to produce a month's finance export, on
+    a scratch database (see app/metering/bench.py)."""
+    from app.metering.bench import run
+
+    _emit(run(events=events, tenants=tenants, intervals=intervals, runs=runs), as_json)
