@@ -213,6 +213,16 @@ def read(
     return intervals, adjustments
 
 
+def _spans(intervals: Sequence[Interval], lo: int, hi: int, now: datetime | None, pick):
+    """(start, end, milli, group) of each interval clipped to [lo, hi); open ones end at now."""
+    now_ms = to_ms(now or utcnow())
+    for iv in intervals:
+        a = max(iv.start_ms, lo)
+        b = min(iv.stop_ms if iv.stop_ms is not None else max(now_ms, iv.start_ms), hi)
+        if b > a:
+            yield a, b, iv.gpu_milli, pick(iv.dims)
+
+
 def bucketize(
     intervals: Sequence[Interval],
     adjustments: Sequence[Adjustment],
@@ -225,20 +235,13 @@ def bucketize(
     """{(bucket start ms, group values): milli-GPU-ms}. Open intervals accrue up to `now`.
     `granularity` is `hour`, `day` or a bucket length in milliseconds."""
     step = granularity if isinstance(granularity, int) else GRANULARITY_MS[granularity]
-    lo, hi = to_ms(start), to_ms(end)
-    now_ms = to_ms(now or utcnow())
     out: dict[tuple[int, tuple], int] = defaultdict(int)
     pick = picker(group_by)
-    for iv in intervals:
-        a = max(iv.start_ms, lo)
-        b = min(iv.stop_ms if iv.stop_ms is not None else max(now_ms, iv.start_ms), hi)
-        if b <= a:
-            continue
-        group = pick(iv.dims)
+    for a, b, milli, group in _spans(intervals, to_ms(start), to_ms(end), now, pick):
         bucket = a - (a % step)
         while bucket < b:
             nxt = bucket + step
-            out[(bucket, group)] += iv.gpu_milli * (min(b, nxt) - max(a, bucket))
+            out[(bucket, group)] += milli * (min(b, nxt) - max(a, bucket))
             bucket = nxt
     for adj in adjustments:
         group = pick(adj.dims)
@@ -256,18 +259,12 @@ def segmentize(
     """Like `bucketize`, over the irregular segments [cuts[i], cuts[i+1]) (sorted ms): e.g. days
     split where a price version takes effect. Keyed by segment start."""
     lo, hi = cuts[0], cuts[-1]
-    now_ms = to_ms(now or utcnow())
     out: dict[tuple[int, tuple], int] = defaultdict(int)
     pick = picker(group_by)
-    for iv in intervals:
-        a = max(iv.start_ms, lo)
-        b = min(iv.stop_ms if iv.stop_ms is not None else max(now_ms, iv.start_ms), hi)
-        if b <= a:
-            continue
-        group = pick(iv.dims)
+    for a, b, milli, group in _spans(intervals, lo, hi, now, pick):
         i = bisect_right(cuts, a) - 1
         while cuts[i] < b:
-            out[(cuts[i], group)] += iv.gpu_milli * (min(b, cuts[i + 1]) - max(a, cuts[i]))
+            out[(cuts[i], group)] += milli * (min(b, cuts[i + 1]) - max(a, cuts[i]))
             i += 1
     for adj in adjustments:
         if lo <= adj.at_ms < hi:
