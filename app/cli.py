@@ -34,10 +34,25 @@ cli.add_typer(billing_cli, name="billing")
 
 
 def _register_sim() -> None:
-    from app.placement.sim.cli import bench_cli, sim_cli
+    from app.placement.sim.cli import _emit, bench_cli, sim_cli
 
     cli.add_typer(sim_cli, name="sim")
     cli.add_typer(bench_cli, name="bench")
+
+    # Here rather than in app/placement: the placement package imports nothing of billing.
+    @bench_cli.command("metering")
+    def bench_metering(
+        events: int = typer.Option(200_000, help="Ledger events to ingest per run."),
+        tenants: int = typer.Option(10_000, help="Tenants in the export month."),
+        intervals: int = typer.Option(1_000_000, help="Usage intervals in the export month."),
+        runs: int = typer.Option(3, help="Repeats; medians are reported."),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """Ledger ingestion rate and a month's finance export time, on a scratch PostgreSQL
+        database (see app/metering/bench.py)."""
+        from app.metering.bench import run
+
+        _emit(run(events=events, tenants=tenants, intervals=intervals, runs=runs), as_json)
 
 
 _register_sim()

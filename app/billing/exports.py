@@ -66,7 +66,7 @@ def export_rows(
     slugs = {str(t.id): t.slug for t in session.scalars(scoped_select(auth, Tenant))}
     rows = []
     for key, days in lines.items():
-        tenant, model, shape, tier, region, plan, _ = key
+        tenant, model, shape, tier, region, plan_name, _ = key
         price = prices[key]
         amounts = _allocate(days, price.unit_amount if price else 0)
         for day, q in days.items():
@@ -80,7 +80,7 @@ def export_rows(
                     "shape": shape,
                     "tier": tier,
                     "region": region,
-                    "plan": plan,
+                    "plan": plan_name,
                     "quantity_milli_gpu_ms": q,
                     "gpu_hours": round(q / metering.GPU_HOUR, 6),
                     "currency": price.currency if price else None,

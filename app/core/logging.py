@@ -9,7 +9,7 @@ import structlog
 
 
 def configure_logging(level: str = "INFO", json: bool = True) -> None:
-    processors = [
+    processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,

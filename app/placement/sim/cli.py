@@ -224,17 +224,3 @@ def bench_lifecycle(
     for n in [int(x) for x in workers.split(",")]:
         _emit(median_of([run(n, rate, duration) for _ in range(runs)]), as_json)
 
-
-@bench_cli.command("metering")
-def bench_metering(
-    events: int = typer.Option(200_000, help="Ledger events to ingest per run."),
-    tenants: int = typer.Option(10_000, help="Tenants in the export month."),
-    intervals: int = typer.Option(1_000_000, help="Usage intervals in the export month."),
-    runs: int = typer.Option(3, help="Repeats; medians are reported."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Ledger ingestion rate on PostgreSQL and the time to produce a month's finance export, on
-    a scratch database (see app/metering/bench.py)."""
-    from app.metering.bench import run
-
-    _emit(run(events=events, tenants=tenants, intervals=intervals, runs=runs), as_json)
