@@ -12,9 +12,7 @@ a month's finance export, on a scratch database that is dropped afterwards.
 from __future__ import annotations
 
 import io
-import os
 import random
-import secrets
 import statistics
 import time
 import uuid
@@ -38,38 +36,18 @@ SHAPES = [
 
 
 class Scratch:
-    """A scratch PostgreSQL database migrated to head, and an engine on it."""
+    """A scratch PostgreSQL database migrated to head (the lifecycle benchmark's, with no
+    processes started), and an engine on it."""
 
     def __init__(self) -> None:
-        import subprocess
-        import sys
-        from pathlib import Path
+        from app.workloads.bench import ScratchDeployment
 
-        base = os.environ.get(
-            "DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-        )
-        if base.startswith("postgresql://"):
-            base = "postgresql+psycopg://" + base[len("postgresql://") :]
-        self.name = f"rackplane_bench_{secrets.token_hex(4)}"
-        self.admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-        with self.admin.connect() as c:
-            c.execute(sa.text(f'CREATE DATABASE "{self.name}"'))
-        self.url = sa.engine.make_url(base).set(database=self.name)
-        env = {**os.environ, "DATABASE_URL": self.url.render_as_string(hide_password=False)}
-        root = Path(__file__).resolve().parents[2]
-        subprocess.run(
-            [sys.executable, "-m", "app.cli", "migrate"],
-            cwd=root,
-            env=env,
-            check=True,
-            capture_output=True,
-        )
-        self.engine = sa.create_engine(self.url)
+        self.deployment = ScratchDeployment(workers=0)
+        self.engine = sa.create_engine(self.deployment.env["DATABASE_URL"])
 
     def close(self) -> None:
         self.engine.dispose()
-        with self.admin.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self.deployment.close()
 
 
 def _tenants(engine: sa.Engine, n: int) -> list[uuid.UUID]:

@@ -223,4 +223,3 @@ def bench_lifecycle(
 
     for n in [int(x) for x in workers.split(",")]:
         _emit(median_of([run(n, rate, duration) for _ in range(runs)]), as_json)
-
