@@ -98,6 +98,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 TABLES = [
     "budget_alerts",
     "budgets",
+    "commitments",
     "meter_exports",
     "billing_adjustments",
     "meter_export_cursor",

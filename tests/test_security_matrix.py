@@ -89,8 +89,20 @@ def matrix(world, client, session):
     for k in (a_key, b_key):  # both have budgets: B reads its own, never A's
         budget = client.put("/v1/budget", json={"spend_limit": 10**9}, headers=auth(k))
         assert budget.status_code == 200, budget.text
+    commitment = client.post(
+        f"/v1/admin/tenants/{a.id}/commitments",
+        json={
+            "gpu_model": "H100-80GB",
+            "gpus": 1,
+            "starts_at": "2026-06-01T00:00:00Z",
+            "ends_at": "2026-07-01T00:00:00Z",
+        },
+        headers=auth(op_key),
+    )
+    assert commitment.status_code == 201, commitment.text
     ids = {
         "tenant_id": str(a.id),
+        "commitment_id": commitment.json()["id"],
         "key_id": str(session.scalar(select(ApiKey.id).where(ApiKey.tenant_id == a.id).limit(1))),
         "import_id": r.json()["id"],
         "rack_id": str(session.scalar(select(Rack.id).limit(1))),

@@ -429,3 +429,63 @@ def test_a_workload_is_metered_priced_exported_sent_and_reconciled_end_to_end(st
 
 def _running_at(c, h, wid):
     wait_until(lambda: c.get(f"/v1/workloads/{wid}", headers=h).json()["state"] == "running")
+
+
+@pytest.mark.parametrize("bucket_seconds", [3600, 900])
+def test_meters_split_committed_usage_exactly_as_the_bill_does(
+    stripe_on, world, client, monkeypatch, bucket_seconds
+):
+    from app.billing import commitments
+    from app.core.config import get_settings
+    from app.core.db import session_scope
+
+    monkeypatch.setenv("RACKPLANE_METER_BUCKET", str(bucket_seconds))
+    get_settings.cache_clear()
+    a = _customer(world, f"reserved-{bucket_seconds}")
+    h = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - 8 * HOUR
+    with session_scope() as s:
+        commitments.create(
+            s, a.id, gpu_model="H100-80GB", region="*", gpus_milli=3000,
+            starts_at=h, ends_at=h + 4 * HOUR,
+        )  # fmt: skip
+    iso = datetime.isoformat
+    # Bursty within hours (so a bucket shorter than an hour must not split it differently), one
+    # run past the term's end, and preemptible work that never draws on the commitment.
+    _ingest(
+        _alloc(a, iso(h), iso(h + timedelta(minutes=20)), milli=5000)
+        + _alloc(a, iso(h + timedelta(minutes=40)), iso(h + 5 * HOUR), milli=2000)
+        + _alloc(a, iso(h + timedelta(minutes=50)), iso(h + 2 * HOUR), milli=1000, region="r2")
+        + _alloc(a, iso(h), iso(h + 3 * HOUR), priority="preemptible")
+        + _alloc(
+            a, iso(h + HOUR), iso(h + HOUR + timedelta(minutes=25)), milli=3000, shape="mig-1g"
+        )
+    )
+    # One run part-way through an hour, then the rest.
+    from app.billing import stripe_export
+
+    with session_scope() as s:
+        stripe_export.plan(s, now=h + HOUR + timedelta(minutes=50))
+    stripe_export.send()
+    _push()
+    bill = client.get(
+        "/v1/billing/summary", params={"period": f"{h:%Y-%m}"}, headers=auth(world.key(a))
+    ).json()
+    if f"{h:%Y-%m}" != f"{h + 5 * HOUR:%Y-%m}":
+        pytest.skip("the window straddles a month end")
+    from app.billing.stripe_export import meter_name
+
+    billed: Counter = Counter()
+    for ln in bill["lines"]:
+        if ln["shape"] != commitments.UNUSED:
+            billed[
+                (a.stripe_customer_id, meter_name(ln["gpu_model"], ln["shape"], ln["plan"]))
+            ] += ln["milli_gpu_ms"]
+    sent = stripe_on.totals()
+    assert sent == _reconciled(_periods(h, h + 5 * HOUR)) == dict(billed)
+    assert {m for _, m in sent} == {
+        "gpu_h100_80gb_whole_reserved",
+        "gpu_h100_80gb_whole_on_demand",
+        "gpu_h100_80gb_whole_preemptible",
+        "gpu_h100_80gb_mig_1g_reserved",  # draws first: shapes draw in name order
+    }
+    assert sent[(a.stripe_customer_id, "gpu_h100_80gb_whole_preemptible")] == 3000 * 3_600_000

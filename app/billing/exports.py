@@ -18,7 +18,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.billing.service import DAY_MS, amount, period_window, plan_of, priced_segments
+from app.billing.models import Plan
+from app.billing.service import DAY_MS, amount, period_window, priced_segments
 from app.core.db import utcnow
 from app.metering import service as metering
 from app.tenancy.auth import AuthContext
@@ -57,10 +58,9 @@ def export_rows(
     # (line key) -> {day: quantity}; a line is what the bill prices as one amount.
     lines: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     prices: dict[tuple, Any] = {}
-    for (seg, (tenant, model, shape, tier, region, priority)), q in segments.items():
-        plan = plan_of(priority)
-        price = book.resolve(model, shape, tier, region, plan, seg)
-        key = (str(tenant), model, shape, tier, region, plan.value, price.id if price else None)
+    for (seg, (tenant, model, shape, tier, region, plan)), q in segments.items():
+        price = book.resolve(model, shape, tier, region, Plan(plan), seg)
+        key = (str(tenant), model, shape, tier, region, plan, price.id if price else None)
         prices[key] = price
         lines[key][seg - seg % DAY_MS] += q
     slugs = {str(t.id): t.slug for t in session.scalars(scoped_select(auth, Tenant))}

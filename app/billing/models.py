@@ -195,3 +195,28 @@ class MeterExportCursor(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, default=1)
     planned_through: Mapped[datetime | None] = mapped_column(default=None)
     last_run_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Commitment(TimestampMixin, Base):
+    """A tenant's reserved capacity: `gpus_milli` GPU-equivalents of one GPU model (in one
+    region, or any: '*') for every hour of [starts_at, ends_at). In each clock hour, the tenant's
+    non-preemptible usage of that model, up to the commitment, is priced at the reserved price;
+    the rest on demand; any part of the commitment left unused in the hour is still owed, at the
+    reserved price of a whole GPU (that is what committing means)."""
+
+    __tablename__ = "commitments"
+    __tenant_column__ = "tenant_id"
+    __table_args__ = (
+        CheckConstraint("gpus_milli > 0", name="gpus_milli_positive"),
+        CheckConstraint("ends_at > starts_at", name="term_not_empty"),
+        Index("ix_commitments_tenant_term", "tenant_id", "gpu_model", "starts_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    gpu_model: Mapped[str] = mapped_column(String(32))
+    region: Mapped[str] = mapped_column(String(63), default="*")
+    gpus_milli: Mapped[int] = mapped_column(BigInteger)
+    starts_at: Mapped[datetime] = mapped_column()
+    ends_at: Mapped[datetime] = mapped_column()
+    reference: Mapped[str | None] = mapped_column(String(200), default=None)

@@ -11,18 +11,23 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.billing import budgets, exports, service, stripe_export
-from app.billing.models import Budget, BudgetAlert, Price
+from app.billing import budgets, commitments, exports, service, stripe_export
+from app.billing.models import Budget, BudgetAlert, Commitment, Price
 from app.billing.schemas import (
     BillingSummary,
     BudgetIn,
     BudgetOut,
+    CommitmentIn,
+    CommitmentList,
+    CommitmentOut,
     PriceIn,
     PriceList,
     PriceOut,
     Reconciliation,
 )
 from app.core.db import session_dependency, utcnow
+from app.core.errors import NotFound, ValidationFailed
+from app.fleet.models import Region
 from app.metering.service import GPU_HOUR, visible_to
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
 from app.tenancy.scoping import get_owned, scoped_select
@@ -253,3 +258,78 @@ def reconciliation(
     session: Session = Depends(session_dependency),
 ) -> dict:
     return stripe_export.reconcile(session, auth, period)
+
+
+def _commitments(session: Session, auth: AuthContext, tenant_id: uuid.UUID) -> dict:
+    stmt = (
+        scoped_select(auth, Commitment)
+        .where(Commitment.tenant_id == tenant_id)
+        .order_by(Commitment.starts_at, Commitment.gpu_model, Commitment.id)
+    )
+    return {"items": list(session.scalars(stmt))}
+
+
+@router.get(
+    "/commitments",
+    response_model=CommitmentList,
+    summary="Your reserved capacity: usage up to it is priced at the reserved price",
+)
+def my_commitments(
+    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+    return _commitments(session, auth, tenant.id)
+
+
+@admin.get(
+    "/tenants/{tenant_id}/commitments",
+    response_model=CommitmentList,
+    summary="A tenant's commitments (reserved capacity)",
+)
+def tenant_commitments(
+    tenant_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    return _commitments(session, auth, tenant.id)
+
+
+@admin.post(
+    "/tenants/{tenant_id}/commitments",
+    status_code=201,
+    response_model=CommitmentOut,
+    summary="Reserve capacity for a tenant: GPUs of a model (and region) for every hour of a term",
+)
+def add_commitment(
+    tenant_id: str,
+    body: CommitmentIn,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Commitment:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    if (
+        body.region != "*"
+        and session.scalar(select(Region.id).where(Region.name == body.region)) is None
+    ):
+        raise ValidationFailed(f"No region named {body.region!r}.", code="unknown_region")
+    fields = body.model_dump(exclude={"gpus"})
+    return commitments.create(session, tenant.id, gpus_milli=body.gpus * 1000, **fields)
+
+
+@admin.delete(
+    "/tenants/{tenant_id}/commitments/{commitment_id}",
+    status_code=204,
+    summary="Withdraw a commitment whose term has not begun (409 once it has)",
+)
+def delete_commitment(
+    tenant_id: str,
+    commitment_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> None:
+    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
+    c = get_owned(session, auth, Commitment, commitment_id, what="commitment", for_update=True)
+    if c.tenant_id != tenant.id:
+        raise NotFound(f"No commitment with id {c.id}.", code="commitment_not_found")
+    commitments.cancel(session, c)

@@ -135,3 +135,30 @@ class Reconciliation(StrictModel):
     through: datetime = Field(description="End of the last bucket old enough to be exported")
     rows: list[ReconciliationRow]
     differences: int = Field(description="Rows whose difference is not zero")
+
+
+class CommitmentIn(StrictModel):
+    gpu_model: GpuModelName  # type: ignore[valid-type]
+    region: str = Field("*", min_length=1, max_length=63, description="A region, or '*' for any")
+    gpus: int = Field(
+        ..., ge=1, le=100_000, description="GPU-equivalents reserved in every hour of the term"
+    )
+    starts_at: AwareDatetime = Field(..., description="On a whole hour (UTC)")
+    ends_at: AwareDatetime = Field(..., description="On a whole hour (UTC), after starts_at")
+    reference: str | None = Field(None, max_length=200, description="e.g. the contract number")
+
+
+class CommitmentOut(OutModel):
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    gpu_model: str
+    region: str
+    gpus_milli: int = Field(description="milli-GPU-equivalents reserved in every hour")
+    starts_at: datetime
+    ends_at: datetime
+    reference: str | None
+    created_at: datetime
+
+
+class CommitmentList(OutModel):
+    items: list[CommitmentOut]

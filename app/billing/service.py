@@ -20,14 +20,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.billing import commitments
 from app.billing.models import Plan, Price
 from app.core.errors import ValidationFailed
 from app.metering import service as metering
-
-
-def plan_of(priority: str) -> Plan:
-    """Preemptible work pays the preemptible price; everything else on demand."""
-    return Plan.preemptible if priority == "preemptible" else Plan.on_demand
 
 
 def amount(quantity: int, unit_amount: int) -> int:
@@ -83,6 +79,8 @@ class PriceBook:
         key = (gpu_model, shape, tier, region, plan, at_ms)
         if key in self._cache:
             return self._cache[key]
+        if shape == commitments.UNUSED:  # an unused commitment owes the whole-GPU price
+            shape, tier = "whole", "*"
         family = shape.split("-", 1)[0]
         best, best_rank = None, None
         for since, p in self.by.get((gpu_model, plan.value), ()):
@@ -129,23 +127,22 @@ class Priced:
         return sum(ln.quantity for ln in self.lines if ln.price is None)
 
 
-DIMS = ("tenant_id", "gpu_model", "shape", "tier", "region", "priority")
 DAY_MS = 86_400_000
 
 
 def priced_segments(
     session: Session, scope, start: datetime, end: datetime, now: datetime | None = None
-) -> tuple[PriceBook, dict[tuple[int, tuple], int]]:
+) -> tuple[PriceBook, commitments.Segments]:
     """The usage in [start, end) visible through `scope`, cut into days and again wherever a
-    price version takes effect, so one price holds over each segment: {(segment start ms,
-    DIMS values): milli-GPU-ms}."""
+    price version takes effect, so one price holds over each segment, and split by plan (see
+    commitments): {(segment start ms, (tenant, model, shape, tier, region, plan)): milli-GPU-ms}."""
     book = PriceBook.load(session)
     lo, hi = metering.to_ms(start), metering.to_ms(end)
     cuts = {*range(lo, hi, DAY_MS), hi}
     for versions in book.by.values():
         cuts.update(since for since, _ in versions if lo < since < hi)
-    intervals, adjustments = metering.read(session, scope, start, end)
-    return book, metering.segmentize(intervals, adjustments, sorted(cuts), DIMS, now=now)
+    _, segments = commitments.usage_by_plan(session, scope, sorted(cuts), now=now)
+    return book, segments
 
 
 def price_usage(
@@ -160,10 +157,9 @@ def price_usage(
     SKU, tier, region, plan and price version."""
     book, segments = priced_segments(session, scope, start, end, now)
     lines: dict[tuple, Line] = {}
-    for (seg, (tenant, model, shape, tier, region, priority)), q in segments.items():
-        plan = plan_of(priority)
-        price = book.resolve(model, shape, tier, region, plan, seg)
-        dims = (str(tenant), model, shape, tier, region, plan.value)
+    for (seg, (tenant, model, shape, tier, region, plan)), q in segments.items():
+        price = book.resolve(model, shape, tier, region, Plan(plan), seg)
+        dims = (str(tenant), model, shape, tier, region, plan)
         key = (*dims, price.id if price else None)
         line = lines.get(key)
         if line is None:

@@ -32,8 +32,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.billing import commitments
 from app.billing.models import BillingAdjustment, ExportState, MeterExport, MeterExportCursor
-from app.billing.service import period_window, plan_of
+from app.billing.service import period_window
 from app.billing.stripe_gateway import RETRYABLE, AlreadyRecorded, Rejected, gateway
 from app.core.config import get_settings
 from app.core.db import as_aware, get_sessionmaker, utcnow
@@ -49,7 +50,6 @@ DAY_MS = 86_400_000
 STRIPE_PAST_MS = 34 * DAY_MS  # Stripe takes timestamps up to 35 days old; keep a day's margin
 CANCEL_WINDOW = timedelta(hours=23)  # Stripe cancels events up to 24 hours old; same margin
 LATE_MARGIN = timedelta(minutes=5)  # ledger rows recorded this long before the last plan recheck
-DIMS = ("tenant_id", "gpu_model", "shape", "priority", "tier", "region")
 _LOCK_NS = 0x5254  # advisory-lock namespace: (ns, 0) planner, (ns + 1, hash) customer and meter
 FAULT_ENV = "RACKPLANE_FAULT_EXIT_AFTER_STRIPE_CALLS"
 
@@ -89,13 +89,15 @@ Key = tuple[uuid.UUID, str, str, str, int]  # tenant, meter, tier, region, bucke
 
 
 def ledger_by_key(session: Session, scope, lo_ms: int, hi_ms: int, now: datetime) -> dict[Key, int]:
-    """The ledger's usage per tenant, meter, tier, region and bucket in [lo, hi)."""
-    lo, hi = metering.from_ms(lo_ms), metering.from_ms(hi_ms)
-    intervals, adjustments = metering.read(session, scope, lo, hi)
+    """The ledger's usage per tenant, meter, tier, region and bucket in [lo, hi), split by plan
+    as the bill splits it (unused commitments are not usage: the subscription bills them)."""
+    step = _step_ms()
+    cuts = [*range(lo_ms, hi_ms, step), hi_ms]
+    _, segments = commitments.usage_by_plan(session, scope, cuts, now=now)
     out: dict[Key, int] = defaultdict(int)
-    buckets = metering.bucketize(intervals, adjustments, lo, hi, _step_ms(), DIMS, now=now)
-    for (bucket, (tenant, model, shape, priority, tier, region)), q in buckets.items():
-        out[(tenant, meter_name(model, shape, plan_of(priority).value), tier, region, bucket)] += q
+    for (seg, (tenant, model, shape, tier, region, plan)), q in segments.items():
+        if shape != commitments.UNUSED:
+            out[(tenant, meter_name(model, shape, plan), tier, region, seg - seg % step)] += q
     return out
 
 

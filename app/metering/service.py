@@ -51,16 +51,17 @@ def shape_of(tier: str, mig_profile: str | None, milli: int) -> str:
 
 def visible_to(auth, tenant_id: uuid.UUID | Collection[uuid.UUID] | None = None):
     """The scope `read` applies: the caller's tenancy filter (the one helper for it), narrowed
-    to one tenant (or several) when an operator or a background job asks for them."""
+    to one tenant (or several) when an operator or a background job asks for them. It scopes a
+    select of the ledger, or of another tenant-owned model read alongside (commitments)."""
     from app.tenancy.scoping import restrict
 
-    def scope(stmt):
-        stmt = restrict(auth, stmt, UsageEvent)
+    def scope(stmt, model: Any = UsageEvent):
+        stmt = restrict(auth, stmt, model)
         if tenant_id is None:
             return stmt
         if isinstance(tenant_id, uuid.UUID):
-            return stmt.where(UsageEvent.tenant_id == tenant_id)
-        return stmt.where(UsageEvent.tenant_id.in_(list(tenant_id)))
+            return stmt.where(model.tenant_id == tenant_id)
+        return stmt.where(model.tenant_id.in_(list(tenant_id)))
 
     return scope
 
