@@ -168,3 +168,31 @@ def test_the_worker_stops_preemptible_work_at_the_limit_when_asked(
     events = client.get(f"/v1/workloads/{spot}/events", headers=auth(key)).json()["items"]
     assert "budget" in events[-1]["reason"]
     assert client.get(f"/v1/workloads/{prod}", headers=auth(key)).json()["state"] == "running"
+
+
+def test_an_unused_commitment_is_spend_but_not_gpu_hours(client, world):
+    op = world.key(None)
+    t = world.tenant("committed-budget")
+    key = world.key(t)
+    _price(client, op, cents=200, plan="reserved")
+    start = _month_start()
+    r = client.post(
+        f"/v1/admin/tenants/{t.id}/commitments",
+        json={
+            "gpu_model": "H100-80GB",
+            "gpus": 1,
+            "starts_at": start.isoformat(),
+            "ends_at": (start + timedelta(hours=2)).isoformat(),
+        },
+        headers=auth(op),
+    )
+    assert r.status_code == 201, r.text
+    _gpu_hour(client, op, t, 0)  # 60 GPUs for one minute: 1 reserved GPU-minute, rest on demand
+    r = client.put(
+        "/v1/budget", json={"spend_limit": 10**6, "gpu_hour_limit": 10}, headers=auth(key)
+    )
+    b = r.json()
+    assert b["gpu_hours_used"] == 1.0  # the usage, not the idle commitment
+    # Two committed GPU-hours at 200 are owed in full (one minute of them used); the other 59
+    # GPU-minutes are on demand, and no on-demand price exists.
+    assert b["spent"] == 400

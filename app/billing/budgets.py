@@ -19,6 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from app.billing.commitments import UNUSED
 from app.billing.models import Budget, BudgetAlert
 from app.billing.service import period_window, price_usage
 from app.core.db import utcnow
@@ -96,7 +97,8 @@ def evaluate(
     spend: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     used: dict[str, int] = defaultdict(int)
     for ln in priced.lines:
-        used[ln.tenant_id] += ln.quantity
+        if ln.shape != UNUSED:  # owed money, but no GPU-hours were used
+            used[ln.tenant_id] += ln.quantity
         if ln.price is not None:
             spend[ln.tenant_id][ln.price.currency] += ln.amount
     crossed: list[dict[str, Any]] = []
