@@ -489,3 +489,61 @@ def test_meters_split_committed_usage_exactly_as_the_bill_does(
         "gpu_h100_80gb_mig_1g_reserved",  # draws first: shapes draw in name order
     }
     assert sent[(a.stripe_customer_id, "gpu_h100_80gb_whole_preemptible")] == 3000 * 3_600_000
+
+
+def test_what_the_late_row_search_cannot_see_the_next_full_pass_sends(stripe_on, world, session):
+    """Three ways a past bucket changes without a freshly recorded ledger row: a row whose
+    transaction committed long after it was stamped, a customer created after its usage, and a
+    commitment recorded over a term already begun. Each reaches Stripe at the next full pass
+    (on a timer, or asked for), and reconciliation ends at zero."""
+    from app.billing import commitments
+    from app.billing.models import MeterExportCursor
+    from app.billing.tasks import ensure_customer
+    from app.core.db import session_scope
+
+    a = _customer(world, "late-a")
+    b = world.tenant("late-b")  # no Stripe customer yet
+    h = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - 6 * HOUR
+    iso = datetime.isoformat
+    long_ago = datetime.now(UTC) - HOUR  # recorded well before any run looks for late rows
+    early = _alloc(a, iso(h), iso(h + HOUR)) + _alloc(b, iso(h), iso(h + 2 * HOUR), milli=2000)
+    _ingest([{**e, "recorded_at": long_ago} for e in early])
+    planned, sent = _push()  # the first run is a full pass
+    assert sent.sent == 1 and set(stripe_on.customers) == {a.stripe_customer_id}
+
+    # Stamped an hour ago, committed only now: the incremental run looks back 5 minutes.
+    late = _alloc(a, iso(h + 2 * HOUR), iso(h + 3 * HOUR))
+    _ingest([{**e, "recorded_at": long_ago} for e in late])
+    planned, sent = _push()
+    assert (planned.events, sent.sent) == (0, 0), planned
+    with session_scope() as s:
+        from app.billing import stripe_export
+        from app.tenancy.auth import SYSTEM
+
+        assert stripe_export.reconcile(s, SYSTEM, f"{h:%Y-%m}")["differences"] == 1
+    session.execute(update(MeterExportCursor).values(full_pass_at=h))  # the timer is due
+    session.commit()
+    planned, sent = _push()
+    assert (planned.events, sent.sent) == (1, 1)
+
+    # B becomes a Stripe customer: onboarding asks for a full pass, which sends its past usage.
+    b.stripe_customer_id = ensure_customer(str(b.id))
+    planned, sent = _push()
+    assert (planned.events, sent.sent) == (2, 2)  # its two hours
+
+    # A commitment over A's past hours: what was sent for them is cancelled and sent again split.
+    with session_scope() as s:
+        commitments.create(
+            s, a.id, gpu_model="H100-80GB", region="*", gpus_milli=1000,
+            starts_at=h, ends_at=h + 24 * HOUR,
+        )  # fmt: skip
+    planned, sent = _push()  # on-demand hours cancelled, the same hours sent as reserved
+    assert (planned.cancels, sent.cancelled, planned.events, sent.sent) == (2, 2, 2, 2)
+    planned, sent = _push()
+    assert (planned.events, planned.cancels) == (0, 0)
+    totals = _reconciled(_periods(h, h + 3 * HOUR))
+    assert stripe_on.totals() == totals
+    assert totals == {
+        (a.stripe_customer_id, "gpu_h100_80gb_whole_reserved"): 2 * 1000 * 3_600_000,
+        (b.stripe_customer_id, "gpu_h100_80gb_whole_on_demand"): 2 * 2000 * 3_600_000,
+    }

@@ -188,13 +188,17 @@ class BillingAdjustment(Base):
 
 class MeterExportCursor(Base):
     """How far the planner has looked (one row): buckets before `planned_through` are planned,
-    and ledger events recorded after `last_run_at` are re-examined for late corrections."""
+    ledger events recorded after `last_run_at` are re-examined for late corrections, and the
+    whole window is compared again every RACKPLANE_METER_FULL_PASS seconds."""
 
     __tablename__ = "meter_export_cursor"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, default=1)
     planned_through: Mapped[datetime | None] = mapped_column(default=None)
     last_run_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The last run that compared the whole window; None asks the next run to (a new customer,
+    # a commitment that re-prices the past).
+    full_pass_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Commitment(TimestampMixin, Base):

@@ -29,11 +29,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.billing import commitments
-from app.billing.models import BillingAdjustment, ExportState, MeterExport, MeterExportCursor
+from app.billing.models import (
+    BillingAdjustment,
+    Commitment,
+    ExportState,
+    MeterExport,
+    MeterExportCursor,
+)
 from app.billing.service import period_window
 from app.billing.stripe_gateway import RETRYABLE, AlreadyRecorded, Rejected, gateway
 from app.core.config import get_settings
@@ -111,7 +117,8 @@ class PlanReport:
 
 def plan(session: Session, now: datetime | None = None) -> PlanReport:
     """Write the outbox rows (and adjustments) that bring Stripe in line with the ledger for
-    every closed bucket the planner has not seen, or saw before a late ledger row arrived."""
+    every closed bucket the planner has not seen, or saw before a late ledger row arrived; and,
+    on a full pass, for every closed bucket in Stripe's window."""
     now = now or utcnow()
     report = PlanReport()
     if _is_pg(session):
@@ -124,8 +131,22 @@ def plan(session: Session, now: datetime | None = None) -> PlanReport:
     hi = closed_until(now)
     horizon = metering.to_ms(now) - STRIPE_PAST_MS
     horizon -= horizon % step
-    lo = horizon if cursor.planned_through is None else metering.to_ms(cursor.planned_through)
-    if cursor.last_run_at is not None:
+    full = cursor.full_pass_at is None or now - as_aware(cursor.full_pass_at) >= timedelta(
+        seconds=get_settings().meter_full_pass_seconds
+    )
+    if not full and cursor.last_run_at is not None:
+        # A commitment recorded since the last run over a term already begun re-prices the past
+        # (found here rather than signalled, so recording one never waits for this lock).
+        since = as_aware(cursor.last_run_at) - LATE_MARGIN
+        recent = restrict(SYSTEM, select(func.count()).select_from(Commitment), Commitment)
+        recent = recent.where(
+            Commitment.created_at >= since, Commitment.starts_at < Commitment.created_at
+        )
+        full = bool(session.scalar(recent))
+    lo = horizon if full else metering.to_ms(cursor.planned_through or now)
+    if full:
+        cursor.full_pass_at = now
+    elif cursor.last_run_at is not None:
         earliest = session.scalar(
             restrict(SYSTEM, select(func.min(UsageEvent.occurred_at)), UsageEvent).where(
                 UsageEvent.recorded_at >= as_aware(cursor.last_run_at) - LATE_MARGIN
@@ -379,3 +400,9 @@ def reconcile(
         "rows": out,
         "differences": sum(1 for r in out if r["difference_milli_gpu_ms"] != 0),
     }
+
+
+def replan_all(session: Session) -> None:
+    """Ask the next planner run for a full pass (who can be billed for past buckets changed).
+    It waits for a running planner's lock: call it from tasks, not from the request path."""
+    session.execute(update(MeterExportCursor).values(full_pass_at=None))

@@ -46,6 +46,7 @@ def ensure_customer(tenant_id: str) -> str | None:
         tenant.stripe_customer_id = gw.create_customer(
             tenant_id=str(tenant.id), name=tenant.name, email=tenant.contact_email
         )
+        stripe_export.replan_all(session)  # its usage so far can now be sent
         return tenant.stripe_customer_id
 
 

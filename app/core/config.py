@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     meter_bucket_seconds: int = Field(default=3600, ge=1, le=86400, alias="RACKPLANE_METER_BUCKET")
     meter_settle_seconds: float = Field(default=300.0, ge=0, alias="RACKPLANE_METER_SETTLE")
     meter_export_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_METER_EXPORT_EVERY")
+    # Every so often the planner compares the whole 34-day window with Stripe, not only what
+    # changed since its last run: it catches anything its late-row search could not see.
+    meter_full_pass_seconds: float = Field(default=21600.0, gt=0, alias="RACKPLANE_METER_FULL_PASS")
     budget_eval_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_BUDGET_EVAL_SECONDS")
     placement_tick_seconds: float = Field(default=5.0, gt=0, alias="RACKPLANE_PLACEMENT_TICK")
 
