@@ -191,8 +191,17 @@ def test_an_unused_commitment_is_spend_but_not_gpu_hours(client, world):
     r = client.put(
         "/v1/budget", json={"spend_limit": 10**6, "gpu_hour_limit": 10}, headers=auth(key)
     )
-    b = r.json()
-    assert b["gpu_hours_used"] == 1.0  # the usage, not the idle commitment
-    # Two committed GPU-hours at 200 are owed in full (one minute of them used); the other 59
-    # GPU-minutes are on demand, and no on-demand price exists.
-    assert b["spent"] == 400
+    assert r.status_code == 200, r.text
+    # Evaluated once the term is over (an unused commitment is owed only as its time passes).
+    from app.billing import budgets
+    from app.billing.models import Budget
+    from app.core.db import session_scope
+
+    with session_scope() as s:
+        budgets.evaluate(s, now=max(datetime.now(UTC), start + timedelta(hours=3)))
+    with session_scope() as s:
+        b = s.get(Budget, t.id)
+        assert b.used_milli_gpu_ms == 1000 * 3_600_000  # the usage, not the idle commitment
+        # Two committed GPU-hours at 200 are owed in full (one GPU-minute of them used); the
+        # other 59 GPU-minutes are on demand, and no on-demand price exists.
+        assert b.spent == 400

@@ -1,7 +1,7 @@
-"""Reserved (committed) capacity: in each hour, a tenant's non-preemptible usage of a model is
-priced reserved up to its commitments (region-specific first), the rest on demand, and the unused
-part is still owed; operators manage commitments, tenants see only their own, and bad input is a
-problem+json."""
+"""Reserved (committed) capacity: at every instant of a term, a tenant's non-preemptible usage of
+a model is priced reserved up to its commitments (region-specific first), the rest on demand, and
+the unused part is still owed; operators manage commitments, tenants see only their own, and bad
+input is a problem+json."""
 
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def test_usage_outside_the_term_is_on_demand_and_unused_accrues_only_until_now()
     out = split([_iv(0, None, 500)], [_term(2000)], [0, 24 * H], 3 * H // 2)
     assert _by_plan(out, "whole") == {"reserved": 750 * H}
     assert _by_plan(out, UNUSED) == {"reserved": 2250 * H}
+    # Usage stamped ahead of `now` (a clock ahead of ours) is still covered; only the unused
+    # part waits for its time to pass.
+    out = split([_iv(0, 2 * H, 1000)], [_term(1000)], [0, 4 * H], H)
+    assert _by_plan(out) == {"reserved": 2000 * H}
 
 
 def test_region_commitments_serve_their_region_first_then_any_region_commitments():
@@ -223,6 +227,7 @@ def test_a_commitment_not_yet_begun_can_be_withdrawn(client, world):
     "change, code",
     [
         ({"starts_at": "2026-11-10T00:30:00Z"}, "commitment_not_hourly"),
+        ({"ends_at": "2026-12-10T00:00:00.000500Z"}, "commitment_not_hourly"),
         ({"ends_at": "2026-11-09T00:00:00Z"}, "commitment_empty_term"),
         ({"region": "atlantis"}, "unknown_region"),
         ({"gpus": 0}, "validation_error"),

@@ -113,7 +113,7 @@ def split(
                 rates[what] += d
             span = (ordered[i + 1] if i + 1 < len(ordered) else hi) - p
             seg = cuts[bisect_right(cuts, p) - 1]
-            pools = [[t, t.milli] for t in owned if t.start_ms <= p < t.end_ms] if p < until else []
+            pools = [[t, t.milli] for t in owned if t.start_ms <= p < t.end_ms]
             for what in sorted(k for k, r in rates.items() if r):
                 rate, (shape, tier, region) = rates[what], what
                 for pool in pools:
@@ -125,7 +125,7 @@ def split(
                 if rate:
                     out[(seg, (*owner, shape, tier, region, on_demand))] += rate * span
             for t, rest in pools:
-                if rest:
+                if rest and p < until:  # owed only for the part of the term already past
                     key = (t.tenant_id, t.gpu_model, UNUSED, "*", t.region, reserved)
                     out[(seg, key)] += rest * span
     return out
@@ -160,7 +160,7 @@ def usage_by_plan(
 def create(session: Session, tenant_id: uuid.UUID, **fields: Any) -> Commitment:
     start, end = fields["starts_at"], fields["ends_at"]
     for name, at in (("starts_at", start), ("ends_at", end)):
-        if metering.to_ms(at) % HOUR_MS:
+        if at.minute or at.second or at.microsecond or metering.to_ms(at) % HOUR_MS:
             raise ValidationFailed(
                 f"{name} must fall on a whole hour (UTC).", code="commitment_not_hourly"
             )

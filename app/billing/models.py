@@ -203,10 +203,11 @@ class MeterExportCursor(Base):
 
 class Commitment(TimestampMixin, Base):
     """A tenant's reserved capacity: `gpus_milli` GPU-equivalents of one GPU model (in one
-    region, or any: '*') for every hour of [starts_at, ends_at). In each clock hour, the tenant's
-    non-preemptible usage of that model, up to the commitment, is priced at the reserved price;
-    the rest on demand; any part of the commitment left unused in the hour is still owed, at the
-    reserved price of a whole GPU (that is what committing means)."""
+    region, or any: '*') over [starts_at, ends_at), on whole hours. At every instant of the term,
+    the tenant's non-preemptible usage of that model, up to the commitment, is priced at the
+    reserved price, the rest on demand; any part of the commitment left unused is still owed, at
+    the reserved price of a whole GPU (that is what committing means). See
+    app/billing/commitments.py."""
 
     __tablename__ = "commitments"
     __tenant_column__ = "tenant_id"
