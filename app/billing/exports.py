@@ -89,8 +89,22 @@ def export_rows(
                     "amount": amounts[day],
                 }
             )
-    rows.sort(key=lambda r: tuple(str(r[c]) for c in COLUMNS[:9]) + (str(r["price_version"]),))
+    rows.sort(key=_order)
     return rows
+
+
+def _order(r: dict[str, Any]) -> tuple:
+    """Day, tenant, SKU, tier, region, plan, price version (comparable values, no None)."""
+    return (
+        r["day"],
+        r["tenant_id"],
+        r["gpu_model"],
+        r["shape"],
+        r["tier"],
+        r["region"],
+        r["plan"],
+        r["price_version"] or 0,
+    )
 
 
 def _allocate(days: dict[int, int], unit_amount: int) -> dict[int, int]:
