@@ -333,3 +333,36 @@ def test_dry_run_answers_where_whom_and_when_and_writes_nothing(
         "/v1/workloads:dry-run", json={"kind": "vm", "mig_profile": "1g"}, headers=auth(kb)
     )
     assert over.status_code == 422 and over.json()["rule"] == "vm_needs_whole_gpus"
+
+
+def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
+    """Cycles reuse a process's copy of the region's fleet while its fingerprint holds; any
+    change a snapshot is built from (cordon, GPU health, MIG mode, a new node) is seen at the
+    next cycle."""
+    from sqlalchemy import update
+
+    from app.fleet.models import Gpu, Node
+    from app.placement.snapshot import FAILED
+    from app.workloads import placement as P
+
+    world.fleet(fleet(2))
+
+    def specs():
+        w = P._world(session, "r1")
+        session.rollback()
+        return {s.name: s for s in w.specs}
+
+    first = specs()
+    assert P._world(session, "r1").specs is P._world(session, "r1").specs  # reused
+    session.rollback()
+    h1 = session.scalar(select(Node.id).where(Node.name == "h1"))
+    session.execute(update(Node).where(Node.id == h1).values(state="cordoned"))
+    session.execute(update(Gpu).where(Gpu.node_id == h1, Gpu.index == 3).values(health="failed"))
+    session.execute(update(Gpu).where(Gpu.node_id == h1, Gpu.index == 5).values(mig_mode=True))
+    session.commit()
+    after = specs()
+    assert first["h1"].schedulable and not after["h1"].schedulable
+    assert after["h1"].gpu_health[3] == FAILED and after["h1"].mig_gpus == (5,)
+    assert after["h2"] == first["h2"]
+    world.fleet(fleet(3))
+    assert set(specs()) == {"h1", "h2", "h3"}
