@@ -118,7 +118,7 @@ class _World:
 # while every cycle needs it: kept per process and region, and used again while the region's
 # fingerprint (an md5 over every field the specs are built from) is unchanged. Reading 100 nodes
 # of ORM objects cost ~30 ms a cycle; the fingerprint costs ~1 ms and a fresh Snapshot ~2 ms.
-_WORLDS: dict[tuple[str, str], tuple[str, list[NodeSpec], _World]] = {}
+_WORLDS: dict[tuple[str, str], tuple[str, _World]] = {}  # (database, region) -> (md5, fleet)
 _FINGERPRINT = text(
     """
     SELECT md5(string_agg(
@@ -144,13 +144,14 @@ def _world(session: Session, region: str) -> _World | None:
         return None
     key = (str(session.get_bind().url), region)
     hit = _WORLDS.get(key)
-    if hit is not None and hit[0] == fp:
-        _, specs, w = hit
-        return _World(Snapshot(specs), w.node_ids, w.node_rack, w.node_model, specs)
-    world = _read_world(session, region)
-    if world is not None:
-        _WORLDS[key] = (fp, world.specs, world)
-    return world
+    if hit is None or hit[0] != fp:
+        world = _read_world(session, region)
+        if world is None:
+            return None
+        hit = _WORLDS[key] = (fp, world)
+        return world
+    w = hit[1]  # its snapshot went to the cycle that read it: each cycle gets a fresh one
+    return _World(Snapshot(w.specs), w.node_ids, w.node_rack, w.node_model, w.specs)
 
 
 def _read_world(session: Session, region: str) -> _World | None:
