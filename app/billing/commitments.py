@@ -133,7 +133,7 @@ def split(
 
 def usage_by_plan(
     session: Session, scope, cuts: Sequence[int], now: datetime | None = None
-) -> tuple[list[Term], Segments]:
+) -> Segments:
     """The ledger's usage visible through `scope` over the segments [cuts[i], cuts[i+1]) (sorted
     ms), split by plan, with unused commitments accrued up to `now`."""
     now = now or utcnow()
@@ -154,7 +154,7 @@ def usage_by_plan(
     if terms:
         for k, q in split(committed, terms, cuts, metering.to_ms(now)).items():
             out[k] += q
-    return terms, out
+    return out
 
 
 def create(session: Session, tenant_id: uuid.UUID, **fields: Any) -> Commitment:

@@ -141,7 +141,7 @@ def priced_segments(
     cuts = {*range(lo, hi, DAY_MS), hi}
     for versions in book.by.values():
         cuts.update(since for since, _ in versions if lo < since < hi)
-    _, segments = commitments.usage_by_plan(session, scope, sorted(cuts), now=now)
+    segments = commitments.usage_by_plan(session, scope, sorted(cuts), now=now)
     return book, segments
 
 

@@ -99,7 +99,7 @@ def ledger_by_key(session: Session, scope, lo_ms: int, hi_ms: int, now: datetime
     as the bill splits it (unused commitments are not usage: the subscription bills them)."""
     step = _step_ms()
     cuts = [*range(lo_ms, hi_ms, step), hi_ms]
-    _, segments = commitments.usage_by_plan(session, scope, cuts, now=now)
+    segments = commitments.usage_by_plan(session, scope, cuts, now=now)
     out: dict[Key, int] = defaultdict(int)
     for (seg, (tenant, model, shape, tier, region, plan)), q in segments.items():
         if shape != commitments.UNUSED:
