@@ -65,7 +65,7 @@ def held(world, client, session):
 
 def _alloc(session, held, gpus, *, milli=1000, mig=None, start=None, mem=0):
     from app.workloads.models import Allocation
-    from app.workloads.placement import _claim
+    from app.workloads.placement import claim
 
     t, wid, node = held
     a = Allocation(
@@ -82,7 +82,7 @@ def _alloc(session, held, gpus, *, milli=1000, mig=None, start=None, mem=0):
     )
     session.add(a)
     session.flush()
-    _claim(session, a, "H100-80GB")
+    claim(session, [(a, "H100-80GB")])
     return a
 
 
@@ -110,6 +110,33 @@ def test_the_database_refuses_double_allocation(session, held, first, second):
     session.commit()
     with pytest.raises(IntegrityError):
         _alloc(session, held, **second)
+    session.rollback()
+
+
+def test_one_cycle_claiming_a_gpu_twice_is_refused(session, held):
+    """A cycle claims all its allocations in one statement; two of them on one GPU sum past
+    its capacity and the CHECK refuses the whole batch."""
+    from app.workloads.models import Allocation
+    from app.workloads.placement import claim
+
+    t, wid, node = held
+    rows = [
+        Allocation(
+            workload_id=wid,
+            tenant_id=t.id,
+            node_id=node.id,
+            replica=i,
+            tier="dedicated",
+            gpu_indices=[g],
+            milli=1000,
+            gpu_memory_mib=0,
+        )
+        for i, g in enumerate((2, 4, 2))
+    ]
+    session.add_all(rows)
+    session.flush()
+    with pytest.raises(IntegrityError):
+        claim(session, [(a, "H100-80GB") for a in rows])
     session.rollback()
 
 

@@ -88,6 +88,7 @@ def get_sessionmaker() -> sessionmaker[Session]:
 @contextmanager
 def session_scope() -> Iterator[Session]:
     """A unit of work for tasks and the CLI: commit on success, roll back on error."""
+    from app.outbox import kicks
     from app.outbox.service import flush_committed
 
     session = get_sessionmaker()()
@@ -100,6 +101,7 @@ def session_scope() -> Iterator[Session]:
     finally:
         session.close()
     flush_committed(session)
+    kicks.send_committed(session)
 
 
 def session_dependency() -> Iterator[Session]:

@@ -7,7 +7,6 @@ import enum
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
@@ -67,15 +66,6 @@ def check(current: State | str, to: State | str) -> None:
         )
 
 
-def _next_seq(session: Session, w: Workload) -> int:
-    from app.workloads.models import WorkloadEvent
-
-    last = session.scalar(
-        select(func.max(WorkloadEvent.seq)).where(WorkloadEvent.workload_id == w.id)
-    )
-    return (last or 0) + 1
-
-
 def record(
     session: Session,
     w: Workload,
@@ -89,14 +79,18 @@ def record(
     seq: int | None = None,
     flush: bool = True,
 ) -> None:
-    """Append an event; `seq` may be given when the caller knows it (a new workload)."""
+    """Append an event, numbered after the workload's latest (`seq` only for a new workload,
+    whose numbers the caller knows). The workload row carries the latest seq, so no query."""
     from app.workloads.models import WorkloadEvent
 
+    if seq is None:
+        seq = (w.last_event_seq or 0) + 1
+    w.last_event_seq = max(w.last_event_seq or 0, seq)
     session.add(
         WorkloadEvent(
             workload_id=w.id,
             tenant_id=w.tenant_id,
-            seq=seq if seq is not None else _next_seq(session, w),
+            seq=seq,
             kind=kind,
             from_state=from_state,
             to_state=to_state,
@@ -117,9 +111,10 @@ def transition(
     details: dict[str, Any] | None = None,
     *,
     at: datetime | None = None,
+    flush: bool = True,
 ) -> None:
     """Move `w` to `to` (or raise InvalidTransition) and append the event, in the caller's
-    transaction."""
+    transaction (flushed unless the caller batches)."""
     check(w.state, to)
     at = at or utcnow()
     before = w.state
@@ -140,4 +135,5 @@ def transition(
         reason=reason,
         details=details,
         at=at,
+        flush=flush,
     )

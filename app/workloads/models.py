@@ -61,6 +61,8 @@ class Workload(TimestampMixin, Base):
     preempted_at: Mapped[datetime | None] = mapped_column(default=None)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The seq of its latest event: the next one is known without reading the timeline.
+    last_event_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Optimistic concurrency: every UPDATE says `WHERE generation = <what this writer read>`
     # and bumps it, so a writer holding a stale copy fails (StaleDataError) instead of
     # overwriting a newer state.

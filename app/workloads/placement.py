@@ -17,12 +17,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, text, update
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from app.core.db import as_aware, utcnow
+from app.core.db import as_aware, new_id, utcnow
 from app.core.logging import get_logger
 from app.fleet.models import Gpu, GpuHealth, Node, NodeState, Rack, Region
 from app.metering import service as metering
@@ -325,13 +325,21 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
     )
     report.blocked = dict(result.blocked)
 
-    def locked(wid: str) -> Workload:
-        w = session.scalar(
+    # Every workload the plan touches, re-read FOR UPDATE in one statement: each must still be
+    # as the snapshot saw it, or the plan is dropped.
+    touched = [ev.workload for ev in result.evictions] + [a.workload for a in result.admissions]
+    rows: dict[str, Workload] = {}
+    if touched:
+        for w in session.scalars(
             select(Workload)
-            .where(Workload.id == uuid.UUID(wid))
+            .where(Workload.id.in_([uuid.UUID(t) for t in touched]))
             .with_for_update()
-            .execution_options(populate_existing=True)  # the row as committed, not as first read
-        )
+            .execution_options(populate_existing=True)  # the rows as committed, not as read
+        ):
+            rows[str(w.id)] = w
+
+    def locked(wid: str) -> Workload:
+        w = rows.get(wid)
         if w is None or (w.state, w.generation) != seen[w.id]:
             raise PlanConflict(f"workload {wid} changed during the cycle")
         return w
@@ -369,15 +377,18 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             .values(mig_mode=reconf.mig_mode)
         )
     started: list[dict] = []  # usage ledger: each new allocation starts metering
+    new_allocs: list[tuple[Allocation, str]] = []
+    provision: dict[float, list[str]] = {}  # countdown -> workloads to provision
+    stamp = utcnow()  # after the snapshot was read: later than the release of anything it saw
     for adm in result.admissions:
         w = locked(adm.workload)
         placement = []
         for b in adm.bindings:
             a = snap.allocs[b.alloc_id]
             model = world.node_model[b.node]
-            region = world.node_rack[b.node][0]
             milli = PROFILES[a.mig].gpu_equivalent_milli if a.mig else (a.milli or 1000)
             row = Allocation(
+                id=new_id(),
                 workload_id=w.id,
                 tenant_id=w.tenant_id,
                 node_id=world.node_ids[b.node],
@@ -390,22 +401,18 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
                 gpu_memory_mib=a.gpu_mem,
                 cpu_milli=a.cpu,
                 memory_mib=a.mem,
-                # Stamped after the snapshot was read, so it is later than the release of
-                # anything this cycle saw freed: the history orders hand-overs correctly.
-                created_at=utcnow(),
+                created_at=stamp,
             )
-            session.add(row)
-            session.flush()
-            _claim(session, row, model)
+            new_allocs.append((row, model))
             placement.append(describe(world, b))
             started.append(
                 metering.allocation_event(
                     UsageKind.start,
                     row,
-                    region=region,
+                    region=world.node_rack[b.node][0],
                     gpu_model=model,
                     priority=w.priority,
-                    at=row.created_at,
+                    at=stamp,
                 )
             )
         w.placement = placement
@@ -417,16 +424,17 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
             + (f", after preempting {', '.join(adm.victims)}" if adm.victims else ""),
             {"phase": adm.phase, "borrowed": adm.borrowed, "victims": list(adm.victims)},
             at=now,
+            flush=False,
         )
-        delay = max(0.0, adm.start_at - clock(now))
-        enqueue(
-            session,
-            "workloads.provision",
-            queue="provisioning",
-            workload_id=str(w.id),
-            countdown=delay,
-        )
+        delay = round(max(0.0, adm.start_at - clock(now)), 1)
+        provision.setdefault(delay, []).append(str(w.id))
         report.admitted.append(adm.workload)
+    session.add_all(row for row, _ in new_allocs)
+    claim(session, new_allocs)
+    for delay, ids in provision.items():  # one message per start time, not one per workload
+        enqueue(
+            session, "workloads.provision", queue="provisioning", countdown=delay, workload_ids=ids
+        )
     metering.ingest(session, started)
     return report
 
@@ -480,45 +488,70 @@ def dry_run(session: Session, w: Workload) -> DryRun:
     )
 
 
-def _usage_row(session: Session, node_id: uuid.UUID, gpu: int, model: str) -> None:
-    values = {
-        "node_id": node_id,
-        "gpu_index": gpu,
-        "milli_used": 0,
-        "memory_mib": GPU_MODELS[model].memory_mib if model in GPU_MODELS else 0,
-        "memory_used_mib": 0,
-    }
-    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    session.execute(ins(GpuUsage).values(**values).on_conflict_do_nothing())
-
-
-def _claim(session: Session, a: Allocation, model: str, sign: int = 1) -> None:
-    """Add (or, with sign -1, remove) `a` to the per-GPU usage rows and MIG claims. The CHECKs
-    and the unique index turn any double allocation into an IntegrityError."""
-    mem_cap = GPU_MODELS[model].memory_mib if model in GPU_MODELS else 0
-    for g in a.gpu_indices:
-        _usage_row(session, a.node_id, g, model)
+def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1) -> None:
+    """Add (or, with sign -1, remove) allocations, each with its GPU model, to the per-GPU
+    usage rows, in one upsert for all their GPUs, and (adding) write their MIG claims. The
+    CHECKs and the unique index turn any double allocation into an IntegrityError."""
+    delta: dict[tuple[uuid.UUID, int], list[int]] = {}  # (node, gpu) -> [milli, memory, cap]
+    claims = []
+    for a, model in allocs:
+        cap = GPU_MODELS[model].memory_mib if model in GPU_MODELS else 0
         if a.mig_profile:
-            mem = mem_cap * PROFILES[a.mig_profile].memory // MEMORY_SLICES
+            mem = cap * PROFILES[a.mig_profile].memory // MEMORY_SLICES
         elif a.milli < 1000:
             mem = a.gpu_memory_mib
         else:
-            mem = mem_cap
+            mem = cap
+        for g in a.gpu_indices:
+            d = delta.setdefault((a.node_id, g), [0, 0, cap])
+            d[0] += sign * a.milli
+            d[1] += sign * mem
+        if a.mig_profile and sign > 0:
+            assert a.mig_start is not None
+            claims += [
+                MigClaim(allocation_id=a.id, node_id=a.node_id, gpu_index=a.gpu_indices[0], slice=s)
+                for s in range(a.mig_start, a.mig_start + PROFILES[a.mig_profile].memory)
+            ]
+    if delta and sign > 0:  # rows may not exist yet: insert or add, in one statement
+        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        stmt = ins(GpuUsage).values(
+            [
+                {
+                    "node_id": node,
+                    "gpu_index": g,
+                    "milli_used": milli,
+                    "memory_mib": cap,
+                    "memory_used_mib": mem,
+                }
+                for (node, g), (milli, mem, cap) in sorted(delta.items())  # one lock order
+            ]
+        )
         session.execute(
-            update(GpuUsage)
-            .where(GpuUsage.node_id == a.node_id, GpuUsage.gpu_index == g)
-            .values(
-                milli_used=GpuUsage.milli_used + sign * a.milli,
-                memory_used_mib=GpuUsage.memory_used_mib + sign * mem,
+            stmt.on_conflict_do_update(
+                index_elements=[GpuUsage.node_id, GpuUsage.gpu_index],
+                set_={
+                    "milli_used": GpuUsage.milli_used + stmt.excluded.milli_used,
+                    "memory_used_mib": GpuUsage.memory_used_mib + stmt.excluded.memory_used_mib,
+                },
             )
         )
-    if a.mig_profile and sign > 0:
-        p = PROFILES[a.mig_profile]
-        assert a.mig_start is not None
-        for s in range(a.mig_start, a.mig_start + p.memory):
-            session.add(
-                MigClaim(allocation_id=a.id, node_id=a.node_id, gpu_index=a.gpu_indices[0], slice=s)
+    elif delta:  # the rows exist (the CHECKs would refuse a negative insert): one batch
+        session.connection().execute(
+            update(GpuUsage.__table__)
+            .where(
+                GpuUsage.__table__.c.node_id == bindparam("n"),
+                GpuUsage.__table__.c.gpu_index == bindparam("g"),
             )
+            .values(
+                milli_used=GpuUsage.__table__.c.milli_used + bindparam("dm"),
+                memory_used_mib=GpuUsage.__table__.c.memory_used_mib + bindparam("dmem"),
+            ),
+            [
+                {"n": node, "g": g, "dm": milli, "dmem": mem}
+                for (node, g), (milli, mem, _) in sorted(delta.items())
+            ],
+        )
+    session.add_all(claims)
     session.flush()
 
 
@@ -548,7 +581,6 @@ def release(
     for a in rows:
         a.released_at = at
         model, region = where[a.node_id]
-        _claim(session, a, model, sign=-1)
         stopped.append(
             metering.allocation_event(
                 UsageKind.stop,
@@ -565,6 +597,6 @@ def release(
             .where(MigClaim.allocation_id == a.id, MigClaim.released_at.is_(None))
             .values(released_at=at)
         )
-    session.flush()
+    claim(session, [(a, where[a.node_id][0]) for a in rows], sign=-1)
     metering.ingest(session, stopped)
     return len(rows)

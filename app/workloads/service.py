@@ -12,6 +12,7 @@ from app.billing.budgets import check_submission
 from app.core.db import as_aware, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.fleet.models import Gpu, Node, Rack, Region
+from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.tenants.models import Tenant
@@ -178,7 +179,7 @@ def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
         seq=2,
         flush=False,
     )
-    enqueue(session, "placement.cycle", queue="placement", region=w.region)
+    kick_placement(session, w.region)
     return w
 
 
@@ -189,7 +190,14 @@ def terminate(session: Session, w: Workload, reason: str = "terminated by the cu
     lifecycle.transition(session, w, State.terminated, reason)
     if held and release(session, w, reason="terminated"):
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
-        enqueue(session, "placement.cycle", queue="placement", region=w.region)
+        kick_placement(session, w.region)
+
+
+def kick_placement(session: Session, region: str | None) -> None:
+    """A placement cycle for `region` soon after the commit: work waits there or capacity
+    freed up. Coalesced and not durable (the placement tick is the guarantee)."""
+    if region:
+        kicks.kick(session, "placement.cycle", queue="placement", key=region, region=region)
 
 
 class NotRunning(Conflict):

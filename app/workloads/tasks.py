@@ -3,21 +3,25 @@ state moved on, so a redelivered or repeated task is harmless."""
 
 from __future__ import annotations
 
+import math
 import uuid
+from datetime import datetime
 
 from celery import shared_task
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
+from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.workloads import lifecycle
 from app.workloads.lifecycle import State
 from app.workloads.models import Workload, WorkloadEvent
 from app.workloads.placement import PlanConflict, release, run_cycle
 from app.workloads.providers import get_provider
+from app.workloads.service import kick_placement
 
 log = get_logger(__name__)
 POLL_SECONDS = 0.5
@@ -48,6 +52,7 @@ def placement_cycle(self, region: str) -> dict:
     snapshot was read. A cycle finding the region locked retries shortly (the running one
     may already have read its snapshot). A lost race (a workload changed, or the database
     refused an allocation) drops the whole plan and runs again on fresh state."""
+    kicks.clear("placement.cycle", region)  # submissions from now on kick again
     admitted = 0
     for _ in range(MAX_ROUNDS):
         try:
@@ -114,64 +119,103 @@ def _locked(session, workload_id: str) -> Workload | None:
     )
 
 
-def _provisioning_since(session, w: Workload):
-    return session.scalar(
-        select(WorkloadEvent.at)
-        .where(WorkloadEvent.workload_id == w.id, WorkloadEvent.to_state == "provisioning")
-        .order_by(WorkloadEvent.seq.desc())
-        .limit(1)
+def _ids(workload_ids: list[str] | None, workload_id: str | None) -> list[str]:
+    """Tasks take a batch of ids; a single `workload_id` is the same as a batch of one."""
+    return sorted(set(workload_ids or []) | ({workload_id} if workload_id else set()))
+
+
+def _locked_in(session, ids: list[str], states: set[str]) -> list[Workload]:
+    """The workloads of `ids` still in one of `states`, locked, in id order (one lock order
+    for every batch, so two batches never deadlock)."""
+    rows = session.scalars(
+        select(Workload)
+        .where(Workload.id.in_([uuid.UUID(i) for i in ids]))
+        .order_by(Workload.id)
+        .with_for_update()
     )
+    return [w for w in rows if w.state in states]
+
+
+def _provisioning_since(session, ws: list[Workload]) -> dict[uuid.UUID, datetime]:
+    """When each workload's latest provisioning began (its last `provisioning` event)."""
+    if not ws:
+        return {}
+    rows = session.execute(
+        select(WorkloadEvent.workload_id, func.max(WorkloadEvent.at))
+        .where(
+            WorkloadEvent.workload_id.in_([w.id for w in ws]),
+            WorkloadEvent.to_state == State.provisioning.value,
+        )
+        .group_by(WorkloadEvent.workload_id)
+    )
+    return {wid: as_aware(at) for wid, at in rows}
+
+
+def _check_later(session, delays: dict[str, float]) -> None:
+    """One `workloads.check` per poll step for the workloads due then, not one each."""
+    due: dict[float, list[str]] = {}
+    for wid, delay in delays.items():
+        step = math.ceil(round(delay, 3) / POLL_SECONDS) * POLL_SECONDS
+        due.setdefault(step, []).append(wid)
+    for step, ids in sorted(due.items()):
+        enqueue(session, "workloads.check", queue="provisioning", countdown=step, workload_ids=ids)
 
 
 @_task("workloads.provision")
-def provision(workload_id: str) -> str:
+def provision(workload_ids: list[str] | None = None, workload_id: str | None = None) -> int:
+    """Ask the provider for placed workloads (the batch one placement cycle admitted)."""
     with session_scope() as session:
-        w = _locked(session, workload_id)
-        if w is None or w.state not in (State.placing.value, State.provisioning.value):
-            return "skipped"
-        if w.state == State.placing.value:
-            lifecycle.transition(session, w, State.provisioning, "provisioning (simulated)")
-        since = _provisioning_since(session, w) or utcnow()
-        delay = get_provider().provision(w, since)
-        enqueue(
+        ws = _locked_in(
             session,
-            "workloads.check",
-            queue="provisioning",
-            countdown=delay,
-            workload_id=workload_id,
+            _ids(workload_ids, workload_id),
+            {State.placing.value, State.provisioning.value},
         )
-        return w.state
+        now = utcnow()
+        for w in ws:
+            if w.state == State.placing.value:
+                lifecycle.transition(
+                    session, w, State.provisioning, "provisioning (simulated)", at=now, flush=False
+                )
+        session.flush()
+        since = _provisioning_since(session, ws)
+        provider = get_provider()
+        _check_later(session, {str(w.id): provider.provision(w, since.get(w.id, now)) for w in ws})
+        return len(ws)
 
 
 @_task("workloads.check")
-def check(workload_id: str) -> str:
+def check(workload_ids: list[str] | None = None, workload_id: str | None = None) -> dict:
+    """Ask the provider whether workloads being provisioned are up: ready ones run, failed ones
+    go back to the queue, the rest are asked again a poll step later."""
+    out = {"ready": 0, "booting": 0, "failed": 0}
     with session_scope() as session:
-        w = _locked(session, workload_id)
-        if w is None or w.state != State.provisioning.value:
-            return "skipped"
-        since = _provisioning_since(session, w) or utcnow()
-        status = get_provider().status(w, since)
-        if status == "booting":
-            enqueue(
-                session,
-                "workloads.check",
-                queue="provisioning",
-                countdown=POLL_SECONDS,
-                workload_id=workload_id,
-            )
-        elif status == "ready":
-            lifecycle.transition(session, w, State.running, "the provider reports it up")
-        else:
-            release(session, w, reason="provisioning_failed")
-            lifecycle.transition(
-                session,
-                w,
-                State.queued,
-                "provisioning failed: back in the queue",
-                {"provider_status": status},
-            )
-            enqueue(session, "placement.cycle", queue="placement", region=w.region)
-        return status
+        ws = _locked_in(session, _ids(workload_ids, workload_id), {State.provisioning.value})
+        since = _provisioning_since(session, ws)
+        provider = get_provider()
+        now = utcnow()
+        later: dict[str, float] = {}
+        for w in ws:
+            status = provider.status(w, since.get(w.id, now))
+            out[status] += 1
+            if status == "booting":
+                later[str(w.id)] = POLL_SECONDS
+            elif status == "ready":
+                lifecycle.transition(
+                    session, w, State.running, "the provider reports it up", at=now, flush=False
+                )
+            else:
+                release(session, w, reason="provisioning_failed")
+                lifecycle.transition(
+                    session,
+                    w,
+                    State.queued,
+                    "provisioning failed: back in the queue",
+                    {"provider_status": status},
+                    flush=False,
+                )
+                kick_placement(session, w.region)
+        _check_later(session, later)
+        return out
 
 
 @_task("workloads.finish_preemption")
@@ -194,7 +238,7 @@ def finish_preemption(workload_id: str) -> str:
                 else None
             },
         )
-        enqueue(session, "placement.cycle", queue="placement", region=w.region)
+        kick_placement(session, w.region)
         return "requeued"
 
 
@@ -217,8 +261,6 @@ def reconcile() -> int:
     worker, a broker outage). The tasks are idempotent, so a spurious nudge does nothing."""
     from datetime import timedelta
 
-    from sqlalchemy import func
-
     from app.core.config import get_settings
 
     grace = get_settings().preemption_grace_seconds
@@ -231,23 +273,29 @@ def reconcile() -> int:
     now = utcnow()
     nudged = 0
     with session_scope() as session:
-        last = (
-            select(WorkloadEvent.workload_id, func.max(WorkloadEvent.at).label("at"))
-            .group_by(WorkloadEvent.workload_id)
-            .subquery()
+        last = (  # per workload, through the (workload_id, seq) index: no scan of the timeline
+            select(func.max(WorkloadEvent.at))
+            .where(WorkloadEvent.workload_id == Workload.id)
+            .scalar_subquery()
         )
         rows = session.execute(
-            select(Workload.id, Workload.state, last.c.at)
-            .join(last, last.c.workload_id == Workload.id)
+            select(Workload.id, Workload.state, last)
             .where(Workload.state.in_(list(patience)))
             .limit(1000)
         ).all()
+        due: dict[str, list[str]] = {}
         for wid, state, at in rows:
             task, wait = patience[state]
-            if as_aware(at) > now - timedelta(seconds=wait):
+            if at is not None and as_aware(at) > now - timedelta(seconds=wait):
                 continue
-            enqueue(session, task, queue="provisioning", workload_id=str(wid))
+            due.setdefault(task, []).append(str(wid))
             nudged += 1
+        for task, ids in due.items():
+            if task == "workloads.finish_preemption":  # one grace period each
+                for wid in ids:
+                    enqueue(session, task, queue="provisioning", workload_id=wid)
+            else:
+                enqueue(session, task, queue="provisioning", workload_ids=ids)
     if nudged:
         log.warning("workloads_reconciled", nudged=nudged)
     return nudged

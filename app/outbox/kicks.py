@@ -1,0 +1,97 @@
+"""Kicks: after a commit that leaves work for a periodic sweep, ask for the sweep to run now,
+coalesced so that a burst of commits sends one message instead of one each.
+
+A kick is not durable and need not be: the committed rows are the record of the work, and a
+beat task runs the same sweep on a timer (the placement tick). A kick only makes it come sooner.
+That is what separates a kick from an outbox message, which carries work nothing else would
+find, and why a kick costs a request no database write.
+
+Coalescing, with Redis: after its commit a writer `SET`s the kick's key `NX` with a short TTL
+and sends the task only if the key was absent; the task deletes the key (`clear`) before it
+reads the database. So a writer that finds the key present knows that a sweep is still to read
+the database after its commit and will see its rows. A message lost after its key was set only
+mutes the key until the TTL ends; the timer covers that gap. Without Redis (the embedded
+default) every kick is sent: the rate there is a person's, not a load test's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.core.logging import get_logger
+
+log = get_logger(__name__)
+TTL_MS = 2000
+_PENDING = "rackplane_kicks_pending"
+_COMMITTED = "rackplane_kicks_committed"
+BREAKER_SECONDS = 2.0
+_state: dict[str, Any] = {"client": None, "url": None, "open_until": 0.0}
+
+
+def kick(session: Session, task: str, *, queue: str, key: str, **kwargs: Any) -> None:
+    """Ask for `task(**kwargs)` once the session's transaction commits, coalesced under `key`
+    with every other kick of the same task and key."""
+    session.info.setdefault(_PENDING, {})[(task, key)] = (queue, kwargs)
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    pending = session.info.pop(_PENDING, None)
+    if pending:
+        session.info.setdefault(_COMMITTED, {}).update(pending)
+
+
+@event.listens_for(Session, "after_rollback")
+def _after_rollback(session: Session) -> None:
+    session.info.pop(_PENDING, None)
+
+
+def _redis():
+    url = get_settings().redis_url
+    if not url:
+        return None
+    if _state["client"] is None or _state["url"] != url:
+        import redis
+
+        _state["client"] = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        _state["url"] = url
+    return _state["client"]
+
+
+def _name(task: str, key: str) -> str:
+    return f"{get_settings().broker_key_prefix}rackplane:kick:{task}:{key}"
+
+
+def send_committed(session: Session) -> None:
+    """Send the kicks the session committed (called by the unit-of-work wrappers after commit).
+    Failures are logged and dropped: the timer runs the sweep anyway."""
+    committed = session.info.pop(_COMMITTED, None)
+    if not committed or time.monotonic() < _state["open_until"]:
+        return
+    try:
+        client = _redis()
+        for (task, key), (queue, kwargs) in committed.items():
+            if client is not None and not client.set(_name(task, key), b"1", nx=True, px=TTL_MS):
+                continue  # a sweep that has not read the database yet is already asked for
+            from workers.celery_app import celery_app
+
+            celery_app.send_task(task, kwargs=kwargs, queue=queue, retry=False)
+    except Exception as exc:
+        _state["open_until"] = time.monotonic() + BREAKER_SECONDS
+        log.warning("kick_dropped", kicks=[k for k, _ in committed], error=str(exc)[:300])
+
+
+def clear(task: str, key: str) -> None:
+    """Called by the kicked task before it reads the database: writers committing from now on
+    must kick again, because this run may not see their rows."""
+    try:
+        client = _redis()
+        if client is not None:
+            client.delete(_name(task, key))
+    except Exception as exc:  # the key expires by itself; the timer covers the gap
+        log.warning("kick_clear_failed", task=task, key=key, error=str(exc)[:300])
