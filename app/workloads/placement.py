@@ -197,33 +197,44 @@ def _read_world(session: Session, region: str) -> _World | None:
     )
 
 
+def qworkload(w: Workload, alloc_ids: tuple[int, ...] = ()) -> QWorkload:
+    """`w` as the core sees it, holding the snapshot allocations `alloc_ids`."""
+    running = State(w.state) is State.running
+    return QWorkload(
+        str(w.id),
+        request_of(w),
+        w.priority,
+        clock(w.created_at),
+        float(w.max_runtime_s),
+        checkpoint_cost=float(w.checkpoint_cost_s),
+        # Only running work can be evicted; work on its way up or down is left alone.
+        started_at=seconds(w.started_at) if running else None,
+        last_checkpoint_at=seconds(w.last_checkpoint_at),
+        preempted_at=seconds(w.preempted_at),
+        alloc_ids=alloc_ids,
+        checkpoint_every=float(w.checkpoint_interval_s) if w.checkpoint_interval_s else None,
+    )
+
+
+@dataclass
+class _Held:
+    """A workload holding GPUs, as a cycle needs it: its row version and its allocations."""
+
+    state: str
+    generation: int
+    tenant_id: uuid.UUID
+    qw: QWorkload  # alloc_ids: its allocations in the snapshot
+
+
 @dataclass
 class _Loaded:
     """A region as the core sees it: the snapshot with every live allocation, the workloads
     holding GPUs and those waiting, and the quotas of their tenants."""
 
     world: _World
-    holding: list[Workload]
+    holding: dict[uuid.UUID, _Held]
     queued: list[Workload]
-    allocs: dict[uuid.UUID, list[int]]  # workload -> snapshot allocation ids
     quotas: dict[str, TenantQuota]
-
-    def qw(self, w: Workload) -> QWorkload:
-        running = State(w.state) is State.running
-        return QWorkload(
-            str(w.id),
-            request_of(w),
-            w.priority,
-            clock(w.created_at),
-            float(w.max_runtime_s),
-            checkpoint_cost=float(w.checkpoint_cost_s),
-            # Only running work can be evicted; work on its way up or down is left alone.
-            started_at=seconds(w.started_at) if running else None,
-            last_checkpoint_at=seconds(w.last_checkpoint_at),
-            preempted_at=seconds(w.preempted_at),
-            alloc_ids=tuple(self.allocs.get(w.id, ())),
-            checkpoint_every=float(w.checkpoint_interval_s) if w.checkpoint_interval_s else None,
-        )
 
     def scheduler(self, config: QueueConfig | None = None) -> Scheduler:
         if config is None:
@@ -233,7 +244,7 @@ class _Loaded:
         return Scheduler(self.world.snap, self.quotas, config)
 
     def running(self) -> list[QWorkload]:
-        return [self.qw(w) for w in self.holding if w.id in self.allocs]
+        return [h.qw for h in self.holding.values() if h.qw.alloc_ids]
 
 
 def _quotas(session: Session, tenant_ids: set[uuid.UUID]) -> dict[str, TenantQuota]:
@@ -251,37 +262,34 @@ def _quotas(session: Session, tenant_ids: set[uuid.UUID]) -> dict[str, TenantQuo
     return quotas
 
 
-def _load(session: Session, region: str, extra_tenant: uuid.UUID | None = None) -> _Loaded | None:
-    world = _world(session, region)
-    if world is None:
-        return None
+def _hold(
+    session: Session, world: _World, region: str, ids: list[uuid.UUID] | None = None
+) -> dict[uuid.UUID, _Held]:
+    """The region's workloads holding GPUs (or those of `ids` that still do), with their live
+    allocations added to the world's snapshot. Rows are read before their allocations, so the
+    allocations are at least as new as the generation kept: a change in between shows as a
+    newer generation at the next diff."""
     snap = world.snap
+    where = [Workload.state.in_([s.value for s in HOLDING])]
+    where.append(Workload.region == region if ids is None else Workload.id.in_(ids))
+    rows = {w.id: w for w in session.scalars(select(Workload).where(*where))}
+    if not rows:
+        return {}
     node_name = {v: k for k, v in world.node_ids.items()}
-    holding = list(
-        session.scalars(
-            select(Workload).where(
-                Workload.region == region, Workload.state.in_([s.value for s in HOLDING])
-            )
-        )
-    )
-    queued = list(
-        session.scalars(
-            select(Workload)
-            .where(Workload.region == region, Workload.state == State.queued.value)
-            .order_by(Workload.created_at)
-        )
-    )
-    allocs: dict[uuid.UUID, list[int]] = {}
+    aids: dict[uuid.UUID, list[int]] = {}
     for a in session.scalars(
         select(Allocation).where(
-            Allocation.released_at.is_(None), Allocation.node_id.in_(list(world.node_ids.values()))
+            Allocation.released_at.is_(None), Allocation.workload_id.in_(list(rows))
         )
     ):
+        name = node_name.get(a.node_id)
+        if name is None:  # a node since moved out of the region: the fingerprint will see it
+            continue
         mig = PROFILES[a.mig_profile] if a.mig_profile else None
         aid = snap.allocate(
             snap.tenant_id(str(a.tenant_id)),
             Tier.parse(a.tier),
-            snap.node_index[node_name[a.node_id]],
+            snap.node_index[name],
             tuple(a.gpu_indices),
             milli=0 if (mig or a.milli == 1000) else a.milli,
             gpu_mem=a.gpu_memory_mib,
@@ -290,12 +298,106 @@ def _load(session: Session, region: str, extra_tenant: uuid.UUID | None = None) 
             mig=mig,
             mig_start=a.mig_start,
         )
-        allocs.setdefault(a.workload_id, []).append(aid)
+        aids.setdefault(a.workload_id, []).append(aid)
+    return {
+        wid: _Held(w.state, w.generation, w.tenant_id, qworkload(w, tuple(aids.get(wid, ()))))
+        for wid, w in rows.items()
+    }
+
+
+@dataclass
+class _Region:
+    """A region's state kept by a worker process between cycles: the fleet fingerprint it was
+    built under, the snapshot with every live allocation, and the workloads holding them."""
+
+    fingerprint: str
+    world: _World
+    holding: dict[uuid.UUID, _Held]
+
+
+# Per process and region. Each cycle brings it up to date from one narrow query, the (id,
+# generation) of every workload holding GPUs there: allocations only ever change in the same
+# transaction as their workload's state (placing, release on termination, eviction or failed
+# provisioning), which bumps its generation. Gone or changed workloads give their allocations
+# back to the snapshot; new or changed ones are read in full. A fleet change (fingerprint)
+# rebuilds everything.
+_STATES: dict[tuple[str, str], _Region] = {}
+
+
+def _diff(session: Session, region: str, state: _Region) -> None:
+    snap = state.world.snap
+    current = dict(
+        session.execute(
+            select(Workload.id, Workload.generation).where(
+                Workload.region == region, Workload.state.in_([s.value for s in HOLDING])
+            )
+        ).all()
+    )
+    for wid in [w for w, h in state.holding.items() if current.get(w) != h.generation]:
+        for aid in state.holding.pop(wid).qw.alloc_ids:
+            snap.release(aid)
+    fresh = [wid for wid in current if wid not in state.holding]
+    if fresh:
+        state.holding.update(_hold(session, state.world, region, fresh))
     snap.commit()
-    tenants = {w.tenant_id for w in holding + queued}
+
+
+def _region_state(session: Session, region: str) -> _Region | None:
+    """The region's kept state, up to date (PostgreSQL only: it needs the fingerprint)."""
+    fp = session.scalar(_FINGERPRINT, {"region": region})
+    if fp is None:
+        return None
+    key = (str(session.get_bind().url), region)
+    state = _STATES.get(key)
+    try:
+        if state is None or state.fingerprint != fp:
+            _STATES.pop(key, None)
+            world = _read_world(session, region)
+            if world is None:
+                return None
+            state = _Region(fp, world, _hold(session, world, region))
+            world.snap.commit()
+        else:
+            _diff(session, region, state)
+    except BaseException:
+        _STATES.pop(key, None)  # half brought up to date: start afresh next time
+        raise
+    _STATES[key] = state
+    return state
+
+
+def _load(
+    session: Session,
+    region: str,
+    extra_tenant: uuid.UUID | None = None,
+    *,
+    kept: bool = False,
+) -> _Loaded | None:
+    """The region for one cycle. `kept`: from this process's kept state, brought up to date
+    (the caller must leave its snapshot as it found it); else read in full, on a fresh
+    snapshot."""
+    if kept and session.get_bind().dialect.name == "postgresql":
+        state = _region_state(session, region)
+        if state is None:
+            return None
+        world, holding = state.world, state.holding
+    else:
+        fresh = _world(session, region)
+        if fresh is None:
+            return None
+        world, holding = fresh, _hold(session, fresh, region)
+        world.snap.commit()
+    queued = list(
+        session.scalars(
+            select(Workload)
+            .where(Workload.region == region, Workload.state == State.queued.value)
+            .order_by(Workload.created_at)
+        )
+    )
+    tenants = {h.tenant_id for h in holding.values()} | {w.tenant_id for w in queued}
     if extra_tenant is not None:
         tenants.add(extra_tenant)
-    return _Loaded(world, holding, queued, allocs, _quotas(session, tenants))
+    return _Loaded(world, holding, queued, _quotas(session, tenants))
 
 
 def run_cycle(session: Session, region: str, config: QueueConfig | None = None) -> CycleReport:
@@ -311,17 +413,31 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
     if not lock_region(session, region):
         return CycleReport(region, ran=False)
     now = utcnow()
-    loaded = _load(session, region)
+    loaded = _load(session, region, kept=True)
     if loaded is None:  # no nodes (left): its work waits for capacity to be registered
         return CycleReport(region, ran=True)
+    snap = loaded.world.snap
+    mark = snap.checkpoint()
+    try:
+        return _decide_and_apply(session, region, loaded, now, config)
+    finally:
+        # The kept snapshot goes back to what the database held before this cycle: what the
+        # cycle wrote (if it commits) comes back through the next cycle's diff.
+        snap.rollback(mark)
+
+
+def _decide_and_apply(
+    session: Session, region: str, loaded: _Loaded, now: datetime, config: QueueConfig | None
+) -> CycleReport:
     world, snap = loaded.world, loaded.world.snap
-    holding, queued = loaded.holding, loaded.queued
-    seen = {w.id: (w.state, w.generation) for w in holding + queued}
+    queued = loaded.queued
+    seen = {wid: (h.state, h.generation) for wid, h in loaded.holding.items()}
+    seen |= {w.id: (w.state, w.generation) for w in queued}
     report = CycleReport(region, ran=True, read_at=utcnow(), seen=frozenset(w.id for w in queued))
     if not queued:
         return report
     result = loaded.scheduler(config).cycle(
-        clock(now), [loaded.qw(w) for w in queued], loaded.running()
+        clock(now), [qworkload(w) for w in queued], loaded.running()
     )
     report.blocked = dict(result.blocked)
 
@@ -474,7 +590,7 @@ def dry_run(session: Session, w: Workload) -> DryRun:
         return DryRun(False, [], [], None, "the region has no nodes")
     now = utcnow()
     ans = loaded.scheduler().what_if(
-        loaded.qw(w), clock(now), [loaded.qw(x) for x in loaded.queued], loaded.running()
+        qworkload(w), clock(now), [qworkload(x) for x in loaded.queued], loaded.running()
     )
     start = None
     if ans.expected_start is not None:
