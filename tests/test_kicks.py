@@ -89,8 +89,9 @@ def test_work_whose_kick_was_lost_is_placed_by_the_tick(client, world, celery_wo
             "/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(key)
         ).json()["id"]
         wait_until(
-            lambda: client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()["state"]
-            == "running",
+            lambda: (
+                client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()["state"] == "running"
+            ),
             timeout=30,
         )
     finally:

@@ -403,8 +403,10 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
     terminations through the API, provisioning and a cycle that lost its plan, the kept
     state equals the region read in full."""
     import numpy as np
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
 
-    from app.core.db import session_scope
+    from app.core.db import get_engine
     from app.workloads import placement as P
     from app.workloads.tasks import provision
 
@@ -417,9 +419,17 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
+    # This test decides for the region: it holds the region's lock for its whole length (a
+    # session-level lock, which its own cycles share), so a worker's cycle cannot interleave.
+    decider = get_engine().connect()
+    decider.execute(text("SELECT pg_advisory_lock(:k)"), {"k": P.region_lock_key("r1")})
+    decider.commit()
+
     def cycle():
-        with session_scope() as s:
-            P.run_cycle(s, "r1")
+        with Session(bind=decider) as s:
+            report = P.run_cycle(s, "r1")
+            s.commit()
+        return report
 
     def same():
         session.rollback()  # one database snapshot for both reads
@@ -446,22 +456,26 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
         {"kind": "instance", "milli": 300, "gpu_memory_mib": 8000},
         {"kind": "vm", "gpus": 4},
     ]
-    ids = [submit(b) for b in shapes]
-    cycle()
-    assert len(same()) == len(shapes)
-    for wid in ids[:2]:
-        assert client.delete(f"/v1/workloads/{wid}", headers=auth(key)).status_code == 200
-    assert len(same()) == len(shapes) - 2
-    provision(workload_ids=ids[2:])  # placing -> provisioning: new generations
-    more = [submit(b) for b in shapes[:3]]
-    cycle()
-    assert set(same()) == {uuid.UUID(w) for w in ids[2:] + more}
+    try:
+        ids = [submit(b) for b in shapes]
+        assert len(cycle().admitted) == len(shapes)
+        assert len(same()) == len(shapes)
+        for wid in ids[:2]:
+            assert client.delete(f"/v1/workloads/{wid}", headers=auth(key)).status_code == 200
+        assert len(same()) == len(shapes) - 2
+        provision(workload_ids=ids[2:])  # placing -> provisioning: new generations
+        more = [submit(b) for b in shapes[:3]]
+        assert len(cycle().admitted) == 3
+        assert set(same()) == {uuid.UUID(w) for w in ids[2:] + more}
 
-    def conflict(*_a, **_k):
-        raise P.PlanConflict("lost the race")
+        def conflict(*_a, **_k):
+            raise P.PlanConflict("lost the race")
 
-    submit(shapes[0])
-    monkeypatch.setattr(P, "claim", conflict)  # the plan is dropped after the core allocated
-    with pytest.raises(P.PlanConflict):
-        cycle()
-    same()
+        submit(shapes[0])
+        monkeypatch.setattr(P, "claim", conflict)  # dropped after the core allocated
+        with pytest.raises(P.PlanConflict):
+            cycle()
+        same()
+    finally:
+        decider.rollback()
+        decider.close()  # ends the session: the lock goes with it

@@ -128,6 +128,8 @@ def authenticate(
     # Keep last_used_at fresh to the minute without writing on every request.
     if key.last_used_at is None or now - as_aware(key.last_used_at) > timedelta(seconds=60):
         key.last_used_at = now
+    # The identity map holds rows weakly: keep the tenant for the route's `get_owned`.
+    session.info["rackplane_auth_tenant"] = tenant
     tenant_status = tenant.status if tenant is not None else None
     ctx = AuthContext(key.id, key.prefix, key.tenant_id, frozenset(key.scopes), tenant_status)
     request.state.auth = ctx
@@ -135,7 +137,8 @@ def authenticate(
 
 
 def _tenant_scope(scope: str, *, allow_inactive: bool = False):
-    def dependency(auth: AuthContext = Depends(authenticate)) -> AuthContext:
+    async def dependency(auth: AuthContext = Depends(authenticate)) -> AuthContext:
+        # async: a check without I/O, run on the event loop rather than a thread-pool hop
         if auth.tenant_id is None:
             raise Forbidden(
                 "This route acts on a tenant's own resources; use a tenant API key.",
@@ -153,7 +156,7 @@ def _tenant_scope(scope: str, *, allow_inactive: bool = False):
     return dependency
 
 
-def _platform(auth: AuthContext = Depends(authenticate)) -> AuthContext:
+async def _platform(auth: AuthContext = Depends(authenticate)) -> AuthContext:
     if not auth.is_platform:
         raise Forbidden(
             "This is an operator route; it needs a key with the `platform` scope.",

@@ -2,9 +2,10 @@
 
 A scratch PostgreSQL database and Redis key prefix, a uvicorn API (two processes), N Celery worker
 processes (the first also runs beat), a fleet of two regions (two partitions), and an open-loop
-load: submissions at a fixed rate, alternating regions, each one terminated a second after it
-runs (so the fleet churns instead of filling). Submit-to-placed is the time from sending the
-POST to the workload's `placing` event (same machine, same clock).
+load: submissions at a fixed rate, alternating regions, and (with churn, the default) each one
+terminated through the API a second after it runs, so the fleet turns over instead of filling.
+Submit-to-placed is the time from sending the POST to the workload's `placing` event (same
+machine, same clock).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class ScratchDeployment:
             c.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
 
 
-def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
+def run(workers: int, rate: float, duration: float, churn: bool = True) -> dict[str, Any]:
     import sqlalchemy as sa
 
     started = time.perf_counter()
@@ -257,7 +258,7 @@ def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
 
                 await asyncio.gather(*(one(i) for i in range(n)))
 
-        def churn() -> None:
+        def terminate_running() -> None:
             """Terminate what has run for a second, so the fleet keeps turning over."""
             while not stop.is_set():
                 with engine.connect() as c:
@@ -278,8 +279,9 @@ def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
                         return  # the API is shutting down
                 stop.wait(0.3)
 
-        churner = threading.Thread(target=churn, daemon=True)
-        churner.start()
+        churner = threading.Thread(target=terminate_running, daemon=True)
+        if churn:
+            churner.start()
         cycles0 = env.cycles()
         t0 = time.time() + 0.5
         import asyncio
@@ -307,7 +309,8 @@ def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
             got = placed()
         cycles = env.cycles() - cycles0
         stop.set()
-        churner.join(timeout=5)
+        if churn:
+            churner.join(timeout=5)
         lat = [(got[w] - s) * 1000 for w, s in sent.items() if w in got]
         first = min(sent.values(), default=t0)
         last = max((got[w] for w in sent if w in got), default=first)
@@ -315,6 +318,7 @@ def run(workers: int, rate: float, duration: float) -> dict[str, Any]:
             "workers": workers,
             "partitions": 2,
             "rate": rate,
+            "churn": churn,
             "duration_s": duration,
             "submitted": len(sent),
             "rejected": errors,

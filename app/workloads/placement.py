@@ -76,16 +76,20 @@ class CycleReport:
     admitted: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)
-    read_at: datetime | None = None  # when the snapshot was read
-    seen: frozenset[uuid.UUID] = frozenset()  # the queued workloads it saw
+
+
+def region_lock_key(region: str) -> int:
+    """The advisory lock key (a signed bigint) of a region's placement decisions."""
+    key = int.from_bytes(hashlib.blake2b(f"placement:{region}".encode(), digest_size=8).digest())
+    return key - (1 << 63)
 
 
 def lock_region(session: Session, region: str) -> bool:
     if session.get_bind().dialect.name != "postgresql":
         return True
-    key = int.from_bytes(hashlib.blake2b(f"placement:{region}".encode(), digest_size=8).digest())
-    key -= 1 << 63  # a signed bigint
-    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}))
+    return bool(
+        session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": region_lock_key(region)})
+    )
 
 
 def request_of(w: Workload) -> Request:
@@ -142,7 +146,7 @@ def _world(session: Session, region: str) -> _World | None:
     fp = session.scalar(_FINGERPRINT, {"region": region})
     if fp is None:
         return None
-    key = (str(session.get_bind().url), region)
+    key = (str(session.get_bind().engine.url), region)
     hit = _WORLDS.get(key)
     if hit is None or hit[0] != fp:
         world = _read_world(session, region)
@@ -347,7 +351,7 @@ def _region_state(session: Session, region: str) -> _Region | None:
     fp = session.scalar(_FINGERPRINT, {"region": region})
     if fp is None:
         return None
-    key = (str(session.get_bind().url), region)
+    key = (str(session.get_bind().engine.url), region)
     state = _STATES.get(key)
     try:
         if state is None or state.fingerprint != fp:
@@ -409,7 +413,7 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
         .limit(1)
     )
     if waiting is None:  # nothing to decide: skip the snapshot
-        return CycleReport(region, ran=True, read_at=utcnow())
+        return CycleReport(region, ran=True)
     if not lock_region(session, region):
         return CycleReport(region, ran=False)
     now = utcnow()
@@ -433,7 +437,7 @@ def _decide_and_apply(
     queued = loaded.queued
     seen = {wid: (h.state, h.generation) for wid, h in loaded.holding.items()}
     seen |= {w.id: (w.state, w.generation) for w in queued}
-    report = CycleReport(region, ran=True, read_at=utcnow(), seen=frozenset(w.id for w in queued))
+    report = CycleReport(region, ran=True)
     if not queued:
         return report
     result = loaded.scheduler(config).cycle(

@@ -48,56 +48,33 @@ def _task(name: str):
     retry_backoff_max=10,
 )
 def placement_cycle(self, region: str) -> dict:
-    """Placement cycles for a region until no submission is left that arrived after the last
-    snapshot was read. A cycle finding the region locked retries shortly (the running one
-    may already have read its snapshot). A lost race (a workload changed, or the database
-    refused an allocation) drops the whole plan and runs again on fresh state."""
+    """One placement cycle for a region. Work that arrives while it runs kicks the next one
+    (its kick key was cleared before this one read the database). A cycle finding the region
+    locked retries shortly (the running one may already have read its snapshot). A lost race
+    (a workload changed, or the database refused an allocation) drops the whole plan and runs
+    again on fresh state."""
     kicks.clear("placement.cycle", region)  # submissions from now on kick again
-    admitted = 0
-    for _ in range(MAX_ROUNDS):
-        try:
-            with session_scope() as session:
-                report = run_cycle(session, region)
-        except (PlanConflict, IntegrityError, StaleDataError) as exc:
-            log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
-            raise self.retry(exc=exc, countdown=0.05) from exc
-        if not report.ran:
-            if self.request.retries < LOCKED_RETRIES:
-                raise self.retry(countdown=0.05)
-            break
-        admitted += len(report.admitted)
-        log.info(
-            "placement_cycle",
-            region=region,
-            admitted=len(report.admitted),
-            evicted=len(report.evicted),
-            blocked=len(report.blocked),
-        )
-        if not _arrived_since(region, report):
-            break
-    return {"admitted": admitted}
+    try:
+        with session_scope() as session:
+            report = run_cycle(session, region)
+    except (PlanConflict, IntegrityError, StaleDataError) as exc:
+        log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
+        raise self.retry(exc=exc, countdown=0.05) from exc
+    if not report.ran:
+        if self.request.retries < LOCKED_RETRIES:
+            raise self.retry(countdown=0.05)
+        return {"admitted": 0}
+    log.info(
+        "placement_cycle",
+        region=region,
+        admitted=len(report.admitted),
+        evicted=len(report.evicted),
+        blocked=len(report.blocked),
+    )
+    return {"admitted": len(report.admitted)}
 
 
-MAX_ROUNDS = 50
 LOCKED_RETRIES = 4
-
-
-def _arrived_since(region: str, report) -> bool:
-    """Whether work the last snapshot did not see is waiting (stamped before the snapshot but
-    committed after it counts too: stamps are taken before commit)."""
-    from datetime import timedelta
-
-    if report.read_at is None:
-        return False
-    with session_scope() as session:
-        recent = session.scalars(
-            select(Workload.id).where(
-                Workload.region == region,
-                Workload.state == State.queued.value,
-                Workload.created_at >= report.read_at - timedelta(seconds=30),
-            )
-        )
-        return any(wid not in report.seen for wid in recent)
 
 
 @shared_task(name="placement.tick", ignore_result=True)

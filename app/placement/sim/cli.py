@@ -215,6 +215,9 @@ def bench_lifecycle(
     rate: float = typer.Option(100.0, help="Submissions per second (open loop)."),
     duration: float = typer.Option(20.0, help="Seconds of load."),
     runs: int = typer.Option(1, help="Repeats per worker count; medians are reported."),
+    churn: bool = typer.Option(
+        True, help="Terminate each workload through the API a second after it runs."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Submit-to-placed latency through API, outbox, Redis, Celery workers and PostgreSQL, on
@@ -222,4 +225,4 @@ def bench_lifecycle(
     from app.workloads.bench import median_of, run
 
     for n in [int(x) for x in workers.split(",")]:
-        _emit(median_of([run(n, rate, duration) for _ in range(runs)]), as_json)
+        _emit(median_of([run(n, rate, duration, churn) for _ in range(runs)]), as_json)
