@@ -408,7 +408,7 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
 
     from app.core.db import get_engine
     from app.workloads import placement as P
-    from app.workloads.tasks import provision
+    from app.workloads.tasks import check, provision
 
     world.fleet(fleet(2))
     t = world.tenant("kept", policy=ALL)
@@ -440,7 +440,13 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
 
         def held(loaded):
             return {
-                k: (h.state, h.generation, len(h.qw.alloc_ids)) for k, h in loaded.holding.items()
+                k: (
+                    h.state,
+                    h.generation,
+                    len(h.qw.alloc_ids),
+                    (h.qw.started_at, h.qw.last_checkpoint_at, h.qw.preempted_at),
+                )
+                for k, h in loaded.holding.items()
             }
 
         assert held(kept) == held(fresh)
@@ -464,6 +470,12 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
             assert client.delete(f"/v1/workloads/{wid}", headers=auth(key)).status_code == 200
         assert len(same()) == len(shapes) - 2
         provision(workload_ids=ids[2:])  # placing -> provisioning: new generations
+        # -> running (started, evictable) once booted, by this check or a worker's
+        wait_until(
+            lambda: check(workload_ids=ids[2:]) is not None
+            and {h[0] for h in same().values()} == {"running"},
+            timeout=15,
+        )
         more = [submit(b) for b in shapes[:3]]
         assert len(cycle().admitted) == 3
         assert set(same()) == {uuid.UUID(w) for w in ids[2:] + more}
@@ -478,4 +490,6 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
         same()
     finally:
         decider.rollback()
-        decider.close()  # ends the session: the lock goes with it
+        decider.execute(text("SELECT pg_advisory_unlock_all()"))  # pooled: the session lives on
+        decider.commit()
+        decider.close()

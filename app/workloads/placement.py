@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, select, text, update
@@ -203,7 +203,6 @@ def _read_world(session: Session, region: str) -> _World | None:
 
 def qworkload(w: Workload, alloc_ids: tuple[int, ...] = ()) -> QWorkload:
     """`w` as the core sees it, holding the snapshot allocations `alloc_ids`."""
-    running = State(w.state) is State.running
     return QWorkload(
         str(w.id),
         request_of(w),
@@ -211,13 +210,20 @@ def qworkload(w: Workload, alloc_ids: tuple[int, ...] = ()) -> QWorkload:
         clock(w.created_at),
         float(w.max_runtime_s),
         checkpoint_cost=float(w.checkpoint_cost_s),
-        # Only running work can be evicted; work on its way up or down is left alone.
-        started_at=seconds(w.started_at) if running else None,
-        last_checkpoint_at=seconds(w.last_checkpoint_at),
-        preempted_at=seconds(w.preempted_at),
         alloc_ids=alloc_ids,
         checkpoint_every=float(w.checkpoint_interval_s) if w.checkpoint_interval_s else None,
+        **_moments(w.state, w.started_at, w.last_checkpoint_at, w.preempted_at),
     )
+
+
+def _moments(state: str, started, checkpoint, preempted) -> dict[str, float | None]:
+    """The parts of a workload the core sees that change while it holds GPUs."""
+    return {
+        # Only running work can be evicted; work on its way up or down is left alone.
+        "started_at": seconds(started) if state == State.running.value else None,
+        "last_checkpoint_at": seconds(checkpoint),
+        "preempted_at": seconds(preempted),
+    }
 
 
 @dataclass
@@ -228,6 +234,7 @@ class _Held:
     generation: int
     tenant_id: uuid.UUID
     qw: QWorkload  # alloc_ids: its allocations in the snapshot
+    allocations: frozenset[uuid.UUID]  # their rows
 
 
 @dataclass
@@ -281,6 +288,7 @@ def _hold(
         return {}
     node_name = {v: k for k, v in world.node_ids.items()}
     aids: dict[uuid.UUID, list[int]] = {}
+    rows_of: dict[uuid.UUID, set[uuid.UUID]] = {}
     for a in session.scalars(
         select(Allocation).where(
             Allocation.released_at.is_(None), Allocation.workload_id.in_(list(rows))
@@ -303,8 +311,15 @@ def _hold(
             mig_start=a.mig_start,
         )
         aids.setdefault(a.workload_id, []).append(aid)
+        rows_of.setdefault(a.workload_id, set()).add(a.id)
     return {
-        wid: _Held(w.state, w.generation, w.tenant_id, qworkload(w, tuple(aids.get(wid, ()))))
+        wid: _Held(
+            w.state,
+            w.generation,
+            w.tenant_id,
+            qworkload(w, tuple(aids.get(wid, ()))),
+            frozenset(rows_of.get(wid, ())),
+        )
         for wid, w in rows.items()
     }
 
@@ -330,16 +345,51 @@ _STATES: dict[tuple[str, str], _Region] = {}
 
 def _diff(session: Session, region: str, state: _Region) -> None:
     snap = state.world.snap
+    holding = [s.value for s in HOLDING]
     current = dict(
         session.execute(
             select(Workload.id, Workload.generation).where(
-                Workload.region == region, Workload.state.in_([s.value for s in HOLDING])
+                Workload.region == region, Workload.state.in_(holding)
             )
         ).all()
     )
-    for wid in [w for w, h in state.holding.items() if current.get(w) != h.generation]:
+
+    def drop(wid: uuid.UUID) -> None:
         for aid in state.holding.pop(wid).qw.alloc_ids:
             snap.release(aid)
+
+    for wid in [w for w in state.holding if w not in current]:
+        drop(wid)
+    # Most changes are a state moving on (placing, provisioning, running) with the same
+    # allocations: those only update the moments the core sees; the rest are read in full.
+    changed = [w for w, h in state.holding.items() if current[w] != h.generation]
+    if changed:
+        live: dict[uuid.UUID, set[uuid.UUID]] = {w: set() for w in changed}
+        moved = session.execute(
+            select(
+                Workload.id,
+                Workload.state,
+                Workload.generation,
+                Workload.started_at,
+                Workload.last_checkpoint_at,
+                Workload.preempted_at,
+            ).where(Workload.id.in_(changed))
+        ).all()
+        for wid, aid in session.execute(
+            select(Allocation.workload_id, Allocation.id).where(
+                Allocation.workload_id.in_(changed), Allocation.released_at.is_(None)
+            )
+        ):
+            live[wid].add(aid)
+        for wid in set(changed) - {row[0] for row in moved}:
+            drop(wid)
+        for wid, st, gen, started, checkpoint, preempted in moved:
+            h = state.holding[wid]
+            if st not in holding or live[wid] != h.allocations:
+                drop(wid)  # read again below if it still holds
+                continue
+            h.state, h.generation = st, gen
+            h.qw = replace(h.qw, **_moments(st, started, checkpoint, preempted))
     fresh = [wid for wid in current if wid not in state.holding]
     if fresh:
         state.holding.update(_hold(session, state.world, region, fresh))
@@ -499,6 +549,7 @@ def _decide_and_apply(
     started: list[dict] = []  # usage ledger: each new allocation starts metering
     new_allocs: list[tuple[Allocation, str]] = []
     provision: dict[float, list[str]] = {}  # countdown -> workloads to provision
+    moved: list[Workload] = []
     stamp = utcnow()  # after the snapshot was read: later than the release of anything it saw
     for adm in result.admissions:
         w = locked(adm.workload)
@@ -549,6 +600,8 @@ def _decide_and_apply(
         delay = round(max(0.0, adm.start_at - clock(now)), 1)
         provision.setdefault(delay, []).append(str(w.id))
         report.admitted.append(adm.workload)
+        moved.append(w)
+    lifecycle.write(session, moved)  # before anything autoflushes them one by one
     session.add_all(row for row, _ in new_allocs)
     claim(session, new_allocs)
     for delay, ids in provision.items():  # one message per start time, not one per workload

@@ -148,11 +148,12 @@ def provision(workload_ids: list[str] | None = None, workload_id: str | None = N
             {State.placing.value, State.provisioning.value},
         )
         now = utcnow()
-        for w in ws:
-            if w.state == State.placing.value:
-                lifecycle.transition(
-                    session, w, State.provisioning, "provisioning (simulated)", at=now, flush=False
-                )
+        moved = [w for w in ws if w.state == State.placing.value]
+        for w in moved:
+            lifecycle.transition(
+                session, w, State.provisioning, "provisioning (simulated)", at=now, flush=False
+            )
+        lifecycle.write(session, moved)
         session.flush()
         since = _provisioning_since(session, ws)
         provider = get_provider()
@@ -171,6 +172,7 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
         provider = get_provider()
         now = utcnow()
         later: dict[str, float] = {}
+        ready, failed = [], []
         for w in ws:
             status = provider.status(w, since.get(w.id, now))
             out[status] += 1
@@ -180,17 +182,21 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
                 lifecycle.transition(
                     session, w, State.running, "the provider reports it up", at=now, flush=False
                 )
+                ready.append(w)
             else:
-                release(session, w, reason="provisioning_failed")
-                lifecycle.transition(
-                    session,
-                    w,
-                    State.queued,
-                    "provisioning failed: back in the queue",
-                    {"provider_status": status},
-                    flush=False,
-                )
-                kick_placement(session, w.region)
+                failed.append((w, status))
+        lifecycle.write(session, ready)
+        for w, status in failed:
+            release(session, w, reason="provisioning_failed")
+            lifecycle.transition(
+                session,
+                w,
+                State.queued,
+                "provisioning failed: back in the queue",
+                {"provider_status": status},
+                flush=False,
+            )
+            kick_placement(session, w.region)
         _check_later(session, later)
         return out
 
