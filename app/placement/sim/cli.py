@@ -218,6 +218,7 @@ def bench_lifecycle(
     churn: bool = typer.Option(
         True, help="Terminate each workload through the API a second after it runs."
     ),
+    warmup: float = typer.Option(5.0, help="Seconds of the same load first, not measured."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Submit-to-placed latency through API, outbox, Redis, Celery workers and PostgreSQL, on
@@ -225,4 +226,4 @@ def bench_lifecycle(
     from app.workloads.bench import median_of, run
 
     for n in [int(x) for x in workers.split(",")]:
-        _emit(median_of([run(n, rate, duration, churn) for _ in range(runs)]), as_json)
+        _emit(median_of([run(n, rate, duration, churn, warmup) for _ in range(runs)]), as_json)
