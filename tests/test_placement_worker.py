@@ -472,8 +472,10 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
         provision(workload_ids=ids[2:])  # placing -> provisioning: new generations
         # -> running (started, evictable) once booted, by this check or a worker's
         wait_until(
-            lambda: check(workload_ids=ids[2:]) is not None
-            and {h[0] for h in same().values()} == {"running"},
+            lambda: (
+                check(workload_ids=ids[2:]) is not None
+                and {h[0] for h in same().values()} == {"running"}
+            ),
             timeout=15,
         )
         more = [submit(b) for b in shapes[:3]]

@@ -74,7 +74,9 @@ def placement_cycle(self, region: str) -> dict:
     return {"admitted": len(report.admitted)}
 
 
-LOCKED_RETRIES = 4
+# Up to a second of waiting for the running cycle (it may not have seen what kicked this one);
+# after that the placement tick covers it.
+LOCKED_RETRIES = 20
 
 
 @shared_task(name="placement.tick", ignore_result=True)
