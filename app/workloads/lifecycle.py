@@ -140,8 +140,15 @@ def transition(
 
 
 # What a transition may change on the workload row (besides its generation).
-_MOVED = ("state", "placement", "last_event_seq", "started_at", "finished_at", "preempted_at")
-_COUNTED = ("preemptions",)
+_MOVED = (
+    "state",
+    "placement",
+    "last_event_seq",
+    "started_at",
+    "finished_at",
+    "preempted_at",
+    "preemptions",
+)
 
 
 def write(session: Session, ws: list[Workload]) -> None:
@@ -157,22 +164,23 @@ def write(session: Session, ws: list[Workload]) -> None:
     if not ws:
         return
     t = W.__table__
-    cols = _MOVED + _COUNTED
+
     stmt = (
         update(t)
         .where(t.c.id == bindparam("w_id"), t.c.generation == bindparam("w_gen"))
         .values(
             generation=t.c.generation + 1,
-            **{c: bindparam(f"v_{c}", type_=t.c[c].type) for c in cols},
+            **{c: bindparam(f"v_{c}", type_=t.c[c].type) for c in _MOVED},
         )
     )
     params = [
-        {"w_id": w.id, "w_gen": w.generation, **{f"v_{c}": getattr(w, c) for c in cols}} for w in ws
+        {"w_id": w.id, "w_gen": w.generation, **{f"v_{c}": getattr(w, c) for c in _MOVED}}
+        for w in ws
     ]
     written = session.connection().execute(stmt, params).rowcount
     if written != len(ws):
         raise StaleDataError(f"{len(ws) - written} of {len(ws)} workloads changed under the batch")
     for w in ws:  # the session now holds what the database holds: nothing left to flush
-        for c in cols:
+        for c in _MOVED:
             set_committed_value(w, c, getattr(w, c))
         set_committed_value(w, "generation", w.generation + 1)
