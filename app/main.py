@@ -39,7 +39,8 @@ def create_app() -> FastAPI:
     configure_logging(settings.log_level, settings.log_json)
     app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION)
     install_error_handlers(app)
-    for module in (health, tenants, keys, fleet, workloads, metering, billing):
+    # Routes match in order, one by one: the hottest (workloads) first.
+    for module in (workloads, health, tenants, keys, fleet, metering, billing):
         app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)

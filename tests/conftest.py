@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,6 +229,46 @@ regions:
           - {name: h100-1, mig_gpus: [7]}
           - {name: h100-2, state: cordoned}
 """
+
+
+# --- a real API process ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api(database):
+    """A real uvicorn API process on the test database and Redis; its base URL."""
+    from app.workloads.bench import free_port
+
+    port = free_port()
+    log = open(os.path.join(os.environ["RACKPLANE_DATA_DIR"], "api.log"), "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=30)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
 
 
 # --- a real Celery worker process -------------------------------------------------------------

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -22,42 +21,6 @@ from sqlalchemy import text
 from tests.conftest import ROOT, RUN_ID, auth, wait_until
 
 ALL = ["shared-timeslice", "shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
-
-
-@pytest.fixture(scope="module")
-def api(database):
-    from app.workloads.bench import free_port
-
-    port = free_port()
-    log = open(os.path.join(os.environ["RACKPLANE_DATA_DIR"], "api.log"), "wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:app",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=dict(os.environ),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up():
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=30)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
 
 
 def _worker(name: str) -> subprocess.Popen:

@@ -40,8 +40,17 @@ def period_of(at: datetime) -> str:
     return f"{at:%Y-%m}"
 
 
-def check_submission(session: Session, tenant_id: uuid.UUID, now: datetime | None = None) -> None:
-    """Refuse new work while the tenant's budget for this month is exhausted."""
+def check_submission(
+    session: Session,
+    tenant_id: uuid.UUID,
+    exhausted_period: str | None,
+    now: datetime | None = None,
+) -> None:
+    """Refuse new work while the tenant's budget for this month is exhausted. `exhausted_period`
+    is the budget's mark as read with the caller's key (kept current by the key cache's epoch,
+    app/tenancy/auth.py): the budget row is read only when that mark says this month."""
+    if exhausted_period != period_of(now or utcnow()):
+        return
     b = session.get(Budget, tenant_id)
     if b is None or b.exhausted_period != period_of(now or utcnow()):
         return

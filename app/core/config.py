@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     api_queue_timeout_seconds: float = Field(
         default=15.0, gt=0, alias="RACKPLANE_API_QUEUE_TIMEOUT_SECONDS"
     )
+    # How long an API process trusts a key it has checked (0: never). Any committed change to a
+    # key or tenant ends that at once everywhere, through an epoch in Redis (app/tenancy/auth.py);
+    # without Redis nothing is cached.
+    auth_cache_seconds: float = Field(default=30.0, ge=0, alias="RACKPLANE_AUTH_CACHE_SECONDS")
     # Optional server-side secret mixed into API-key hashes (a "pepper").
     key_pepper: str = Field(default="", alias="RACKPLANE_KEY_PEPPER")
     idempotency_ttl_hours: int = Field(default=24, alias="RACKPLANE_IDEMPOTENCY_TTL_HOURS")

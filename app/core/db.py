@@ -7,7 +7,7 @@ commit; services and repositories flush at most.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -88,26 +88,53 @@ def get_sessionmaker() -> sessionmaker[Session]:
 @contextmanager
 def session_scope() -> Iterator[Session]:
     """A unit of work for tasks and the CLI: commit on success, roll back on error."""
-    from app.outbox import kicks
-    from app.outbox.service import flush_committed
-
     session = get_sessionmaker()()
     try:
         yield session
+    except BaseException:
+        _discard(session)
+        raise
+    _finish(session)
+
+
+def _finish(session: Session) -> None:
+    """Commit and close, then send what the commit released (outbox messages, kicks)."""
+    from app.outbox import kicks
+    from app.outbox.service import flush_committed
+
+    try:
         session.commit()
     except BaseException:
-        session.rollback()
+        _discard(session)
         raise
-    finally:
-        session.close()
+    session.close()
     flush_committed(session)
     kicks.send_committed(session)
 
 
-def session_dependency() -> Iterator[Session]:
-    """FastAPI dependency: one session per request, committed when the handler returns."""
-    with session_scope() as session:
+def _discard(session: Session) -> None:
+    try:
+        session.rollback()
+    finally:
+        session.close()
+
+
+async def session_dependency() -> AsyncIterator[Session]:
+    """FastAPI dependency: one session per request, committed when the handler returns.
+
+    Async, so that opening the session (no I/O) costs no thread-pool hop and the commit costs
+    one: a sync generator dependency runs both its halves on worker threads."""
+    import anyio
+    from starlette.concurrency import run_in_threadpool
+
+    session = get_sessionmaker()()
+    try:
         yield session
+    except BaseException:
+        with anyio.CancelScope(shield=True):  # a cancelled request still returns its connection
+            await run_in_threadpool(_discard, session)
+        raise
+    await run_in_threadpool(_finish, session)
 
 
 def get_or_404(session: Session, model, obj_id, *, what: str):

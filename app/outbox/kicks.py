@@ -16,12 +16,12 @@ default) every kick is sent: the rate there is a person's, not a load test's.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from app.core import redis
 from app.core.config import get_settings
 from app.core.logging import get_logger
 
@@ -29,8 +29,6 @@ log = get_logger(__name__)
 TTL_MS = 2000
 _PENDING = "rackplane_kicks_pending"
 _COMMITTED = "rackplane_kicks_committed"
-BREAKER_SECONDS = 2.0
-_state: dict[str, Any] = {"client": None, "url": None, "open_until": 0.0}
 
 
 def kick(session: Session, task: str, *, queue: str, key: str, **kwargs: Any) -> None:
@@ -51,18 +49,6 @@ def _after_rollback(session: Session) -> None:
     session.info.pop(_PENDING, None)
 
 
-def _redis():
-    url = get_settings().redis_url
-    if not url:
-        return None
-    if _state["client"] is None or _state["url"] != url:
-        import redis
-
-        _state["client"] = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
-        _state["url"] = url
-    return _state["client"]
-
-
 def _name(task: str, key: str) -> str:
     return f"{get_settings().broker_key_prefix}rackplane:kick:{task}:{key}"
 
@@ -71,10 +57,12 @@ def send_committed(session: Session) -> None:
     """Send the kicks the session committed (called by the unit-of-work wrappers after commit).
     Failures are logged and dropped: the timer runs the sweep anyway."""
     committed = session.info.pop(_COMMITTED, None)
-    if not committed or time.monotonic() < _state["open_until"]:
+    if not committed:
         return
+    client = redis.client()
+    if client is None and get_settings().redis_url:
+        return  # the breaker is open: the timer runs the sweep
     try:
-        client = _redis()
         for (task, key), (queue, kwargs) in committed.items():
             if client is not None and not client.set(_name(task, key), b"1", nx=True, px=TTL_MS):
                 continue  # a sweep that has not read the database yet is already asked for
@@ -82,7 +70,7 @@ def send_committed(session: Session) -> None:
 
             celery_app.send_task(task, kwargs=kwargs, queue=queue, retry=False)
     except Exception as exc:
-        _state["open_until"] = time.monotonic() + BREAKER_SECONDS
+        redis.trip()
         log.warning("kick_dropped", kicks=[k for k, _ in committed], error=str(exc)[:300])
 
 
@@ -90,7 +78,7 @@ def clear(task: str, key: str) -> None:
     """Called by the kicked task before it reads the database: writers committing from now on
     must kick again, because this run may not see their rows."""
     try:
-        client = _redis()
+        client = redis.client()
         if client is not None:
             client.delete(_name(task, key))
     except Exception as exc:  # the key expires by itself; the timer covers the gap

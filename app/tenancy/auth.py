@@ -6,18 +6,26 @@ import hashlib
 import hmac
 import secrets
 import string
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import event, select
+from sqlalchemy.orm import Mapper, Session
+from sqlalchemy.orm.attributes import get_history
+from starlette.concurrency import run_in_threadpool
 
+from app.core import redis
 from app.core.config import get_settings
-from app.core.db import as_aware, session_dependency, utcnow
+from app.core.db import as_aware, session_scope, utcnow
 from app.core.errors import Forbidden, Unauthorized
+from app.core.logging import get_logger
+
+log = get_logger(__name__)
 
 KEY_PREFIX = "rp_"
 PREFIX_LEN = 8
@@ -68,6 +76,12 @@ class AuthContext:
     tenant_id: uuid.UUID | None
     scopes: frozenset[str] = field(default_factory=frozenset)
     tenant_status: str | None = None
+    # What submissions are checked against, read with the key: the tenant's isolation policy
+    # (tiers it allows; None: the default), hard limits in GPU-milli per model (None: no limit)
+    # and the month its budget was found exhausted in.
+    tenant_isolation: tuple[str, ...] | None = None
+    quota_limits: tuple[tuple[str, int | None], ...] = ()
+    budget_exhausted: str | None = None
 
     @property
     def is_platform(self) -> bool:
@@ -91,15 +105,14 @@ def extract_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def authenticate(
+async def authenticate(
     request: Request,
     _b: HTTPAuthorizationCredentials | None = Depends(_bearer),
     _h: str | None = Depends(_header),
-    session: Session = Depends(session_dependency),
 ) -> AuthContext:
-    from app.keys.models import ApiKey
-    from app.tenants.models import Tenant
-
+    """The caller's AuthContext: from this process's cache when the key was checked in the
+    last `auth_cache_seconds` and none of the rows it is read from has changed since (one Redis
+    GET, on the event loop), else from the database (on a worker thread)."""
     raw = extract_key(request)
     if not raw:
         raise Unauthorized(
@@ -108,32 +121,203 @@ def authenticate(
     prefix = parse_prefix(raw)
     if prefix is None:
         raise Unauthorized("The API key is malformed.", code="invalid_api_key")
-    # The key and its tenant in one round trip; the tenant stays in the session's identity
-    # map for the route (`get_owned` finds it there).
-    row = session.execute(
-        select(ApiKey, Tenant)
-        .outerjoin(Tenant, Tenant.id == ApiKey.tenant_id)
-        .where(ApiKey.prefix == prefix)
-    ).first()
-    key, tenant = (row[0], row[1]) if row is not None else (None, None)
-    # Compare even when the prefix is unknown, so timing does not reveal which prefixes exist.
-    expected = key.secret_hash if key is not None else "0" * 64
-    if not hmac.compare_digest(expected, hash_secret(raw)) or key is None:
-        raise Unauthorized("The API key is invalid.", code="invalid_api_key")
-    now = utcnow()
-    if key.revoked_at is not None:
-        raise Unauthorized("The API key has been revoked.", code="revoked_api_key")
-    if key.expires_at is not None and as_aware(key.expires_at) <= now:
-        raise Unauthorized("The API key has expired.", code="expired_api_key")
-    # Keep last_used_at fresh to the minute without writing on every request.
-    if key.last_used_at is None or now - as_aware(key.last_used_at) > timedelta(seconds=60):
-        key.last_used_at = now
-    # The identity map holds rows weakly: keep the tenant for the route's `get_owned`.
-    session.info["rackplane_auth_tenant"] = tenant
-    tenant_status = tenant.status if tenant is not None else None
-    ctx = AuthContext(key.id, key.prefix, key.tenant_id, frozenset(key.scopes), tenant_status)
-    request.state.auth = ctx
+    digest = hash_secret(raw)
+    epoch = _cache.epoch()
+    ctx = _cache.get(digest, epoch)
+    if ctx is None:
+        ctx, expires_at = await run_in_threadpool(_lookup, prefix, digest)
+        _cache.put(digest, epoch, ctx, expires_at)
     return ctx
+
+
+def _lookup(prefix: str, digest: str) -> tuple[AuthContext, datetime | None]:
+    """Check the key against the database: (its AuthContext, when it expires). The context
+    carries what the tenant may do, read in the same transaction: its status, isolation policy,
+    hard limits and budget mark, so a submission needs no query before its insert."""
+    from app.keys.models import ApiKey
+    from app.tenants.models import Tenant
+
+    with session_scope() as session:
+        row = session.execute(
+            select(ApiKey, Tenant)
+            .outerjoin(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.prefix == prefix)
+        ).first()
+        key, tenant = (row[0], row[1]) if row is not None else (None, None)
+        # Compare even when the prefix is unknown, so timing does not reveal which prefixes
+        # exist.
+        expected = key.secret_hash if key is not None else "0" * 64
+        if not hmac.compare_digest(expected, digest) or key is None:
+            raise Unauthorized("The API key is invalid.", code="invalid_api_key")
+        now = utcnow()
+        if key.revoked_at is not None:
+            raise Unauthorized("The API key has been revoked.", code="revoked_api_key")
+        expires_at = as_aware(key.expires_at) if key.expires_at is not None else None
+        if expires_at is not None and expires_at <= now:
+            raise Unauthorized("The API key has expired.", code="expired_api_key")
+        # Keep last_used_at fresh to the minute (plus the cache's lifetime) without writing on
+        # every request.
+        if key.last_used_at is None or now - as_aware(key.last_used_at) > timedelta(seconds=60):
+            key.last_used_at = now
+        if tenant is None:
+            ctx = AuthContext(key.id, key.prefix, None, frozenset(key.scopes))
+            return ctx, expires_at
+        from app.billing.models import Budget
+        from app.workloads.models import TenantQuota
+
+        limits = session.execute(
+            select(TenantQuota.gpu_model, TenantQuota.limit_milli)
+            .where(TenantQuota.tenant_id == tenant.id)
+            .order_by(TenantQuota.gpu_model)
+        ).all()
+        exhausted = session.scalar(
+            select(Budget.exhausted_period).where(Budget.tenant_id == tenant.id)
+        )
+        policy = tenant.isolation_policy
+        ctx = AuthContext(
+            key.id,
+            key.prefix,
+            key.tenant_id,
+            frozenset(key.scopes),
+            tenant.status,
+            tuple(policy) if policy is not None else None,
+            tuple((m, limit) for m, limit in limits),
+            exhausted,
+        )
+        return ctx, expires_at
+
+
+class _AuthCache:
+    """Keys this process has checked, by the key's HMAC, each with the epoch it was read
+    under. A committed change that matters to any context (a key, a tenant, a quota, a budget's
+    exhausted mark: `_WATCHED` below, through the ORM) clears this process's entries and
+    increments the epoch in Redis, so every other process drops its entries on its next
+    request. The epoch is read before the database, so a change committed
+    after that read always shows as a newer epoch. When Redis cannot say the epoch (absent,
+    failing), nothing is cached or trusted: every request reads the database."""
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[float, int, AuthContext, datetime | None]] = {}
+
+    @staticmethod
+    def _name() -> str:
+        return f"{get_settings().broker_key_prefix}rackplane:auth-epoch"
+
+    def epoch(self) -> int | None:
+        if get_settings().auth_cache_seconds <= 0:
+            return None
+        client = redis.client()
+        if client is None:
+            return None
+        try:
+            return int(client.get(self._name()) or 0)
+        except Exception as exc:
+            redis.trip()
+            log.warning("auth_epoch_unavailable", error=str(exc)[:300])
+            return None
+
+    def get(self, digest: str, epoch: int | None) -> AuthContext | None:
+        hit = self.entries.get(digest) if epoch is not None else None
+        if hit is None:
+            return None
+        deadline, at_epoch, ctx, expires_at = hit
+        if (
+            at_epoch != epoch
+            or time.monotonic() >= deadline
+            or (expires_at is not None and expires_at <= utcnow())
+        ):
+            self.entries.pop(digest, None)
+            return None
+        return ctx
+
+    def put(
+        self, digest: str, epoch: int | None, ctx: AuthContext, expires_at: datetime | None
+    ) -> None:
+        if epoch is None:
+            return
+        if len(self.entries) >= self.MAX_ENTRIES:
+            self.entries.clear()
+        ttl = get_settings().auth_cache_seconds
+        self.entries[digest] = (time.monotonic() + ttl, epoch, ctx, expires_at)
+
+    def bump(self) -> None:
+        """Keys or tenants changed (committed): no process may trust what it has cached."""
+        self.entries.clear()
+        client = redis.client()
+        if client is None:
+            return
+        try:
+            client.incr(self._name())
+        except Exception as exc:  # the other processes' entries still end with their TTL
+            redis.trip()
+            log.warning("auth_epoch_bump_failed", error=str(exc)[:300])
+
+
+_cache = _AuthCache()
+_CHANGED = "rackplane_auth_changed"
+# The rows an AuthContext is read from, and which of their columns' changes matter to it.
+_WATCHED: dict[str, Callable[[set[str]], bool]] = {
+    "ApiKey": lambda cols: bool(cols - {"last_used_at"}),
+    "Tenant": lambda cols: bool(cols - {"stripe_customer_id"}),
+    "TenantQuota": lambda cols: True,
+    "Budget": lambda cols: "exhausted_period" in cols,
+}
+
+
+def _watched(mapper: Mapper) -> Callable[[set[str]], bool] | None:
+    cls = mapper.class_
+    return _WATCHED.get(cls.__name__) if cls.__module__.startswith("app.") else None
+
+
+def _changed(target) -> None:
+    from sqlalchemy.orm import object_session
+
+    session = object_session(target)
+    if session is not None:
+        session.info[_CHANGED] = True
+
+
+@event.listens_for(Mapper, "after_update")
+def _row_updated(mapper: Mapper, _connection, target) -> None:
+    matters = _watched(mapper)
+    if matters is not None and matters(
+        {a.key for a in mapper.column_attrs if get_history(target, a.key).has_changes()}
+    ):
+        _changed(target)
+
+
+@event.listens_for(Mapper, "after_insert")
+def _row_inserted(mapper: Mapper, _connection, target) -> None:
+    # A new key or tenant is in no one's cache; a new quota or budget changes a cached tenant.
+    if mapper.class_.__name__ in ("TenantQuota", "Budget") and _watched(mapper) is not None:
+        _changed(target)
+
+
+@event.listens_for(Mapper, "after_delete")
+def _row_deleted(mapper: Mapper, _connection, target) -> None:
+    if _watched(mapper) is not None:
+        _changed(target)
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _bulk_statement(state) -> None:
+    if (state.is_update or state.is_delete) and any(
+        _watched(m) is not None for m in state.all_mappers
+    ):
+        state.session.info[_CHANGED] = True
+
+
+@event.listens_for(Session, "after_commit")
+def _committed(session: Session) -> None:
+    if session.info.pop(_CHANGED, None):
+        _cache.bump()
+
+
+@event.listens_for(Session, "after_rollback")
+def _rolled_back(session: Session) -> None:
+    session.info.pop(_CHANGED, None)
 
 
 def _tenant_scope(scope: str, *, allow_inactive: bool = False):

@@ -125,7 +125,7 @@ class ScratchDeployment:
 
         return json.loads(out.stdout.strip().splitlines()[-1])["key"], self.env["DATABASE_URL"]
 
-    def start(self) -> str:
+    def start(self, api_processes: int = API_PROCESSES) -> str:
         from workers.settings import worker_command
 
         port = free_port()
@@ -142,7 +142,7 @@ class ScratchDeployment:
                     "--log-level",
                     "warning",
                     "--workers",
-                    str(API_PROCESSES),
+                    str(api_processes),
                 ],
                 cwd=ROOT,
                 env=self.env,
@@ -341,6 +341,78 @@ def run(
             "cycles_per_s": round(cycles / max(last - first, 1e-9), 1),
             "seconds": round(time.perf_counter() - started, 1),
         }
+    finally:
+        env.close()
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes and their children."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _postgres_pids() -> list[int]:
+    """This machine's PostgreSQL server processes (CPU per request includes the server's)."""
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.process_iter(["name"])
+        if (p.info["name"] or "").startswith("postgres")
+    ]
+
+
+def run_api(requests: int, warmup: int = 300) -> dict[str, Any]:
+    """CPU per request of the API's hot routes, one at a time on one API process: POST, GET
+    and DELETE of `/v1/workloads`. CPU (user + system, from the kernel's accounting) rather
+    than wall time, so the figure says what each request costs the machine whatever else it
+    runs; PostgreSQL's and the worker's CPU in the same interval are reported beside it (the
+    worker's includes the placement cycles and provisioning each request causes)."""
+    started = time.perf_counter()
+    env = ScratchDeployment(1)
+    try:
+        key, _ = env.seed(nodes_per_region=max(8, -(-(requests + warmup) // 8) + 4))
+        url = env.start(api_processes=1)
+        api, workers = [env.procs[0].pid], [p.pid for p in env.procs[1:]]
+        body = {"kind": "instance", "gpus": 1, "region": "r1", "max_runtime_s": 600}
+        out: dict[str, Any] = {"requests": requests}
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
+            for _ in range(warmup):
+                c.post("/v1/workloads", json=body).raise_for_status()
+            time.sleep(2)
+            ids: list[str] = []
+            calls = {
+                "post": lambda i: c.post("/v1/workloads", json=body),
+                "get": lambda i: c.get(f"/v1/workloads/{ids[i]}"),
+                "delete": lambda i: c.delete(f"/v1/workloads/{ids[i]}"),
+            }
+            for route, call in calls.items():
+                pg = _postgres_pids()
+                a, p, w, t = _cpu_s(api), _cpu_s(pg), _cpu_s(workers), time.perf_counter()
+                for i in range(requests):
+                    r = call(i)
+                    r.raise_for_status()
+                    if route == "post":
+                        ids.append(r.json()["id"])
+                wall = time.perf_counter() - t
+                time.sleep(1.5)  # the work the requests caused (cycles, provisioning) settles
+                ms = 1000 / requests
+                out[f"{route}_wall_ms"] = round(wall * ms, 2)
+                out[f"{route}_api_cpu_ms"] = round((_cpu_s(api) - a) * ms, 2)
+                out[f"{route}_pg_cpu_ms"] = round((_cpu_s(pg) - p) * ms, 2)
+                out[f"{route}_worker_cpu_ms"] = round((_cpu_s(workers) - w) * ms, 2)
+        out["seconds"] = round(time.perf_counter() - started, 1)
+        return out
     finally:
         env.close()
 

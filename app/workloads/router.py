@@ -51,8 +51,7 @@ def submit(
     auth: AuthContext = Depends(tenant_write),
     session: Session = Depends(session_dependency),
 ) -> Workload:
-    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
-    w = service.submit(session, tenant, body)
+    w = service.submit(session, auth, body)
     response.headers["Location"] = f"/v1/workloads/{w.id}"
     return w
 
@@ -69,8 +68,7 @@ def dry_run(
 ) -> dict:
     from app.workloads.placement import dry_run as what_if
 
-    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
-    w = service.build(session, tenant, body)
+    w = service.build(session, auth, body)
     ans = what_if(session, w)
     return {
         "placeable_now": ans.placeable_now,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, inspect, select
 from sqlalchemy.orm import Session
 
 from app.billing.budgets import check_submission
@@ -15,10 +15,10 @@ from app.fleet.models import Gpu, Node, Rack, Region
 from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
-from app.tenants.models import Tenant
+from app.tenancy.auth import AuthContext
 from app.workloads import lifecycle
 from app.workloads.lifecycle import HOLDING, TERMINAL, State
-from app.workloads.models import TenantQuota, Workload
+from app.workloads.models import TenantQuota, Workload, WorkloadEvent
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
 
@@ -33,17 +33,18 @@ def quotas_of(session: Session, tenant_id: uuid.UUID) -> dict[str, TenantQuota]:
     return {q.gpu_model: q for q in rows}
 
 
-def _check_limit(session: Session, tenant_id: uuid.UUID, body: WorkloadCreate) -> None:
+def _check_limit(auth: AuthContext, body: WorkloadCreate) -> None:
     """A request that no allowed GPU model's hard limit could ever hold is refused now; one
-    that only has to wait for the tenant's own work to end queues."""
-    quotas = quotas_of(session, tenant_id)
+    that only has to wait for the tenant's own work to end queues. The limits are those read
+    with the key (kept current by the key cache's epoch)."""
+    quotas = dict(auth.quota_limits)
     models = body.gpu_models or list(GPU_MODELS)
     limits = []
     for m in models:
-        q = quotas.get(m)
-        if q is None or q.limit_milli is None or body.gpu_milli <= q.limit_milli:
+        limit = quotas.get(m)
+        if limit is None or body.gpu_milli <= limit:
             return
-        limits.append(f"{m}: {q.limit_milli}")
+        limits.append(f"{m}: {limit}")
     raise QuotaLimitExceeded(
         f"The workload needs {body.gpu_milli} GPU-milli; the tenant's hard limit is "
         f"{', '.join(limits)}.",
@@ -102,16 +103,18 @@ def _region_query(session: Session, body: WorkloadCreate) -> str:
     return row[0]
 
 
-def build(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
-    """The workload `body` asks for, checked (tier, hard limit, region) but not stored."""
+def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload:
+    """The workload `body` asks for on behalf of `auth`'s tenant, checked (tier, hard limit,
+    budget, region) but not stored."""
+    assert auth.tenant_id is not None  # tenant routes only
     tier = choose_tier(
         body.kind,
         ShapeFacts(body.unit, body.gpus, body.replicas, tuple(body.gpu_models)),
         body.isolation,
-        list(tenant.isolation_policy or []),
+        list(auth.tenant_isolation or []),
     )
-    _check_limit(session, tenant.id, body)
-    check_submission(session, tenant.id)
+    _check_limit(auth, body)
+    check_submission(session, auth.tenant_id, auth.budget_exhausted)
     region = choose_region(session, body)
     shape = {
         "gpu_models": list(body.gpu_models),
@@ -124,7 +127,7 @@ def build(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
     }
     now = utcnow()
     w = Workload(
-        tenant_id=tenant.id,
+        tenant_id=auth.tenant_id,
         name=body.name,
         kind=body.kind,
         state=State.pending.value,
@@ -148,36 +151,41 @@ def build(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
     return w
 
 
-def submit(session: Session, tenant: Tenant, body: WorkloadCreate) -> Workload:
-    """Store the workload already queued, with both events (pending, then queued) written in
-    the same statement batch: the submission path is the hottest in the API."""
-    w = build(session, tenant, body)
+def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload:
+    """Store the workload already queued, with both its events (pending, then queued). The
+    submission path is the API's hottest: two Core INSERTs rather than the ORM's unit of work
+    (a third of the request's CPU); the returned object is not in the session."""
+    w = build(session, auth, body)
     lifecycle.check(State.pending, State.queued)
     w.state = State.queued.value
+    w.last_event_seq = 2
     now = w.created_at
-    session.add(w)
-    lifecycle.record(
-        session,
-        w,
-        kind="transition",
-        from_state=None,
-        to_state=State.pending.value,
-        reason="submitted",
-        details={"tier": w.tier},
-        at=now,
-        seq=1,
-        flush=False,
+    columns = {c.key for c in Workload.__table__.columns}
+    session.execute(
+        insert(Workload.__table__),
+        [{k: v for k, v in inspect(w).dict.items() if k in columns}],
     )
-    lifecycle.record(
-        session,
-        w,
-        kind="transition",
-        from_state=State.pending.value,
-        to_state=State.queued.value,
-        reason="accepted: waits for placement",
-        at=now,
-        seq=2,
-        flush=False,
+    event = {"workload_id": w.id, "tenant_id": w.tenant_id, "kind": "transition", "at": now}
+    session.execute(
+        insert(WorkloadEvent.__table__),
+        [
+            {
+                **event,
+                "seq": 1,
+                "from_state": None,
+                "to_state": State.pending.value,
+                "reason": "submitted",
+                "details": {"tier": w.tier},
+            },
+            {
+                **event,
+                "seq": 2,
+                "from_state": State.pending.value,
+                "to_state": State.queued.value,
+                "reason": "accepted: waits for placement",
+                "details": {},
+            },
+        ],
     )
     kick_placement(session, w.region)
     return w

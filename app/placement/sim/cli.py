@@ -227,3 +227,17 @@ def bench_lifecycle(
 
     for n in [int(x) for x in workers.split(",")]:
         _emit(median_of([run(n, rate, duration, churn, warmup) for _ in range(runs)]), as_json)
+
+
+@bench_cli.command("api")
+def bench_api(
+    requests: int = typer.Option(1000, help="Requests per route and run."),
+    runs: int = typer.Option(3, help="Repeats; medians are reported."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """CPU per request of the API's hot routes (POST, GET, DELETE /v1/workloads), one at a
+    time on one API process, with PostgreSQL's and the worker's CPU beside it, on a scratch
+    database (see app/workloads/bench.py)."""
+    from app.workloads.bench import median_of, run_api
+
+    _emit(median_of([run_api(requests) for _ in range(runs)]), as_json)

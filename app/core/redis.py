@@ -1,0 +1,34 @@
+"""The process's Redis client for small, latency-sensitive calls (kicks, the auth epoch), with
+a breaker: after a failure, callers skip Redis for a moment instead of each waiting out a
+timeout. None without Redis (the embedded default)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from app.core.config import get_settings
+
+BREAKER_SECONDS = 2.0
+TIMEOUT_S = 0.5
+_state: dict[str, Any] = {"client": None, "url": None, "open_until": 0.0}
+
+
+def client():
+    """The shared client, or None when there is no Redis or the breaker is open."""
+    url = get_settings().redis_url
+    if not url or time.monotonic() < _state["open_until"]:
+        return None
+    if _state["client"] is None or _state["url"] != url:
+        import redis
+
+        _state["client"] = redis.Redis.from_url(
+            url, socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S
+        )
+        _state["url"] = url
+    return _state["client"]
+
+
+def trip() -> None:
+    """A call failed: leave Redis alone for BREAKER_SECONDS."""
+    _state["open_until"] = time.monotonic() + BREAKER_SECONDS
