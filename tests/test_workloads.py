@@ -362,3 +362,23 @@ def test_the_region_is_chosen_or_checked_and_impossible_models_are_refused(clien
     ):
         r = _submit(client, key, kind="instance", gpus=1, **body)
         assert r.status_code == 422 and r.json()["code"] == "no_matching_capacity", r.text
+
+
+def test_a_submission_whose_commit_fails_is_refused_and_not_stored(client, tenant, monkeypatch):
+    """The answer comes after the COMMIT: a commit that fails is the client's error to see
+    (FastAPI ends a yield dependency only after the response is sent, so the session is
+    committed by the endpoint itself, app/core/routing.py)."""
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    _, key = tenant
+    assert client.get("/v1/workloads", headers=auth(key)).status_code == 200  # key checked
+
+    def commit(self):
+        raise OperationalError("COMMIT", {}, ConnectionError("server closed the connection"))
+
+    with monkeypatch.context() as m:
+        m.setattr(Session, "commit", commit)
+        r = _submit(client, key, kind="instance", gpus=1, max_runtime_s=60)
+    assert r.status_code == 503 and r.json()["code"] == "dependency_unavailable", r.text
+    assert client.get("/v1/workloads", headers=auth(key)).json()["items"] == []

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import Depends, Query
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -27,14 +27,15 @@ from app.billing.schemas import (
 )
 from app.core.db import session_dependency, utcnow
 from app.core.errors import NotFound, ValidationFailed
+from app.core.routing import api_router
 from app.fleet.models import Region
 from app.metering.service import GPU_HOUR, visible_to
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
 from app.tenancy.scoping import get_owned, scoped_select
 from app.tenants.models import Tenant
 
-router = APIRouter(prefix="/v1", tags=["billing"])
-admin = APIRouter(prefix="/v1/admin", tags=["admin: billing"])
+router = api_router(prefix="/v1", tags=["billing"])
+admin = api_router(prefix="/v1/admin", tags=["admin: billing"])
 
 
 def _prices(session: Session) -> dict:

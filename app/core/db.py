@@ -119,11 +119,19 @@ def _discard(session: Session) -> None:
         session.close()
 
 
-async def session_dependency() -> AsyncIterator[Session]:
-    """FastAPI dependency: one session per request, committed when the handler returns.
+_FINISHED = "rackplane_request_finished"
 
-    Async, so that opening the session (no I/O) costs no thread-pool hop and the commit costs
-    one: a sync generator dependency runs both its halves on worker threads."""
+
+def finish_request_session(session: Session) -> None:
+    """Commit a request's session where its endpoint ran (app/core/routing.py)."""
+    _finish(session)
+    session.info[_FINISHED] = True
+
+
+async def session_dependency() -> AsyncIterator[Session]:
+    """FastAPI dependency: one session per request. Sync endpoints on `api_router`s commit it
+    themselves before answering (app/core/routing.py); for any other user it is committed
+    here, in one thread-pool hop. Opening it costs no hop (no I/O until first use)."""
     import anyio
     from starlette.concurrency import run_in_threadpool
 
@@ -134,7 +142,8 @@ async def session_dependency() -> AsyncIterator[Session]:
         with anyio.CancelScope(shield=True):  # a cancelled request still returns its connection
             await run_in_threadpool(_discard, session)
         raise
-    await run_in_threadpool(_finish, session)
+    if not session.info.pop(_FINISHED, False):
+        await run_in_threadpool(_finish, session)
 
 
 def get_or_404(session: Session, model, obj_id, *, what: str):

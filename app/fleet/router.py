@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session, selectinload
 from app.core.config import get_settings
 from app.core.db import get_or_404, session_dependency, utcnow
 from app.core.errors import PayloadTooLarge, ValidationFailed
+from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
 from app.fleet import document
 from app.fleet.models import FleetImport, Gpu, Node, NodeState, Rack, Region
@@ -26,8 +27,8 @@ from app.fleet.service import capacity, set_node_state
 from app.outbox.service import enqueue
 from app.tenancy.auth import AuthContext, platform, tenant_read
 
-router = APIRouter(prefix="/v1", tags=["capacity"])
-admin = APIRouter(prefix="/v1/admin", tags=["admin: fleet"])
+router = api_router(prefix="/v1", tags=["capacity"])
+admin = api_router(prefix="/v1/admin", tags=["admin: fleet"])
 
 _IMPORT_BODY = {
     "requestBody": {

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import anyio
-from fastapi import APIRouter, Response
+from fastapi import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from sqlalchemy import text
@@ -9,8 +9,9 @@ from sqlalchemy import text
 from app.core.config import get_settings
 from app.core.db import get_engine
 from app.core.errors import ServiceUnavailable
+from app.core.routing import api_router
 
-router = APIRouter(tags=["health"])
+router = api_router(tags=["health"])
 
 
 class Health(BaseModel):

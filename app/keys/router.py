@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import Depends
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency
+from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
 from app.keys.models import ApiKey
 from app.keys.schemas import KeyCreate, KeyCreated, KeyOut
@@ -12,8 +13,8 @@ from app.tenancy.auth import AuthContext, platform, tenant_admin, tenant_read
 from app.tenancy.scoping import get_owned, scoped_select
 from app.tenants.models import Tenant
 
-router = APIRouter(prefix="/v1", tags=["keys"])
-admin = APIRouter(prefix="/v1/admin", tags=["admin: tenants"])
+router = api_router(prefix="/v1", tags=["keys"])
+admin = api_router(prefix="/v1/admin", tags=["admin: tenants"])
 
 
 @router.get("/keys", response_model=Page[KeyOut], summary="List the tenant's API keys")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import Depends, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency
 from app.core.errors import ValidationFailed
+from app.core.routing import api_router
 from app.metering import service
 from app.metering.schemas import (
     IngestOut,
@@ -21,8 +22,8 @@ from app.metering.schemas import (
 from app.tenancy.auth import AuthContext, platform, tenant_read
 from app.tenants.models import Tenant
 
-router = APIRouter(prefix="/v1", tags=["usage"])
-admin = APIRouter(prefix="/v1/admin", tags=["admin: usage"])
+router = api_router(prefix="/v1", tags=["usage"])
+admin = api_router(prefix="/v1/admin", tags=["admin: usage"])
 
 FROM = Query(..., alias="from", description="Window start (inclusive), ISO 8601 with offset")
 TO = Query(..., alias="to", description="Window end (exclusive)")

@@ -66,9 +66,9 @@ def send_committed(session: Session) -> None:
         for (task, key), (queue, kwargs) in committed.items():
             if client is not None and not client.set(_name(task, key), b"1", nx=True, px=TTL_MS):
                 continue  # a sweep that has not read the database yet is already asked for
-            from workers.celery_app import celery_app
+            from app.outbox.service import publish
 
-            celery_app.send_task(task, kwargs=kwargs, queue=queue, retry=False)
+            publish(task, kwargs=kwargs, queue=queue, retry=False)
     except Exception as exc:
         redis.trip()
         log.warning("kick_dropped", kicks=[k for k, _ in committed], error=str(exc)[:300])

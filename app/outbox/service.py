@@ -4,7 +4,7 @@ Celery only after that change commits (immediately when possible, else by the be
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import event, select, update
@@ -48,6 +48,43 @@ def _after_rollback(session: Session) -> None:
     session.info.pop(_PENDING, None)
 
 
+class _NoResult:
+    """What `publish` asks Celery to return instead of an AsyncResult."""
+
+    def __init__(self, task_id: str) -> None:
+        self.id = task_id
+
+
+RETRY_POLICY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5}
+
+
+def publish(
+    task: str,
+    *,
+    kwargs: dict[str, Any],
+    queue: str,
+    eta: datetime | None = None,
+    retry: bool = True,
+) -> None:
+    """Send one Celery message; no result is ever wanted. Without `ignore_result` and a bare
+    result class, every send builds an AsyncResult, whose result backend Celery builds once per
+    thread by scanning every installed package's entry points: 3 % of the API's CPU under load,
+    as the thread pool turns over (py-spy)."""
+    from workers.celery_app import celery_app
+
+    celery_app.send_task(
+        task,
+        kwargs=kwargs,
+        queue=queue,
+        eta=eta,
+        retry=retry,
+        retry_policy=RETRY_POLICY,
+        ignore_result=True,
+        add_to_parent=False,
+        result_cls=_NoResult,
+    )
+
+
 def flush_committed(session: Session) -> None:
     """Send what the session committed, then mark it sent in one statement. Called by the
     unit-of-work wrappers after commit. A crash between the two leaves the rows unsent and the
@@ -58,19 +95,10 @@ def flush_committed(session: Session) -> None:
         return
     if time.monotonic() < _breaker["open_until"]:
         return  # the broker failed a moment ago: the drainer sends these once it is back
-    from workers.celery_app import celery_app
-
     sent = []
     try:
         for mid, task, kwargs, queue, eta in msgs:
-            celery_app.send_task(
-                task,
-                kwargs=kwargs,
-                queue=queue,
-                eta=eta,
-                retry=True,
-                retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
-            )
+            publish(task, kwargs=kwargs, queue=queue, eta=eta)
             sent.append(mid)
     except Exception as exc:  # the drainer will send the rest; the change itself is committed
         _breaker["open_until"] = time.monotonic() + BREAKER_SECONDS
@@ -134,8 +162,6 @@ def send(
     ids: list[int] | None = None, *, older_than: timedelta | None = None, limit: int = 500
 ) -> int:
     """Send unsent messages (the given ids, or all older than `older_than`). Returns how many."""
-    from workers.celery_app import celery_app
-
     sent = 0
     with get_sessionmaker()() as session:
         stmt = select(OutboxMessage).where(OutboxMessage.sent_at.is_(None))
@@ -149,13 +175,11 @@ def send(
         for msg in session.scalars(stmt):
             msg.attempts += 1
             try:
-                celery_app.send_task(
+                publish(
                     msg.task,
                     kwargs=msg.kwargs,
                     queue=msg.queue,
                     eta=as_aware(msg.eta) if msg.eta is not None else None,
-                    retry=True,
-                    retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
                 )
             except Exception as exc:
                 msg.last_error = str(exc)[:1000]

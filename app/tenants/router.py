@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import Depends
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency
+from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
 from app.keys.schemas import KeyCreated
 from app.keys.service import create_key
@@ -14,8 +15,8 @@ from app.tenants import service
 from app.tenants.models import Tenant, TenantStatus
 from app.tenants.schemas import SignupRequest, TenantCreate, TenantOut, TenantUpdate
 
-router = APIRouter(prefix="/v1", tags=["tenants"])
-admin = APIRouter(prefix="/v1/admin", tags=["admin: tenants"])
+router = api_router(prefix="/v1", tags=["tenants"])
+admin = api_router(prefix="/v1/admin", tags=["admin: tenants"])
 
 
 class SignupResponse(BaseModel):

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import Depends, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency
 from app.core.errors import Conflict
+from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
 from app.tenancy.scoping import get_owned, scoped_select
@@ -27,7 +28,7 @@ from app.workloads.schemas import (
     WorkloadOut,
 )
 
-router = APIRouter(prefix="/v1", tags=["workloads"])
+router = api_router(prefix="/v1", tags=["workloads"])
 PLACED = {s.value for s in HOLDING}
 
 
@@ -36,7 +37,7 @@ class NotPlaced(Conflict):
     title = "The workload is not placed"
 
 
-admin = APIRouter(prefix="/v1/admin", tags=["admin: quotas"])
+admin = api_router(prefix="/v1/admin", tags=["admin: quotas"])
 
 
 @router.post(

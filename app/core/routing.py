@@ -1,0 +1,52 @@
+"""Routers whose sync endpoints commit their own unit of work.
+
+FastAPI exits a yield dependency of default scope only after the response has been sent, so a
+session committed there would answer 201 before its COMMIT, and a failed commit would reach
+no one. A sync endpoint that takes the request's session (`Depends(session_dependency)`) is
+wrapped here so that the commit, and what it releases (outbox messages, kicks), runs on the
+endpoint's own worker thread as soon as it returns: before the response is serialised or sent,
+and without a second thread-pool hop. `session_dependency` then only cleans up.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, params
+from fastapi.routing import APIRoute
+
+from app.core.db import finish_request_session, session_dependency
+
+
+def _session_params(endpoint: Callable[..., Any]) -> list[str]:
+    return [
+        p.name
+        for p in inspect.signature(endpoint).parameters.values()
+        if isinstance(p.default, params.Depends) and p.default.dependency is session_dependency
+    ]
+
+
+def _committing(endpoint: Callable[..., Any], name: str) -> Callable[..., Any]:
+    @functools.wraps(endpoint)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = endpoint(*args, **kwargs)
+        finish_request_session(kwargs[name])
+        return result
+
+    return run
+
+
+class UnitOfWorkRoute(APIRoute):
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        names = _session_params(endpoint)
+        if names and not inspect.iscoroutinefunction(endpoint):
+            endpoint = _committing(endpoint, names[0])
+        super().__init__(path, endpoint, **kwargs)
+
+
+def api_router(**kwargs: Any) -> APIRouter:
+    """An APIRouter whose sync endpoints commit before they answer (see the module)."""
+    return APIRouter(route_class=UnitOfWorkRoute, **kwargs)
