@@ -146,6 +146,22 @@ async def session_dependency() -> AsyncIterator[Session]:
         await run_in_threadpool(_finish, session)
 
 
+def insert_objects(session: Session, objs: list) -> None:
+    """INSERT transient ORM objects of one class in one Core executemany (psycopg pipelines
+    it), bypassing the unit of work: for hot batches the session need not track. The objects
+    stay transient; columns they leave unset get their defaults in the statement."""
+    from sqlalchemy import insert, inspect
+
+    if not objs:
+        return
+    mapper = inspect(type(objs[0]))
+    keys = {a.key for a in mapper.column_attrs}
+    session.execute(
+        insert(mapper.local_table),
+        [{k: v for k, v in inspect(o).dict.items() if k in keys} for o in objs],
+    )
+
+
 def get_or_404(session: Session, model, obj_id, *, what: str):
     """Fetch a platform-owned row (fleet objects) by id, or raise 404. Tenant-owned rows use
     `app.tenancy.scoping.get_owned` instead."""

@@ -7,6 +7,7 @@ import enum
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
@@ -80,27 +81,52 @@ def record(
     flush: bool = True,
 ) -> None:
     """Append an event, numbered after the workload's latest (`seq` only for a new workload,
-    whose numbers the caller knows). The workload row carries the latest seq, so no query."""
-    from app.workloads.models import WorkloadEvent
-
+    whose numbers the caller knows). The workload row carries the latest seq, so no query.
+    Events wait in the session until `write_events` (here when `flush`, by `write`, or at the
+    latest before the commit) sends them all in one Core executemany: events are never read
+    back as objects, and the ORM would INSERT each with RETURNING for its id."""
     if seq is None:
         seq = (w.last_event_seq or 0) + 1
     w.last_event_seq = max(w.last_event_seq or 0, seq)
-    session.add(
-        WorkloadEvent(
-            workload_id=w.id,
-            tenant_id=w.tenant_id,
-            seq=seq,
-            kind=kind,
-            from_state=from_state,
-            to_state=to_state,
-            reason=reason,
-            details=details or {},
-            at=at or utcnow(),
-        )
+    session.info.setdefault(_EVENTS, []).append(
+        {
+            "workload_id": w.id,
+            "tenant_id": w.tenant_id,
+            "seq": seq,
+            "kind": kind,
+            "from_state": from_state,
+            "to_state": to_state,
+            "reason": reason,
+            "details": details or {},
+            "at": at or utcnow(),
+        }
     )
     if flush:
-        session.flush()
+        write_events(session)
+
+
+_EVENTS = "rackplane_events_pending"
+
+
+def write_events(session: Session) -> None:
+    """INSERT the events recorded in this session and not yet written."""
+    from sqlalchemy import insert
+
+    from app.workloads.models import WorkloadEvent
+
+    rows = session.info.pop(_EVENTS, None)
+    if rows:
+        session.execute(insert(WorkloadEvent.__table__), rows)
+
+
+@event.listens_for(Session, "before_commit")
+def _write_pending(session: Session) -> None:
+    write_events(session)
+
+
+@event.listens_for(Session, "after_rollback")
+def _drop_pending(session: Session) -> None:
+    session.info.pop(_EVENTS, None)
 
 
 def transition(
@@ -152,15 +178,17 @@ _MOVED = (
 
 
 def write(session: Session, ws: list[Workload]) -> None:
-    """Write the rows of workloads the caller moved (and holds locked) in one batched UPDATE,
-    instead of the ORM's one versioned UPDATE per row. Each row must still be at the generation
-    the caller read: the batch's rowcount proves it, else StaleDataError as from the ORM."""
+    """Write the events recorded so far, and the rows of workloads the caller moved (and holds
+    locked) in one batched UPDATE instead of the ORM's one versioned UPDATE per row. Each row
+    must still be at the generation the caller read: the batch's rowcount proves it, else
+    StaleDataError as from the ORM."""
     from sqlalchemy import bindparam, update
     from sqlalchemy.orm.attributes import set_committed_value
     from sqlalchemy.orm.exc import StaleDataError
 
     from app.workloads.models import Workload as W
 
+    write_events(session)
     if not ws:
         return
     t = W.__table__

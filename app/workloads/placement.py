@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from app.core.db import as_aware, new_id, utcnow
+from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.logging import get_logger
 from app.fleet.models import Gpu, GpuHealth, Node, NodeState, Rack, Region
 from app.metering import service as metering
@@ -602,7 +602,7 @@ def _decide_and_apply(
         report.admitted.append(adm.workload)
         moved.append(w)
     lifecycle.write(session, moved)  # before anything autoflushes them one by one
-    session.add_all(row for row, _ in new_allocs)
+    insert_objects(session, [row for row, _ in new_allocs])
     claim(session, new_allocs)
     for delay, ids in provision.items():  # one message per start time, not one per workload
         enqueue(
@@ -724,7 +724,7 @@ def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1)
                 for (node, g), (milli, mem, _) in sorted(delta.items())
             ],
         )
-    session.add_all(claims)
+    insert_objects(session, claims)
     session.flush()
 
 
