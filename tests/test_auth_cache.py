@@ -4,6 +4,8 @@ another process, ends that trust on the very next request."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from sqlalchemy import text, update
 
@@ -19,6 +21,9 @@ def test_the_api_process_trusts_a_checked_key_until_keys_or_tenants_change(
     key, admin = world.key(t, scopes=("read",)), world.key(t)
     other = world.key(world.tenant("globex"), scopes=("read",))
     remote = httpx.Client(base_url=api, timeout=10)
+    # The process's first request starts its listener; keys are cached once it is subscribed.
+    assert remote.get("/v1/workloads", headers=auth(key)).status_code == 200
+    time.sleep(1)
     for k in (key, admin, other):
         assert remote.get("/v1/workloads", headers=auth(k)).status_code == 200
 

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import secrets
 import string
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -111,8 +112,8 @@ async def authenticate(
     _h: str | None = Depends(_header),
 ) -> AuthContext:
     """The caller's AuthContext: from this process's cache when the key was checked in the
-    last `auth_cache_seconds` and none of the rows it is read from has changed since (one Redis
-    GET, on the event loop), else from the database (on a worker thread)."""
+    last `auth_cache_seconds` and none of the rows it is read from has changed since (no I/O),
+    else from the database (on a worker thread)."""
     raw = extract_key(request)
     if not raw:
         raise Unauthorized(
@@ -190,33 +191,74 @@ def _lookup(prefix: str, digest: str) -> tuple[AuthContext, datetime | None]:
 class _AuthCache:
     """Keys this process has checked, by the key's HMAC, each with the epoch it was read
     under. A committed change that matters to any context (a key, a tenant, a quota, a budget's
-    exhausted mark: `_WATCHED` below, through the ORM) clears this process's entries and
-    increments the epoch in Redis, so every other process drops its entries on its next
-    request. The epoch is read before the database, so a change committed
-    after that read always shows as a newer epoch. When Redis cannot say the epoch (absent,
-    failing), nothing is cached or trusted: every request reads the database."""
+    exhausted mark: `_WATCHED` below, through the ORM) is published on a Redis channel; each
+    API process listens on it from a thread and, on every message, clears its entries and
+    moves its local epoch on. So a request costs no I/O to know whether it may trust the cache.
+
+    An entry keeps the epoch read before the database, so a change published after that read
+    always leaves it behind. The listener also moves the epoch on whenever it (re)subscribes,
+    since messages sent while it was away are lost; while it is not subscribed (no Redis,
+    Redis failing) nothing is cached or trusted and every request reads the database. A change
+    reaches the other processes within the time its message takes to arrive (well under a
+    millisecond on one host); the entries' TTL bounds what a lost message could leave."""
 
     MAX_ENTRIES = 10_000
+    RETRY_S = 1.0
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[float, int, AuthContext, datetime | None]] = {}
+        self.local = 0  # moved on by every message and every (re)subscription
+        self.live = False  # subscribed: the local epoch can be trusted
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
 
     @staticmethod
-    def _name() -> str:
-        return f"{get_settings().broker_key_prefix}rackplane:auth-epoch"
+    def channel() -> str:
+        return f"{get_settings().broker_key_prefix}rackplane:auth-changed"
 
     def epoch(self) -> int | None:
-        if get_settings().auth_cache_seconds <= 0:
+        s = get_settings()
+        if s.auth_cache_seconds <= 0 or not s.redis_url:
             return None
-        client = redis.client()
-        if client is None:
-            return None
-        try:
-            return int(client.get(self._name()) or 0)
-        except Exception as exc:
-            redis.trip()
-            log.warning("auth_epoch_unavailable", error=str(exc)[:300])
-            return None
+        if self.thread is None or not self.thread.is_alive():  # first use, or after a fork
+            with self.lock:
+                if self.thread is None or not self.thread.is_alive():
+                    self.live = False
+                    self.thread = threading.Thread(
+                        target=self._listen, args=(s.redis_url,), daemon=True, name="auth-epoch"
+                    )
+                    self.thread.start()
+        return self.local if self.live else None
+
+    def _invalidate(self) -> None:
+        self.local += 1
+        self.entries.clear()
+
+    def _listen(self, url: str) -> None:
+        import redis as redis_lib
+
+        while True:
+            try:
+                client = redis_lib.Redis.from_url(
+                    url,
+                    socket_connect_timeout=redis.TIMEOUT_S,
+                    socket_keepalive=True,
+                    health_check_interval=10,
+                )
+                pubsub = client.pubsub()
+                pubsub.subscribe(self.channel())
+                while True:
+                    msg = pubsub.get_message(timeout=1.0)
+                    if msg is None:
+                        continue
+                    self._invalidate()
+                    if msg["type"] == "subscribe":
+                        self.live = True
+            except Exception as exc:
+                self.live = False
+                self._invalidate()
+                log.warning("auth_epoch_listener_down", error=str(exc)[:300])
+                time.sleep(self.RETRY_S)
 
     def get(self, digest: str, epoch: int | None) -> AuthContext | None:
         hit = self.entries.get(digest) if epoch is not None else None
@@ -225,6 +267,7 @@ class _AuthCache:
         deadline, at_epoch, ctx, expires_at = hit
         if (
             at_epoch != epoch
+            or not self.live
             or time.monotonic() >= deadline
             or (expires_at is not None and expires_at <= utcnow())
         ):
@@ -235,7 +278,7 @@ class _AuthCache:
     def put(
         self, digest: str, epoch: int | None, ctx: AuthContext, expires_at: datetime | None
     ) -> None:
-        if epoch is None:
+        if epoch is None or epoch != self.local:  # a change arrived while the key was read
             return
         if len(self.entries) >= self.MAX_ENTRIES:
             self.entries.clear()
@@ -243,16 +286,17 @@ class _AuthCache:
         self.entries[digest] = (time.monotonic() + ttl, epoch, ctx, expires_at)
 
     def bump(self) -> None:
-        """Keys or tenants changed (committed): no process may trust what it has cached."""
-        self.entries.clear()
+        """Something an AuthContext is read from changed (committed): no process may trust
+        what it has cached."""
+        self._invalidate()
         client = redis.client()
         if client is None:
             return
         try:
-            client.incr(self._name())
+            client.publish(self.channel(), b"1")
         except Exception as exc:  # the other processes' entries still end with their TTL
             redis.trip()
-            log.warning("auth_epoch_bump_failed", error=str(exc)[:300])
+            log.warning("auth_epoch_publish_failed", error=str(exc)[:300])
 
 
 _cache = _AuthCache()

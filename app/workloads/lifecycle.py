@@ -115,8 +115,16 @@ def write_events(session: Session) -> None:
     from app.workloads.models import WorkloadEvent
 
     rows = session.info.pop(_EVENTS, None)
-    if rows:
-        session.execute(insert(WorkloadEvent.__table__), rows)
+    if not rows:
+        return
+    table = WorkloadEvent.__table__
+    if len(rows) <= _MULTI_VALUES_MAX:  # one statement: a pipeline costs more for a few rows
+        session.execute(insert(table).values(rows))
+    else:  # pipelined executemany: long multi-row statements are parsed afresh every time
+        session.execute(insert(table), rows)
+
+
+_MULTI_VALUES_MAX = 8
 
 
 @event.listens_for(Session, "before_commit")
