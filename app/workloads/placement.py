@@ -685,9 +685,18 @@ def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1)
                 MigClaim(allocation_id=a.id, node_id=a.node_id, gpu_index=a.gpu_indices[0], slice=s)
                 for s in range(a.mig_start, a.mig_start + PROFILES[a.mig_profile].memory)
             ]
-    if delta and sign > 0:  # rows may not exist yet: insert or add, in one statement
+    if delta and sign > 0:  # rows may not exist yet: insert or add, one executemany
+        # (a multi-row VALUES statement would be compiled afresh on every call)
         ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        stmt = ins(GpuUsage).values(
+        stmt = ins(GpuUsage)
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[GpuUsage.node_id, GpuUsage.gpu_index],
+                set_={
+                    "milli_used": GpuUsage.milli_used + stmt.excluded.milli_used,
+                    "memory_used_mib": GpuUsage.memory_used_mib + stmt.excluded.memory_used_mib,
+                },
+            ),
             [
                 {
                     "node_id": node,
@@ -697,16 +706,7 @@ def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1)
                     "memory_used_mib": mem,
                 }
                 for (node, g), (milli, mem, cap) in sorted(delta.items())  # one lock order
-            ]
-        )
-        session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[GpuUsage.node_id, GpuUsage.gpu_index],
-                set_={
-                    "milli_used": GpuUsage.milli_used + stmt.excluded.milli_used,
-                    "memory_used_mib": GpuUsage.memory_used_mib + stmt.excluded.memory_used_mib,
-                },
-            )
+            ],
         )
     elif delta:  # the rows exist (the CHECKs would refuse a negative insert): one batch
         session.connection().execute(
