@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -237,21 +236,12 @@ regions:
 @pytest.fixture(scope="module")
 def api(database):
     """A real uvicorn API process on the test database and Redis; its base URL."""
-    from app.workloads.bench import free_port
+    from app.workloads.bench import api_command, free_port
 
     port = free_port()
     log = open(os.path.join(os.environ["RACKPLANE_DATA_DIR"], "api.log"), "wb")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:app",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
+        api_command(port),
         cwd=ROOT,
         env=dict(os.environ),
         stdout=log,

@@ -48,6 +48,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def api_command(port: int, processes: int = 1) -> list[str]:
+    """The command line of a uvicorn API on 127.0.0.1:`port`."""
+    argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port)]
+    argv += ["--log-level", "warning"]
+    return argv + (["--workers", str(processes)] if processes > 1 else [])
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -132,18 +139,7 @@ class ScratchDeployment:
         log = open(Path(self.dir) / "api.log", "wb")
         self.procs.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "app.main:app",
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                    "--workers",
-                    str(api_processes),
-                ],
+                api_command(port, api_processes),
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
