@@ -363,7 +363,7 @@ def test_dry_run_answers_where_whom_and_when_and_writes_nothing(
 
 
 def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
-    """Cycles reuse a process's copy of the region's fleet while its fingerprint holds; any
+    """Cycles reuse a process's copy of the region's fleet while its version holds; any
     change a snapshot is built from (cordon, GPU health, MIG mode, a new node) is seen at the
     next cycle."""
     from sqlalchemy import update
@@ -395,13 +395,49 @@ def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
     assert set(specs()) == {"h1", "h2", "h3"}
 
 
+def test_a_fleet_change_bumps_the_version_of_its_region_only(world, session):
+    """The triggers behind the kept fleet: any statement writing a region's racks, nodes or
+    GPUs bumps that region's version once, in its own transaction; other regions keep
+    theirs, and a rolled-back change leaves the version as it was."""
+    from sqlalchemy import delete, update
+
+    from app.fleet.models import Gpu, Node, Rack, Region
+
+    world.fleet(fleet(2) + fleet(1).split("regions:\n")[1].replace("r1", "r2").replace("h1", "z1"))
+
+    def versions():
+        session.rollback()
+        return dict(session.execute(select(Region.name, Region.fleet_version)).all())
+
+    def node_id(name):
+        return session.scalar(select(Node.id).where(Node.name == name))
+
+    v0 = versions()
+    session.execute(update(Gpu).where(Gpu.node_id == node_id("h1")).values(health="degraded"))
+    session.commit()  # one statement over 8 GPUs: one bump
+    v1 = versions()
+    assert v1 == {"r1": v0["r1"] + 1, "r2": v0["r2"]}
+    session.execute(update(Node).where(Node.name == "z1").values(state="cordoned"))
+    session.rollback()
+    assert versions() == v1
+    session.execute(
+        update(Rack)
+        .where(Rack.region_id == select(Region.id).where(Region.name == "r2").scalar_subquery())
+        .values(block="spine-9")
+    )
+    session.execute(delete(Node).where(Node.name == "h2"))  # its GPUs go by cascade
+    session.commit()
+    v2 = versions()
+    assert v2["r2"] == v1["r2"] + 1 and v2["r1"] > v1["r1"]
+
+
 def test_the_kept_region_state_matches_a_full_read_after_every_change(
     world, client, session, monkeypatch
 ):
     """Cycles keep each region's snapshot between runs and bring it up to date from the
-    (id, generation) of the workloads holding GPUs. After placements of every shape,
-    terminations through the API, provisioning and a cycle that lost its plan, the kept
-    state equals the region read in full."""
+    workloads written since their last read. After placements of every shape, terminations
+    through the API, provisioning, a change committed after a read that began before it, and
+    a cycle that lost its plan, the kept state equals the region read in full."""
     import numpy as np
     from sqlalchemy import text
     from sqlalchemy.orm import Session
@@ -484,6 +520,28 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
 
         def conflict(*_a, **_k):
             raise P.PlanConflict("lost the race")
+
+        # A change whose transaction began before a read of the kept state and commits after
+        # it: the read cannot see it, and the next one must.
+        victim = next(iter(same()))
+        late = get_engine().connect()
+        late.execute(
+            text(
+                "UPDATE workloads SET state = 'terminated', generation = generation + 1 "
+                "WHERE id = :w"
+            ),
+            {"w": victim},
+        )
+        late.execute(
+            text("UPDATE allocations SET released_at = now() WHERE workload_id = :w"),
+            {"w": victim},
+        )
+        with get_engine().begin() as c:  # a younger transaction completes first
+            c.execute(text("SELECT pg_current_xact_id()"))
+        assert victim in same()
+        late.commit()
+        late.close()
+        assert victim not in same()
 
         submit(shapes[0])
         monkeypatch.setattr(P, "claim", conflict)  # dropped after the core allocated

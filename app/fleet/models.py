@@ -4,7 +4,16 @@ import enum
 import uuid
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.db import Base, TimestampMixin, new_id
@@ -33,6 +42,9 @@ class Region(TimestampMixin, Base):
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(63), unique=True)
+    # Bumped (by PostgreSQL triggers, see migration 0011) in the transaction of any change to
+    # the region's racks, nodes or GPUs: placement keeps a region's fleet while it holds.
+    fleet_version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     racks: Mapped[list[Rack]] = relationship(back_populates="region")
 
 

@@ -30,6 +30,7 @@ class Workload(TimestampMixin, Base):
     __table_args__ = (
         CheckConstraint("replicas >= 1", name="replicas_positive"),
         CheckConstraint("max_runtime_s > 0", name="max_runtime_positive"),
+        Index("ix_workloads_region_changed_xid", "region", "changed_xid"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -67,6 +68,10 @@ class Workload(TimestampMixin, Base):
     # and bumps it, so a writer holding a stale copy fails (StaleDataError) instead of
     # overwriting a newer state.
     generation: Mapped[int] = mapped_column(Integer, default=0)
+    # The id of the transaction that last wrote the row, set by a PostgreSQL trigger (see
+    # migration 0011; NULL on SQLite): placement reads what changed since its last cycle by
+    # this, through the (region, changed_xid) index, instead of every workload holding GPUs.
+    changed_xid: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
     __mapper_args__ = {"version_id_col": generation}
 

@@ -120,22 +120,23 @@ class _World:
 
 # The fleet part of a region's snapshot changes rarely (imports, cordons, health, MIG mode),
 # while every cycle needs it: kept per process and region, and used again while the region's
-# fingerprint (an md5 over every field the specs are built from) is unchanged. Reading 100 nodes
-# of ORM objects cost ~30 ms a cycle; the fingerprint costs ~1 ms and a fresh Snapshot ~2 ms.
-_WORLDS: dict[tuple[str, str], tuple[str, _World]] = {}  # (database, region) -> (md5, fleet)
-_FINGERPRINT = text(
-    """
-    SELECT md5(string_agg(
-        concat_ws('|', n.id, n.name, n.gpu_model, n.cpu_milli, n.memory_mib, n.nvlink_domain,
-                  n.state, r.name, r.block, g.index, g.mig_mode, g.health),
-        ',' ORDER BY n.name, g.index))
-    FROM nodes n
-    JOIN racks r ON r.id = n.rack_id
-    JOIN regions rg ON rg.id = r.region_id
-    LEFT JOIN gpus g ON g.node_id = n.id
-    WHERE rg.name = :region
-    """
+# fleet version (bumped by triggers in the transaction of any change to its racks, nodes or
+# GPUs) holds. Reading 100 nodes of ORM objects cost ~30 ms a cycle; the version is one row.
+_WORLDS: dict[tuple[str, str], tuple[tuple, _World]] = {}  # (database, region) -> (version, fleet)
+
+# The region's id and fleet version, and the oldest transaction still running (the xmin of this
+# statement's snapshot): every transaction older than it has committed or aborted, so a change
+# it has not seen has a `changed_xid` at least this.
+_VERSION = text(
+    "SELECT id, fleet_version, pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+    " FROM regions WHERE name = :region"
 )
+
+
+def _version(session: Session, region: str) -> tuple[tuple, int] | None:
+    """((region id, fleet version), xmin), or None for a region that does not exist."""
+    row = session.execute(_VERSION, {"region": region}).first()
+    return None if row is None else ((row[0], row[1]), row[2])
 
 
 def _world(session: Session, region: str) -> _World | None:
@@ -143,16 +144,17 @@ def _world(session: Session, region: str) -> _World | None:
     when the fleet has not changed since it was read (PostgreSQL; SQLite reads every time)."""
     if session.get_bind().dialect.name != "postgresql":
         return _read_world(session, region)
-    fp = session.scalar(_FINGERPRINT, {"region": region})
-    if fp is None:
+    got = _version(session, region)
+    if got is None:
         return None
+    version = got[0]
     key = (str(session.get_bind().engine.url), region)
     hit = _WORLDS.get(key)
-    if hit is None or hit[0] != fp:
+    if hit is None or hit[0] != version:
         world = _read_world(session, region)
         if world is None:
             return None
-        hit = _WORLDS[key] = (fp, world)
+        hit = _WORLDS[key] = (version, world)
         return world
     w = hit[1]  # its snapshot went to the cycle that read it: each cycle gets a fresh one
     return _World(Snapshot(w.specs), w.node_ids, w.node_rack, w.node_model, w.specs)
@@ -295,7 +297,7 @@ def _hold(
         )
     ):
         name = node_name.get(a.node_id)
-        if name is None:  # a node since moved out of the region: the fingerprint will see it
+        if name is None:  # a node since moved out of the region: its fleet version has moved
             continue
         mig = PROFILES[a.mig_profile] if a.mig_profile else None
         aid = snap.allocate(
@@ -326,93 +328,94 @@ def _hold(
 
 @dataclass
 class _Region:
-    """A region's state kept by a worker process between cycles: the fleet fingerprint it was
-    built under, the snapshot with every live allocation, and the workloads holding them."""
+    """A region's state kept by a worker process between cycles: the fleet version it was built
+    under, the snapshot with every live allocation, the workloads holding them, and the
+    watermark of the last read (changes since come from transactions at or above it)."""
 
-    fingerprint: str
+    version: tuple
     world: _World
     holding: dict[uuid.UUID, _Held]
+    watermark: int
 
 
-# Per process and region. Each cycle brings it up to date from one narrow query, the (id,
-# generation) of every workload holding GPUs there: allocations only ever change in the same
-# transaction as their workload's state (placing, release on termination, eviction or failed
-# provisioning), which bumps its generation. Gone or changed workloads give their allocations
-# back to the snapshot; new or changed ones are read in full. A fleet change (fingerprint)
-# rebuilds everything.
+# Per process and region. Each cycle brings it up to date from the workloads of the region
+# written since its last read (`changed_xid` at or above the watermark, through the (region,
+# changed_xid) index): allocations only ever change in the same transaction as their
+# workload's state (placing, release on termination, eviction or failed provisioning), which
+# bumps its generation. Workloads that stopped holding give their allocations back to the
+# snapshot; new ones, and those whose allocations changed, are read in full. The cost follows
+# what changed, not what runs. A fleet change (version) rebuilds everything.
 _STATES: dict[tuple[str, str], _Region] = {}
 
 
 def _diff(session: Session, region: str, state: _Region) -> None:
     snap = state.world.snap
-    holding = [s.value for s in HOLDING]
-    current = dict(
-        session.execute(
-            select(Workload.id, Workload.generation).where(
-                Workload.region == region, Workload.state.in_(holding)
-            )
-        ).all()
-    )
+    holding = {s.value for s in HOLDING}
+    rows = session.execute(
+        select(
+            Workload.id,
+            Workload.state,
+            Workload.generation,
+            Workload.started_at,
+            Workload.last_checkpoint_at,
+            Workload.preempted_at,
+        ).where(Workload.region == region, Workload.changed_xid >= state.watermark)
+    ).all()
 
     def drop(wid: uuid.UUID) -> None:
         for aid in state.holding.pop(wid).qw.alloc_ids:
             snap.release(aid)
 
-    for wid in [w for w in state.holding if w not in current]:
-        drop(wid)
+    # A row comes back until the watermark passes its transaction: most are unchanged.
+    moved = [r for r in rows if r[0] in state.holding and r[2] != state.holding[r[0]].generation]
+    fresh = [r[0] for r in rows if r[1] in holding and r[0] not in state.holding]
+    for r in rows:
+        if r[1] not in holding and r[0] in state.holding:
+            drop(r[0])
     # Most changes are a state moving on (placing, provisioning, running) with the same
     # allocations: those only update the moments the core sees; the rest are read in full.
-    changed = [w for w, h in state.holding.items() if current[w] != h.generation]
-    if changed:
-        live: dict[uuid.UUID, set[uuid.UUID]] = {w: set() for w in changed}
-        moved = session.execute(
-            select(
-                Workload.id,
-                Workload.state,
-                Workload.generation,
-                Workload.started_at,
-                Workload.last_checkpoint_at,
-                Workload.preempted_at,
-            ).where(Workload.id.in_(changed))
-        ).all()
+    if moved:
+        live: dict[uuid.UUID, set[uuid.UUID]] = {r[0]: set() for r in moved}
         for wid, aid in session.execute(
             select(Allocation.workload_id, Allocation.id).where(
-                Allocation.workload_id.in_(changed), Allocation.released_at.is_(None)
+                Allocation.workload_id.in_(list(live)), Allocation.released_at.is_(None)
             )
         ):
             live[wid].add(aid)
-        for wid in set(changed) - {row[0] for row in moved}:
-            drop(wid)
         for wid, st, gen, started, checkpoint, preempted in moved:
+            if st not in holding:
+                continue  # dropped above
             h = state.holding[wid]
-            if st not in holding or live[wid] != h.allocations:
-                drop(wid)  # read again below if it still holds
+            if live[wid] != h.allocations:
+                drop(wid)
+                fresh.append(wid)
                 continue
             h.state, h.generation = st, gen
             h.qw = replace(h.qw, **_moments(st, started, checkpoint, preempted))
-    fresh = [wid for wid in current if wid not in state.holding]
     if fresh:
         state.holding.update(_hold(session, state.world, region, fresh))
     snap.commit()
 
 
 def _region_state(session: Session, region: str) -> _Region | None:
-    """The region's kept state, up to date (PostgreSQL only: it needs the fingerprint)."""
-    fp = session.scalar(_FINGERPRINT, {"region": region})
-    if fp is None:
+    """The region's kept state, up to date (PostgreSQL only: it needs the triggers)."""
+    got = _version(session, region)
+    if got is None:
         return None
+    version, xmin = got
     key = (str(session.get_bind().engine.url), region)
     state = _STATES.get(key)
     try:
-        if state is None or state.fingerprint != fp:
+        if state is None or state.version != version:
             _STATES.pop(key, None)
             world = _read_world(session, region)
             if world is None:
                 return None
-            state = _Region(fp, world, _hold(session, world, region))
+            state = _Region(version, world, _hold(session, world, region), xmin)
             world.snap.commit()
         else:
             _diff(session, region, state)
+            state.watermark = xmin
     except BaseException:
         _STATES.pop(key, None)  # half brought up to date: start afresh next time
         raise
