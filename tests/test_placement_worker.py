@@ -553,3 +553,67 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
         decider.execute(text("SELECT pg_advisory_unlock_all()"))  # pooled: the session lives on
         decider.commit()
         decider.close()
+
+
+def test_a_cycle_that_finds_the_region_busy_hands_over_to_the_running_one(
+    world, client, session, monkeypatch
+):
+    """Work submitted while a cycle holds the region kicks a second cycle, which finds the
+    region locked. It hands over instead of polling the lock: the running cycle, once
+    committed, runs again in the same task, and the work is placed."""
+    import threading
+
+    from app.workloads import placement as P
+    from app.workloads import tasks
+    from app.workloads.models import WorkloadEvent
+
+    world.fleet(fleet(2))
+    key = world.key(world.tenant("busy", policy=ALL))
+
+    def submit():
+        r = client.post(
+            "/v1/workloads", json={"region": "r1", "kind": "instance", "gpus": 1}, headers=auth(key)
+        )
+        assert r.status_code == 201, r.text
+        return uuid.UUID(r.json()["id"])
+
+    first = submit()
+    decided, go_on = threading.Event(), threading.Event()
+    real = P.run_cycle
+    runs: dict[bool, list] = {True: [], False: []}  # by "is the holder"
+
+    def holding(s, region, config=None):
+        mine = runs[threading.current_thread() is holder]
+        if threading.current_thread() is holder and not mine:
+            # Hold the region whether or not a worker of an earlier test placed `first`.
+            assert P.lock_region(s, region)
+            report = real(s, region, config)
+            decided.set()  # decided and holding the lock, not yet committed
+            assert go_on.wait(30)
+        else:
+            report = real(s, region, config)
+        mine.append(len(report.admitted) if report.ran else "locked")
+        return report
+
+    monkeypatch.setattr(tasks, "run_cycle", holding)
+    out = {}
+    holder = threading.Thread(target=lambda: out.update(tasks.placement_cycle("r1")))
+    holder.start()
+    assert decided.wait(30)
+    second = submit()
+    # Called directly, a retry would raise: the busy cycle must hand over and return.
+    assert tasks.placement_cycle("r1") == {"admitted": 0}
+    assert runs[False] == ["locked", "locked"]  # tried, handed over, tried once more
+    go_on.set()
+    holder.join(30)
+    assert len(runs[True]) >= 2 and out["admitted"] == sum(runs[True])  # ran again after commit
+
+    def placed():
+        session.rollback()
+        return set(
+            session.scalars(
+                select(WorkloadEvent.workload_id).where(WorkloadEvent.to_state == "placing")
+            )
+        )
+
+    assert wait_until(lambda: placed() == {first, second}, timeout=5)

@@ -12,6 +12,14 @@ reads the database. So a writer that finds the key present knows that a sweep is
 the database after its commit and will see its rows. A message lost after its key was set only
 mutes the key until the TTL ends; the timer covers that gap. Without Redis (the embedded
 default) every kick is sent: the rate there is a person's, not a load test's.
+
+Hand-over, for sweeps that exclude each other (one placement cycle per region at a time): a run
+that finds the sweep busy must not simply give up, since the busy one may have read the database
+before the rows that kicked this run. Instead of polling until the lock frees, it leaves a
+`hand_over` flag and tries the lock once more: if that fails, the lock's holder has not yet
+committed, and it takes the flag (`take_hand_over`) only after its commit, so it sees the flag
+and runs again. Either this run gets the lock or the holder runs again: no work waits for the
+timer, and no message goes round the broker.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from app.core.logging import get_logger
 
 log = get_logger(__name__)
 TTL_MS = 2000
+HAND_OVER_TTL_MS = 60_000  # longer than any holder's transaction
 _PENDING = "rackplane_kicks_pending"
 _COMMITTED = "rackplane_kicks_committed"
 
@@ -83,3 +92,35 @@ def clear(task: str, key: str) -> None:
             client.delete(_name(task, key))
     except Exception as exc:  # the key expires by itself; the timer covers the gap
         log.warning("kick_clear_failed", task=task, key=key, error=str(exc)[:300])
+
+
+def _hand_over_name(task: str, key: str) -> str:
+    return f"{get_settings().broker_key_prefix}rackplane:hand-over:{task}:{key}"
+
+
+def hand_over(task: str, key: str) -> bool:
+    """Ask the running holder of `task`/`key` to run again after its commit. False when Redis
+    cannot carry the request (the caller then retries by itself)."""
+    client = redis.client()
+    if client is None:
+        return False
+    try:
+        client.set(_hand_over_name(task, key), b"1", px=HAND_OVER_TTL_MS)
+        return True
+    except Exception as exc:
+        redis.trip()
+        log.warning("hand_over_failed", task=task, key=key, error=str(exc)[:300])
+        return False
+
+
+def take_hand_over(task: str, key: str) -> bool:
+    """Called by the holder after its commit: whether a run was handed over to it meanwhile."""
+    client = redis.client()
+    if client is None:
+        return False
+    try:
+        return client.getdel(_hand_over_name(task, key)) is not None
+    except Exception as exc:  # the flag expires; the timer covers the gap
+        redis.trip()
+        log.warning("take_hand_over_failed", task=task, key=key, error=str(exc)[:300])
+        return False

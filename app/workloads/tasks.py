@@ -48,35 +48,49 @@ def _task(name: str):
     retry_backoff_max=10,
 )
 def placement_cycle(self, region: str) -> dict:
-    """One placement cycle for a region. Work that arrives while it runs kicks the next one
-    (its kick key was cleared before this one read the database). A cycle finding the region
-    locked retries shortly (the running one may already have read its snapshot). A lost race
-    (a workload changed, or the database refused an allocation) drops the whole plan and runs
-    again on fresh state."""
-    kicks.clear("placement.cycle", region)  # submissions from now on kick again
-    try:
-        with session_scope() as session:
-            report = run_cycle(session, region)
-    except (PlanConflict, IntegrityError, StaleDataError) as exc:
-        log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
-        raise self.retry(exc=exc, countdown=0.05) from exc
-    if not report.ran:
-        if self.request.retries < LOCKED_RETRIES:
-            raise self.retry(countdown=0.05)
-        return {"admitted": 0}
-    log.info(
-        "placement_cycle",
-        region=region,
-        admitted=len(report.admitted),
-        evicted=len(report.evicted),
-        blocked=len(report.blocked),
-    )
-    return {"admitted": len(report.admitted)}
+    """Placement cycles for a region. Work that arrives while one runs kicks the next (its kick
+    key was cleared before this one read the database). A cycle finding the region locked hands
+    over to the running one (see `kicks`): the holder runs again after its commit, here, without
+    a message; without Redis it retries shortly instead. A lost race (a workload changed, or the
+    database refused an allocation) drops the whole plan and runs again on fresh state."""
+    admitted = 0
+    for _ in range(MAX_RUNS):
+        kicks.clear("placement.cycle", region)  # submissions from now on kick again
+        try:
+            with session_scope() as session:
+                report = run_cycle(session, region)
+            if not report.ran and kicks.hand_over("placement.cycle", region):
+                with session_scope() as session:  # the holder may have committed meanwhile
+                    report = run_cycle(session, region)
+                if not report.ran:
+                    break  # the holder, not yet committed, will take the hand-over
+        except (PlanConflict, IntegrityError, StaleDataError) as exc:
+            log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
+            raise self.retry(exc=exc, countdown=0.05) from exc
+        if not report.ran:
+            if self.request.retries < LOCKED_RETRIES:
+                raise self.retry(countdown=0.05)
+            break
+        admitted += len(report.admitted)
+        log.info(
+            "placement_cycle",
+            region=region,
+            admitted=len(report.admitted),
+            evicted=len(report.evicted),
+            blocked=len(report.blocked),
+        )
+        if not kicks.take_hand_over("placement.cycle", region):
+            break
+    else:  # handed over again and again: the next runs go through the queue like any work
+        placement_cycle.apply_async(kwargs={"region": region}, queue="placement")
+    return {"admitted": admitted}
 
 
-# Up to a second of waiting for the running cycle (it may not have seen what kicked this one);
-# after that the placement tick covers it.
+# Without Redis: up to a second of waiting for the running cycle (it may not have seen what
+# kicked this one); after that the placement tick covers it.
 LOCKED_RETRIES = 20
+# Cycles one task runs back to back when handed over, before it yields the pool process.
+MAX_RUNS = 10
 
 
 @shared_task(name="placement.tick", ignore_result=True)
