@@ -1,11 +1,11 @@
 """`rackplane bench lifecycle`: submit-to-placed latency through the real path.
 
-A scratch PostgreSQL database and Redis key prefix, a uvicorn API (two processes), N Celery worker
-processes (the first also runs beat), a fleet of two regions (two partitions), and an open-loop
-load: submissions at a fixed rate, alternating regions, and (with churn, the default) each one
-terminated through the API a second after it runs, so the fleet turns over instead of filling.
-Submit-to-placed is the time from sending the POST to the workload's `placing` event (same
-machine, same clock).
+A scratch PostgreSQL database and Redis key prefix, a uvicorn API (two processes), N Celery
+worker processes (the first also runs beat) of `concurrency` pool processes each, a fleet of two
+regions (two partitions), and an open-loop load: submissions at a fixed rate, alternating
+regions, and (with churn, the default) each one terminated through the API a second after it
+runs, so the fleet turns over instead of filling. Submit-to-placed is the time from sending the
+POST to the workload's `placing` event (same machine, same clock).
 """
 
 from __future__ import annotations
@@ -66,7 +66,11 @@ class ScratchDeployment:
     """A scratch database and broker prefix, with the processes that use them."""
 
     def __init__(
-        self, workers: int, redis_url: str | None = None, env: dict[str, str] | None = None
+        self,
+        workers: int,
+        redis_url: str | None = None,
+        env: dict[str, str] | None = None,
+        concurrency: int = 1,
     ):
         import sqlalchemy as sa
 
@@ -98,6 +102,7 @@ class ScratchDeployment:
         self.procs: list[subprocess.Popen] = []
         self._run([sys.executable, "-m", "app.cli", "migrate"])
         self.workers = workers
+        self.concurrency = concurrency
 
     def _run(self, argv: list[str]) -> None:
         subprocess.run(argv, cwd=ROOT, env=self.env, check=True, capture_output=True)
@@ -148,7 +153,9 @@ class ScratchDeployment:
         )
         for i in range(self.workers):
             wlog = open(Path(self.dir) / f"worker{i}.log", "wb")
-            argv = worker_command(f"w{i}@{self.name}", beat=i == 0)
+            argv = worker_command(
+                f"w{i}@{self.name}", beat=i == 0, concurrency=self.concurrency
+            )
             self.procs.append(
                 subprocess.Popen(
                     argv, cwd=ROOT, env=self.env, stdout=wlog, stderr=subprocess.STDOUT
@@ -193,7 +200,12 @@ class ScratchDeployment:
 
 
 def run(
-    workers: int, rate: float, duration: float, churn: bool = True, warmup: float = 5.0
+    workers: int,
+    rate: float,
+    duration: float,
+    churn: bool = True,
+    warmup: float = 5.0,
+    concurrency: int = 1,
 ) -> dict[str, Any]:
     """`warmup` seconds of the same load come first and are left out of the figures: the
     target is a sustained rate, and the first requests pay for cold processes (connection
@@ -201,7 +213,7 @@ def run(
     import sqlalchemy as sa
 
     started = time.perf_counter()
-    env = ScratchDeployment(workers)
+    env = ScratchDeployment(workers, concurrency=concurrency)
     try:
         warm = int(rate * warmup)
         n = warm + int(rate * duration)
@@ -320,6 +332,7 @@ def run(
         last = max((got[w] for w in sent if w in got), default=first)
         return {
             "workers": workers,
+            "concurrency": concurrency,
             "partitions": 2,
             "rate": rate,
             "churn": churn,

@@ -219,6 +219,9 @@ def bench_lifecycle(
         True, help="Terminate each workload through the API a second after it runs."
     ),
     warmup: float = typer.Option(5.0, help="Seconds of the same load first, not measured."),
+    concurrency: int = typer.Option(
+        1, help="Pool processes of each worker (tasks it runs at once)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Submit-to-placed latency through API, outbox, Redis, Celery workers and PostgreSQL, on
@@ -226,7 +229,8 @@ def bench_lifecycle(
     from app.workloads.bench import median_of, run
 
     for n in [int(x) for x in workers.split(",")]:
-        _emit(median_of([run(n, rate, duration, churn, warmup) for _ in range(runs)]), as_json)
+        results = [run(n, rate, duration, churn, warmup, concurrency) for _ in range(runs)]
+        _emit(median_of(results), as_json)
 
 
 @bench_cli.command("api")
