@@ -772,9 +772,14 @@ def release(
                 reason=reason,
             )
         )
+    # Only MIG allocations hold claims; Core, not the ORM's bulk UPDATE (which evaluates the
+    # session's objects for every statement: 6 % of a DELETE's CPU for whole-GPU work).
+    mig = [a.id for a in rows if a.mig_profile]
+    if mig:
+        t = MigClaim.__table__
         session.execute(
-            update(MigClaim)
-            .where(MigClaim.allocation_id == a.id, MigClaim.released_at.is_(None))
+            update(t)
+            .where(t.c.allocation_id.in_(mig), t.c.released_at.is_(None))
             .values(released_at=at)
         )
     claim(session, [(a, where[a.node_id][0]) for a in rows], sign=-1)
