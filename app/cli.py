@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -141,6 +140,8 @@ def up(
         console.print(
             f"  try: curl -H 'Authorization: Bearer {seeded['tenant_key']}' {base}/v1/capacity"
         )
+    from app.core.processes import stop_groups
+
     children: list[subprocess.Popen] = []
     if worker:
         from workers.settings import worker_command
@@ -164,29 +165,7 @@ def up(
     except KeyboardInterrupt:
         pass
     finally:
-        _stop_groups(children)
-
-
-def _stop_groups(children: list[subprocess.Popen], timeout: float = 20.0) -> None:
-    """Warm shutdown of each child's process group; kill whatever is left after `timeout`."""
-    import time
-
-    for child in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for child in children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for _ in range(50):  # the group outlives its leader by a moment while children exit
-            try:
-                os.killpg(child.pid, 0)
-            except ProcessLookupError:
-                break
-            if time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGKILL)
-            time.sleep(0.1)
+        stop_groups(children)
 
 
 @cli.command("worker")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import tempfile
 import time
@@ -278,6 +279,7 @@ def celery_worker_process(database):
             env=env,
             stdout=fh,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its pool and beat stop with it
         )
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -287,14 +289,12 @@ def celery_worker_process(database):
             raise RuntimeError("celery worker died:\n" + log.read_text()[-4000:])
         time.sleep(0.3)
     else:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         raise RuntimeError("celery worker did not become ready:\n" + log.read_text()[-4000:])
     yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    from app.core.processes import stop_groups
+
+    stop_groups([proc])
 
 
 def wait_until(fn, timeout: float = 30.0, interval: float = 0.2):

@@ -149,16 +149,20 @@ class ScratchDeployment:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         )
         for i in range(self.workers):
             wlog = open(Path(self.dir) / f"worker{i}.log", "wb")
-            argv = worker_command(
-                f"w{i}@{self.name}", beat=i == 0, concurrency=self.concurrency
-            )
+            argv = worker_command(f"w{i}@{self.name}", beat=i == 0, concurrency=self.concurrency)
             self.procs.append(
                 subprocess.Popen(
-                    argv, cwd=ROOT, env=self.env, stdout=wlog, stderr=subprocess.STDOUT
+                    argv,
+                    cwd=ROOT,
+                    env=self.env,
+                    stdout=wlog,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its pool and beat stop with it
                 )
             )
         url = f"http://127.0.0.1:{port}"
@@ -185,13 +189,9 @@ class ScratchDeployment:
         import redis
         import sqlalchemy as sa
 
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        from app.core.processes import stop_groups
+
+        stop_groups(self.procs)
         r = redis.Redis.from_url(self.env["REDIS_URL"])
         for k in r.scan_iter(f"{self.prefix}*"):
             r.delete(k)
