@@ -15,7 +15,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
 from app.outbox import kicks
-from app.outbox.service import enqueue
+from app.outbox.service import enqueue, publish
 from app.workloads import lifecycle
 from app.workloads.lifecycle import State
 from app.workloads.models import Workload, WorkloadEvent
@@ -82,7 +82,7 @@ def placement_cycle(self, region: str) -> dict:
         if not kicks.take_hand_over("placement.cycle", region):
             break
     else:  # handed over again and again: the next runs go through the queue like any work
-        placement_cycle.apply_async(kwargs={"region": region}, queue="placement")
+        publish("placement.cycle", kwargs={"region": region}, queue="placement")
     return {"admitted": admitted}
 
 
@@ -102,7 +102,7 @@ def placement_tick() -> int:
             select(Workload.region).where(Workload.state == State.queued.value).distinct()
         ).all()
     for r in regions:
-        placement_cycle.apply_async(kwargs={"region": r}, queue="placement")
+        publish("placement.cycle", kwargs={"region": r}, queue="placement")
     return len(regions)
 
 
