@@ -2,8 +2,8 @@
 preemption, reservations with backfill, and what-if answers. Pure: decisions, no I/O.
 
 One scheduling cycle runs named phases in a configured order (default: reclaim, allocate,
-preempt, backfill). Every phase reads and changes one `_Cycle` (the snapshot, usage per tenant
-and GPU model, the queue) and appends its decisions to the `CycleResult`:
+preempt, backfill, defragment). Every phase reads and changes one `_Cycle` (the snapshot, usage
+per tenant and GPU model, the queue) and appends its decisions to the `CycleResult`:
 
 - **reclaim**: a tenant below its guarantee whose work does not fit evicts *borrowed* work
   (of tenants above their guarantee, never of a higher priority), cheapest loss first;
@@ -11,12 +11,17 @@ and GPU model, the queue) and appends its decisions to the `CycleResult`:
   work waiting longer than its declared runtime goes first whatever its class),
   admitting what fits under each tenant's limit. What does not fit is skipped (`skip`), ends
   the walk (`stop`), or ends the walk and goes to the backfill phase for a reservation
-  (`reserve`);
+  (`reserve`). A reservation that has come due is served before the walk;
 - **preempt**: a blocked workload evicts workloads of a strictly lower priority (or of a
   preemptible class), cheapest loss first;
 - **backfill**: the blocked head gets a reservation (GPUs and the earliest start from the
   declared maximum runtimes of what runs), and the rest of the queue may start only where it
-  cannot delay it: on capacity outside the reservation, or ending before it starts.
+  cannot delay it: on capacity outside the reservation, or ending before it starts;
+- **defragment**: multi-GPU work still waiting while the free GPUs lie scattered moves small
+  work (never of a higher priority) off the nodes closest to free, onto free GPUs elsewhere.
+
+Victims stop after the grace period, or once their checkpoint is written when that takes
+longer but no longer than `checkpoint_wait` (a moved workload always gets its checkpoint).
 
 Units: quotas and usage are GPU-equivalents in milli (whole GPU 1000, MIG slice memory/8, a
 fractional share its milli), per GPU model.
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.placement.engine import Engine, Plan
-from app.placement.isolation import Tier
+from app.placement.isolation import Tier, Unit
 from app.placement.mig import PROFILES
 from app.placement.model import Binding, Reconfiguration, Request
 from app.placement.snapshot import Snapshot
@@ -84,7 +89,7 @@ ON_BLOCKED = ("skip", "stop", "reserve")
 
 @dataclass(frozen=True)
 class QueueConfig:
-    phases: tuple[str, ...] = ("reclaim", "allocate", "preempt", "backfill")
+    phases: tuple[str, ...] = ("reclaim", "allocate", "preempt", "backfill", "defragment")
     order: str = "fair-share"
     on_blocked: str = "reserve"
     placement_policy: str = "best-fit"
@@ -92,6 +97,8 @@ class QueueConfig:
     half_life: float = 24 * 3600.0  # usage history decay (seconds)
     history_weight: float = 0.5  # fair share: 0 = current use only, 1 = decayed history only
     grace_period: float = 120.0  # a victim may checkpoint for this long before it stops
+    # ... or longer, up to this, when its checkpoint takes longer (0: the grace period only).
+    checkpoint_wait: float = 300.0
     min_runtime: float = 600.0  # never evicted before running this long (non-preemptible)
     cooldown: float = 1800.0  # never evicted again this soon after an eviction
     starvation_factor: float = 1.0  # waited this many times its max runtime: goes first
@@ -100,6 +107,10 @@ class QueueConfig:
     # and only preemptible work of other tenants may be evicted for priority.
     priority_across_tenants: bool = True
     max_victims: int = 64
+    # Defragment: per cycle, waiting multi-GPU workloads that may move small work off the nodes
+    # closest to free, moving at most this fraction of the GPUs they need.
+    defragment_per_cycle: int = 4
+    defragment_max_moved: float = 0.75
     reclaim_depth: int = 4  # per tenant and cycle: pending workloads that may reclaim
     backfill_depth: int = 200  # workloads the backfill phase examines per cycle
     priority_classes: Mapping[str, PriorityClass] = field(
@@ -319,7 +330,7 @@ class Scheduler:
                 if victims is not None:
                     placed = c.try_place(workload)
                     assert placed is not None
-                    start = now + self.config.grace_period
+                    start = max(now + c.grace(v) for v in victims)
                     return WhatIf(
                         True,
                         placed,
@@ -523,10 +534,14 @@ class _Cycle:
         phase: str,
         victims: tuple[str, ...] = (),
     ) -> None:
+        """`w` takes `bindings` now, or once the last of its victims has stopped."""
         by_model = self.models_of(bindings)
         for m, milli in by_model.items():
             self._add(w.tenant, m, milli)
-        start = self.now + (self.cfg.grace_period if victims else 0.0)
+        start = max(
+            (ev.deadline for ev in self.result.evictions if ev.workload in victims),
+            default=self.now,
+        )
         self.result.admissions.append(
             Admission(w.id, bindings, start, self.borrowed(w.tenant, by_model), phase, victims)
         )
@@ -661,21 +676,41 @@ class _Cycle:
             if ok:
                 keep = trial
         for v in keep:
-            for m, milli in self._charge(v):
-                self._add(v.tenant, m, -milli)
             for aid in v.alloc_ids:
                 self.snap.release(aid)
+        self.evict(keep, mode, w)
+        return keep
+
+    def eviction_cost(self, v: Workload, *, patient: bool = False) -> float:
+        """GPU-seconds lost if `v` is evicted now: none if it can checkpoint within the grace
+        period (`patient`: the grace period waits for its checkpoint), else its work since the
+        last checkpoint."""
+        if patient or v.checkpoint_cost <= self.grace(v):
+            return 0.0
+        return v.lost_gpu_seconds(self.now)
+
+    def grace(self, v: Workload) -> float:
+        """How long victim `v` may run on: the grace period, extended up to `checkpoint_wait`
+        when that lets it write its checkpoint."""
+        cost = v.checkpoint_cost
+        if cost <= self.cfg.grace_period or cost > self.cfg.checkpoint_wait:
+            return self.cfg.grace_period
+        return cost
+
+    def evict(
+        self, victims: list[Workload], reason: str, w: Workload, *, patient: bool = False
+    ) -> None:
+        """Record the eviction of `victims` (whose allocations the caller has released) in
+        favour of `w`: usage moves off their tenants and they stop after their grace period
+        (`patient`: or once their checkpoint is written, however long that takes)."""
+        for v in victims:
+            for m, milli in self._charge(v):
+                self._add(v.tenant, m, -milli)
             self.evicted.add(v.id)
-            lost = (
-                0.0 if v.checkpoint_cost <= self.cfg.grace_period else v.lost_gpu_seconds(self.now)
-            )
+            wait = max(self.grace(v), v.checkpoint_cost if patient else 0.0)
             self.result.evictions.append(
                 Eviction(
-                    v.id,
-                    mode,
-                    w.id,
-                    self.now + self.cfg.grace_period,
-                    lost,
+                    v.id, reason, w.id, self.now + wait, self.eviction_cost(v, patient=patient)
                 )
             )
             del self.running[v.id]
@@ -683,7 +718,6 @@ class _Cycle:
         self.fail_cache.clear()
         self.fail_unheld.clear()
         self.victim_fail.clear()
-        return keep
 
     def _node_local(self, need: int, cands: list, models: set[int], lender_ok) -> list | None:
         """For a one-node shape: the node where the cheapest victims free `need` GPUs (lowest
@@ -1013,7 +1047,14 @@ def _take_back(c: _Cycle, mode: str) -> None:
 
 
 def _allocate(c: _Cycle) -> None:
-    """Walk the queue in order and admit what fits under its tenant's limit."""
+    """Walk the queue in order and admit what fits under its tenant's limit. Work whose
+    reservation has come due goes first: its GPUs are free and held for it."""
+    for wid, (res, _) in list(c.reserved.items()):
+        owner = c.by_id[wid]
+        if res.start_at <= c.now and not c.over_limit(owner):
+            placed = c.try_place(owner)
+            if placed is not None:
+                c.admit(owner, placed, "allocate")
     c.walk = _Walk(c)
     while (w := c.walk.next()) is not None:
         if c.known_to_fail(w) and c.cfg.on_blocked == "skip":
@@ -1107,6 +1148,147 @@ def _backfill(c: _Cycle) -> None:
     c.walk = None
 
 
+def _defragment(c: _Cycle) -> None:
+    """Multi-GPU work waits while the free GPUs are scattered over many nodes: move the small
+    work off the nodes closest to free, so the waiting work gets whole nodes now. A moved
+    workload is evicted (it checkpoints in the grace period, like any victim) only when it fits
+    in the free GPUs elsewhere at once; those GPUs are kept out of reach for the rest of the
+    phase. Never moves a higher priority than the work it makes room for, nor work that the
+    minimum runtime or the cool-down protect."""
+    cfg, snap = c.cfg, c.snap
+    if cfg.defragment_per_cycle <= 0 or not c.running:
+        return
+    waiting = [
+        w
+        for w in c.queue
+        if w.id not in c.done
+        and w.request.shape.unit is Unit.WHOLE
+        and w.request.shape.gpus >= 2
+        and not c.over_limit(w)
+    ]
+    if not waiting:
+        return
+    waiting.sort(key=lambda w: (-c.s.prio(w).value, c.share(w.tenant), w.submitted_at, w.id))
+    owner: dict[int, Workload] = {aid: v for v in c.running.values() for aid in v.alloc_ids}
+    landing: list[int] = []
+    moves = 0
+    try:
+        for w in waiting:
+            if moves >= cfg.defragment_per_cycle:
+                break
+            # A reservation's GPUs are its owner's: free them for its search.
+            reservation = c.reserved.get(w.id)
+            if reservation is not None:
+                c.unhold(w.id)
+            victims = _clear_nodes(c, w, owner)
+            placed = None
+            if victims is not None:
+                mark = c.plan.checkpoint()
+                for v in victims:
+                    for aid in v.alloc_ids:
+                        snap.release(aid)
+                saved, c.fail_cache = c.fail_cache, set()
+                placed = c.try_place(w)  # gives its reservation up when placed
+                c.fail_cache = saved
+                landed: list[int] = []
+                for v in victims if placed is not None else ():
+                    out = c.s.engine.place_one(v.request, c.plan)
+                    if not out.placed:
+                        placed = None
+                        break
+                    landed += [b.alloc_id for b in out.bindings]
+                if placed is None:
+                    c.plan.rollback(mark)
+            if placed is None or victims is None:
+                if reservation is not None:  # any hold since the unhold was rolled back
+                    c.phantoms.pop(w.id, None)
+                    c.reserved[w.id] = reservation
+                    c.rehold(w.id)
+                continue
+            landing += landed
+            for v in victims:
+                for aid in v.alloc_ids:
+                    owner.pop(aid, None)
+            # Nothing is urgent about a move: each victim may finish its checkpoint.
+            c.evict(victims, "defragment", w, patient=True)
+            c.admit(w, placed, "defragment", tuple(v.id for v in victims))
+            moves += 1
+    finally:
+        for aid in landing:  # the moved work takes these GPUs itself when it is queued again
+            snap.release(aid)
+
+
+def _clear_nodes(c: _Cycle, w: Workload, owner: Mapping[int, Workload]) -> list[Workload] | None:
+    """The cheapest small work to move so that `w`'s replicas find nodes: per node, the movable
+    workloads (one node, whole GPUs, evictable, priority not above `w`'s) that free enough GPUs
+    at the least lost work; then the cheapest nodes. None when no such plan exists or the free
+    GPUs elsewhere could not take what moves."""
+    snap, cfg = c.snap, c.cfg
+    per, reps = w.request.shape.gpus, w.request.replicas
+    models = set(c.s.engine.allowed_models(w.request.shape, w.request.tier))
+    free_total = c.free_whole(models)
+    if free_total < per * reps:
+        return None
+    mine = c.s.prio(w).value
+    budget = int(cfg.defragment_max_moved * per)
+    fits_now = 0
+    options: list[tuple[float, int, int, int, list[Workload]]] = []
+    for n in range(len(snap.node_names)):
+        if int(snap.node_model[n]) not in models or not snap.node_open(n):
+            continue
+        if int(snap.node_ngpu[n]) < per:
+            continue
+        free = len(snap._wslots[n])
+        if free >= per:
+            fits_now += free // per
+            continue
+        if per - free > budget:
+            continue
+        movable: list[tuple[float, int, Workload]] = []
+        seen: set[str] = set()
+        base = n * snap.max_gpus
+        for g in range(int(snap.node_ngpu[n])):
+            for aid in snap.holders.get(base + g, ()):
+                v = owner.get(aid)
+                if v is None or v.id in seen:
+                    continue
+                seen.add(v.id)
+                if _movable(c, v, n, mine):
+                    gpus = sum(len(snap.allocs[a].slots) for a in v.alloc_ids)
+                    # A move costs the time it spends writing its checkpoint.
+                    movable.append((v.checkpoint_cost * gpus, gpus, v))
+        movable.sort(key=lambda x: (x[0], -x[1], x[2].id))
+        take: list[Workload] = []
+        moved, cost = 0, 0.0
+        for cost_v, gpus, v in movable:
+            if free >= per:
+                break
+            take.append(v)
+            free += gpus
+            moved += gpus
+            cost += cost_v
+        if free >= per and moved <= budget:
+            options.append((cost, moved, n, free - moved, take))
+    short = reps - fits_now
+    if short <= 0 or len(options) < short:
+        return None
+    chosen = heapq.nsmallest(short, options, key=lambda o: o[:3])
+    # What moves must fit in the free GPUs that `w` does not take.
+    elsewhere = free_total - sum(o[3] for o in chosen) - (reps - short) * per
+    if elsewhere < sum(o[1] for o in chosen):
+        return None
+    return [v for o in chosen for v in o[4]]
+
+
+def _movable(c: _Cycle, v: Workload, n: int, mine: int) -> bool:
+    if v.id in c.evicted or not c.evictable(v) or c.s.prio(v).value > mine:
+        return False
+    r = v.request
+    if r.replicas != 1 or r.shape.unit is not Unit.WHOLE:
+        return False
+    return all(c.snap.allocs[a].node == n for a in v.alloc_ids)
+
+
 def _arrival(w: Workload) -> tuple[float, str]:
     return (w.submitted_at, w.id)
 
@@ -1123,6 +1305,7 @@ PHASES: dict[str, Callable[[_Cycle], None]] = {
     "allocate": _allocate,
     "preempt": _preempt,
     "backfill": _backfill,
+    "defragment": _defragment,
 }
 
 BASELINES: dict[str, QueueConfig] = {

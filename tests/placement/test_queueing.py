@@ -240,7 +240,7 @@ def test_preemption_evicts_the_victim_that_loses_the_least_work():
 
 
 def test_lost_work_counts_gpus_times_checkpoint_age():
-    q = Queue([node("n1", gpus=3)], {"a": quota(), "b": quota()}, grace_period=0)
+    q = Queue([node("n1", gpus=3)], {"a": quota(), "b": quota()}, grace_period=0, checkpoint_wait=0)
     _running(q, "wide", "b", prio="research", started=0, ckpt=3000, gpus=2, ckpt_cost=60)
     _running(q, "narrow", "b", prio="research", started=0, ckpt=2500, ckpt_cost=60)
     q.submit("prod", "a", prio="production", at=3600)
@@ -256,6 +256,19 @@ def test_grace_period_lets_a_cheap_checkpoint_save_the_work():
     q.submit("prod", "a", prio="production", at=3600)
     res = q.cycle(3600)
     assert res.evictions[0].lost_gpu_seconds == 0  # checkpoints within the grace period
+
+
+def test_a_victim_may_finish_a_checkpoint_that_outlasts_the_grace_period():
+    """Up to `checkpoint_wait`, the eviction waits for the victim's checkpoint (nothing lost)
+    and the preemptor starts when it is written; beyond it, the grace period holds."""
+    for cost, stops, lost in ((200, 3800, 0.0), (400, 3720, 3600.0)):
+        q = Queue([node("n1", gpus=1)], {"a": quota(), "b": quota()}, checkpoint_wait=300)
+        _running(q, "v", "b", prio="research", started=0, ckpt=0, ckpt_cost=cost)
+        q.submit("prod", "a", prio="production", at=3600)
+        res = q.cycle(3600)
+        [ev] = res.evictions
+        assert (ev.deadline, ev.lost_gpu_seconds) == (stops, lost), cost
+        assert res.admissions[0].start_at == stops
 
 
 def test_never_preempts_a_higher_or_equal_priority_for_priority():
@@ -394,6 +407,89 @@ def test_starving_work_goes_first_even_before_higher_priorities():
     q.submit("b-fresh", "b", at=3500, runtime=600, prio="production")
     q.cycle(3600)
     assert q.admitted() == {"a-starved"}
+
+
+def test_a_reservation_that_comes_due_starts_even_behind_a_blocked_head():
+    """The walk stops at a blocked production gang and backfill looks no further, yet the
+    workload whose reserved GPUs are now free starts on them."""
+    q = Queue([node("n1"), node("n2")], {"a": quota(), "b": quota(), "c": quota()})
+    q.submit("x", "b", 8, runtime=1000)
+    q.submit("y", "b", 4, runtime=100_000, prio="production")
+    q.cycle(0)
+    q.submit("big", "a", 8, at=10)
+    [r] = q.cycle(10).reservations
+    assert r.workload == "big" and r.start_at == 1000
+    q.finish("x")
+    q.sched.config = replace(q.sched.config, backfill_depth=0)
+    q.submit("huge", "c", 8, replicas=2, at=900, prio="production")
+    q.cycle(1000)
+    assert q.admitted() == {"big"}
+    assert {q.snap.node_names[q.snap.allocs[a].node] for a in q.running["big"].alloc_ids} == {
+        n for n, _ in r.gpus
+    }
+
+
+# --- defragmentation ------------------------------------------------------------------------------
+
+
+def _scattered(prio: str = "training", **kw) -> Queue:
+    """Two 8-GPU nodes, each with one small job: 14 GPUs free, no node free for 8."""
+    q = Queue([node("n1"), node("n2")], {"a": quota(), "b": quota()}, **kw)
+    _running(q, "fill", "b", prio=prio, started=0, ckpt=0, gpus=7)
+    _running(q, "s1", "b", prio=prio, started=0, ckpt=0, ckpt_cost=200)  # beside fill
+    _running(q, "s2", "b", prio=prio, started=0, ckpt=0, ckpt_cost=50, gpus=2)
+    q.finish("fill")
+    assert len({q.snap.allocs[q.running[w].alloc_ids[0]].node for w in ("s1", "s2")}) == 2
+    return q
+
+
+def test_defragment_moves_small_work_so_whole_node_work_starts():
+    q = _scattered()
+    q.submit("node", "a", 8, at=3000)
+    res = q.cycle(3600)
+    # A move costs its checkpoint's GPU-seconds: s2 (2 x 50) is cheaper than s1 (1 x 200).
+    [ev] = res.evictions
+    assert (ev.workload, ev.reason, ev.by) == ("s2", "defragment", "node")
+    assert ev.deadline == 3600 + q.sched.config.grace_period and ev.lost_gpu_seconds == 0
+    [adm] = res.admissions
+    assert adm.phase == "defragment" and adm.start_at == ev.deadline
+    # The moved work fits beside s1 when it is queued again.
+    q.cycle(ev.deadline)
+    assert "s2" in q.running
+    nodes = {w: q.snap.allocs[q.running[w].alloc_ids[0]].node for w in ("s1", "s2", "node")}
+    assert nodes["s1"] == nodes["s2"] != nodes["node"]
+
+
+def test_defragment_waits_for_a_slow_checkpoint_of_the_moved_work():
+    q = _scattered(checkpoint_wait=300)
+    for w in ("s1", "s2"):
+        q.running[w].checkpoint_cost = 1000  # beyond checkpoint_wait: a move still waits
+    q.submit("node", "a", 8, at=3000)
+    res = q.cycle(3600)
+    [moved] = res.evictions
+    assert (moved.workload, moved.deadline, moved.lost_gpu_seconds) == ("s1", 4600, 0)
+    assert res.admissions[0].start_at == 4600
+
+
+def test_defragment_never_moves_higher_priority_or_protected_work():
+    q = _scattered(prio="production")
+    q.submit("node", "a", 8, at=3000)
+    assert q.cycle(3600).evictions == []
+    q = _scattered(min_runtime=7200)
+    q.submit("node", "a", 8, at=3000)
+    assert q.cycle(3600).evictions == []
+
+
+def test_defragment_moves_nothing_that_cannot_land_elsewhere():
+    q = Queue([node("n1"), node("n2")], {"a": quota(), "b": quota()})
+    _running(q, "w1", "b", prio="training", started=0, ckpt=0, gpus=5)
+    _running(q, "w2", "b", prio="training", started=0, ckpt=0, gpus=5)
+    q.submit("node", "a", 8, at=3000)
+    res = q.cycle(3600)  # 3 + 3 free: a 5-GPU job has nowhere to go
+    assert res.evictions == [] and q.admitted() == set()
+    q = _scattered(defragment_per_cycle=0)
+    q.submit("node", "a", 8, at=3000)
+    assert q.cycle(3600).evictions == []  # switched off
 
 
 # --- what-if ----------------------------------------------------------------------------------

@@ -197,6 +197,8 @@ def philly_cmd(
             "summary": "default vs fifo",
             "jct_ratio": round(d["mean_jct_s"] / f["mean_jct_s"], 4) if f["mean_jct_s"] else None,
             "utilisation_delta": round(d["utilisation"] - f["utilisation"], 4),
+            # The same without the GPU time that evictions threw away.
+            "useful_utilisation_delta": round(d["useful_utilisation"] - f["useful_utilisation"], 4),
             "targets": {
                 "mean_jct_at_most_0.7x_fifo": bool(
                     f["mean_jct_s"] and d["mean_jct_s"] <= 0.7 * f["mean_jct_s"]

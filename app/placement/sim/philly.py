@@ -195,6 +195,7 @@ class Result:
     horizon_s: float = 0.0
     preemptions: int = 0
     lost_gpu_s: float = 0.0
+    by_reason: dict[str, list[float]] = field(default_factory=dict)  # [evictions, GPU-s lost]
     shares: dict[str, dict[str, float]] = field(default_factory=dict)
     cycles: int = 0
     seconds: float = 0.0
@@ -233,6 +234,16 @@ class Result:
             else 0.0,
             "preemptions": self.preemptions,
             "gpu_hours_lost_to_preemption": round(self.lost_gpu_s / 3600, 1),
+            "preemptions_by_reason": {
+                r: {"evictions": int(n), "gpu_hours_lost": round(s / 3600, 1)}
+                for r, (n, s) in sorted(self.by_reason.items())
+            },
+            # Busy GPU time less the work that evictions threw away.
+            "useful_utilisation": round(
+                (self.busy_gpu_s - self.lost_gpu_s) / (self.gpus * self.horizon_s), 4
+            )
+            if self.horizon_s
+            else 0.0,
             "tenant_share_vs_entitlement": {t: v["ratio"] for t, v in sorted(tracked.items())},
             "max_share_deviation": round(worst, 4),
             "cycles": self.cycles,
@@ -389,6 +400,9 @@ def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQu
             j.done += saved_at - j.started
             j.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
             res.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
+            tally = res.by_reason.setdefault(ev.reason, [0, 0.0])
+            tally[0] += 1
+            tally[1] += (ev.deadline - saved_at) * j.gpus
             res.preemptions += 1
             j.preemptions += 1
             j.version += 1  # its completion no longer holds
