@@ -110,7 +110,8 @@ class QueueConfig:
     # Defragment: per cycle, waiting multi-GPU workloads that may move small work off the nodes
     # closest to free, moving at most this fraction of the GPUs they need.
     defragment_per_cycle: int = 4
-    defragment_max_moved: float = 0.75
+    defragment_max_moved: float = 0.75  # below 1: a node to clear has a free GPU already
+    defragment_depth: int = 32  # waiting workloads the phase examines per cycle
     reclaim_depth: int = 4  # per tenant and cycle: pending workloads that may reclaim
     backfill_depth: int = 200  # workloads the backfill phase examines per cycle
     priority_classes: Mapping[str, PriorityClass] = field(
@@ -125,6 +126,8 @@ class QueueConfig:
             raise ValueError(f"order is one of {ORDERS}")
         if self.on_blocked not in ON_BLOCKED:
             raise ValueError(f"on_blocked is one of {ON_BLOCKED}")
+        if not 0 <= self.defragment_max_moved < 1:
+            raise ValueError("0 <= defragment_max_moved < 1")
         if self.half_life <= 0 or not 0 <= self.history_weight <= 1:
             raise ValueError("half_life > 0 and 0 <= history_weight <= 1")
 
@@ -1172,10 +1175,14 @@ def _defragment(c: _Cycle) -> None:
     owner: dict[int, Workload] = {aid: v for v in c.running.values() for aid in v.alloc_ids}
     landing: list[int] = []
     moves = 0
+    failed: set[tuple] = set()  # (shape, priority, tenant) found no plan: capacity only shrinks
     try:
-        for w in waiting:
+        for w in waiting[: cfg.defragment_depth]:
             if moves >= cfg.defragment_per_cycle:
                 break
+            key = (c._cache_key(w), c.s.prio(w).value, w.tenant)
+            if key[0] is not None and key in failed:
+                continue
             # A reservation's GPUs are its owner's: free them for its search.
             reservation = c.reserved.get(w.id)
             if reservation is not None:
@@ -1200,6 +1207,7 @@ def _defragment(c: _Cycle) -> None:
                 if placed is None:
                     c.plan.rollback(mark)
             if placed is None or victims is None:
+                failed.add(key)
                 if reservation is not None:  # any hold since the unhold was rolled back
                     c.phantoms.pop(w.id, None)
                     c.reserved[w.id] = reservation
@@ -1231,19 +1239,20 @@ def _clear_nodes(c: _Cycle, w: Workload, owner: Mapping[int, Workload]) -> list[
         return None
     mine = c.s.prio(w).value
     budget = int(cfg.defragment_max_moved * per)
-    fits_now = 0
+    # Candidates come from the index of open nodes by whole free GPUs: those missing at most
+    # `budget` GPUs (at least one free, as the budget is below `per`).
+    fits_now = sum(
+        (k // per) * len(nodes) for (m, k), nodes in snap.whole.items() if m in models and k >= per
+    )
+    candidates = [
+        (n, k)
+        for (m, k), nodes in snap.whole.items()
+        if m in models and per - budget <= k < per
+        for n in nodes
+        if int(snap.node_ngpu[n]) >= per
+    ]
     options: list[tuple[float, int, int, int, list[Workload]]] = []
-    for n in range(len(snap.node_names)):
-        if int(snap.node_model[n]) not in models or not snap.node_open(n):
-            continue
-        if int(snap.node_ngpu[n]) < per:
-            continue
-        free = len(snap._wslots[n])
-        if free >= per:
-            fits_now += free // per
-            continue
-        if per - free > budget:
-            continue
+    for n, free in candidates:
         movable: list[tuple[float, int, Workload]] = []
         seen: set[str] = set()
         base = n * snap.max_gpus

@@ -516,6 +516,8 @@ def test_what_if_answers_without_changing_anything():
 def test_phases_are_configuration():
     with pytest.raises(ValueError, match="unknown phases"):
         Scheduler(snap(node("n1")), {}, QueueConfig(phases=("allocate", "teleport")))
+    with pytest.raises(ValueError, match="defragment_max_moved"):
+        Scheduler(snap(node("n1")), {}, QueueConfig(defragment_max_moved=1.0))
     q = Queue([node("n1", gpus=1)], {"a": quota(), "b": quota()}, phases=("allocate",))
     _running(q, "low", "b", prio="preemptible", started=0, ckpt=0)
     q.submit("prod", "a", prio="production", at=10)
