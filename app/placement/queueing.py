@@ -624,7 +624,10 @@ class _Cycle:
             if not allocs:
                 continue
             assert v.started_at is not None
-            cands.append(((pv.value, v.lost_gpu_seconds(self.now), -v.started_at), v, allocs))
+            # Least work lost first (none when it can checkpoint before it stops), then the
+            # freshest checkpoint.
+            lost = self.eviction_cost(v)
+            cands.append(((pv.value, lost, v.lost_gpu_seconds(self.now), -v.started_at), v, allocs))
         fkey = self._cache_key(w)
         tenant_bound = reclaim or not self.cfg.priority_across_tenants
         vkey = (fkey, mode, w.tenant if tenant_bound else None, mine.value)
@@ -751,7 +754,13 @@ class _Cycle:
                 take.append(c)
             if free < need or not take:
                 continue
-            key = (max(c[0][0] for c in take), sum(c[0][1] for c in take), len(take), n)
+            key = (
+                max(c[0][0] for c in take),
+                sum(c[0][1] for c in take),
+                sum(c[0][2] for c in take),
+                len(take),
+                n,
+            )
             if best is None or key < best[0]:
                 best = (key, take)
         return None if best is None else best[1]

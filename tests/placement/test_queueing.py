@@ -271,6 +271,15 @@ def test_a_victim_may_finish_a_checkpoint_that_outlasts_the_grace_period():
         assert res.admissions[0].start_at == stops
 
 
+def test_a_victim_that_can_checkpoint_in_time_is_cheaper_than_a_fresh_checkpoint():
+    q = Queue([node("n1", gpus=2)], {"a": quota(), "b": quota()}, checkpoint_wait=300)
+    _running(q, "stale-but-quick", "b", prio="research", started=0, ckpt=0, ckpt_cost=200)
+    _running(q, "fresh-but-slow", "b", prio="research", started=0, ckpt=3500, ckpt_cost=1000)
+    q.submit("prod", "a", prio="production", at=3600)
+    [ev] = q.cycle(3600).evictions
+    assert (ev.workload, ev.lost_gpu_seconds) == ("stale-but-quick", 0)
+
+
 def test_never_preempts_a_higher_or_equal_priority_for_priority():
     q = Queue([node("n1", gpus=1)], {"a": quota(), "b": quota()})
     _running(q, "prod", "b", prio="production", started=0, ckpt=0)
