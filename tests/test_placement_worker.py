@@ -315,6 +315,57 @@ def test_preemption_checkpoints_then_requeues_and_resumes(client, world, celery_
     _running(client, ka, low)  # resumes on the freed GPUs
 
 
+def test_defragment_moves_small_work_so_a_whole_node_job_starts(
+    client, world, celery_worker_process
+):
+    """Two nodes, each with a little work and most GPUs free: an 8-GPU job of the same class
+    cannot preempt anyone, yet starts once the worker moves the smaller job beside the other."""
+    world.fleet(fleet(2))
+    a = world.tenant("a", policy=ALL)
+    ka = world.key(a)
+
+    def submit(gpus):
+        body = {
+            "kind": "instance",
+            "gpus": gpus,
+            "priority": "preemptible",
+            "checkpoint": {"interval_s": 600, "cost_s": 0},
+        }
+        wid = client.post("/v1/workloads", json=body, headers=auth(ka)).json()["id"]
+        return _running(client, ka, wid)
+
+    def node(w):
+        [p] = w["placement"]
+        return p["node"]
+
+    fill = submit(7)
+    s1 = submit(1)  # best fit: beside the 7
+    s2 = submit(2)  # the other node
+    assert node(s1) == node(fill) != node(s2)
+    client.delete(f"/v1/workloads/{fill['id']}", headers=auth(ka))
+    wait_until(lambda: _state(client, ka, fill["id"])["state"] == "terminated")
+    big = client.post(
+        "/v1/workloads",
+        json={"kind": "instance", "gpus": 8, "priority": "preemptible"},
+        headers=auth(ka),
+    ).json()["id"]
+    placed = _running(client, ka, big)
+    # Both moves lose nothing (instant checkpoints): the one moving fewer GPUs wins.
+    assert node(placed) == node(s1)
+    moved = wait_until(
+        lambda: (
+            (w := _state(client, ka, s1["id"]))["state"] == "running"
+            and w["preemptions"] == 1
+            and w
+        )
+    )
+    assert node(moved) == node(s2)
+    ev = client.get(f"/v1/workloads/{s1['id']}/events", headers=auth(ka)).json()["items"]
+    why = next(e for e in ev if e["to_state"] == "checkpointing")
+    assert why["details"] == why["details"] | {"by": big, "reason": "defragment"}
+    assert _state(client, ka, s2["id"])["preemptions"] == 0
+
+
 def test_dry_run_answers_where_whom_and_when_and_writes_nothing(
     client, world, session, celery_worker_process
 ):
