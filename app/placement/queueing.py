@@ -21,7 +21,7 @@ per tenant and GPU model, the queue) and appends its decisions to the `CycleResu
   work (never of a higher priority) off the nodes closest to free, onto free GPUs elsewhere.
 
 Victims stop after the grace period, or once their checkpoint is written when that takes
-longer but no longer than `checkpoint_wait` (a moved workload always gets its checkpoint).
+longer but no longer than `checkpoint_wait`; only work that can checkpoint so is moved.
 
 Units: quotas and usage are GPU-equivalents in milli (whole GPU 1000, MIG slice memory/8, a
 fractional share its milli), per GPU model.
@@ -687,11 +687,10 @@ class _Cycle:
         self.evict(keep, mode, w)
         return keep
 
-    def eviction_cost(self, v: Workload, *, patient: bool = False) -> float:
-        """GPU-seconds lost if `v` is evicted now: none if it can checkpoint within the grace
-        period (`patient`: the grace period waits for its checkpoint), else its work since the
-        last checkpoint."""
-        if patient or v.checkpoint_cost <= self.grace(v):
+    def eviction_cost(self, v: Workload) -> float:
+        """GPU-seconds lost if `v` is evicted now: none if it can checkpoint within its grace
+        period, else its work since the last checkpoint."""
+        if v.checkpoint_cost <= self.grace(v):
             return 0.0
         return v.lost_gpu_seconds(self.now)
 
@@ -703,21 +702,16 @@ class _Cycle:
             return self.cfg.grace_period
         return cost
 
-    def evict(
-        self, victims: list[Workload], reason: str, w: Workload, *, patient: bool = False
-    ) -> None:
+    def evict(self, victims: list[Workload], reason: str, w: Workload) -> None:
         """Record the eviction of `victims` (whose allocations the caller has released) in
-        favour of `w`: usage moves off their tenants and they stop after their grace period
-        (`patient`: or once their checkpoint is written, however long that takes)."""
+        favour of `w`: usage moves off their tenants and they stop after their grace period."""
         for v in victims:
             for m, milli in self._charge(v):
                 self._add(v.tenant, m, -milli)
             self.evicted.add(v.id)
-            wait = max(self.grace(v), v.checkpoint_cost if patient else 0.0)
+            wait = self.grace(v)
             self.result.evictions.append(
-                Eviction(
-                    v.id, reason, w.id, self.now + wait, self.eviction_cost(v, patient=patient)
-                )
+                Eviction(v.id, reason, w.id, self.now + wait, self.eviction_cost(v))
             )
             del self.running[v.id]
         # Capacity grew: earlier failures no longer say anything.
@@ -1162,11 +1156,12 @@ def _backfill(c: _Cycle) -> None:
 
 def _defragment(c: _Cycle) -> None:
     """Multi-GPU work waits while the free GPUs are scattered over many nodes: move the small
-    work off the nodes closest to free, so the waiting work gets whole nodes now. A moved
-    workload is evicted (it checkpoints in the grace period, like any victim) only when it fits
-    in the free GPUs elsewhere at once; those GPUs are kept out of reach for the rest of the
-    phase. Never moves a higher priority than the work it makes room for, nor work that the
-    minimum runtime or the cool-down protect."""
+    work off the nodes closest to free, so the waiting work gets whole nodes now. A workload is
+    moved (evicted) only when it can write its checkpoint within its grace period (so a move
+    loses no work) and fits in the free GPUs elsewhere at once. Those GPUs are kept out of this
+    phase's reach; when it is queued again it asks for GPUs like any other workload. Never moves
+    a higher priority than the work it makes room for, nor work that the minimum runtime or the
+    cool-down protect."""
     cfg, snap = c.cfg, c.snap
     if cfg.defragment_per_cycle <= 0 or not c.running:
         return
@@ -1226,8 +1221,7 @@ def _defragment(c: _Cycle) -> None:
             for v in victims:
                 for aid in v.alloc_ids:
                     owner.pop(aid, None)
-            # Nothing is urgent about a move: each victim may finish its checkpoint.
-            c.evict(victims, "defragment", w, patient=True)
+            c.evict(victims, "defragment", w)
             c.admit(w, placed, "defragment", tuple(v.id for v in victims))
             moves += 1
     finally:
@@ -1300,6 +1294,8 @@ def _clear_nodes(c: _Cycle, w: Workload, owner: Mapping[int, Workload]) -> list[
 
 def _movable(c: _Cycle, v: Workload, n: int, mine: int) -> bool:
     if v.id in c.evicted or not c.evictable(v) or c.s.prio(v).value > mine:
+        return False
+    if c.eviction_cost(v) > 0:  # its checkpoint outlasts the wait: a move would lose work
         return False
     r = v.request
     if r.replicas != 1 or r.shape.unit is not Unit.WHOLE:

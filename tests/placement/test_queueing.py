@@ -469,15 +469,19 @@ def test_defragment_moves_small_work_so_whole_node_work_starts():
     assert nodes["s1"] == nodes["s2"] != nodes["node"]
 
 
-def test_defragment_waits_for_a_slow_checkpoint_of_the_moved_work():
+def test_defragment_moves_only_work_that_checkpoints_within_the_wait():
     q = _scattered(checkpoint_wait=300)
-    for w in ("s1", "s2"):
-        q.running[w].checkpoint_cost = 1000  # beyond checkpoint_wait: a move still waits
+    q.running["s2"].checkpoint_cost = 1000  # would lose work (or hold the node idle) if moved
     q.submit("node", "a", 8, at=3000)
     res = q.cycle(3600)
-    [moved] = res.evictions
-    assert (moved.workload, moved.deadline, moved.lost_gpu_seconds) == ("s1", 4600, 0)
-    assert res.admissions[0].start_at == 4600
+    [moved] = res.evictions  # s1 (200 s) instead, waiting for its checkpoint past the grace
+    assert (moved.workload, moved.deadline, moved.lost_gpu_seconds) == ("s1", 3800, 0)
+    assert res.admissions[0].start_at == 3800
+    q = _scattered(checkpoint_wait=300)
+    for w in ("s1", "s2"):
+        q.running[w].checkpoint_cost = 1000
+    q.submit("node", "a", 8, at=3000)
+    assert q.cycle(3600).evictions == []
 
 
 def test_defragment_never_moves_higher_priority_or_protected_work():
