@@ -1225,7 +1225,7 @@ def _defragment(c: _Cycle) -> None:
             c.admit(w, placed, "defragment", tuple(v.id for v in victims))
             moves += 1
     finally:
-        for aid in landing:  # the moved work takes these GPUs itself when it is queued again
+        for aid in landing:  # the moved work asks for GPUs again once it is queued
             snap.release(aid)
 
 
