@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces the queueing figures in BENCHMARKS.md: the Philly replay of fifo, priority and
-# Rackplane's default on the same jobs, in one run.
+# Reproduces the queueing figures in BENCHMARKS.md: the Philly replay of fifo, priority,
+# Rackplane's default and strict-share on the same jobs, in one run.
 # Usage: benchmarks/queueing.sh [OUT_DIR] [WINDOW] [NODES]
 #   defaults: benchmarks/results, days 28:42 of the trace (its two busiest weeks), 64 8-GPU nodes.
 set -euo pipefail
@@ -10,6 +10,8 @@ WINDOW=${2:-28:42}
 NODES=${3:-64}
 RP=${RP:-.venv/bin/rackplane}
 JOBS=${JOBS:-../shared/traces/philly/philly_jobs.csv}
+POLICIES=${POLICIES:-fifo,priority,default,strict-share}
 mkdir -p "$OUT"
-"$RP" sim philly --jobs "$JOBS" --window "$WINDOW" --nodes "$NODES" --parallel 2 --json \
+"$RP" sim philly --jobs "$JOBS" --window "$WINDOW" --nodes "$NODES" --policy "$POLICIES" \
+  --parallel 2 --json \
   | tee "$OUT/philly_${WINDOW/:/-}_${NODES}n.jsonl"

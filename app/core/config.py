@@ -49,7 +49,9 @@ class Settings(BaseSettings):
     sim_fail_rate: float = Field(default=0.0, ge=0, le=1, alias="RACKPLANE_SIM_FAIL_RATE")
     # A preempted workload may checkpoint for this long before it is stopped.
     preemption_grace_seconds: float = Field(default=120.0, ge=0, alias="RACKPLANE_PREEMPTION_GRACE")
-    # Beat: how often every region with waiting work gets a placement cycle.
+    # Unset: work-conserving fair share. A number >= 1: while others wait, no tenant starts more
+    # work beyond this multiple of its fair share (QueueConfig.share_cap).
+    fair_share_cap: float | None = Field(default=None, ge=1, alias="RACKPLANE_FAIR_SHARE_CAP")
     stripe_api_key: str | None = Field(default=None, alias="RACKPLANE_STRIPE_API_KEY")
     stripe_api_base: str | None = Field(default=None, alias="RACKPLANE_STRIPE_API_BASE")
     # Usage goes to Stripe per bucket of this many seconds, once the bucket ended this long ago

@@ -23,6 +23,10 @@ per tenant and GPU model, the queue) and appends its decisions to the `CycleResu
 Victims stop after the grace period, or once their checkpoint is written when that takes
 longer but no longer than `checkpoint_wait`; only work that can checkpoint so is moved.
 
+By default the queue is work-conserving: a tenant may use what the others cannot. With
+`share_cap`, every phase treats a tenant holding that multiple of its fair share (weighted max-min
+among tenants with work waiting) like one at its limit: stricter shares, longer queues.
+
 Units: quotas and usage are GPU-equivalents in milli (whole GPU 1000, MIG slice memory/8, a
 fractional share its milli), per GPU model.
 """
@@ -106,6 +110,12 @@ class QueueConfig:
     # class. False: priority orders work within a tenant; across tenants the fair share decides,
     # and only preemptible work of other tenants may be evicted for priority.
     priority_across_tenants: bool = True
+    # None: work-conserving, a tenant may use whatever the others leave. A number >= 1: a tenant
+    # holding this multiple of its fair share of a GPU model (the weighted max-min split among
+    # tenants with work waiting for it, never below its guarantee) starts nothing more there
+    # while others wait. Below it, any workload may start, so none starves. Stricter shares,
+    # longer queues.
+    share_cap: float | None = None
     max_victims: int = 64
     # Defragment: per cycle, waiting multi-GPU workloads that may move small work off the nodes
     # closest to free, moving at most this fraction of the GPUs they need.
@@ -128,6 +138,8 @@ class QueueConfig:
             raise ValueError(f"on_blocked is one of {ON_BLOCKED}")
         if not 0 <= self.defragment_max_moved < 1:
             raise ValueError("0 <= defragment_max_moved < 1")
+        if self.share_cap is not None and self.share_cap < 1:
+            raise ValueError("share_cap is None or at least 1")
         if self.half_life <= 0 or not 0 <= self.history_weight <= 1:
             raise ValueError("half_life > 0 and 0 <= history_weight <= 1")
 
@@ -379,6 +391,8 @@ class _Cycle:
         for w in running:
             for model, milli in self._charge(w):
                 self._add(w.tenant, model, milli)
+        # (tenant, model) -> GPU milli above which the tenant starts nothing more (share_cap).
+        self.fair_caps = self._fair_caps() if self.cfg.share_cap is not None else {}
         self.blocked: list[Workload] = []
         self.walk: _Walk | None = None
         # Reservations held in this cycle (by workload), and the placeholder allocations that
@@ -445,23 +459,68 @@ class _Cycle:
             out[model] = out.get(model, 0) + _milli(a)
         return out
 
+    def starving(self, w: Workload) -> bool:
+        return self.now - w.submitted_at >= self.cfg.starvation_factor * w.max_runtime
+
+    def _fair_caps(self) -> dict[tuple[str, str], float]:
+        """Per (tenant, GPU model) with work waiting: share_cap times the tenant's weighted
+        max-min fair share of what tenants without waiting work leave of the model (demand: use
+        plus waiting work, which counts on every model it allows), never below its guarantee."""
+        assert self.cfg.share_cap is not None
+        snap, engine = self.snap, self.s.engine
+        waiting: dict[str, dict[str, int]] = {}
+        for w in self.queue:
+            req = w.request
+            per = waiting.setdefault(w.tenant, {})
+            for m in engine.allowed_models(req.shape, req.tier):
+                name = snap.model_names[m]
+                per[name] = per.get(name, 0) + w.gpu_milli
+        caps: dict[tuple[str, str], float] = {}
+        for model, capacity in self.s.capacity.items():
+            demand = {
+                t: self.used(t, model) + per[model] for t, per in waiting.items() if model in per
+            }
+            if len(demand) < 2:
+                continue  # alone, its fair share is all that is left
+            left = capacity - sum(
+                per.get(model, 0) for t, per in self.usage.items() if t not in demand
+            )
+            weights = {t: max(self.s.quota(t).weight, 1e-9) for t in demand}
+            for t, fair in water_fill(left, demand, weights).items():
+                caps[(t, model)] = max(self.s.quota(t).guarantee(model), self.cfg.share_cap * fair)
+        return caps
+
     def over_limit(self, w: Workload, by_model: Mapping[str, int] | None = None) -> str | None:
         """Why admitting `w` (charged as `by_model`, default: each allowed model) would exceed
-        its tenant's limit; None if it would not."""
+        its tenant's limit or, under `share_cap`, its fair share; None if it would not."""
         q = self.s.quota(w.tenant)
-        if not q.limit:
-            return None
+        if q.limit:
 
-        def within(m: str, milli: int) -> bool:
-            cap = q.cap(m)
-            return cap is None or self.used(w.tenant, m) + milli <= cap
+            def within(m: str, milli: int) -> bool:
+                cap = q.cap(m)
+                return cap is None or self.used(w.tenant, m) + milli <= cap
 
-        if by_model is None:
-            models = w.request.shape.models or self.snap.model_names
-            ok = any(within(m, w.gpu_milli) for m in models)
-        else:
-            ok = all(within(m, milli) for m, milli in by_model.items())
-        return None if ok else "over its tenant's limit"
+            if by_model is None:
+                models = w.request.shape.models or self.snap.model_names
+                ok = any(within(m, w.gpu_milli) for m in models)
+            else:
+                ok = all(within(m, milli) for m, milli in by_model.items())
+            if not ok:
+                return "over its tenant's limit"
+        if self.fair_caps:
+
+            def capped(m: str) -> bool:
+                cap = self.fair_caps.get((w.tenant, m))
+                return cap is not None and self.used(w.tenant, m) >= cap
+
+            if by_model is None:
+                models = w.request.shape.models or self.snap.model_names
+                at_cap = all(capped(m) for m in models)
+            else:
+                at_cap = any(capped(m) for m in by_model)
+            if at_cap:
+                return "at its fair share while other tenants wait"
+        return None
 
     def borrowed(self, tenant: str, by_model: Mapping[str, int]) -> bool:
         q = self.s.quota(tenant)
@@ -928,12 +987,7 @@ class _Walk:
         self.c = c
         cfg = c.cfg
         prio = c.s.prio
-        now = c.now
-
-        def starving(w: Workload) -> bool:
-            return now - w.submitted_at >= cfg.starvation_factor * w.max_runtime
-
-        self.starving = starving
+        starving = self.starving = c.starving
         items = [w for w in c.queue if w.id not in c.done]
         if cfg.order == "arrival":
             items.sort(key=_arrival)
@@ -1066,8 +1120,8 @@ def _allocate(c: _Cycle) -> None:
         if c.known_to_fail(w) and c.cfg.on_blocked == "skip":
             c.result.blocked[w.id] = "no capacity"
             continue
-        if c.over_limit(w):
-            c.result.blocked[w.id] = "over its tenant's limit"
+        if over := c.over_limit(w):
+            c.result.blocked[w.id] = over
             continue
         placed = c.try_place(w)
         if placed is not None:
@@ -1134,8 +1188,8 @@ def _backfill(c: _Cycle) -> None:
             c.result.blocked[w.id] = "no capacity"
             reserve(w)
             continue
-        if c.over_limit(w):
-            c.result.blocked[w.id] = "over its tenant's limit"
+        if over := c.over_limit(w):
+            c.result.blocked[w.id] = over
             continue
         placed = c.try_place(w)
         if placed is None and short:
@@ -1303,6 +1357,26 @@ def _movable(c: _Cycle, v: Workload, n: int, mine: int) -> bool:
     return all(c.snap.allocs[a].node == n for a in v.alloc_ids)
 
 
+def water_fill(capacity: float, demand: Mapping[str, float], weight: Mapping[str, float]) -> dict:
+    """Weighted max-min fair split of `capacity` over tenants, each capped at its demand."""
+    out = {t: 0.0 for t in demand}
+    active = {t for t in demand if demand[t] > 0}
+    left = capacity
+    while active and left > 1e-9:
+        wsum = sum(weight[t] for t in active)
+        step = {t: left * weight[t] / wsum for t in active}
+        capped = {t for t in active if out[t] + step[t] >= demand[t]}
+        if not capped:
+            for t in active:
+                out[t] += step[t]
+            break
+        for t in capped:
+            left -= demand[t] - out[t]
+            out[t] = demand[t]
+        active -= capped
+    return out
+
+
 def _arrival(w: Workload) -> tuple[float, str]:
     return (w.submitted_at, w.id)
 
@@ -1330,4 +1404,7 @@ BASELINES: dict[str, QueueConfig] = {
     # Strict priority: the head blocks everything behind it; it may evict lower priorities.
     "priority": QueueConfig(phases=("allocate", "preempt"), order="priority", on_blocked="stop"),
     "default": QueueConfig(),
+    # Shares before speed: across tenants the fair share orders the queue (priority only within
+    # a tenant), and no tenant starts work beyond 1.1x its fair share while others wait.
+    "strict-share": QueueConfig(share_cap=1.1, priority_across_tenants=False),
 }

@@ -253,7 +253,10 @@ class _Loaded:
         if config is None:
             from app.core.config import get_settings
 
-            config = QueueConfig(grace_period=get_settings().preemption_grace_seconds)
+            settings = get_settings()
+            config = QueueConfig(
+                grace_period=settings.preemption_grace_seconds, share_cap=settings.fair_share_cap
+            )
         return Scheduler(self.world.snap, self.quotas, config)
 
     def running(self) -> list[QWorkload]:

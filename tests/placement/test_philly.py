@@ -31,7 +31,7 @@ def _contended(tmp_path):
 def test_every_job_finishes_exactly_once_under_every_policy(tmp_path):
     jobs = philly.load_jobs(_contended(tmp_path))
     tenants = philly.quotas(jobs, 4 * philly.GPUS_PER_NODE)
-    for policy in ("fifo", "priority", "default"):
+    for policy in ("fifo", "priority", "default", "strict-share"):
         r = philly.replay(jobs, 4, policy, tenants)
         out = r.as_dict()
         assert out["finished"] == out["jobs"] == len(jobs), policy
@@ -86,6 +86,15 @@ def test_cli_prints_the_figures_and_the_comparison(tmp_path):
     ):
         assert key in lines[2], key
     summary = lines[3]
+    assert summary["summary"] == "default vs fifo"
     assert summary["jct_ratio"] == round(lines[2]["mean_jct_s"] / lines[0]["mean_jct_s"], 4)
+    res = CliRunner().invoke(
+        cli,
+        ["sim", "philly", "--jobs", str(_contended(tmp_path)), "--nodes", "4", "--json"]
+        + ["--policy", "fifo,default,strict-share"],
+    )
+    lines = [json.loads(x) for x in res.output.splitlines() if x.startswith("{")]
+    assert [x.get("summary") for x in lines[3:]] == ["default vs fifo", "strict-share vs fifo"]
+    assert lines[4]["jct_ratio"] == round(lines[2]["mean_jct_s"] / lines[0]["mean_jct_s"], 4)
     bad = CliRunner().invoke(cli, ["sim", "philly", "--policy", "nope"])
     assert bad.exit_code == 2

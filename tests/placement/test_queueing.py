@@ -213,6 +213,63 @@ def test_priority_can_be_scoped_to_the_tenant():
     assert q.admitted() == {"a-prod"}
 
 
+def _over_served(guaranteed: float = 0, **kw) -> Queue:
+    """Two 4-GPU nodes. a holds n1 with four 1-GPU jobs and has three short ones waiting; b
+    holds one GPU of n2 and waits with a 4-GPU job that the 3 free GPUs cannot take."""
+    q = Queue(
+        [node("n1", gpus=4), node("n2", gpus=4)],
+        {"a": quota(guaranteed), "b": quota()},
+        history_weight=0,
+        **kw,
+    )
+    for i in range(4):
+        q.submit(f"a-run{i}", "a", at=0)
+    q.cycle(0)
+    q.submit("b-run", "b", at=1)
+    q.cycle(1)
+    assert set(q.running) == {"a-run0", "a-run1", "a-run2", "a-run3", "b-run"}
+    q.submit("b-four", "b", 4, at=5)
+    for i in range(3):
+        q.submit(f"a-short{i}", "a", at=5, runtime=60)
+    return q
+
+
+def test_share_cap_holds_a_tenant_to_its_fair_share_while_others_wait():
+    """Work-conserving by default: a's short jobs take the GPUs b's gang cannot use yet. With
+    share_cap=1, a already holds its fair share (4 of 8: equal weights, both waiting) and
+    starts nothing more while b waits."""
+    q = _over_served()
+    q.cycle(10)
+    assert q.admitted() == {"a-short0", "a-short1", "a-short2"}
+
+    q = _over_served(share_cap=1.0)
+    res = q.cycle(10)
+    assert q.admitted() == set()
+    assert res.blocked["a-short0"] == "at its fair share while other tenants wait"
+    q.finish("b-run")
+    q.cycle(20)
+    assert q.admitted() == {"b-four"}  # and a, now alone in the queue, is not held back
+    q.cycle(30)
+    assert q.admitted() == set()  # b-four holds n2: no room
+    q.finish("a-run0")
+    q.cycle(40)
+    assert q.admitted() == {"a-short0"}
+
+
+def test_share_cap_never_holds_a_tenant_below_its_guarantee_nor_starves_it():
+    q = _over_served(guaranteed=6, share_cap=1.0)
+    q.cycle(10)
+    assert len(q.admitted()) == 2  # up to its guarantee of 6, beyond its fair share of 4
+
+    q = _over_served(share_cap=1.0)
+    q.cycle(10)
+    q.finish("a-run0")
+    q.cycle(20)  # below its share, a starts again, one workload at a time
+    assert len(q.admitted()) == 1 and q.used("a") == 4 * GPU
+    with pytest.raises(ValueError, match="share_cap"):
+        Scheduler(snap(node("n1")), {}, QueueConfig(share_cap=0.5))
+
+
 # --- preemption -----------------------------------------------------------------------------------
 
 

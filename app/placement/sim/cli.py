@@ -191,10 +191,13 @@ def philly_cmd(
     by = {r["policy"]: r for r in results}
     for r in results:
         _emit(r, as_json)
-    if "default" in by and "fifo" in by:
-        d, f = by["default"], by["fifo"]
+    f = by.get("fifo")
+    for name in names:
+        if f is None or name in ("fifo", "priority"):
+            continue
+        d = by[name]
         summary = {
-            "summary": "default vs fifo",
+            "summary": f"{name} vs fifo",
             "jct_ratio": round(d["mean_jct_s"] / f["mean_jct_s"], 4) if f["mean_jct_s"] else None,
             "utilisation_delta": round(d["utilisation"] - f["utilisation"], 4),
             # The same without the GPU time that evictions threw away.

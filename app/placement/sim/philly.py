@@ -37,6 +37,7 @@ from app.placement.queueing import (
     Scheduler,
     TenantQuota,
     Workload,
+    water_fill,
 )
 from app.placement.snapshot import NodeSpec, Snapshot
 
@@ -251,26 +252,6 @@ class Result:
         }
 
 
-def _water_fill(capacity: float, demand: dict[str, float], weight: dict[str, float]) -> dict:
-    """Weighted max-min fair split of `capacity` over tenants capped at their demand."""
-    out = {t: 0.0 for t in demand}
-    active = {t for t in demand if demand[t] > 0}
-    left = capacity
-    while active and left > 1e-9:
-        wsum = sum(weight[t] for t in active)
-        step = {t: left * weight[t] / wsum for t in active}
-        capped = {t for t in active if out[t] + step[t] >= demand[t]}
-        if not capped:
-            for t in active:
-                out[t] += step[t]
-            break
-        for t in capped:
-            left -= demand[t] - out[t]
-            out[t] = demand[t]
-        active -= capped
-    return out
-
-
 def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQuota]) -> Result:
     """Replay `jobs` on `nodes` 8-GPU nodes under the named queueing policy."""
     start_wall = time.perf_counter()
@@ -323,7 +304,7 @@ def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQu
                 res.backlogged_s += dt
                 free = gpus - sum(u for t_, u in use.items() if t_ not in backlogged)
                 demand = {t_: use.get(t_, 0.0) + want[t_] for t_ in backlogged}
-                ent = _water_fill(free, demand, {t_: weights.get(t_, 1e-3) for t_ in backlogged})
+                ent = water_fill(free, demand, {t_: weights.get(t_, 1e-3) for t_ in backlogged})
                 for t_ in backlogged:
                     share_used[t_] = share_used.get(t_, 0.0) + use.get(t_, 0.0) * dt
                     share_ent[t_] = share_ent.get(t_, 0.0) + ent[t_] * dt
