@@ -494,32 +494,27 @@ class _Cycle:
         """Why admitting `w` (charged as `by_model`, default: each allowed model) would exceed
         its tenant's limit or, under `share_cap`, its fair share; None if it would not."""
         q = self.s.quota(w.tenant)
-        if q.limit:
+        if not q.limit and not self.fair_caps:
+            return None
+        if by_model is None:
+            by_model = {m: w.gpu_milli for m in w.request.shape.models or self.snap.model_names}
+            blocked = all  # it may go to any allowed model: blocked only if all are
+        else:
+            blocked = any
+        charge = by_model
 
-            def within(m: str, milli: int) -> bool:
-                cap = q.cap(m)
-                return cap is None or self.used(w.tenant, m) + milli <= cap
+        def over(m: str) -> bool:
+            cap = q.cap(m)
+            return cap is not None and self.used(w.tenant, m) + charge[m] > cap
 
-            if by_model is None:
-                models = w.request.shape.models or self.snap.model_names
-                ok = any(within(m, w.gpu_milli) for m in models)
-            else:
-                ok = all(within(m, milli) for m, milli in by_model.items())
-            if not ok:
-                return "over its tenant's limit"
-        if self.fair_caps:
+        def at_share(m: str) -> bool:
+            cap = self.fair_caps.get((w.tenant, m))
+            return cap is not None and self.used(w.tenant, m) >= cap
 
-            def capped(m: str) -> bool:
-                cap = self.fair_caps.get((w.tenant, m))
-                return cap is not None and self.used(w.tenant, m) >= cap
-
-            if by_model is None:
-                models = w.request.shape.models or self.snap.model_names
-                at_cap = all(capped(m) for m in models)
-            else:
-                at_cap = any(capped(m) for m in by_model)
-            if at_cap:
-                return "at its fair share while other tenants wait"
+        if q.limit and blocked(over(m) for m in charge):
+            return "over its tenant's limit"
+        if self.fair_caps and blocked(at_share(m) for m in charge):
+            return "at its fair share while other tenants wait"
         return None
 
     def borrowed(self, tenant: str, by_model: Mapping[str, int]) -> bool:
