@@ -41,7 +41,13 @@ def _one(args: tuple[str, str, str, int, bool]) -> dict:
     result = openb.replay(nodes, pods, policy, seed).as_dict()
     result["pods_file"] = Path(pods_file).name
     if bound:
-        result["bound_pct_at_130"] = round(openb.physical_bound(nodes, pods, seed), 4)
+        b = openb.physical_bound(nodes, pods, seed)
+        result["bound_pct_at_130"] = round(b.pct, 4)
+        result["offline_bound_pct_at_130"] = round(b.offline_pct, 4)
+        result["bound_first_drop_pct"] = (
+            None if b.first_drop_pct is None else round(b.first_drop_pct, 2)
+        )
+        result["bound_converged"] = b.converged
     return result
 
 
@@ -59,7 +65,9 @@ def openb_cmd(
         None, help="Seed ranges, e.g. 42-51: runs each, then the mean."
     ),
     jobs: int = typer.Option(1, help="Runs in parallel (processes)."),
-    bound: bool = typer.Option(False, help="Also compute the LP upper bound per run."),
+    bound: bool = typer.Option(
+        False, help="Also compute the upper bound any policy could reach per run (LPs)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per run (and the mean)."),
 ) -> None:
     """The openb replay under the published FGD protocol (shared/traces/README.md)."""
@@ -93,7 +101,7 @@ def openb_cmd(
     if len(results) > 1:
         keys = ["alloc_pct_at_130", "frag_ratio_at_90", "placed", "dropped", "seconds"]
         if bound:
-            keys.append("bound_pct_at_130")
+            keys += ["bound_pct_at_130", "offline_bound_pct_at_130"]
         mean = {
             "policy": policy,
             "pods_file": pods.name,

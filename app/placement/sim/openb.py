@@ -23,6 +23,7 @@ from app.placement.isolation import Tier
 from app.placement.model import Request, Shape
 from app.placement.policies import make_policy, typical_shapes
 from app.placement.policies.fgd import FragModel
+from app.placement.sim.openb_bound import Bound, online_bound
 from app.placement.snapshot import NodeSpec, Snapshot
 
 TENANT = "openb"
@@ -84,6 +85,8 @@ def arrival_sequence(
 ) -> list[Pod]:
     """Shuffled pods, then clones sampled with replacement until demand reaches `tune` x capacity
     (the stop test compares per-GPU milli, as the published simulator does)."""
+    if not any(p.per_gpu_milli for p in pods):
+        raise ValueError("no pod asks for a GPU: demand never reaches the capacity")
     rng = np.random.default_rng(seed)
     seq = [pods[i] for i in rng.permutation(len(pods))]
     total = sum(p.total_milli for p in seq)
@@ -174,63 +177,8 @@ def fragmentation_ratio(snap: Snapshot, model: FragModel) -> float:
     return float(frag * 100 / idle) if idle else 0.0
 
 
-def physical_bound(nodes: list[NodeSpec], pods: list[Pod], seed: int) -> float:
-    """An upper bound on the allocation % any policy can reach on this arrival sequence.
-
-    LP relaxation: pods (grouped by shape) are assigned fractionally to classes of nodes
-    (GPU model x GPUs per node) without exceeding each class's GPU, CPU and memory totals; a
-    pod needing k GPUs may only use classes with at least k GPUs per node, a fractional pod
-    at most one GPU's worth per node. Packing within nodes is relaxed, so no policy can beat it.
-    """
-    from scipy.optimize import linprog
-
-    snap_cap = sum(n.gpus for n in nodes) * 1000
-    seq = arrival_sequence(pods, snap_cap, seed)
-    # Only what arrived up to the 130% point counts.
-    groups: dict[tuple, int] = {}
-    for p in seq:
-        s = p.shape
-        key = (s.gpus, s.milli, s.cpu_milli, s.mem_mib, s.models)
-        groups[key] = groups.get(key, 0) + 1
-    classes: dict[tuple[str, int], list[int]] = {}
-    for n in nodes:
-        c = classes.setdefault((n.model, n.gpus), [0, 0, 0, 0])
-        c[0] += n.gpus * 1000
-        c[1] += n.cpu_milli
-        c[2] += n.mem_mib
-        c[3] += 1
-    cls = list(classes)
-    gkeys = list(groups)
-    var, cost = [], []
-    for gi, (gpus, milli, _cpu, _mem, models) in enumerate(gkeys):
-        g_milli = gpus * 1000 if gpus else milli
-        for ci, (model, ngpu) in enumerate(cls):
-            if models is not None and model not in models:
-                continue
-            if gpus and gpus > ngpu:
-                continue
-            var.append((gi, ci))
-            cost.append(-g_milli)
-    nv = len(var)
-    a = np.zeros((len(gkeys) + 3 * len(cls), nv))
-    for j, (gi, ci) in enumerate(var):
-        gpus, milli, cpu, mem, _ = gkeys[gi]
-        a[gi, j] = 1
-        base = len(gkeys) + 3 * ci
-        a[base, j] = gpus * 1000 if gpus else milli
-        a[base + 1, j] = cpu
-        a[base + 2, j] = mem
-    rhs: list[float] = [float(groups[k]) for k in gkeys]
-    for cls_key in cls:
-        gpu, cpu, mem, _count = classes[cls_key]
-        rhs += [gpu, cpu, mem]
-    res = linprog(
-        np.array(cost, float),
-        A_ub=a,
-        b_ub=np.array(rhs, float),
-        bounds=(0, None),
-        method="highs",
-    )
-    if not res.success:
-        return float("nan")
-    return float(-res.fun * 100 / snap_cap)
+def physical_bound(nodes: list[NodeSpec], pods: list[Pod], seed: int) -> Bound:
+    """An upper bound on the allocation % any policy can reach on this seed's arrival sequence
+    under the protocol (see `openb_bound`)."""
+    capacity = sum(n.gpus for n in nodes) * 1000
+    return online_bound(nodes, arrival_sequence(pods, capacity, seed))
