@@ -79,22 +79,15 @@ def online_bound(
     shapes = [p.shape for p in seq]
     n = len(shapes)
     holes = sorted({s.milli for s in shapes if not s.gpus and s.milli > BIG})
-    lp = _Program(classes, shapes, holes)
+    lp = _Program(classes, shapes, holes, capacity)
     offline = lp.solve(n, n, None, closed=False)
-    big = Counter(
-        (s.milli, s.cpu_milli, s.mem_mib)
-        for s in shapes
-        if not s.gpus and s.milli > BIG and s.models is None
-    )
+    keys = [_witness_key(s) for s in shapes]
+    big = Counter(k for k in keys if k is not None)
     if not big:
         return Bound(_pct(offline, capacity), _pct(offline, capacity), None, 1, True)
     witness = big.most_common(1)[0][0]
     never = lp.solve(n, n, witness, closed=False)  # no witness pod is ever dropped
-    cand = [
-        i
-        for i, s in enumerate(shapes)
-        if not s.gpus and s.models is None and (s.milli, s.cpu_milli, s.mem_mib) == witness
-    ]
+    cand = [i for i, k in enumerate(keys) if k == witness]
 
     def push(lo: int, hi: int) -> None:
         # The range's last witness pod is dropped at t* or arrives after it: it never counts
@@ -120,10 +113,17 @@ def online_bound(
     top, lo, _ = heap[0]
     if -top <= never:
         return Bound(_pct(never, capacity), _pct(offline, capacity), None, programs, converged)
-    arrived = sum(s.gpus * 1000 if s.gpus else s.milli for s in shapes[: cand[lo] + 1])
+    arrived = sum(s.gpu_milli for s in shapes[: cand[lo] + 1])
     return Bound(
         _pct(-top, capacity), _pct(offline, capacity), arrived * 100 / capacity, programs, converged
     )
+
+
+def _witness_key(s) -> tuple[int, int, int] | None:
+    """(milli, CPU, memory) of a big share any GPU model may take; None for other pods."""
+    if s.gpus or s.milli <= BIG or s.models is not None:
+        return None
+    return (s.milli, s.cpu_milli, s.mem_mib)
 
 
 def _pct(value: float, capacity: int) -> float:
@@ -133,10 +133,11 @@ def _pct(value: float, capacity: int) -> float:
 class _Program:
     """The linear program for one range of t*, built from shape groups per phase."""
 
-    def __init__(self, classes: list[_Cls], shapes: list, holes: list[int]):
+    def __init__(self, classes: list[_Cls], shapes: list, holes: list[int], capacity: int):
         self.classes = classes
         self.shapes = shapes
         self.holes = holes
+        self.capacity = capacity
 
     def solve(self, a: int, b: int, witness: tuple[int, int, int] | None, *, closed: bool) -> float:
         """The most GPU milli placed when t* lies in [a, b): witness pods (milli, CPU, memory)
@@ -174,14 +175,12 @@ class _Program:
             vals.append(v)
 
         # Pools: node counts and their capacity rows.
-        z: dict[tuple[int, str], int] = {}
         cap_rows: dict[tuple[int, str], tuple[int, int, int]] = {}
         close_rows: dict[tuple[int, str], int] = {}
         for k, c in enumerate(self.classes):
             share = new_row(c.count, eq=True) if closing else None
             for p in pools:
                 col = new_col(0.0, 0.0, None) if closing else new_col(0.0, c.count, c.count)
-                z[k, p] = col
                 if share is not None:
                     put(share, col, 1.0)
                 g, cpu, mem = new_row(0.0), new_row(0.0), new_row(0.0)
@@ -263,7 +262,7 @@ class _Program:
         if res.status == 2:  # infeasible: t* cannot lie in this range
             return float("-inf")
         if res.status != 0:  # not solved: fall back to the trivial bound, the whole fleet
-            return float(sum(c.gpus * c.count for c in self.classes) * 1000)
+            return float(self.capacity)
         return float(-res.fun)
 
     @staticmethod
