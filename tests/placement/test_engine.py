@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from app.placement.engine import Engine
+from app.placement.engine import Candidates, Engine
 from app.placement.isolation import Tier
 from app.placement.model import Level, Request, Shape
-from app.placement.policies import POLICIES, make_policy
+from app.placement.policies import POLICIES, make_policy, typical_shapes
+from app.placement.policies.fgd import HostModel
 from app.placement.snapshot import DEGRADED, FAILED
 from tests.placement.conftest import (
     hgx,
@@ -279,3 +281,33 @@ def test_preferred_gang_fills_the_emptiest_group_first():
     plan = engine.place([whole("g", 8, replicas=3, topology=preferred(Level.RACK))])
     nodes = [b.node for b in sorted(plan.outcomes[0].bindings, key=lambda b: b.replica)]
     assert nodes[:2] == ["b000", "b001"] and nodes[2] == "a000"
+
+
+def test_rackplane_keeps_host_cpu_in_step_with_free_gpus():
+    # Typical work asks 12 cores per GPU. A 20-core GPU pod on "lean" (4 GPUs, 48 cores) still
+    # leaves room for one typical copy, so FGD sees no fragmentation and lets its fleet order
+    # decide; but 28 cores cannot feed the 3 GPUs left there. Rackplane sends it to "rich".
+    typical = typical_shapes([Shape(gpus=1, cpu_milli=12_000)])
+    picks = {"fgd": set(), "rackplane": set()}
+    for seed in range(8):
+        for name in picks:
+            s = snap(node("lean", 4, cpu=48_000), node("rich", 2, cpu=104_000))
+            plan = Engine(s, make_policy(name, seed=seed, typical=typical)).place(
+                [whole("x", 1, cpu=20_000)]
+            )
+            picks[name].add(plan.bindings[0].node)
+    assert picks["rackplane"] == {"rich"}
+    assert picks["fgd"] == {"lean", "rich"}  # a tie for FGD: its random fleet order decides
+
+
+def test_host_model_counts_gpus_the_free_cpu_cannot_feed():
+    host = HostModel(typical_shapes([Shape(gpus=1, cpu_milli=10_000)]))  # 0.1 milli-GPU per mcore
+    # a: 4 idle GPUs, 40 cores: nothing stranded. b: 2 idle GPUs, 12 cores feed 1,200 milli.
+    s = snap(node("a", 4, cpu=40_000), node("b", 2, cpu=12_000))
+    cands = Candidates(np.array([0, 1]), np.array([-1, -1]), np.array([0, 0]))
+    cpu_only = Request("c", "t1", Tier.DEDICATED, Shape(cpu_milli=10_000, mem_mib=1))
+    # 10 cores fewer: a feeds 3,000 of its 4,000 idle milli, b 200 of its 2,000.
+    assert host.delta(s, cpu_only, cands).tolist() == [1000.0, 1000.0]
+    light = Request("g", "t1", Tier.DEDICATED, Shape(gpus=1, cpu_milli=2_000, mem_mib=1))
+    # A GPU pod with little CPU: a stays fed; b's last idle GPU is fed by its 10 cores left.
+    assert host.delta(s, light, cands).tolist() == [0.0, -800.0]
