@@ -339,18 +339,14 @@ class HostModel:
         cpu = sum(t.freq * max(t.cpu_milli, 1) for t in gpu_shapes)
         self.milli_per_cpu = gpu / cpu if cpu else 0.0  # GPU milli per CPU milli-core
 
-    def stranded(self, idle: np.ndarray, cpu: np.ndarray) -> np.ndarray:
-        return np.maximum(idle - self.milli_per_cpu * cpu, 0.0)
-
     def delta(self, snap: Snapshot, req: Request, cands: Candidates) -> np.ndarray:
-        nodes = cands.node
-        free = snap.gpu_free[nodes]
-        idle = np.where(free > 0, free, 0).sum(axis=1).astype(np.float64)
-        cpu = snap.node_cpu_free[nodes].astype(np.float64)
         shape = req.shape
         used = 0 if shape.cpu_only else (1000 * shape.gpus or shape.gpu_milli)
-        after = self.stranded(idle - used, cpu - shape.cpu_milli)
-        return after - self.stranded(idle, cpu)
+        nodes = cands.node
+        k = self.milli_per_cpu
+        idle = snap.gpu_free[nodes].clip(0).sum(axis=1)  # absent GPUs hold -1
+        short = idle - k * snap.node_cpu_free[nodes]  # stranded where positive
+        return np.maximum(short + (k * shape.cpu_milli - used), 0.0) - np.maximum(short, 0.0)
 
 
 def _distinct_states(snap: Snapshot, cands: Candidates) -> tuple[Candidates, np.ndarray]:
