@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.placement.engine import Candidates, Engine
+from app.placement.engine import CPU_ONLY, Candidates, Engine
 from app.placement.isolation import Tier
 from app.placement.model import Level, Request, Shape
 from app.placement.policies import POLICIES, make_policy, typical_shapes
@@ -284,11 +284,16 @@ def test_preferred_gang_fills_the_emptiest_group_first():
 
 
 def test_rackplane_keeps_host_cpu_in_step_with_free_gpus():
-    # Typical work asks 12 cores per GPU. A 20-core GPU pod on "lean" (4 GPUs, 48 cores) still
-    # leaves room for one typical copy, so FGD sees no fragmentation and lets its fleet order
-    # decide; but 28 cores cannot feed the 3 GPUs left there. Rackplane sends it to "rich".
-    typical = typical_shapes([Shape(gpus=1, cpu_milli=12_000)])
-    picks = {"fgd": set(), "rackplane": set()}
+    # Typical work asks 12 cores per GPU, in 1- and 2-GPU pods (half each). A 20-core GPU pod:
+    # - on "rich" (2 GPUs, 104 cores) it leaves 1 GPU, no room for a 2-GPU pod: FGD counts
+    #   half of that GPU as fragmented (+500);
+    # - on "lean" (4 GPUs, 48 cores) it leaves 3 GPUs and 28 cores: both shapes still fit, so
+    #   FGD sees nothing (0) and always picks "lean"; but 28 cores feed only 2,333 milli of
+    #   the 3,000 idle, and the host term counts the other 667. Rackplane picks "rich".
+    typical = typical_shapes(
+        [Shape(gpus=1, cpu_milli=12_000), Shape(gpus=2, cpu_milli=24_000)], coverage=1.0
+    )
+    picks: dict[str, set[str]] = {"fgd": set(), "rackplane": set()}
     for seed in range(8):
         for name in picks:
             s = snap(node("lean", 4, cpu=48_000), node("rich", 2, cpu=104_000))
@@ -297,14 +302,14 @@ def test_rackplane_keeps_host_cpu_in_step_with_free_gpus():
             )
             picks[name].add(plan.bindings[0].node)
     assert picks["rackplane"] == {"rich"}
-    assert picks["fgd"] == {"lean", "rich"}  # a tie for FGD: its random fleet order decides
+    assert picks["fgd"] == {"lean"}
 
 
 def test_host_model_counts_gpus_the_free_cpu_cannot_feed():
     host = HostModel(typical_shapes([Shape(gpus=1, cpu_milli=10_000)]))  # 0.1 milli-GPU per mcore
     # a: 4 idle GPUs, 40 cores: nothing stranded. b: 2 idle GPUs, 12 cores feed 1,200 milli.
     s = snap(node("a", 4, cpu=40_000), node("b", 2, cpu=12_000))
-    cands = Candidates(np.array([0, 1]), np.array([-1, -1]), np.array([0, 0]))
+    cands = Candidates(np.array([0, 1]), np.array([-1, -1]), np.array([CPU_ONLY, CPU_ONLY]))
     cpu_only = Request("c", "t1", Tier.DEDICATED, Shape(cpu_milli=10_000, mem_mib=1))
     # 10 cores fewer: a feeds 3,000 of its 4,000 idle milli, b 200 of its 2,000.
     assert host.delta(s, cpu_only, cands).tolist() == [1000.0, 1000.0]

@@ -336,17 +336,19 @@ class HostModel:
     def __init__(self, typical: list[TypicalShape]):
         gpu_shapes = [t for t in typical if t.milli > 0]
         gpu = sum(t.freq * t.milli * t.gpus for t in gpu_shapes)
-        cpu = sum(t.freq * max(t.cpu_milli, 1) for t in gpu_shapes)
+        cpu = sum(t.freq * t.cpu_milli for t in gpu_shapes)  # shape_key counts 0 CPU as 100
         self.milli_per_cpu = gpu / cpu if cpu else 0.0  # GPU milli per CPU milli-core
 
     def delta(self, snap: Snapshot, req: Request, cands: Candidates) -> np.ndarray:
-        shape = req.shape
-        used = 0 if shape.cpu_only else (1000 * shape.gpus or shape.gpu_milli)
         nodes = cands.node
         k = self.milli_per_cpu
+        if not k:  # no typical GPU work: nothing to feed
+            return np.zeros(len(nodes))
+        shape = req.shape
         idle = snap.gpu_free[nodes].clip(0).sum(axis=1)  # absent GPUs hold -1
         short = idle - k * snap.node_cpu_free[nodes]  # stranded where positive
-        return np.maximum(short + (k * shape.cpu_milli - used), 0.0) - np.maximum(short, 0.0)
+        after = short + (k * shape.cpu_milli - shape.gpu_milli)
+        return np.maximum(after, 0.0) - np.maximum(short, 0.0)
 
 
 def _distinct_states(snap: Snapshot, cands: Candidates) -> tuple[Candidates, np.ndarray]:
