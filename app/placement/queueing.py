@@ -501,19 +501,18 @@ class _Cycle:
             blocked = all  # it may go to any allowed model: blocked only if all are
         else:
             blocked = any
-        charge = by_model
 
         def over(m: str) -> bool:
             cap = q.cap(m)
-            return cap is not None and self.used(w.tenant, m) + charge[m] > cap
+            return cap is not None and self.used(w.tenant, m) + by_model[m] > cap
 
         def at_share(m: str) -> bool:
             cap = self.fair_caps.get((w.tenant, m))
             return cap is not None and self.used(w.tenant, m) >= cap
 
-        if q.limit and blocked(over(m) for m in charge):
+        if q.limit and blocked(over(m) for m in by_model):
             return "over its tenant's limit"
-        if self.fair_caps and blocked(at_share(m) for m in charge):
+        if self.fair_caps and blocked(at_share(m) for m in by_model):
             return "at its fair share while other tenants wait"
         return None
 
