@@ -98,3 +98,27 @@ def test_cli_prints_the_figures_and_the_comparison(tmp_path):
     assert lines[4]["jct_ratio"] == round(lines[2]["mean_jct_s"] / lines[0]["mean_jct_s"], 4)
     bad = CliRunner().invoke(cli, ["sim", "philly", "--policy", "nope"])
     assert bad.exit_code == 2
+
+
+def test_cli_share_cap_sets_the_ceiling_of_every_policy_but_the_references(tmp_path):
+    trace = str(_contended(tmp_path))
+
+    def run(*extra):
+        res = CliRunner().invoke(
+            cli, ["sim", "philly", "--jobs", trace, "--nodes", "4", "--json", *extra]
+        )
+        assert res.exit_code == 0, res.output
+        return {x["policy"]: x for x in map(json.loads, res.output.splitlines()) if x.get("policy")}
+
+    plain = run("--policy", "fifo,default,strict-share")
+    capped = run("--policy", "fifo,default,strict-share", "--share-cap", "1.0")
+    lifted = run("--policy", "strict-share", "--share-cap", "none")
+    assert [plain[p]["share_cap"] for p in ("fifo", "default", "strict-share")] == [None, None, 1.1]
+    assert [capped[p]["share_cap"] for p in ("fifo", "default", "strict-share")] == [None, 1.0, 1.0]
+    assert lifted["strict-share"]["share_cap"] is None
+    assert capped["fifo"]["mean_jct_s"] == plain["fifo"]["mean_jct_s"]
+    # The ceiling holds the over-served tenant back: the default's figures change with it.
+    assert capped["default"]["max_share_deviation"] < plain["default"]["max_share_deviation"]
+    for bad in ("0.5", "many"):
+        res = CliRunner().invoke(cli, ["sim", "philly", "--jobs", trace, "--share-cap", bad])
+        assert res.exit_code == 2, bad

@@ -149,13 +149,24 @@ def bench_placement(
     _emit(median, as_json)
 
 
-def _philly_one(args: tuple[str, str | None, float, int, str]) -> dict:
+# The reference baselines: the others are compared with fifo, and --share-cap leaves these as
+# they are.
+REFERENCES = ("fifo", "priority")
+
+
+def _philly_one(args: tuple[str, str | None, float, int, str, str | None]) -> dict:
+    from dataclasses import replace
+
+    from app.placement.queueing import BASELINES
     from app.placement.sim import philly
 
-    jobs_file, window, scale, nodes, policy = args
+    jobs_file, window, scale, nodes, policy, share_cap = args
     jobs = philly.load_jobs(Path(jobs_file), philly.parse_window(window), scale)
     tenants = philly.quotas(jobs, nodes * philly.GPUS_PER_NODE)
-    out = philly.replay(jobs, nodes, policy, tenants).as_dict()
+    config = BASELINES[policy]
+    if share_cap is not None and policy not in REFERENCES:
+        config = replace(config, share_cap=None if share_cap == "none" else float(share_cap))
+    out = philly.replay(jobs, nodes, policy, tenants, config).as_dict()
     out.update(window=window or "all", scale=scale, nodes=nodes)
     return out
 
@@ -175,6 +186,11 @@ def philly_cmd(
     ),
     scale: float = typer.Option(1.0, help="Divide arrival times by this (compresses time)."),
     parallel: int = typer.Option(1, help="Policies replayed in parallel (processes)."),
+    share_cap: str | None = typer.Option(
+        None,
+        help="Fair-share ceiling for every policy but fifo and priority: a number >= 1, or "
+        "'none' for none (default: each policy's own).",
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="One JSON object per policy, then a summary."
     ),
@@ -190,7 +206,15 @@ def philly_cmd(
     if scale <= 0:
         err.print("[red]--scale must be positive[/red]")
         raise typer.Exit(2)
-    runs = [(str(jobs_file), window, scale, nodes, p) for p in names]
+    if share_cap is not None and share_cap != "none":
+        try:
+            cap_ok = float(share_cap) >= 1
+        except ValueError:
+            cap_ok = False
+        if not cap_ok:
+            err.print(f"[red]--share-cap is a number >= 1 or 'none', not {share_cap!r}[/red]")
+            raise typer.Exit(2)
+    runs = [(str(jobs_file), window, scale, nodes, p, share_cap) for p in names]
     if parallel > 1 and len(runs) > 1:
         with ProcessPoolExecutor(min(parallel, len(runs))) as pool:
             results = list(pool.map(_philly_one, runs))
@@ -201,7 +225,7 @@ def philly_cmd(
         _emit(r, as_json)
     f = by.get("fifo")
     for name in names:
-        if f is None or name in ("fifo", "priority"):
+        if f is None or name in REFERENCES:
             continue
         d = by[name]
         summary = {

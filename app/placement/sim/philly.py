@@ -188,6 +188,8 @@ class Result:
     jobs: int
     finished: int
     gpus: int
+    share_cap: float | None  # the configuration's fair-share ceiling (None: work-conserving)
+    priority_across_tenants: bool
     jct: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     big_gang_wait_ratio: float = 0.0
@@ -216,6 +218,8 @@ class Result:
         worst = max((abs(v["ratio"] - 1) for v in tracked.values()), default=0.0)
         return {
             "policy": self.policy,
+            "share_cap": self.share_cap,
+            "priority_across_tenants": self.priority_across_tenants,
             "jobs": self.jobs,
             "finished": self.finished,
             "gpus": self.gpus,
@@ -252,17 +256,25 @@ class Result:
         }
 
 
-def replay(jobs: list[Job], nodes: int, policy: str, tenants: dict[str, TenantQuota]) -> Result:
-    """Replay `jobs` on `nodes` 8-GPU nodes under the named queueing policy."""
+def replay(
+    jobs: list[Job],
+    nodes: int,
+    policy: str,
+    tenants: dict[str, TenantQuota],
+    config: QueueConfig | None = None,
+) -> Result:
+    """Replay `jobs` on `nodes` 8-GPU nodes under the named queueing policy (its configuration
+    from `BASELINES`, or `config` when given)."""
     start_wall = time.perf_counter()
     jobs = [
         Job(**{k: v for k, v in vars(j).items() if k != "workload"}) for j in jobs
     ]  # fresh state per policy
-    config: QueueConfig = BASELINES[policy]
+    if config is None:
+        config = BASELINES[policy]
     snap = Snapshot(fleet(nodes))
     sched = Scheduler(snap, tenants, config)
     gpus = nodes * GPUS_PER_NODE
-    res = Result(policy, len(jobs), 0, gpus)
+    res = Result(policy, len(jobs), 0, gpus, config.share_cap, config.priority_across_tenants)
     by_id = {f"j{j.idx}": j for j in jobs}
     events: list[tuple[float, int, int, str, int]] = []  # (t, order, seq, job id, version)
     seq = 0
