@@ -21,5 +21,5 @@ if [[ -n "${SHARE_CAP:-}" ]]; then
 fi
 mkdir -p "$OUT"
 "$RP" sim philly --jobs "$JOBS" --window "$WINDOW" --nodes "$NODES" --policy "$POLICIES" \
-  "${CAP[@]}" --parallel 2 --json \
+  ${CAP[@]+"${CAP[@]}"} --parallel 2 --json \
   | tee "$OUT/philly_${WINDOW/:/-}_${NODES}n${SUFFIX}.jsonl"

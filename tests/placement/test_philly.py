@@ -110,15 +110,20 @@ def test_cli_share_cap_sets_the_ceiling_of_every_policy_but_the_references(tmp_p
         assert res.exit_code == 0, res.output
         return {x["policy"]: x for x in map(json.loads, res.output.splitlines()) if x.get("policy")}
 
-    plain = run("--policy", "fifo,default,strict-share")
-    capped = run("--policy", "fifo,default,strict-share", "--share-cap", "1.0")
+    names = ("fifo", "priority", "default", "strict-share")
+    plain = run("--policy", ",".join(names))
+    capped = run("--policy", ",".join(names), "--share-cap", "1.0")
     lifted = run("--policy", "strict-share", "--share-cap", "none")
-    assert [plain[p]["share_cap"] for p in ("fifo", "default", "strict-share")] == [None, None, 1.1]
-    assert [capped[p]["share_cap"] for p in ("fifo", "default", "strict-share")] == [None, 1.0, 1.0]
+    assert [plain[p]["share_cap"] for p in names] == [None, None, None, 1.1]
+    assert [capped[p]["share_cap"] for p in names] == [None, None, 1.0, 1.0]
     assert lifted["strict-share"]["share_cap"] is None
-    assert capped["fifo"]["mean_jct_s"] == plain["fifo"]["mean_jct_s"]
+    # Only the ceiling changes: strict-share keeps its priority scoped to the tenant.
+    assert capped["strict-share"]["priority_across_tenants"] is False
+    assert lifted["strict-share"]["priority_across_tenants"] is False
+    for ref in ("fifo", "priority"):
+        assert capped[ref]["mean_jct_s"] == plain[ref]["mean_jct_s"], ref
     # The ceiling holds the over-served tenant back: the default's figures change with it.
     assert capped["default"]["max_share_deviation"] < plain["default"]["max_share_deviation"]
-    for bad in ("0.5", "many"):
+    for bad in ("0.5", "many", "nan", "inf"):
         res = CliRunner().invoke(cli, ["sim", "philly", "--jobs", trace, "--share-cap", bad])
         assert res.exit_code == 2, bad

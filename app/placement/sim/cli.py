@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -154,18 +155,32 @@ def bench_placement(
 REFERENCES = ("fifo", "priority")
 
 
-def _philly_one(args: tuple[str, str | None, float, int, str, str | None]) -> dict:
+def _share_cap(text: str) -> float | None:
+    """--share-cap's value: None for 'none', else a finite number >= 1."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        cap = float(text)
+    except ValueError:
+        cap = math.nan
+    if not (math.isfinite(cap) and cap >= 1):
+        err.print(f"[red]--share-cap is a finite number >= 1 or 'none', not {text!r}[/red]")
+        raise typer.Exit(2)
+    return cap
+
+
+def _philly_one(args: tuple[str, str | None, float, int, str, bool, float | None]) -> dict:
     from dataclasses import replace
 
     from app.placement.queueing import BASELINES
     from app.placement.sim import philly
 
-    jobs_file, window, scale, nodes, policy, share_cap = args
+    jobs_file, window, scale, nodes, policy, override, share_cap = args
     jobs = philly.load_jobs(Path(jobs_file), philly.parse_window(window), scale)
     tenants = philly.quotas(jobs, nodes * philly.GPUS_PER_NODE)
     config = BASELINES[policy]
-    if share_cap is not None and policy not in REFERENCES:
-        config = replace(config, share_cap=None if share_cap == "none" else float(share_cap))
+    if override and policy not in REFERENCES:
+        config = replace(config, share_cap=share_cap)
     out = philly.replay(jobs, nodes, policy, tenants, config).as_dict()
     out.update(window=window or "all", scale=scale, nodes=nodes)
     return out
@@ -206,15 +221,11 @@ def philly_cmd(
     if scale <= 0:
         err.print("[red]--scale must be positive[/red]")
         raise typer.Exit(2)
-    if share_cap is not None and share_cap != "none":
-        try:
-            cap_ok = float(share_cap) >= 1
-        except ValueError:
-            cap_ok = False
-        if not cap_ok:
-            err.print(f"[red]--share-cap is a number >= 1 or 'none', not {share_cap!r}[/red]")
-            raise typer.Exit(2)
-    runs = [(str(jobs_file), window, scale, nodes, p, share_cap) for p in names]
+    override = share_cap is not None
+    cap = _share_cap(share_cap) if share_cap is not None else None
+    if override and all(p in REFERENCES for p in names):
+        err.print("[yellow]--share-cap leaves fifo and priority as they are[/yellow]")
+    runs = [(str(jobs_file), window, scale, nodes, p, override, cap) for p in names]
     if parallel > 1 and len(runs) > 1:
         with ProcessPoolExecutor(min(parallel, len(runs))) as pool:
             results = list(pool.map(_philly_one, runs))
@@ -230,6 +241,7 @@ def philly_cmd(
         d = by[name]
         summary = {
             "summary": f"{name} vs fifo",
+            "share_cap": d["share_cap"],
             "jct_ratio": round(d["mean_jct_s"] / f["mean_jct_s"], 4) if f["mean_jct_s"] else None,
             "utilisation_delta": round(d["utilisation"] - f["utilisation"], 4),
             # The same without the GPU time that evictions threw away.
