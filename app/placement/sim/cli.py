@@ -7,13 +7,18 @@ import math
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from app.placement.policies import DEFAULT_POLICY, POLICIES
+
+if TYPE_CHECKING:
+    from app.placement.queueing import QueueConfig
 
 sim_cli = typer.Typer(
     help="Replay public GPU-cluster traces through the placement engine.", no_args_is_help=True
@@ -169,18 +174,12 @@ def _share_cap(text: str) -> float | None:
     return cap
 
 
-def _philly_one(args: tuple[str, str | None, float, int, str, bool, float | None]) -> dict:
-    from dataclasses import replace
-
-    from app.placement.queueing import BASELINES
+def _philly_one(args: tuple[str, str | None, float, int, str, QueueConfig]) -> dict:
     from app.placement.sim import philly
 
-    jobs_file, window, scale, nodes, policy, override, share_cap = args
+    jobs_file, window, scale, nodes, policy, config = args
     jobs = philly.load_jobs(Path(jobs_file), philly.parse_window(window), scale)
     tenants = philly.quotas(jobs, nodes * philly.GPUS_PER_NODE)
-    config = BASELINES[policy]
-    if override and policy not in REFERENCES:
-        config = replace(config, share_cap=share_cap)
     out = philly.replay(jobs, nodes, policy, tenants, config).as_dict()
     out.update(window=window or "all", scale=scale, nodes=nodes)
     return out
@@ -221,11 +220,15 @@ def philly_cmd(
     if scale <= 0:
         err.print("[red]--scale must be positive[/red]")
         raise typer.Exit(2)
-    override = share_cap is not None
-    cap = _share_cap(share_cap) if share_cap is not None else None
-    if override and all(p in REFERENCES for p in names):
-        err.print("[yellow]--share-cap leaves fifo and priority as they are[/yellow]")
-    runs = [(str(jobs_file), window, scale, nodes, p, override, cap) for p in names]
+    configs = {p: BASELINES[p] for p in names}
+    if share_cap is not None:
+        cap = _share_cap(share_cap)
+        if all(p in REFERENCES for p in names):
+            err.print("[yellow]--share-cap leaves fifo and priority as they are[/yellow]")
+        for p in names:
+            if p not in REFERENCES:
+                configs[p] = replace(configs[p], share_cap=cap)
+    runs = [(str(jobs_file), window, scale, nodes, p, configs[p]) for p in names]
     if parallel > 1 and len(runs) > 1:
         with ProcessPoolExecutor(min(parallel, len(runs))) as pool:
             results = list(pool.map(_philly_one, runs))
