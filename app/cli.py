@@ -117,9 +117,12 @@ def up(
     """Migrate, seed a demo on first start, and run the API, a Celery worker and beat."""
     import uvicorn
 
+    from app.core.secrets import check_server_secrets
+
     settings = get_settings()
     host = host or settings.api_host
     port = port or settings.api_port
+    check_server_secrets()  # before anything is written: no key may be hashed without a pepper
     migrate_db()
     seeded = seed_demo() if settings.seed_demo else None
     base = f"http://{host}:{port}"
@@ -453,7 +456,13 @@ def openapi(
 
 
 def main() -> None:
-    cli()
+    from app.core.secrets import MissingSecret
+
+    try:
+        cli()
+    except MissingSecret as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -17,6 +19,7 @@ from app.core.middleware import (
     ConcurrencyLimitMiddleware,
     RequestContextMiddleware,
 )
+from app.core.secrets import check_server_secrets
 from app.fleet import router as fleet
 from app.fleet.document import FleetDocument
 from app.health import router as health
@@ -34,10 +37,17 @@ Authenticate with an API key: `Authorization: Bearer rp_...`. Errors are RFC 945
 """
 
 
+@asynccontextmanager
+async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    # Refuse to serve without the server secrets (on PostgreSQL they must be configured).
+    check_server_secrets()
+    yield
+
+
 def create_app() -> FastAPI:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
-    app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION)
+    app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan)
     install_error_handlers(app)
     # Routes match in order, one by one: the hottest (workloads) first.
     for module in (workloads, health, tenants, keys, fleet, metering, billing):

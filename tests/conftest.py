@@ -58,6 +58,9 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_LOG_JSON": "true",
             "RACKPLANE_LOG_LEVEL": "WARNING",
             "RACKPLANE_SEED_DEMO": "false",
+            # PostgreSQL refuses to start without the server secrets.
+            "RACKPLANE_KEY_PEPPER": f"test-pepper-{RUN_ID}-{secrets.token_hex(8)}",
+            "RACKPLANE_SECRET_KEY": f"test-secret-{RUN_ID}-{secrets.token_hex(8)}",
             # Quick machines and short grace periods, so lifecycles finish within a test.
             "RACKPLANE_SIM_BOOT_SECONDS": "0.3",
             "RACKPLANE_PREEMPTION_GRACE": "1",

@@ -39,8 +39,11 @@ class Settings(BaseSettings):
     # key or tenant ends that at once everywhere, through an epoch in Redis (app/tenancy/auth.py);
     # without Redis nothing is cached.
     auth_cache_seconds: float = Field(default=30.0, ge=0, alias="RACKPLANE_AUTH_CACHE_SECONDS")
-    # Optional server-side secret mixed into API-key hashes (a "pepper").
+    # Server secrets (app/core/secrets.py): the pepper mixed into API-key hashes, and the key
+    # that encrypts stored responses. Generated in the data directory on the embedded default;
+    # required on PostgreSQL.
     key_pepper: str = Field(default="", alias="RACKPLANE_KEY_PEPPER")
+    secret_key: str = Field(default="", alias="RACKPLANE_SECRET_KEY")
     idempotency_ttl_hours: int = Field(default=24, alias="RACKPLANE_IDEMPOTENCY_TTL_HOURS")
     seed_demo: bool = Field(default=True, alias="RACKPLANE_SEED_DEMO")
     celery_always_eager: bool = Field(default=False, alias="RACKPLANE_CELERY_EAGER")

@@ -6,6 +6,10 @@ no one. A sync endpoint that takes the request's session (`Depends(session_depen
 wrapped here so that the commit, and what it releases (outbox messages, kicks), runs on the
 endpoint's own worker thread as soon as it returns: before the response is serialised or sent,
 and without a second thread-pool hop. `session_dependency` then only cleans up.
+
+Every endpoint is also where a stored `Idempotency-Key` result is replayed (REPLAY, set by the
+idempotency middleware): only after FastAPI has solved the route's dependencies, so a replay
+reaches only a caller who authenticated and holds the scope the route asks for now.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from fastapi import APIRouter, params
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from app.core.db import finish_request_session, session_dependency
@@ -39,12 +45,39 @@ def _committing(endpoint: Callable[..., Any], name: str) -> Callable[..., Any]:
     return run
 
 
+# The stored response to send instead of running the endpoint: (status, headers, body).
+REPLAY: ContextVar[tuple[int, dict[str, str], bytes] | None] = ContextVar("replay", default=None)
+
+
+def _stored(replay: tuple[int, dict[str, str], bytes]) -> Response:
+    status, headers, body = replay
+    return Response(body, status, headers={**headers, "Idempotent-Replayed": "true"})
+
+
+def _replaying(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(endpoint):
+
+        @functools.wraps(endpoint)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            replay = REPLAY.get()
+            return _stored(replay) if replay else await endpoint(*args, **kwargs)
+
+        return run_async
+
+    @functools.wraps(endpoint)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        replay = REPLAY.get()
+        return _stored(replay) if replay else endpoint(*args, **kwargs)
+
+    return run
+
+
 class UnitOfWorkRoute(APIRoute):
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         names = _session_params(endpoint)
         if names and not inspect.iscoroutinefunction(endpoint):
             endpoint = _committing(endpoint, names[0])
-        super().__init__(path, endpoint, **kwargs)
+        super().__init__(path, _replaying(endpoint), **kwargs)
 
 
 def api_router(**kwargs: Any) -> APIRouter:

@@ -1,42 +1,112 @@
-"""`Idempotency-Key` for POST: the same key and body replay the first response; the same key
-with another body is a 409. Records are per API key and kept for a configured time."""
+"""`Idempotency-Key` for POST, PATCH and DELETE: the same key and request replay the first
+response; the same key with another request is a 409.
+
+- **Authenticated first.** The key is checked before anything is claimed or replayed, and a
+  stored response is handed back only by the route itself, after its own authentication and
+  scope checks have passed (`app.core.routing.REPLAY`). A malformed, unknown, revoked or expired
+  key gets no idempotency at all: the route answers 401 as it would without the header.
+- **Scoped per account, as Stripe does**: a tenant's keys share one namespace (the same
+  Idempotency-Key sent with two keys of one tenant is one request), operators share another.
+- **Anonymous requests** (signup) are keyed by their content, and their replays never carry
+  a secret: nothing proves that the caller replaying a signup is the one who sent it (the body
+  and an Idempotency-Key are no credential; keys turn up in logs and proxies), so the API key
+  a signup created is shown only in the first response. The replay says what was created.
+- **No secret at rest**: stored bodies are sealed with AES-GCM under a server secret, bound to
+  their namespace and key, so a database dump holds no usable API key.
+- **Canonical requests**: JSON bodies are compared by content (key order and whitespace do not
+  matter), content types by media type (parameters such as `charset` do not matter).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import timedelta
 
 import anyio
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.config import get_settings
 from app.core.db import get_sessionmaker, utcnow
+from app.core.errors import AppError
 from app.core.middleware import replay_body, send_problem
+from app.core.routing import REPLAY
+from app.core.secrets import seal, unseal
 from app.idempotency.models import IdempotencyRecord
-from app.tenancy.auth import parse_prefix
+from app.tenancy.auth import AUTH_STATE, AuthContext, extract_key, parse_prefix, resolve_key
 
 # A first request still marked in flight after this long is presumed dead; its key may be reused.
 IN_FLIGHT_TIMEOUT = timedelta(seconds=60)
+METHODS = frozenset({"POST", "PATCH", "DELETE"})
 _REPLAYED_HEADERS = {b"content-type", b"location"}
+_PURPOSE = "idempotency"
 
 
-def _principal(scope: Scope, body_hash: str) -> str:
-    headers = dict(scope["headers"])
-    raw = headers.get(b"authorization", b"").decode("latin-1")
-    key = (
-        raw.partition(" ")[2].strip()
-        if raw.lower().startswith("bearer ")
-        else headers.get(b"x-api-key", b"").decode("latin-1")
-    )
-    prefix = parse_prefix(key) if key else None
-    # Anonymous requests (signup) are keyed by their content, so nobody can replay another's.
-    return f"key:{prefix}" if prefix else f"anon:{body_hash[:32]}"
+def media_type(raw: bytes) -> bytes:
+    """`Application/JSON; charset=utf-8` -> `application/json`."""
+    return raw.split(b";", 1)[0].strip().lower()
+
+
+def canonical_body(content_type: bytes, body: bytes) -> bytes:
+    """The body as compared: JSON by content, anything else byte for byte."""
+    if body and (content_type.endswith(b"/json") or content_type.endswith(b"+json")):
+        try:
+            value = json.loads(body)
+        except (ValueError, RecursionError):
+            return body
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return body
+
+
+def request_hash(scope: Scope, body: bytes) -> str:
+    ctype = media_type(dict(scope["headers"]).get(b"content-type", b""))
+    h = hashlib.sha256()
+    for part in (
+        scope["method"].encode(),
+        scope["path"].encode(),
+        scope.get("query_string", b""),
+        ctype,
+        canonical_body(ctype, body),
+    ):
+        h.update(part + b"\x00")
+    return h.hexdigest()
+
+
+def namespace(ctx: AuthContext | None, req_hash: str) -> str:
+    """Whose records these are: the tenant's, the operators', or (anonymous) this content's."""
+    if ctx is None:
+        return f"anon:{req_hash[:32]}"
+    return f"tenant:{ctx.tenant_id}" if ctx.tenant_id is not None else "platform"
+
+
+def withhold_secrets(body: bytes) -> bytes:
+    """The body with every API key in it replaced by null (what anonymous replays get)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return body
+
+    def walk(v):
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, str) and parse_prefix(v) is not None:
+            return None
+        return v
+
+    return json.dumps(walk(value)).encode()
+
+
+def _context(principal: str, key: str) -> bytes:
+    return f"{principal}\x00{key}".encode()
 
 
 def _claim(principal: str, key: str, req_hash: str):
-    """Insert the in-flight record, or return what stands in the way: ('replay', rec),
+    """Insert the in-flight record, or return what stands in the way: ('replay', stored),
     ('mismatch', None), ('in_flight', None). Returns ('claimed', None) on success."""
     ttl = timedelta(hours=get_settings().idempotency_ttl_hours)
     with get_sessionmaker()() as s:
@@ -67,6 +137,10 @@ def _claim(principal: str, key: str, req_hash: str):
             stale = (rec.completed_at is not None and now - created > ttl) or (
                 rec.completed_at is None and now - created > IN_FLIGHT_TIMEOUT
             )
+            body = None
+            if rec.completed_at is not None:
+                body = unseal(_PURPOSE, rec.response_body or b"", _context(principal, key))
+                stale = stale or body is None  # sealed under a secret since replaced: forgotten
             if stale:
                 s.execute(delete(IdempotencyRecord).where(IdempotencyRecord.id == rec.id))
                 s.commit()
@@ -75,7 +149,7 @@ def _claim(principal: str, key: str, req_hash: str):
                 return "mismatch", None
             if rec.completed_at is None:
                 return "in_flight", None
-            return "replay", (rec.status_code, rec.response_headers, rec.response_body)
+            return "replay", (rec.status_code, rec.response_headers or {}, body)
         return "in_flight", None
 
 
@@ -83,13 +157,15 @@ def _finish(principal: str, key: str, status: int, headers: dict, body: bytes) -
     with get_sessionmaker()() as s:
         cond = (IdempotencyRecord.principal == principal, IdempotencyRecord.key == key)
         if 200 <= status < 300:
+            if principal.startswith("anon:"):
+                body = withhold_secrets(body)
             s.execute(
                 update(IdempotencyRecord)
                 .where(*cond)
                 .values(
                     status_code=status,
                     response_headers=headers,
-                    response_body=body,
+                    response_body=seal(_PURPOSE, body, _context(principal, key)),
                     completed_at=utcnow(),
                 )
             )
@@ -103,20 +179,29 @@ class IdempotencyMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["method"] not in METHODS:
             return await self.app(scope, receive, send)
         key_raw = dict(scope["headers"]).get(b"idempotency-key")
         if key_raw is None:
             return await self.app(scope, receive, send)
         key = key_raw.decode("latin-1").strip()
-        if not 1 <= len(key) <= 255:
+        if not 1 <= len(key) <= 255 or not key.isprintable():
             return await send_problem(
                 send,
                 400,
                 "invalid_idempotency_key",
                 "Invalid Idempotency-Key",
-                "Idempotency-Key must be 1 to 255 characters.",
+                "Idempotency-Key must be 1 to 255 printable characters.",
+                instance=scope["path"],
             )
+        api_key = extract_key(Request(scope))
+        ctx: AuthContext | None = None
+        if api_key:
+            try:
+                ctx = await resolve_key(api_key)
+            except AppError:  # not a live key: the route answers 401, nothing is claimed
+                return await self.app(scope, receive, send)
+            scope.setdefault("state", {})[AUTH_STATE] = ctx
         chunks = []
         while True:
             message = await receive()
@@ -126,17 +211,8 @@ class IdempotencyMiddleware:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
-        h = hashlib.sha256()
-        for part in (
-            scope["method"].encode(),
-            scope["path"].encode(),
-            scope.get("query_string", b""),
-            dict(scope["headers"]).get(b"content-type", b""),
-            body,
-        ):
-            h.update(part + b"\x00")
-        req_hash = h.hexdigest()
-        principal = _principal(scope, req_hash)
+        req_hash = request_hash(scope, body)
+        principal = namespace(ctx, req_hash)
         outcome, rec = await anyio.to_thread.run_sync(_claim, principal, key, req_hash)
         if outcome == "mismatch":
             return await send_problem(
@@ -145,6 +221,7 @@ class IdempotencyMiddleware:
                 "idempotency_key_reused",
                 "Idempotency-Key reused",
                 "This Idempotency-Key was already used with a different request body or path.",
+                instance=scope["path"],
             )
         if outcome == "in_flight":
             return await send_problem(
@@ -154,23 +231,14 @@ class IdempotencyMiddleware:
                 "Request in progress",
                 "A request with this Idempotency-Key is still being processed; retry shortly.",
                 headers=[(b"retry-after", b"1")],
+                instance=scope["path"],
             )
-        if outcome == "replay":
-            status, headers, rbody = rec
-            hdrs = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": status,
-                    "headers": [
-                        *hdrs,
-                        (b"content-length", str(len(rbody or b"")).encode()),
-                        (b"idempotent-replayed", b"true"),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": rbody or b""})
-            return
+        if outcome == "replay":  # the route hands it back once its own checks have passed
+            token = REPLAY.set(rec)
+            try:
+                return await self.app(scope, replay_body(body, receive), send)
+            finally:
+                REPLAY.reset(token)
 
         status = 500
         resp_headers: dict[str, str] = {}

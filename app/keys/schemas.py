@@ -50,3 +50,10 @@ class KeyOut(OutModel):
 
 class KeyCreated(KeyOut):
     key: str = Field(description="The secret API key. Shown once; only a hash is stored.")
+
+
+class SignupKey(KeyOut):
+    key: str | None = Field(
+        description="The secret API key, shown once. Null when an `Idempotency-Key` replays the "
+        "signup: a replay proves nothing about who sends it, so it never repeats a secret."
+    )

@@ -25,6 +25,7 @@ from app.core.config import get_settings
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.errors import Forbidden, Unauthorized
 from app.core.logging import get_logger
+from app.core.secrets import server_secret
 
 log = get_logger(__name__)
 
@@ -53,8 +54,7 @@ def generate_key() -> tuple[str, str, str]:
 
 
 def hash_secret(full_key: str) -> str:
-    pepper = get_settings().key_pepper.encode()
-    return hmac.new(pepper, full_key.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(server_secret("key_pepper"), full_key.encode(), hashlib.sha256).hexdigest()
 
 
 def parse_prefix(full_key: str) -> str | None:
@@ -111,14 +111,26 @@ async def authenticate(
     _b: HTTPAuthorizationCredentials | None = Depends(_bearer),
     _h: str | None = Depends(_header),
 ) -> AuthContext:
-    """The caller's AuthContext: from this process's cache when the key was checked in the
-    last `auth_cache_seconds` and none of the rows it is read from has changed since (no I/O),
-    else from the database (on a worker thread)."""
+    """The caller's AuthContext (see `resolve_key`). A middleware that needed it first (the
+    idempotency check) leaves it on the request, so the key is checked once per request."""
+    ctx = request.scope.get("state", {}).get(AUTH_STATE)
+    if ctx is not None:
+        return ctx
     raw = extract_key(request)
     if not raw:
         raise Unauthorized(
             "Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key"
         )
+    return await resolve_key(raw)
+
+
+AUTH_STATE = "auth_context"
+
+
+async def resolve_key(raw: str) -> AuthContext:
+    """The AuthContext of an API key: from this process's cache when the key was checked in the
+    last `auth_cache_seconds` and none of the rows it is read from has changed since (no I/O),
+    else from the database (on a worker thread). Unauthorized when it is not a live key."""
     prefix = parse_prefix(raw)
     if prefix is None:
         raise Unauthorized("The API key is malformed.", code="invalid_api_key")

@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 from app.core.db import session_dependency
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
-from app.keys.schemas import KeyCreated
+from app.keys.schemas import SignupKey
 from app.keys.service import create_key
 from app.tenancy.auth import AuthContext, platform, tenant_read_any_status
 from app.tenancy.scoping import get_owned, scoped_select
@@ -21,7 +21,7 @@ admin = api_router(prefix="/v1/admin", tags=["admin: tenants"])
 
 class SignupResponse(BaseModel):
     tenant: TenantOut
-    api_key: KeyCreated
+    api_key: SignupKey
 
 
 @router.post(
@@ -39,7 +39,9 @@ def signup(body: SignupRequest, session: Session = Depends(session_dependency)) 
         status=TenantStatus.pending.value,
     )
     key = create_key(session, tenant_id=tenant.id, name="signup", scopes=["read", "write", "admin"])
-    return SignupResponse(tenant=TenantOut.model_validate(tenant), api_key=key)
+    return SignupResponse(
+        tenant=TenantOut.model_validate(tenant), api_key=SignupKey(**key.model_dump())
+    )
 
 
 @router.get("/tenant", response_model=TenantOut, summary="The calling tenant")

@@ -97,6 +97,11 @@ class ScratchDeployment:
             "RACKPLANE_PLACEMENT_TICK": "1",
             "RACKPLANE_LOG_LEVEL": "INFO",
             "RACKPLANE_LOG_JSON": "true",
+            # A scratch deployment on PostgreSQL needs its own server secrets (or the caller's).
+            "RACKPLANE_KEY_PEPPER": os.environ.get("RACKPLANE_KEY_PEPPER")
+            or secrets.token_urlsafe(32),
+            "RACKPLANE_SECRET_KEY": os.environ.get("RACKPLANE_SECRET_KEY")
+            or secrets.token_urlsafe(32),
             **(env or {}),
         }
         self.procs: list[subprocess.Popen] = []

@@ -187,6 +187,8 @@ def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workloa
 def terminate(session: Session, w: Workload, reason: str = "terminated by the customer") -> None:
     from app.workloads.placement import release
 
+    if w.state == State.terminated.value:  # DELETE is idempotent: a repeat answers as the first
+        return
     held = State(w.state) in HOLDING
     lifecycle.transition(session, w, State.terminated, reason)
     if held and release(session, w, reason="terminated"):
