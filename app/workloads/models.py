@@ -69,6 +69,10 @@ class Workload(TimestampMixin, Base):
     last_checkpoint_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     preempted_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Set when it is evicted (its allocations released for the preemptor): until it stops or
+    # `stop_deadline` passes, no one else starts on the GPUs it held (workloads.provision).
+    evicted_at: Mapped[datetime | None] = mapped_column(default=None)
+    stop_deadline: Mapped[datetime | None] = mapped_column(default=None)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     # The seq of its latest event: the next one is known without reading the timeline.

@@ -527,6 +527,7 @@ def _decide_and_apply(
     for ev in result.evictions:
         w = locked(ev.workload)
         deadline = now + timedelta(seconds=ev.deadline - clock(now))
+        w.evicted_at, w.stop_deadline = now, deadline
         lifecycle.transition(
             session,
             w,
@@ -736,6 +737,42 @@ def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1)
         )
     insert_objects(session, claims)
     session.flush()
+
+
+def grace_left(session: Session, ws: list[Workload], now: datetime) -> dict[uuid.UUID, float]:
+    """The invariant no provider call may break: nothing starts on a GPU before every earlier
+    holder of that GPU has stopped or passed its stop deadline. For each of `ws` (about to be
+    provisioned) that would, the seconds until it may: the latest deadline among evicted
+    workloads still checkpointing whose released allocations share one of its GPUs."""
+    if not ws:
+        return {}
+    mine = session.execute(
+        select(Allocation.workload_id, Allocation.node_id, Allocation.gpu_indices).where(
+            Allocation.workload_id.in_([w.id for w in ws]), Allocation.released_at.is_(None)
+        )
+    ).all()
+    if not mine:
+        return {}
+    held: dict[tuple[uuid.UUID, int], datetime] = {}
+    for node, gpus, deadline in session.execute(
+        select(Allocation.node_id, Allocation.gpu_indices, Workload.stop_deadline)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(
+            Workload.state == State.checkpointing.value,  # not stopped yet: few rows, indexed
+            Workload.stop_deadline > now,
+            Allocation.node_id.in_({node for _, node, _ in mine}),
+            Allocation.released_at >= Workload.evicted_at,  # what it held until its eviction
+        )
+    ):
+        for g in gpus:
+            held[(node, g)] = max(held.get((node, g), deadline), deadline)
+    out: dict[uuid.UUID, float] = {}
+    for wid, node, gpus in mine:
+        for g in gpus:
+            if (node, g) in held:
+                left = (as_aware(held[(node, g)]) - now).total_seconds()
+                out[wid] = max(out.get(wid, 0.0), left)
+    return out
 
 
 def release(

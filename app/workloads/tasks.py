@@ -19,7 +19,7 @@ from app.outbox.service import enqueue, publish
 from app.workloads import lifecycle
 from app.workloads.lifecycle import State
 from app.workloads.models import Workload, WorkloadEvent
-from app.workloads.placement import PlanConflict, release, run_cycle
+from app.workloads.placement import PlanConflict, grace_left, release, run_cycle
 from app.workloads.providers import get_provider
 from app.workloads.service import kick_placement
 
@@ -164,6 +164,19 @@ def provision(workload_ids: list[str] | None = None, workload_id: str | None = N
             {State.placing.value, State.provisioning.value},
         )
         now = utcnow()
+        # Whoever sent this (the cycle, a reconcile, a redelivery), the GPUs' previous holders
+        # keep them until they stop or their grace ends: come back then.
+        wait = grace_left(session, [w for w in ws if w.state == State.placing.value], now)
+        for wid, left in wait.items():
+            log.info("provision_waits_for_grace", workload=str(wid), seconds=round(left, 1))
+            enqueue(
+                session,
+                "workloads.provision",
+                queue="provisioning",
+                countdown=round(left + 0.05, 2),
+                workload_ids=[str(wid)],
+            )
+        ws = [w for w in ws if w.id not in wait]
         moved = [w for w in ws if w.state == State.placing.value]
         for w in moved:
             lifecycle.transition(
