@@ -245,4 +245,5 @@ def test_a_bad_period_is_a_422_problem(client, world):
     key = world.key(world.tenant("period"))
     for period in ("2026-13", "november", "2026-1"):
         r = client.get("/v1/billing/summary", params={"period": period}, headers=auth(key))
-        assert r.status_code == 422 and r.json()["code"] == "invalid_period"
+        assert r.status_code == 422 and r.json()["code"] == "validation_error"
+        assert [e["field"] for e in r.json()["errors"]] == ["query.period"]

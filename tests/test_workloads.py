@@ -204,7 +204,7 @@ def test_impossible_combinations_are_refused_naming_the_rule(client, world, poli
         ({"kind": "instance", "milli": 100}, "body"),
         ({"kind": "instance", "gpus": 1, "replicas": 2}, "body"),
         ({"kind": "instance", "gpus": 1, "topology": {"level": "rack"}}, "body"),
-        ({"kind": "instance", "mig_profile": "5g"}, "body"),
+        ({"kind": "instance", "mig_profile": "5g"}, "body.mig_profile"),
         ({"kind": "instance", "mig_profile": "3g.71gb", "gpu_models": ["H100-80GB"]}, "body"),
         ({"kind": "instance", "gpus": 1, "gpu_models": ["Z80"]}, "body.gpu_models[0]"),
         ({"kind": "pod", "gpus": 1}, "body.kind"),

@@ -28,6 +28,7 @@ from app.billing.schemas import (
 from app.core.db import session_dependency, utcnow
 from app.core.errors import NotFound, ValidationFailed
 from app.core.routing import api_router
+from app.core.schemas import PERIOD_PATTERN
 from app.fleet.models import Region
 from app.metering.service import GPU_HOUR, visible_to
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
@@ -35,6 +36,7 @@ from app.tenancy.scoping import get_owned, scoped_select
 from app.tenants.models import Tenant
 
 router = api_router(prefix="/v1", tags=["billing"])
+PERIOD = Query(..., pattern=PERIOD_PATTERN, description="The month (UTC), e.g. 2026-11")
 admin = api_router(prefix="/v1/admin", tags=["admin: billing"])
 
 
@@ -95,7 +97,7 @@ def _summary(session: Session, auth: AuthContext, period: str, until: datetime |
     summary="Your bill for a month: line items per SKU, tier, region, plan and price version",
 )
 def summary(
-    period: str = Query(..., description="The month, e.g. 2026-11"),
+    period: str = PERIOD,
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
 ) -> dict:
@@ -225,7 +227,7 @@ def _export(session: Session, auth: AuthContext, period: str, fmt: str) -> Strea
     summary="Your month as rows for finance (CSV or JSON lines), streamed",
 )
 def my_export(
-    period: str = Query(..., description="The month, e.g. 2026-11"),
+    period: str = PERIOD,
     format: Literal["csv", "jsonl"] = Query("csv"),
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
@@ -240,7 +242,7 @@ def my_export(
     summary="Every tenant's month as rows for finance (CSV or JSON lines), streamed",
 )
 def admin_export(
-    period: str = Query(..., description="The month, e.g. 2026-11"),
+    period: str = PERIOD,
     format: Literal["csv", "jsonl"] = Query("csv"),
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
@@ -254,7 +256,7 @@ def admin_export(
     summary="Ledger totals against what Stripe was sent, per tenant, meter and month",
 )
 def reconciliation(
-    period: str = Query(..., description="The month, e.g. 2026-11"),
+    period: str = PERIOD,
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:

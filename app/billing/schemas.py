@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
@@ -75,7 +75,20 @@ class BillingSummary(OutModel):
     unpriced_milli_gpu_ms: int
 
 
+def _some_limit_schema(schema: dict[str, Any], model: type) -> None:
+    from app.core.schemas import _strict_schema
+
+    _strict_schema(schema, model)
+    # At least one limit that is a number (not null).
+    schema["anyOf"] = [
+        {"required": [f], "properties": {f: schema["properties"][f]["anyOf"][0]}}
+        for f in ("spend_limit", "gpu_hour_limit")
+    ]
+
+
 class BudgetIn(StrictModel):
+    model_config = {**StrictModel.model_config, "json_schema_extra": _some_limit_schema}
+
     currency: str = Field("usd", pattern=r"^[a-z]{3}$", description="Currency of the spend limit")
     spend_limit: int | None = Field(
         None, ge=0, le=10**15, description="Minor units per month (e.g. cents); null: no limit"

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from app.billing import commitments
 from app.billing.models import Plan, Price
 from app.core.errors import ValidationFailed
+from app.core.schemas import PERIOD_PATTERN
 from app.metering import service as metering
 
 
@@ -36,10 +37,11 @@ def amount(quantity: int, unit_amount: int) -> int:
 
 def period_window(period: str) -> tuple[datetime, datetime]:
     """`YYYY-MM` as [first instant, first instant of the next month) in UTC."""
-    m = re.fullmatch(r"(\d{4})-(\d{2})", period)
-    if not m or not 1 <= int(m.group(2)) <= 12:
-        raise ValidationFailed("period must look like 2026-11.", code="invalid_period")
-    y, mo = int(m.group(1)), int(m.group(2))
+    if not re.fullmatch(PERIOD_PATTERN, period):
+        raise ValidationFailed(
+            "period must be a month from 1970-01 to 2999-12, like 2026-11.", code="invalid_period"
+        )
+    y, mo = int(period[:4]), int(period[5:7])
     start = datetime(y, mo, 1, tzinfo=UTC)
     end = datetime(y + mo // 12, mo % 12 + 1, 1, tzinfo=UTC)
     return start, end

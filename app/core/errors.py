@@ -146,9 +146,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code, title = _HTTP_CODES.get(exc.status_code, ("http_error", "HTTP error"))
         detail = exc.detail if isinstance(exc.detail, str) else title
-        return problem_response(
-            exc.status_code, code, title, detail, request, headers=getattr(exc, "headers", None)
-        )
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route whose path matched; every route of this
+            # path counts.
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return problem_response(exc.status_code, code, title, detail, request, headers=headers)
 
     @app.exception_handler(IntegrityError)
     async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
@@ -182,6 +185,18 @@ def install_error_handlers(app: FastAPI) -> None:
             "An unexpected error occurred; it has been logged.",
             request,
         )
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers on this request's path."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 def _is_unavailable(exc: BaseException) -> bool:

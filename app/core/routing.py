@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, params
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from starlette.convertors import Convertor, register_url_convertor
 
 from app.core.db import finish_request_session, session_dependency
 
@@ -43,6 +44,22 @@ def _committing(endpoint: Callable[..., Any], name: str) -> Callable[..., Any]:
         return result
 
     return run
+
+
+class _Segment(Convertor[str]):
+    """`{name:segment}`: one path segment without a colon, so `/tenants/{id}` leaves
+    `/tenants/{id}:approve` (a custom method, AIP-136 style) to its own route."""
+
+    regex = "[^/:]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("segment", _Segment())
 
 
 # The stored response to send instead of running the endpoint: (status, headers, body).

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import Select, tuple_
 from sqlalchemy.orm import Session
 
@@ -18,10 +18,63 @@ from app.core.errors import AppError
 T = TypeVar("T")
 
 
-class StrictModel(BaseModel):
-    """Request bodies: unknown fields are an error, not silently dropped."""
+# Text the API takes: no NUL character (PostgreSQL cannot store one in text, and no name, label
+# or reason needs it). Every free string of a request body says so in the OpenAPI document.
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+# Billing months: YYYY-MM from 1970-01 to 2999-12 (a window the ledger's instants can hold).
+PERIOD_PATTERN = r"^(19[7-9][0-9]|2[0-9]{3})-(0[1-9]|1[0-2])$"
+# Cursors are this API's own: URL-safe base64 of a small JSON array.
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,512}$"
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+def text_query(default: Any = None, *, max_length: int = 64, **kwargs: Any) -> Any:
+    """A free-text query parameter: bounded, and (as in bodies) no NUL character."""
+    return Query(default, max_length=max_length, pattern=NO_NUL_PATTERN, **kwargs)
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _no_nul_in_schema(node: Any) -> None:
+    """Add NO_NUL_PATTERN to every free string schema (no pattern, format, enum or const)."""
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return
+        if node.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(node):
+            node["pattern"] = NO_NUL_PATTERN
+        for key, value in node.items():
+            if key not in ("examples", "default"):
+                _no_nul_in_schema(value)
+    elif isinstance(node, list):
+        for value in node:
+            _no_nul_in_schema(value)
+
+
+def _strict_schema(schema: dict[str, Any], _model: type) -> None:
+    _no_nul_in_schema(schema.get("properties", {}))
+
+
+class StrictModel(BaseModel):
+    """Request bodies: unknown fields are an error, not silently dropped, and no text holds a
+    NUL character (a clear 422 naming the field, instead of the database's refusal)."""
+
+    model_config = ConfigDict(
+        extra="forbid", str_strip_whitespace=True, json_schema_extra=_strict_schema
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        if _has_nul(value):
+            raise ValueError("text may not contain the NUL character (U+0000)")
+        return value
 
 
 class OutModel(BaseModel):
@@ -40,7 +93,9 @@ class PageParams:
         self,
         limit: int = Query(50, ge=1, le=500, description="Page size."),
         cursor: str | None = Query(
-            None, description="Opaque cursor from a previous page's `next_cursor`."
+            None,
+            pattern=CURSOR_PATTERN,
+            description="Opaque cursor from a previous page's `next_cursor`.",
         ),
     ):
         self.limit = limit

@@ -24,15 +24,17 @@ Name = Annotated[
 
 class NodeSpec(StrictModel):
     name: Name
-    gpu_model: str | None = Field(None, description="Defaults to the rack's gpu_model.")
+    gpu_model: str | None = Field(
+        None, max_length=32, description="Defaults to the rack's gpu_model."
+    )
     gpus: int | None = Field(
         None, ge=1, le=16, description="Defaults to the rack kind's GPUs per node."
     )
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_gib: float | None = Field(None, gt=0, le=65536)
     state: NodeState = NodeState.ready
-    mig_gpus: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=list, description="Indices of GPUs in MIG mode."
+    mig_gpus: list[Annotated[int, Field(ge=0, le=71)]] = Field(
+        default_factory=list, max_length=72, description="Indices of GPUs in MIG mode."
     )
 
 
@@ -41,17 +43,19 @@ class NodeTemplate(StrictModel):
     name_prefix: str = Field(
         ..., min_length=1, max_length=59, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
     )
-    gpu_model: str | None = None
+    gpu_model: str | None = Field(None, max_length=32)
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_gib: float | None = Field(None, gt=0, le=65536)
-    mig_gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    mig_gpus: list[Annotated[int, Field(ge=0, le=71)]] = Field(default_factory=list, max_length=72)
 
 
 class RackSpec(StrictModel):
     name: Name
     kind: Literal["nvl72", "hgx"]
     block: Name | None = Field(None, description="Spine group; defaults to the rack's own name.")
-    gpu_model: str | None = Field(None, description="Default GPU model of the rack's nodes.")
+    gpu_model: str | None = Field(
+        None, max_length=32, description="Default GPU model of the rack's nodes."
+    )
     nodes: list[NodeSpec] | None = None
     node_template: NodeTemplate | None = None
 
@@ -114,6 +118,78 @@ def _locate(lines: dict[tuple, tuple[int, int]], loc: tuple) -> tuple[int, int] 
     return lines.get(())
 
 
+# What a fleet file may be, before anything looks at its content: a fleet nests six levels
+# (regions, racks, nodes, their fields, lists in them), and YAML aliases may be reused but not
+# multiplied into a document larger than any real fleet (a "billion laughs" file).
+MAX_DEPTH = 32
+MAX_EXPANDED_NODES = 1_000_000
+
+
+def _problem(message: str, line: int | None = None, column: int | None = None) -> dict:
+    return {"field": "", "line": line, "column": column, "message": message}
+
+
+def _too_deep() -> FleetDocumentError:
+    return FleetDocumentError([_problem(f"the document nests deeper than {MAX_DEPTH} levels")])
+
+
+def _check_json(data: Any) -> None:
+    """Depth of parsed JSON, without recursion."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _check_yaml(root: yaml.Node) -> None:
+    """Depth and size of a composed YAML graph as its aliases would expand it, each node
+    counted once per place it stands (memoised, so checking costs the graph, not the
+    expansion)."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        children = (
+            [v for kv in node.value for v in kv]
+            if isinstance(node, yaml.MappingNode)
+            else node.value
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
+        if done:
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            if size[id(node)] > MAX_EXPANDED_NODES:
+                raise FleetDocumentError(
+                    [
+                        _problem(
+                            f"the document expands to more than {MAX_EXPANDED_NODES:,} values "
+                            "(through its aliases)",
+                            node.start_mark.line + 1,
+                            node.start_mark.column + 1,
+                        )
+                    ]
+                )
+            continue
+        if id(node) in size:
+            continue
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in size)
+
+
+def _compose(text: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise _too_deep() from None
+
+
 def parse(text: str, *, fmt: str | None = None) -> tuple[Any, dict[tuple, tuple[int, int]]]:
     """Parse YAML or JSON text. Returns (data, line map). Raises FleetDocumentError."""
     if fmt == "json":
@@ -121,39 +197,42 @@ def parse(text: str, *, fmt: str | None = None) -> tuple[Any, dict[tuple, tuple[
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise FleetDocumentError(
-                [
-                    {
-                        "field": "",
-                        "line": e.lineno,
-                        "column": e.colno,
-                        "message": f"invalid JSON: {e.msg}",
-                    }
-                ]
+                [_problem(f"invalid JSON: {e.msg}", e.lineno, e.colno)]
             ) from None
+        except RecursionError:
+            raise _too_deep() from None
+        _check_json(data)
         try:  # JSON is YAML: recover line numbers where the YAML parser agrees.
-            return data, _line_map(yaml.compose(text, Loader=yaml.SafeLoader))
-        except yaml.YAMLError:
+            node = _compose(text)
+            return data, (_line_map(node) if node is not None else {})
+        except (yaml.YAMLError, FleetDocumentError):
             return data, {}
+    loader = yaml.SafeLoader(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise _too_deep() from None
+        if node is None:
+            return None, {}
+        _check_yaml(node)
+        data = loader.construct_document(node)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         raise FleetDocumentError(
             [
-                {
-                    "field": "",
-                    "line": mark.line + 1 if mark else None,
-                    "column": mark.column + 1 if mark else None,
-                    "message": f"invalid YAML: {e.problem}",
-                }
+                _problem(
+                    f"invalid YAML: {e.problem}",
+                    mark.line + 1 if mark else None,
+                    mark.column + 1 if mark else None,
+                )
             ]
         ) from None
     except yaml.YAMLError as e:
-        raise FleetDocumentError(
-            [{"field": "", "line": None, "column": None, "message": f"invalid YAML: {e}"}]
-        ) from None
-    return data, (_line_map(node) if node is not None else {})
+        raise FleetDocumentError([_problem(f"invalid YAML: {e}")]) from None
+    finally:
+        loader.dispose()
+    return data, _line_map(node)
 
 
 def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from app.core.config import get_settings
 from app.core.db import get_or_404, session_dependency, utcnow
 from app.core.errors import PayloadTooLarge, ValidationFailed
 from app.core.routing import api_router
-from app.core.schemas import Page, PageParams, paginate
+from app.core.schemas import Page, PageParams, paginate, text_query
 from app.fleet import document
 from app.fleet.models import FleetImport, Gpu, Node, NodeState, Rack, Region
 from app.fleet.schemas import (
@@ -71,7 +71,7 @@ def import_fleet(
     response: Response,
     raw: bytes = Depends(_raw_body),
     dry_run: bool = Query(False, description="Validate only; write nothing."),
-    source: str | None = Query(None, max_length=300, description="File name, for the record."),
+    source: str | None = text_query(max_length=300, description="File name, for the record."),
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ):
@@ -124,7 +124,7 @@ def list_regions(
 
 @admin.get("/racks", response_model=Page[RackOut], summary="List racks")
 def list_racks(
-    region_id: str | None = None,
+    region_id: str | None = text_query(),
     page: PageParams = Depends(),
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
@@ -149,9 +149,9 @@ def read_rack(
 
 @admin.get("/nodes", response_model=Page[NodeOut], summary="List nodes")
 def list_nodes(
-    rack_id: str | None = None,
+    rack_id: str | None = text_query(),
     state: NodeState | None = None,
-    gpu_model: str | None = None,
+    gpu_model: str | None = text_query(max_length=32),
     page: PageParams = Depends(),
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
@@ -197,7 +197,7 @@ def change_node(
 
 @admin.get("/gpus", response_model=Page[GpuOut], summary="List GPUs")
 def list_gpus(
-    node_id: str | None = None,
+    node_id: str | None = text_query(),
     page: PageParams = Depends(),
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),

@@ -30,6 +30,8 @@ TO = Query(..., alias="to", description="Window end (exclusive)")
 GRANULARITY = Query("day", pattern="^(hour|day)$")
 GROUP_BY = Query(
     "",
+    max_length=200,
+    pattern=r"^([a-z_]+(,[a-z_]+)*)?$",
     description="Comma-separated dimensions: "
     + ", ".join(service.DIMENSIONS)
     + ". Empty: one total per bucket.",

@@ -56,6 +56,15 @@ _NAMES = {
 _ORDER = ("1g", "1g.2m", "2g", "3g", "4g", "7g")
 
 
+def profile_names() -> dict[str, frozenset[str]]:
+    """Every model-specific profile name, with the models that have it."""
+    out: dict[str, set[str]] = {}
+    for model, names in _NAMES.items():
+        for name in names:
+            out.setdefault(name, set()).add(model)
+    return {name: frozenset(models) for name, models in out.items()}
+
+
 def profile_name(model: str, profile: str) -> str:
     """The name NVIDIA uses for `profile` on `model`, e.g. ("H200-141GB", "3g") -> "3g.71gb"."""
     return _NAMES[model][_ORDER.index(profile)]

@@ -82,7 +82,7 @@ def list_tenants(
     return {"items": items, "next_cursor": nxt}
 
 
-@admin.get("/tenants/{tenant_id}", response_model=TenantOut, summary="Read a tenant")
+@admin.get("/tenants/{tenant_id:segment}", response_model=TenantOut, summary="Read a tenant")
 def read(
     tenant_id: str,
     auth: AuthContext = Depends(platform),
@@ -91,7 +91,7 @@ def read(
     return get_owned(session, auth, Tenant, tenant_id, what="tenant")
 
 
-@admin.patch("/tenants/{tenant_id}", response_model=TenantOut, summary="Update a tenant")
+@admin.patch("/tenants/{tenant_id:segment}", response_model=TenantOut, summary="Update a tenant")
 def update(
     tenant_id: str,
     body: TenantUpdate,

@@ -4,7 +4,8 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import EmailStr, Field, field_validator
+from email_validator import EmailNotValidError, validate_email
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator
 
 from app.core.schemas import OutModel, StrictModel
 from app.tenants.models import IsolationTier, TenantStatus
@@ -19,6 +20,22 @@ Slug = Annotated[
     ),
 ]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _email(value: str) -> str:
+    # Syntax only (no DNS), and reserved test domains allowed: the schema says `format: email`.
+    try:
+        return validate_email(value, check_deliverability=False, test_environment=True).normalized
+    except EmailNotValidError as exc:
+        raise ValueError(f"value is not a valid email address: {exc}") from None
+
+
+EmailStr = Annotated[
+    str,
+    Field(max_length=254),
+    AfterValidator(_email),
+    WithJsonSchema({"type": "string", "format": "email", "maxLength": 254}),
+]
 
 
 def _dedupe(tiers: list[IsolationTier] | None) -> list[IsolationTier] | None:

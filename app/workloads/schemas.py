@@ -2,18 +2,91 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from app.core.schemas import OutModel, StrictModel
 from app.placement.catalog import GPU_MODELS
-from app.placement.mig import PROFILES, profile_by_name
+from app.placement.mig import PROFILES, profile_by_name, profile_names
 from app.workloads.tiers import ISOLATION_CHOICES
 
 Priority = Literal["production", "training", "research", "preemptible"]
 Isolation = Literal[tuple(ISOLATION_CHOICES)]  # type: ignore[valid-type]
 GpuModelName = Literal[tuple(GPU_MODELS)]  # type: ignore[valid-type]
+# Generic keys first, then each model's names (a name may belong to several models).
+_MODEL_NAMES = profile_names()
+MigProfileName = Literal[tuple([*PROFILES, *sorted(_MODEL_NAMES)])]  # type: ignore[valid-type]
+
+
+def _workload_rules(schema: dict[str, Any], _model: type) -> None:
+    """The cross-field rules `WorkloadCreate._shape` enforces, stated in its JSON Schema so
+    clients and fuzzers see them: exactly one shape (whole GPUs, a MIG profile, or a share
+    with its memory); replicas and topology only for jobs; a VM on 1, 2, 4 or 8 whole GPUs;
+    a model's MIG profile name only with one of its models (or no model list)."""
+    from app.core.schemas import _strict_schema
+
+    _strict_schema(schema, _model)
+    zero, null = {"const": 0}, {"type": "null"}
+    rules: list[dict[str, Any]] = [
+        {
+            "oneOf": [
+                {
+                    "required": ["gpus"],
+                    "properties": {
+                        "gpus": {"minimum": 1},
+                        "mig_profile": null,
+                        "milli": zero,
+                        "gpu_memory_mib": zero,
+                    },
+                },
+                {
+                    "required": ["mig_profile"],
+                    "properties": {
+                        "mig_profile": {"enum": list(MigProfileName.__args__)},
+                        "gpus": zero,
+                        "milli": zero,
+                        "gpu_memory_mib": zero,
+                    },
+                },
+                {
+                    "required": ["milli", "gpu_memory_mib"],
+                    "properties": {
+                        "milli": {"minimum": 1},
+                        "gpu_memory_mib": {"minimum": 1},
+                        "gpus": zero,
+                        "mig_profile": null,
+                    },
+                },
+            ]
+        },
+        {
+            "if": {"properties": {"kind": {"const": "job"}}},
+            "else": {"properties": {"replicas": {"const": 1}, "topology": null}},
+        },
+        {
+            "if": {"properties": {"kind": {"const": "vm"}}},
+            "then": {"required": ["gpus"], "properties": {"gpus": {"enum": [1, 2, 4, 8]}}},
+        },
+        {
+            "if": {"properties": {"isolation": {"const": "confidential-vm"}}},
+            "then": {"properties": {"kind": {"const": "vm"}}},
+        },
+    ]
+    for name, models in sorted(_MODEL_NAMES.items()):
+        rules.append(
+            {
+                "if": {"properties": {"mig_profile": {"const": name}}, "required": ["mig_profile"]},
+                "then": {
+                    "properties": {
+                        "gpu_models": {
+                            "anyOf": [{"maxItems": 0}, {"contains": {"enum": sorted(models)}}]
+                        }
+                    }
+                },
+            }
+        )
+    schema["allOf"] = rules
 
 
 class TopologyIn(StrictModel):
@@ -29,6 +102,8 @@ class CheckpointPolicy(StrictModel):
 
 
 class WorkloadCreate(StrictModel):
+    model_config = {**StrictModel.model_config, "json_schema_extra": _workload_rules}
+
     kind: Literal["instance", "vm", "job"] = Field(
         ...,
         description="`instance`: a container on whole GPUs, a MIG slice or a fractional share; "
@@ -39,7 +114,7 @@ class WorkloadCreate(StrictModel):
         default_factory=list, max_length=8, description="Allowed GPU models; empty = any."
     )
     gpus: int = Field(0, ge=0, le=72, description="Whole GPUs per replica, on one node.")
-    mig_profile: str | None = Field(
+    mig_profile: MigProfileName | None = Field(  # type: ignore[valid-type]
         None, description="A MIG profile: the model's name (`3g.40gb`) or the generic key (`3g`)."
     )
     milli: int = Field(0, ge=0, le=999, description="A fractional share of one GPU (milli-GPU).")
@@ -55,7 +130,9 @@ class WorkloadCreate(StrictModel):
     region: str | None = Field(None, max_length=63)
     max_runtime_s: int = Field(86400, ge=60, le=30 * 86400)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    labels: dict[
+        Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]
+    ] = Field(default_factory=dict, max_length=64)
     image: str | None = Field(
         None,
         max_length=500,
@@ -161,13 +238,16 @@ class EventPage(OutModel):
 
 class CheckpointIn(StrictModel):
     completed_at: datetime | None = Field(None, description="Default: now. With an offset.")
-    size_bytes: int = Field(..., ge=0)
+    size_bytes: int = Field(..., ge=0, le=2**62)
 
 
 class QuotaIn(StrictModel):
     gpu_model: GpuModelName  # type: ignore[valid-type]
-    guaranteed_milli: int = Field(0, ge=0, description="GPU-equivalents in milli (1 GPU = 1000).")
-    limit_milli: int | None = Field(None, ge=0, description="Hard limit; null: none.")
+    # At most a million GPUs: the columns are 32-bit.
+    guaranteed_milli: int = Field(
+        0, ge=0, le=10**9, description="GPU-equivalents in milli (1 GPU = 1000)."
+    )
+    limit_milli: int | None = Field(None, ge=0, le=10**9, description="Hard limit; null: none.")
     weight: float = Field(1.0, gt=0, le=1000)
 
     @model_validator(mode="after")
