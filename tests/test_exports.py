@@ -159,8 +159,8 @@ def test_tenants_export_only_their_own_and_jsonl_matches_csv(client, world, mont
 @pytest.mark.parametrize(
     "params,code",
     [
-        ({"period": "2026-13"}, "invalid_period"),
-        ({"period": "last month"}, "invalid_period"),
+        ({"period": "2026-13"}, "validation_error"),
+        ({"period": "last month"}, "validation_error"),
         ({"period": PERIOD, "format": "xlsx"}, None),
         ({}, None),
     ],

@@ -130,7 +130,7 @@ class BudgetOut(OutModel):
     alerts: list[BudgetAlertOut] = Field(description="Thresholds crossed this month")
 
 
-class ReconciliationRow(StrictModel):
+class ReconciliationRow(OutModel):
     tenant_id: uuid.UUID
     stripe_customer_id: str
     meter: str
@@ -142,7 +142,7 @@ class ReconciliationRow(StrictModel):
     failed_events: int = Field(description="Meter events Stripe refused (an operator acts)")
 
 
-class Reconciliation(StrictModel):
+class Reconciliation(OutModel):
     period: str
     start: datetime
     through: datetime = Field(description="End of the last bucket old enough to be exported")

@@ -5,11 +5,20 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from datetime import datetime
-from typing import Any, Generic, TypeVar
+from datetime import date, datetime
+from types import UnionType
+from typing import Annotated, Any, Generic, TypeVar, Union, get_args, get_origin
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NaiveDatetime,
+    ValidationInfo,
+    field_validator,
+)
 from sqlalchemy import Select, tuple_
 from sqlalchemy.orm import Session
 
@@ -21,8 +30,12 @@ T = TypeVar("T")
 # Text the API takes: no NUL character (PostgreSQL cannot store one in text, and no name, label
 # or reason needs it). Every free string of a request body says so in the OpenAPI document.
 NO_NUL_PATTERN = "^[^\\u0000]*$"
+# Free text in bodies: no NUL, and no space, tab or line break at either end (see _text_error).
+TEXT_PATTERN = "^([^\\u0000 \\t\\n\\r]([^\\u0000]*[^\\u0000 \\t\\n\\r])?)?$"
 # Billing months: YYYY-MM from 1970-01 to 2999-12 (a window the ledger's instants can hold).
 PERIOD_PATTERN = r"^(19[7-9][0-9]|2[0-9]{3})-(0[1-9]|1[0-2])$"
+# The largest integer every JSON client reads exactly (RFC 7493, I-JSON): no input goes past it.
+MAX_JSON_INT = 2**53 - 1
 # Cursors are this API's own: URL-safe base64 of a small JSON array.
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,512}$"
 
@@ -32,23 +45,13 @@ def text_query(default: Any = None, *, max_length: int = 64, **kwargs: Any) -> A
     return Query(default, max_length=max_length, pattern=NO_NUL_PATTERN, **kwargs)
 
 
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
 def _no_nul_in_schema(node: Any) -> None:
-    """Add NO_NUL_PATTERN to every free string schema (no pattern, format, enum or const)."""
+    """Add TEXT_PATTERN to every free string schema (no pattern, format, enum or const)."""
     if isinstance(node, dict):
         if "$ref" in node:
             return
         if node.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(node):
-            node["pattern"] = NO_NUL_PATTERN
+            node["pattern"] = TEXT_PATTERN
         for key, value in node.items():
             if key not in ("examples", "default"):
                 _no_nul_in_schema(value)
@@ -61,19 +64,77 @@ def _strict_schema(schema: dict[str, Any], _model: type) -> None:
     _no_nul_in_schema(schema.get("properties", {}))
 
 
-class StrictModel(BaseModel):
-    """Request bodies: unknown fields are an error, not silently dropped, and no text holds a
-    NUL character (a clear 422 naming the field, instead of the database's refusal)."""
+def _scalar(annotation: Any) -> type | None:
+    """The JSON-typed scalar a field is (optionally None): bool, int, float, or a type JSON
+    carries as a string (datetime, date, UUID); else None."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Annotated:
+        return _scalar(args[0])
+    if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+        return _scalar(args[0])
+    if annotation in (bool, int, float):
+        return annotation
+    if annotation in (AwareDatetime, NaiveDatetime) or (
+        isinstance(annotation, type) and issubclass(annotation, date | uuid.UUID)
+    ):
+        return str
+    return None
 
-    model_config = ConfigDict(
-        extra="forbid", str_strip_whitespace=True, json_schema_extra=_strict_schema
-    )
+
+_JSON_TYPES: dict[type, tuple[tuple[type, ...], str]] = {
+    bool: ((bool,), "a boolean (true or false)"),
+    int: ((int, float), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+}
+
+
+def _json_type_error(kind: type, value: Any) -> str | None:
+    types, what = _JSON_TYPES[kind]
+    if not isinstance(value, types) or (kind is not bool and isinstance(value, bool)):
+        return f"must be {what}"
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        return "must be an integer"  # 3.0 is one (JSON Schema), 3.5 is not
+    return None
+
+
+# Free text (a string the schema gives no pattern, format or enum of its own) neither starts nor
+# ends with a space, tab or line break: the API stores what it is sent, so " Acme" is refused
+# with the field named rather than stored or silently trimmed.
+_EDGE = " \t\n\r"
+
+
+def _text_error(value: Any) -> str | None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "text may not contain the NUL character (U+0000)"
+        if value and (value[0] in _EDGE or value[-1] in _EDGE):
+            return "text may not start or end with a space, tab or line break"
+        return None
+    if isinstance(value, dict):
+        return next((e for k, v in value.items() if (e := _text_error(k) or _text_error(v))), None)
+    if isinstance(value, list | tuple):
+        return next((e for v in value if (e := _text_error(v))), None)
+    return None
+
+
+class StrictModel(BaseModel):
+    """Request bodies: unknown fields are an error, not silently dropped; numbers and booleans
+    are taken as JSON types, as the schema states them (no "5" for 5, no 0 for false); and no
+    text holds a NUL character (a clear 422 naming the field, instead of the database's
+    refusal)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_strict_schema)
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_nul(cls, value: Any) -> Any:
-        if _has_nul(value):
-            raise ValueError("text may not contain the NUL character (U+0000)")
+    def _json_values(cls, value: Any, info: ValidationInfo) -> Any:
+        error = _text_error(value)
+        if error is None and value is not None and info.field_name is not None:
+            kind = _scalar(cls.model_fields[info.field_name].annotation)
+            error = _json_type_error(kind, value) if kind is not None else None
+        if error:
+            raise ValueError(error)
         return value
 
 

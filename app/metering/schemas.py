@@ -2,16 +2,41 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
-from app.core.schemas import OutModel, StrictModel
+from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel
+
+
+def _event_rules(schema: dict[str, Any], model: type) -> None:
+    from app.core.schemas import _strict_schema
+
+    _strict_schema(schema, model)
+    schema["anyOf"] = [  # the rules of `_consistent`, stated
+        {
+            "required": ["quantity"],
+            "properties": {
+                "kind": {"const": "adjustment"},
+                "quantity": schema["properties"]["quantity"]["anyOf"][0],
+            },
+        },
+        {
+            "required": ["allocation_id"],
+            "properties": {
+                "kind": {"enum": ["start", "stop"]},
+                "allocation_id": {"type": "string", "format": "uuid"},
+                "quantity": {"type": "null"},
+            },
+        },
+    ]
 
 
 class UsageEventIn(StrictModel):
     """One allocation lifecycle event, or a correction. The key makes ingestion idempotent: a
     key already in the ledger is skipped, whatever the repeat carries."""
+
+    model_config = {**StrictModel.model_config, "json_schema_extra": _event_rules}
 
     event_key: str = Field(..., min_length=1, max_length=200)
     kind: Literal["start", "stop", "adjustment"]
@@ -31,8 +56,8 @@ class UsageEventIn(StrictModel):
     occurred_at: AwareDatetime
     quantity: int | None = Field(
         None,
-        ge=-(2**62),
-        le=2**62,
+        ge=-MAX_JSON_INT,
+        le=MAX_JSON_INT,
         description="Adjustments only: signed milli-GPU-milliseconds.",
     )
     reason: str | None = Field(None, max_length=200)

@@ -51,7 +51,9 @@ class TenantCreate(StrictModel):
     slug: Slug
     contact_email: EmailStr
     isolation_policy: list[IsolationTier] | None = Field(
-        None, description="Tiers the tenant may use; default: shared tiers, dedicated GPUs and VMs."
+        None,
+        min_length=1,
+        description="Tiers the tenant may use; default: shared tiers, dedicated GPUs and VMs.",
     )
     status: TenantStatus = TenantStatus.active
 
@@ -67,7 +69,7 @@ class SignupRequest(StrictModel):
 class TenantUpdate(StrictModel):
     name: Name | None = None
     contact_email: EmailStr | None = None
-    isolation_policy: list[IsolationTier] | None = None
+    isolation_policy: list[IsolationTier] | None = Field(None, min_length=1)
     status: TenantStatus | None = None
 
     _v = field_validator("isolation_policy")(_dedupe)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from app.core.schemas import OutModel, StrictModel
+from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel
 from app.placement.catalog import GPU_MODELS
 from app.placement.mig import PROFILES, profile_by_name, profile_names
 from app.workloads.tiers import ISOLATION_CHOICES
@@ -17,6 +17,7 @@ GpuModelName = Literal[tuple(GPU_MODELS)]  # type: ignore[valid-type]
 # Generic keys first, then each model's names (a name may belong to several models).
 _MODEL_NAMES = profile_names()
 MigProfileName = Literal[tuple([*PROFILES, *sorted(_MODEL_NAMES)])]  # type: ignore[valid-type]
+_OTHER_ISOLATION = [c for c in ISOLATION_CHOICES if c != "confidential-vm"]
 
 
 def _workload_rules(schema: dict[str, Any], _model: type) -> None:
@@ -28,6 +29,7 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
 
     _strict_schema(schema, _model)
     zero, null = {"const": 0}, {"type": "null"}
+    not_confidential = {"enum": [*_OTHER_ISOLATION, None]}
     rules: list[dict[str, Any]] = [
         {
             "oneOf": [
@@ -60,32 +62,48 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
                 },
             ]
         },
+        # Conditions as few anyOf as state them (generators expand their product; if/then/else
+        # few read): what each kind may be, and which models a MIG profile's name belongs to.
         {
-            "if": {"properties": {"kind": {"const": "job"}}},
-            "else": {"properties": {"replicas": {"const": 1}, "topology": null}},
-        },
-        {
-            "if": {"properties": {"kind": {"const": "vm"}}},
-            "then": {"required": ["gpus"], "properties": {"gpus": {"enum": [1, 2, 4, 8]}}},
-        },
-        {
-            "if": {"properties": {"isolation": {"const": "confidential-vm"}}},
-            "then": {"properties": {"kind": {"const": "vm"}}},
+            "anyOf": [
+                {"properties": {"kind": {"const": "job"}, "isolation": not_confidential}},
+                {
+                    "properties": {
+                        "kind": {"const": "instance"},
+                        "isolation": not_confidential,
+                        "replicas": {"const": 1},
+                        "topology": null,
+                    }
+                },
+                {  # a VM: 1, 2, 4 or 8 whole GPUs, one replica
+                    "required": ["gpus"],
+                    "properties": {
+                        "kind": {"const": "vm"},
+                        "gpus": {"enum": [1, 2, 4, 8]},
+                        "replicas": {"const": 1},
+                        "topology": null,
+                    },
+                },
+            ]
         },
     ]
-    for name, models in sorted(_MODEL_NAMES.items()):
-        rules.append(
+    by_models: dict[frozenset[str], list[str]] = {}
+    for name, models in _MODEL_NAMES.items():
+        by_models.setdefault(models, []).append(name)
+    mig: list[dict[str, Any]] = [{"properties": {"mig_profile": {"enum": [*PROFILES, None]}}}]
+    for models, names in sorted(by_models.items(), key=lambda kv: sorted(kv[1])):
+        mig.append(  # a model's own name: no model list, or one of its models in it
             {
-                "if": {"properties": {"mig_profile": {"const": name}}, "required": ["mig_profile"]},
-                "then": {
-                    "properties": {
-                        "gpu_models": {
-                            "anyOf": [{"maxItems": 0}, {"contains": {"enum": sorted(models)}}]
-                        }
-                    }
+                "required": ["mig_profile"],
+                "properties": {
+                    "mig_profile": {"enum": sorted(names)},
+                    "gpu_models": {
+                        "anyOf": [{"maxItems": 0}, {"contains": {"enum": sorted(models)}}]
+                    },
                 },
             }
         )
+    rules.append({"anyOf": mig})
     schema["allOf"] = rules
 
 
@@ -238,7 +256,7 @@ class EventPage(OutModel):
 
 class CheckpointIn(StrictModel):
     completed_at: datetime | None = Field(None, description="Default: now. With an offset.")
-    size_bytes: int = Field(..., ge=0, le=2**62)
+    size_bytes: int = Field(..., ge=0, le=MAX_JSON_INT)
 
 
 class QuotaIn(StrictModel):
