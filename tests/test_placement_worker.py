@@ -310,7 +310,14 @@ def test_preemption_checkpoints_then_requeues_and_resumes(client, world, celery_
     assert _states(client, ka, low)[-4:] == ["running", "checkpointing", "preempted", "queued"]
     ev = client.get(f"/v1/workloads/{low}/events", headers=auth(ka)).json()["items"]
     why = next(e for e in ev if e["to_state"] == "checkpointing")
-    assert why["details"]["by"] == high and why["details"]["reason"] == "priority"
+    assert why["details"]["reason"] == "priority" and why["details"]["by"] is None
+    assert why["details"]["by_others"] == [{"priority": "production", "count": 1}]
+    assert "a production workload of another tenant" in why["reason"]
+    assert high not in str(ev)  # the other tenant's id is not disclosed
+    placed = client.get(f"/v1/workloads/{high}/events", headers=auth(kb)).json()["items"]
+    admitted = next(e for e in placed if e["to_state"] == "placing")
+    assert admitted["details"]["victims"] == [] and low not in str(placed)
+    assert admitted["details"]["victims_others"] == [{"priority": "preemptible", "count": 1}]
     client.delete(f"/v1/workloads/{high}", headers=auth(kb))
     _running(client, ka, low)  # resumes on the freed GPUs
 
@@ -394,7 +401,11 @@ def test_dry_run_answers_where_whom_and_when_and_writes_nothing(
     ).json()["id"]
     running = _running(client, ka, low)
     high = ask(kb, gpus=8, priority="production")
-    assert high["placeable_now"] and high["preempts"] == [low]
+    # Another tenant's victim is counted, not named; one's own is named.
+    assert high["placeable_now"] and high["preempts"] == [] and low not in str(high)
+    assert high["preempts_others"] == [{"priority": "preemptible", "count": 1}]
+    mine = ask(ka, gpus=8, priority="production")
+    assert mine["preempts"] == [low] and mine["preempts_others"] == []
     start = datetime.fromisoformat(high["expected_start"])
     assert (
         timedelta(0)

@@ -9,9 +9,11 @@ from sqlalchemy import text
 from app.core.config import get_settings
 from app.core.db import get_engine
 from app.core.errors import ServiceUnavailable
+from app.core.logging import get_logger
 from app.core.routing import api_router
 
 router = api_router(tags=["health"])
+log = get_logger(__name__)
 
 
 class Health(BaseModel):
@@ -68,7 +70,9 @@ async def readyz() -> Readiness:
             with anyio.fail_after(5):
                 await anyio.to_thread.run_sync(check)
         except Exception as exc:  # any failure means not ready
-            failures[name] = f"{type(exc).__name__}: {exc}"[:300]
+            # The driver's text (hosts, ports, users) is for the logs, not for anonymous callers.
+            log.warning("not_ready", dependency=name, error=f"{type(exc).__name__}: {exc}"[:300])
+            failures[name] = "unreachable"
     if failures:
         raise ServiceUnavailable(
             "Not ready: " + "; ".join(f"{k} unreachable" for k in failures),

@@ -528,14 +528,29 @@ def _decide_and_apply(
         w = locked(ev.workload)
         deadline = now + timedelta(seconds=ev.deadline - clock(now))
         w.evicted_at, w.stop_deadline = now, deadline
+        # Another tenant's workload is named only to operators (the audit log), not here.
+        by = rows.get(ev.by)
+        own, others = (
+            disclose(w.tenant_id, [(ev.by, by.tenant_id, by.priority)])
+            if by is not None
+            else ([], [])
+        )
+        whom = (
+            f"workload {own[0]}"
+            if own
+            else f"a {by.priority} workload of another tenant"
+            if by is not None
+            else "other work"
+        )
         lifecycle.transition(
             session,
             w,
             State.checkpointing,
-            f"preempted ({ev.reason}) for workload {ev.by}: checkpoint before {deadline:%H:%M:%S}",
+            f"preempted ({ev.reason}) for {whom}: checkpoint before {deadline:%H:%M:%S}",
             {
                 "reason": ev.reason,
-                "by": ev.by,
+                "by": own[0] if own else None,
+                "by_others": others,
                 "deadline": deadline.isoformat(),
                 "lost_gpu_seconds": round(ev.lost_gpu_seconds, 1),
             },
@@ -598,13 +613,22 @@ def _decide_and_apply(
                 )
             )
         w.placement = placement
+        own, others = disclose(
+            w.tenant_id, [(v, rows[v].tenant_id, rows[v].priority) for v in adm.victims]
+        )
+        victims = ", ".join([*own, *([_others(others)] if others else [])])
         lifecycle.transition(
             session,
             w,
             State.placing,
             f"placed by the {adm.phase} phase"
-            + (f", after preempting {', '.join(adm.victims)}" if adm.victims else ""),
-            {"phase": adm.phase, "borrowed": adm.borrowed, "victims": list(adm.victims)},
+            + (f", after preempting {victims}" if victims else ""),
+            {
+                "phase": adm.phase,
+                "borrowed": adm.borrowed,
+                "victims": own,
+                "victims_others": others,
+            },
             at=now,
             flush=False,
         )
@@ -641,11 +665,32 @@ def describe(world: _World, b) -> dict:
     }
 
 
+def disclose(
+    viewer: uuid.UUID, workloads: list[tuple[str, uuid.UUID, str]]
+) -> tuple[list[str], list[dict]]:
+    """What a tenant may know of workloads (id, tenant, priority) its own work touches: the ids
+    of its own, and of other tenants' only how many of each priority."""
+    own = [wid for wid, tenant, _ in workloads if tenant == viewer]
+    counts: dict[str, int] = {}
+    for _, tenant, priority in workloads:
+        if tenant != viewer:
+            counts[priority] = counts.get(priority, 0) + 1
+    return own, [{"priority": p, "count": n} for p, n in sorted(counts.items())]
+
+
+def _others(summary: list[dict]) -> str:
+    return ", ".join(
+        f"{c['count']} {c['priority']} workload{'s' if c['count'] > 1 else ''} of another tenant"
+        for c in summary
+    )
+
+
 @dataclass
 class DryRun:
     placeable_now: bool
     placement: list[dict]
-    preempts: list[str]
+    preempts: list[str]  # the asking tenant's own
+    preempts_others: list[dict]  # other tenants': how many of each priority
     expected_start: datetime | None
     reason: str
 
@@ -655,7 +700,7 @@ def dry_run(session: Session, w: Workload) -> DryRun:
     where it lands now, whom it preempts, or when it is expected to start. Reads only."""
     loaded = _load(session, w.region or "", extra_tenant=w.tenant_id)
     if loaded is None:
-        return DryRun(False, [], [], None, "the region has no nodes")
+        return DryRun(False, [], [], [], None, "the region has no nodes")
     now = utcnow()
     ans = loaded.scheduler().what_if(
         qworkload(w), clock(now), [qworkload(x) for x in loaded.queued], loaded.running()
@@ -663,10 +708,16 @@ def dry_run(session: Session, w: Workload) -> DryRun:
     start = None
     if ans.expected_start is not None:
         start = EPOCH + timedelta(seconds=ans.expected_start)
+    held = {str(wid): h for wid, h in loaded.holding.items()}
+    own, others = disclose(
+        w.tenant_id,
+        [(v, held[v].tenant_id, held[v].qw.priority) for v in ans.preempts if v in held],
+    )
     return DryRun(
         ans.placeable_now,
         [describe(loaded.world, b) for b in ans.bindings],
-        list(ans.preempts),
+        own,
+        others,
         start,
         ans.reason,
     )

@@ -77,6 +77,7 @@ def dry_run(
         "region": w.region,
         "placement": ans.placement,
         "preempts": ans.preempts,
+        "preempts_others": ans.preempts_others,
         "expected_start": ans.expected_start,
         "reason": ans.reason,
     }

@@ -312,12 +312,22 @@ class PlacementOut(OutModel):
     gpu_milli: int
 
 
+class OtherWorkloads(OutModel):
+    """Other tenants' workloads, as a tenant may know of them: a count per priority."""
+
+    priority: str
+    count: int
+
+
 class DryRunOut(OutModel):
     placeable_now: bool = Field(..., description="It would be placed by the next cycle.")
     tier: str
     region: str
     placement: list[PlacementOut] = Field(..., description="Where it would land now.")
-    preempts: list[uuid.UUID] = Field(..., description="Workloads it would preempt (any tenant's).")
+    preempts: list[uuid.UUID] = Field(..., description="Your workloads it would preempt.")
+    preempts_others: list[OtherWorkloads] = Field(
+        ..., description="Other tenants' workloads it would preempt: how many of each priority."
+    )
     expected_start: datetime | None = Field(
         ...,
         description="Now, after the victims' grace period, or when running work ends; "
