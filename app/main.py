@@ -10,6 +10,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app import models  # noqa: F401  (register every model)
+from app.audit import router as audit
+from app.audit import service as audit_service
 from app.billing import router as billing
 from app.core.config import get_settings
 from app.core.errors import install_error_handlers
@@ -19,6 +21,7 @@ from app.core.middleware import (
     ConcurrencyLimitMiddleware,
     RequestContextMiddleware,
 )
+from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
 from app.core.secrets import check_server_secrets
 from app.fleet import router as fleet
 from app.fleet.document import FleetDocument
@@ -50,18 +53,23 @@ def create_app() -> FastAPI:
     app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan)
     install_error_handlers(app)
     # Routes match in order, one by one: the hottest (workloads) first.
-    for module in (workloads, health, tenants, keys, fleet, metering, billing):
+    for module in (workloads, health, tenants, keys, fleet, metering, billing, audit):
         app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)
-    # Outermost last: request context wraps everything, then the in-flight bound, size limits,
-    # idempotency.
+    # The audit entry of a request that commits is written in its transaction (routing hook).
+    if audit_service.before_commit not in BEFORE_COMMIT:
+        BEFORE_COMMIT.append(audit_service.before_commit)
+        AFTER_COMMIT.append(audit_service.committed)
+    # Outermost last: request context wraps everything, then the in-flight bound, the audit of
+    # what got in, size limits, idempotency.
     app.add_middleware(IdempotencyMiddleware)
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_bytes=settings.max_body_bytes,
         large_paths={"/v1/admin/fleet:import": settings.max_import_bytes},
     )
+    app.add_middleware(audit_service.AuditMiddleware)
     app.add_middleware(
         ConcurrencyLimitMiddleware,
         limit=settings.api_max_in_flight,

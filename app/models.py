@@ -1,5 +1,6 @@
 """Import every model so `Base.metadata` is complete (Alembic and tests use this)."""
 
+from app.audit.models import AuditEntry
 from app.billing.models import (
     BillingAdjustment,
     Budget,
@@ -26,6 +27,7 @@ from app.workloads.models import (
 
 __all__ = [
     "Allocation",
+    "AuditEntry",
     "BillingAdjustment",
     "Budget",
     "BudgetAlert",

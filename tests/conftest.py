@@ -101,6 +101,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 TABLES = [
+    "audit_log",
     "budget_alerts",
     "budgets",
     "commitments",

@@ -318,6 +318,15 @@ def test_preemption_checkpoints_then_requeues_and_resumes(client, world, celery_
     admitted = next(e for e in placed if e["to_state"] == "placing")
     assert admitted["details"]["victims"] == [] and low not in str(placed)
     assert admitted["details"]["victims_others"] == [{"priority": "preemptible", "count": 1}]
+    # The system's actions are in A's audit log, without B's id; operators see who preempted.
+    log = client.get("/v1/audit", params={"target_id": low}, headers=auth(ka)).json()["items"]
+    actions = [e["action"] for e in log if e["principal"] == "system"]
+    assert actions == ["workload.preempt", "workload.requeue"] and high not in str(log)
+    op = world.key(None)
+    full = client.get(
+        "/v1/admin/audit", params={"action": "workload.preempt"}, headers=auth(op)
+    ).json()["items"]
+    assert [e["internal"]["by"] for e in full] == [high]
     client.delete(f"/v1/workloads/{high}", headers=auth(kb))
     _running(client, ka, low)  # resumes on the freed GPUs
 

@@ -19,6 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from app.audit import service as audit
 from app.billing.commitments import UNUSED
 from app.billing.models import Budget, BudgetAlert
 from app.billing.service import period_window, price_usage
@@ -173,6 +174,11 @@ def stop_preemptible(session: Session, tenant_id: uuid.UUID, period: str) -> int
     ).all()
     for w in rows:
         terminate(session, w, reason=f"budget for {period} exhausted: preemptible work stopped")
+    audit.record_system(
+        session,
+        "workload.budget_stop",
+        [(w.tenant_id, "workload", w.id, {"period": period}, {}) for w in rows],
+    )
     if rows:
         log.info("budget_stopped_preemptible", tenant_id=str(tenant_id), workloads=len(rows))
     return len(rows)

@@ -24,6 +24,7 @@ from fastapi import APIRouter, params
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.convertors import Convertor, register_url_convertor
+from starlette.routing import compile_path
 
 from app.core.db import finish_request_session, session_dependency
 
@@ -36,11 +37,25 @@ def _session_params(endpoint: Callable[..., Any]) -> list[str]:
     ]
 
 
-def _committing(endpoint: Callable[..., Any], name: str) -> Callable[..., Any]:
+# Called just before a request's endpoint commits, with (session, route template, status,
+# endpoint arguments, result), so what they add is in the same transaction; then, once the
+# commit succeeded, with no arguments. The audit log registers here (app/main.py).
+BEFORE_COMMIT: list[Callable[..., None]] = []
+AFTER_COMMIT: list[Callable[[], None]] = []
+
+
+def _committing(
+    endpoint: Callable[..., Any], name: str, template: str, status: int
+) -> Callable[..., Any]:
     @functools.wraps(endpoint)
     def run(*args: Any, **kwargs: Any) -> Any:
         result = endpoint(*args, **kwargs)
-        finish_request_session(kwargs[name])
+        session = kwargs[name]
+        for hook in BEFORE_COMMIT:
+            hook(session, template, status, kwargs, result)
+        finish_request_session(session)
+        for after in AFTER_COMMIT:
+            after()
         return result
 
     return run
@@ -93,7 +108,8 @@ class UnitOfWorkRoute(APIRoute):
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         names = _session_params(endpoint)
         if names and not inspect.iscoroutinefunction(endpoint):
-            endpoint = _committing(endpoint, names[0])
+            template = compile_path(path)[1]
+            endpoint = _committing(endpoint, names[0], template, kwargs.get("status_code") or 200)
         super().__init__(path, _replaying(endpoint), **kwargs)
 
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.orm.attributes import get_history
 from starlette.concurrency import run_in_threadpool
 
+from app.audit.service import note_principal
 from app.core import redis
 from app.core.config import get_settings
 from app.core.db import as_aware, session_scope, utcnow
@@ -114,14 +115,15 @@ async def authenticate(
     """The caller's AuthContext (see `resolve_key`). A middleware that needed it first (the
     idempotency check) leaves it on the request, so the key is checked once per request."""
     ctx = request.scope.get("state", {}).get(AUTH_STATE)
-    if ctx is not None:
-        return ctx
-    raw = extract_key(request)
-    if not raw:
-        raise Unauthorized(
-            "Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key"
-        )
-    return await resolve_key(raw)
+    if ctx is None:
+        raw = extract_key(request)
+        if not raw:
+            raise Unauthorized(
+                "Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key"
+            )
+        ctx = await resolve_key(raw)
+    note_principal(ctx)  # the request's audit entry names its caller
+    return ctx
 
 
 AUTH_STATE = "auth_context"

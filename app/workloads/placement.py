@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from app.audit import service as audit
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.logging import get_logger
 from app.fleet.models import Gpu, GpuHealth, Node, NodeState, Rack, Region
@@ -524,6 +525,7 @@ def _decide_and_apply(
             raise PlanConflict(f"workload {wid} changed during the cycle")
         return w
 
+    preempted: list[tuple] = []  # audit entries: the system preempted these
     for ev in result.evictions:
         w = locked(ev.workload)
         deadline = now + timedelta(seconds=ev.deadline - clock(now))
@@ -556,6 +558,15 @@ def _decide_and_apply(
             },
             at=now,
         )
+        preempted.append(
+            (
+                w.tenant_id,
+                "workload",
+                w.id,
+                {"reason": ev.reason, "by": own[0] if own else None, "by_others": others},
+                {"by": ev.by, "by_tenant": str(by.tenant_id) if by is not None else None},
+            )
+        )
         # Its GPUs are promised to `by`, which starts after the grace.
         release(session, w, now, reason="preempted")
         enqueue(
@@ -566,6 +577,7 @@ def _decide_and_apply(
             countdown=max(0.0, (deadline - now).total_seconds()),
         )
         report.evicted.append(ev.workload)
+    audit.record_system(session, "workload.preempt", preempted)
     for reconf in result.reconfigurations:
         session.execute(
             update(Gpu)

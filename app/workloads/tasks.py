@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
+from app.audit import service as audit
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
 from app.outbox import kicks
@@ -215,6 +216,14 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
             else:
                 failed.append((w, status))
         lifecycle.write(session, ready)
+        audit.record_system(
+            session,
+            "workload.requeue",
+            [
+                (w.tenant_id, "workload", w.id, {"reason": "provisioning_failed"}, {})
+                for w, _ in failed
+            ],
+        )
         for w, status in failed:
             release(session, w, reason="provisioning_failed")
             lifecycle.transition(
@@ -238,6 +247,11 @@ def finish_preemption(workload_id: str) -> str:
         if w is None or w.state != State.checkpointing.value:
             return "skipped"
         get_provider().deprovision(w)
+        audit.record_system(
+            session,
+            "workload.requeue",
+            [(w.tenant_id, "workload", w.id, {"reason": "preempted"}, {})],
+        )
         lifecycle.transition(session, w, State.preempted, "grace period over: stopped")
         lifecycle.transition(
             session,

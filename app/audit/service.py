@@ -1,0 +1,227 @@
+"""Recording audit entries.
+
+- **Requests.** Every POST, PUT, PATCH and DELETE is recorded once. When its endpoint commits,
+  the entry is written in that same transaction (`before_commit`, called by the routing layer
+  just before the commit), so no change is ever committed without its entry. A request that
+  commits nothing (refused: 401, 403, 404, 409, 422, 429 ...; or failed) is recorded on its own
+  by `AuditMiddleware` after the answer, with its status.
+- **Automatic actions** (preemption, requeue, budget stop) are recorded by the code that takes
+  them, in its transaction, as the `system` principal, on the tenant whose work they touch.
+
+No request body and no secret is kept: the principal is the key's id and public prefix.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+from sqlalchemy.orm import Session
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.audit.models import AuditEntry
+from app.core.db import insert_objects, session_scope, utcnow
+from app.core.logging import get_logger
+
+log = get_logger(__name__)
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_ID_PARAM = re.compile(r"\{(\w+_id)(?::\w+)?\}")
+
+
+@dataclass
+class _Request:
+    """What one mutating request has told the audit so far."""
+
+    method: str
+    path: str
+    auth: Any = None  # the AuthContext, once the route authenticated the caller
+    written: bool = False
+    route: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+_CURRENT: ContextVar[_Request | None] = ContextVar("audit_request", default=None)
+
+
+def note_principal(ctx: Any) -> None:
+    """Called by authentication: the request's caller, for its entry."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.auth = ctx
+
+
+def _principal(auth: Any) -> dict[str, Any]:
+    if auth is None:
+        return {"principal": "anonymous"}
+    kind = "operator" if auth.tenant_id is None else "tenant"
+    return {"principal": kind, "key_id": auth.key_id, "key_prefix": auth.key_prefix}
+
+
+def _request_id() -> str | None:
+    return structlog.contextvars.get_contextvars().get("request_id")
+
+
+def _singular(segment: str) -> str:
+    name = segment.split(":", 1)[0]
+    return name[:-1] if name.endswith("s") else name
+
+
+def _target(template: str, params: dict[str, Any], result: Any) -> tuple[str | None, str | None]:
+    """(type, id) of what a request acted on: the object it created (a UUID `id` in its
+    answer), else the last object its path names."""
+    literal = [s for s in template.strip("/").split("/") if not s.startswith("{")]
+    created = getattr(result, "id", None) if not isinstance(result, dict) else result.get("id")
+    if isinstance(created, uuid.UUID) or (
+        isinstance(created, str) and re.fullmatch(r"[0-9a-f-]{36}", created)
+    ):
+        return _singular(literal[-1]), str(created)
+    names = _ID_PARAM.findall(template)
+    if names:
+        last = names[-1]
+        return last.removesuffix("_id"), str(params.get(last))
+    return (_singular(literal[-1]) if literal else None), None
+
+
+def _tenant_of(auth: Any, params: dict[str, Any], result: Any) -> uuid.UUID | None:
+    if auth is not None and auth.tenant_id is not None:
+        return auth.tenant_id
+    for candidate in (
+        params.get("tenant_id"),
+        getattr(result, "tenant_id", None),
+        getattr(getattr(result, "tenant", None), "id", None),
+    ):
+        if candidate is None:
+            continue
+        try:
+            return candidate if isinstance(candidate, uuid.UUID) else uuid.UUID(str(candidate))
+        except ValueError:
+            return None
+    return None
+
+
+def before_commit(
+    session: Session, template: str, status: int, params: dict[str, Any], result: Any
+) -> None:
+    """The routing layer's hook: the entry of the request whose endpoint is about to commit,
+    added to its session (the same transaction as the change)."""
+    current = _CURRENT.get()
+    if current is None or current.written:
+        return
+    status = getattr(result, "status_code", status)
+    target_type, target_id = _target(template, params, result)
+    session.add(
+        AuditEntry(
+            **_principal(current.auth),
+            tenant_id=_tenant_of(current.auth, params, result),
+            action=f"{current.method} {template}",
+            target_type=target_type,
+            target_id=target_id,
+            request_id=_request_id(),
+            status=status,
+            created_at=utcnow(),
+        )
+    )
+    current.route = template
+    current.extra["pending"] = True
+
+
+def committed() -> None:
+    """The request's transaction (with its entry) committed."""
+    current = _CURRENT.get()
+    if current is not None and current.extra.pop("pending", False):
+        current.written = True
+
+
+def record_system(
+    session: Session,
+    action: str,
+    entries: list[tuple[uuid.UUID, str, str, dict, dict]],
+) -> None:
+    """Automatic actions, one entry each: (tenant, target type, target id, details the tenant
+    may read, details for operators only), in the caller's transaction."""
+    if not entries:
+        return
+    now, rid = utcnow(), _request_id()
+    insert_objects(
+        session,
+        [
+            AuditEntry(
+                id=uuid.uuid4(),
+                created_at=now,
+                principal="system",
+                key_id=None,
+                key_prefix=None,
+                tenant_id=tenant,
+                action=action,
+                target_type=kind,
+                target_id=str(target),
+                request_id=rid,
+                status=None,
+                details=details,
+                internal=internal,
+            )
+            for tenant, kind, target, details, internal in entries
+        ],
+    )
+
+
+def _write_alone(current: _Request, status: int, claimed_prefix: str | None) -> None:
+    principal = _principal(current.auth)
+    if current.auth is None and claimed_prefix:
+        principal["key_prefix"] = claimed_prefix  # the public part of an unauthenticated key
+    with session_scope() as session:
+        session.add(
+            AuditEntry(
+                **principal,
+                tenant_id=current.auth.tenant_id if current.auth is not None else None,
+                action=f"{current.method} {current.route or current.path}",
+                target_type=None,
+                target_id=None,
+                request_id=_request_id(),
+                status=status,
+                created_at=utcnow(),
+            )
+        )
+
+
+class AuditMiddleware:
+    """Records the mutating requests whose endpoint did not commit an entry (see the module)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in MUTATING:
+            return await self.app(scope, receive, send)
+        current = _Request(scope["method"], scope["path"])
+        token = _CURRENT.set(current)
+        status = 500
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            _CURRENT.reset(token)
+            if not current.written:
+                route = scope.get("route")
+                current.route = current.route or getattr(route, "path_format", None)
+                from app.tenancy.auth import extract_key, parse_prefix
+
+                raw = extract_key(Request(scope))
+                prefix = parse_prefix(raw) if raw else None
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(_write_alone, current, status, prefix)
+                except Exception as exc:  # the answer is sent; the loss is logged loudly
+                    log.error("audit_write_failed", error=str(exc)[:300], status=status)
