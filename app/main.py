@@ -29,6 +29,7 @@ from app.health import router as health
 from app.idempotency.middleware import IdempotencyMiddleware
 from app.keys import router as keys
 from app.metering import router as metering
+from app.ratelimit.service import RateLimitHeadersMiddleware
 from app.tenants import router as tenants
 from app.workloads import router as workloads
 
@@ -76,6 +77,7 @@ def create_app() -> FastAPI:
         timeout=settings.api_queue_timeout_seconds,
         exempt=frozenset({"/healthz", "/readyz", "/metrics"}),
     )
+    app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(RequestContextMiddleware)
 
     def openapi() -> dict[str, Any]:

@@ -61,6 +61,10 @@ def pytest_configure(config: pytest.Config) -> None:
             # PostgreSQL refuses to start without the server secrets.
             "RACKPLANE_KEY_PEPPER": f"test-pepper-{RUN_ID}-{secrets.token_hex(8)}",
             "RACKPLANE_SECRET_KEY": f"test-secret-{RUN_ID}-{secrets.token_hex(8)}",
+            # Limits far above what any test sends; tests/test_ratelimit.py sets its own.
+            "RACKPLANE_RATE_LIMITS": (
+                "read=100000/s,write=100000/s,expensive=100000/s,signup=100000/s"
+            ),
             # Quick machines and short grace periods, so lifecycles finish within a test.
             "RACKPLANE_SIM_BOOT_SECONDS": "0.3",
             "RACKPLANE_PREEMPTION_GRACE": "1",

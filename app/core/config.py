@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -44,6 +44,18 @@ class Settings(BaseSettings):
     # required on PostgreSQL.
     key_pepper: str = Field(default="", alias="RACKPLANE_KEY_PEPPER")
     secret_key: str = Field(default="", alias="RACKPLANE_SECRET_KEY")
+    # Token buckets per API key by route class (app/ratelimit): N per second, minute or hour;
+    # "off" limits nothing. A tenant's keys together get `tenant_factor` times one key's;
+    # an operator key `operator_factor` times (0: operators are exempt).
+    rate_limits: str = Field(
+        default="read=200/s,write=100/s,expensive=5/s,signup=20/m", alias="RACKPLANE_RATE_LIMITS"
+    )
+    rate_limit_tenant_factor: float = Field(
+        default=4.0, ge=1, alias="RACKPLANE_RATE_LIMIT_TENANT_FACTOR"
+    )
+    rate_limit_operator_factor: float = Field(
+        default=10.0, ge=0, alias="RACKPLANE_RATE_LIMIT_OPERATOR_FACTOR"
+    )
     idempotency_ttl_hours: int = Field(default=24, alias="RACKPLANE_IDEMPOTENCY_TTL_HOURS")
     seed_demo: bool = Field(default=True, alias="RACKPLANE_SEED_DEMO")
     celery_always_eager: bool = Field(default=False, alias="RACKPLANE_CELERY_EAGER")
@@ -67,6 +79,14 @@ class Settings(BaseSettings):
     meter_full_pass_seconds: float = Field(default=21600.0, gt=0, alias="RACKPLANE_METER_FULL_PASS")
     budget_eval_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_BUDGET_EVAL_SECONDS")
     placement_tick_seconds: float = Field(default=5.0, gt=0, alias="RACKPLANE_PLACEMENT_TICK")
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _rate_limits(cls, value: str) -> str:
+        from app.ratelimit.service import parse
+
+        parse(value)  # a typo is a refusal to start, not a silent absence of limits
+        return value
 
     @property
     def sqlalchemy_url(self) -> str:

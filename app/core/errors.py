@@ -21,11 +21,19 @@ class AppError(Exception):
     code = "bad_request"
     title = "Bad request"
 
-    def __init__(self, detail: str | None = None, *, code: str | None = None, **extra: Any):
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ):
         super().__init__(detail or self.title)
         self.detail = detail or self.title
         if code:
             self.code = code
+        self.headers = headers or {}
         self.extra = extra
 
 
@@ -117,7 +125,7 @@ _HTTP_CODES = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AppError)
     async def _app_error(request: Request, exc: AppError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {**({"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}), **exc.headers}
         return problem_response(
             exc.status, exc.code, exc.title, exc.detail, request, headers=headers, **exc.extra
         )

@@ -27,6 +27,7 @@ from app.core.db import as_aware, session_scope, utcnow
 from app.core.errors import Forbidden, Unauthorized
 from app.core.logging import get_logger
 from app.core.secrets import server_secret
+from app.ratelimit import service as ratelimit
 
 log = get_logger(__name__)
 
@@ -123,6 +124,14 @@ async def authenticate(
             )
         ctx = await resolve_key(raw)
     note_principal(ctx)  # the request's audit entry names its caller
+    route = request.scope.get("route")
+    ratelimit.check(
+        request.scope,
+        ratelimit.route_class(request.method, getattr(route, "path_format", request.url.path)),
+        key=str(ctx.key_id),
+        tenant=str(ctx.tenant_id),
+        operator=ctx.tenant_id is None,
+    )
     return ctx
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
@@ -9,6 +9,7 @@ from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
 from app.keys.schemas import SignupKey
 from app.keys.service import create_key
+from app.ratelimit import service as ratelimit
 from app.tenancy.auth import AuthContext, platform, tenant_read_any_status
 from app.tenancy.scoping import get_owned, scoped_select
 from app.tenants import service
@@ -24,13 +25,23 @@ class SignupResponse(BaseModel):
     api_key: SignupKey
 
 
+def _signup_limit(request: Request) -> None:
+    # No key yet: signups are limited per client address.
+    address = request.client.host if request.client else "unknown"
+    ratelimit.check(request.scope, "signup", address=address)
+
+
 @router.post(
     "/signup",
     status_code=201,
     response_model=SignupResponse,
     summary="Self-service signup: a pending tenant and its first admin key",
 )
-def signup(body: SignupRequest, session: Session = Depends(session_dependency)) -> SignupResponse:
+def signup(
+    body: SignupRequest,
+    _limit: None = Depends(_signup_limit),
+    session: Session = Depends(session_dependency),
+) -> SignupResponse:
     tenant = service.create_tenant(
         session,
         name=body.name,

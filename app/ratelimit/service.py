@@ -1,0 +1,255 @@
+"""Rate limits: token buckets per API key and per tenant, by route class.
+
+- **Classes**: `read` (GET), `write` (POST, PUT, PATCH, DELETE), `expensive` (reads that scan
+  a month of the ledger: billing exports, reconciliation, usage), `signup` (per client
+  address, before any key exists).
+- **Buckets**: a request takes one token from its key's bucket and one from its tenant's
+  (several keys of one tenant share the tenant's), atomically, or from neither. Operators have
+  buckets of their own, `operator_factor` times a tenant key's (0: exempt).
+- **Where**: one Lua script in Redis, so every API process draws from the same buckets; in the
+  process on the embedded default (one API process, no Redis). If Redis is unreachable the
+  request is let through and the failure logged: a limiter must not take the API down.
+- **Answer**: 429 problem+json `rate_limited` with `Retry-After`; every limited response
+  carries `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (seconds until the
+  bucket is full again), as the IETF draft names them.
+
+Checked after authentication (a forged key cannot drain its prefix's bucket), in the route's
+`authenticate` dependency, so a refused request costs no body parsing and no database work.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core import redis
+from app.core.config import get_settings
+from app.core.errors import AppError
+from app.core.logging import get_logger
+
+log = get_logger(__name__)
+CLASSES = ("read", "write", "expensive", "signup")
+_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+EXPENSIVE = frozenset(
+    {
+        "/v1/billing/exports",
+        "/v1/admin/billing/exports",
+        "/v1/admin/billing/reconciliation",
+        "/v1/usage",
+        "/v1/admin/usage",
+        "/v1/admin/utilisation",
+    }
+)
+HEADERS_STATE = "ratelimit_headers"
+
+
+class RateLimited(AppError):
+    status, code, title = 429, "rate_limited", "Too many requests"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """`capacity` tokens, refilled at `rate` per second."""
+
+    capacity: float
+    rate: float
+
+    def scaled(self, factor: float) -> Limit:
+        return Limit(self.capacity * factor, self.rate * factor)
+
+
+def parse(spec: str) -> dict[str, Limit]:
+    """`read=200/s,write=100/s,expensive=5/s,signup=20/m` -> a Limit per class (a class left
+    out is not limited; `off` limits nothing). A bucket holds one period's worth."""
+    if spec.strip().lower() in ("", "off", "none"):
+        return {}
+    out = {}
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\w+)\s*=\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*", part)
+        if not m or m.group(1) not in CLASSES:
+            raise ValueError(
+                f"bad rate limit {part!r}: expected CLASS=N/s|m|h with CLASS one of "
+                + ", ".join(CLASSES)
+            )
+        n, period = float(m.group(2)), _PERIODS[m.group(3)]
+        out[m.group(1)] = Limit(capacity=max(n, 1.0), rate=n / period)
+    return out
+
+
+@lru_cache
+def _limits(spec: str) -> dict[str, Limit]:
+    return parse(spec)
+
+
+def route_class(method: str, template: str) -> str:
+    if method in ("GET", "HEAD"):
+        return "expensive" if template in EXPENSIVE else "read"
+    return "write"
+
+
+# KEYS: the buckets. ARGV: now, then capacity and rate per bucket. Takes a token from every
+# bucket or from none. Returns {allowed, remaining (tokens left in the tightest bucket, floor),
+# wait (s until the tightest has a token), full (s until it is full), its capacity}.
+_SCRIPT = """
+local now = tonumber(ARGV[1])
+local n = #KEYS
+local tokens, caps, rates = {}, {}, {}
+local allowed = 1
+for i = 1, n do
+  local cap, rate = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local b = redis.call('HMGET', KEYS[i], 't', 'at')
+  local t, at = tonumber(b[1]), tonumber(b[2])
+  if t == nil then t, at = cap, now end
+  t = math.min(cap, t + math.max(0, now - at) * rate)
+  tokens[i], caps[i], rates[i] = t, cap, rate
+  if t < 1 then allowed = 0 end
+end
+local tight, tight_left = 1, nil
+for i = 1, n do
+  if allowed == 1 then tokens[i] = tokens[i] - 1 end
+  redis.call('HSET', KEYS[i], 't', tostring(tokens[i]), 'at', tostring(now))
+  redis.call('PEXPIRE', KEYS[i], math.ceil((caps[i] / rates[i]) * 1000) + 1000)
+  if tight_left == nil or tokens[i] / caps[i] < tight_left then
+    tight, tight_left = i, tokens[i] / caps[i]
+  end
+end
+local t, cap, rate = tokens[tight], caps[tight], rates[tight]
+local wait = 0
+if t < 1 then wait = (1 - t) / rate end
+return {allowed, tostring(math.floor(t)), tostring(wait), tostring((cap - t) / rate), tostring(cap)}
+"""
+
+
+class _Local:
+    """The same buckets in this process (embedded default)."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+
+    def take(self, keys: list[str], limits: list[Limit], now: float) -> tuple:
+        with self.lock:
+            state = []
+            for k, lim in zip(keys, limits, strict=True):
+                t, at = self.buckets.get(k, (lim.capacity, now))
+                state.append(min(lim.capacity, t + max(0.0, now - at) * lim.rate))
+            allowed = all(t >= 1 for t in state)
+            if allowed:
+                state = [t - 1 for t in state]
+            for k, t in zip(keys, state, strict=True):
+                self.buckets[k] = (t, now)
+            i = min(range(len(keys)), key=lambda j: state[j] / limits[j].capacity)
+            t, lim = state[i], limits[i]
+            wait = (1 - t) / lim.rate if t < 1 else 0.0
+            return allowed, math.floor(t), wait, (lim.capacity - t) / lim.rate, lim.capacity
+
+
+_local = _Local()
+_script_lock = threading.Lock()
+_scripts: dict[int, object] = {}
+
+
+def _redis_take(client, keys: list[str], limits: list[Limit], now: float) -> tuple:
+    with _script_lock:
+        script = _scripts.get(id(client))
+        if script is None:
+            script = _scripts[id(client)] = client.register_script(_SCRIPT)
+    args: list[float] = [now]
+    for lim in limits:
+        args += [lim.capacity, lim.rate]
+    allowed, left, wait, full, cap = script(keys=keys, args=args)
+    return bool(allowed), int(left), float(wait), float(full), float(cap)
+
+
+def _buckets(cls: str, *, key: str | None, tenant: str | None, operator: bool, address: str | None):
+    s = get_settings()
+    base = _limits(s.rate_limits).get(cls)
+    if base is None:
+        return [], []
+    prefix = f"{s.broker_key_prefix}rackplane:rl:{cls}:"
+    if cls == "signup":
+        return [f"{prefix}addr:{address}"], [base]
+    if operator:
+        if s.rate_limit_operator_factor <= 0:
+            return [], []  # exempt
+        return [f"{prefix}op:{key}"], [base.scaled(s.rate_limit_operator_factor)]
+    return (
+        [f"{prefix}key:{key}", f"{prefix}tenant:{tenant}"],
+        [base, base.scaled(s.rate_limit_tenant_factor)],
+    )
+
+
+def check(
+    scope: Scope,
+    cls: str,
+    *,
+    key: str | None = None,
+    tenant: str | None = None,
+    operator: bool = False,
+    address: str | None = None,
+) -> None:
+    """Take a token for this request, or raise RateLimited. Leaves the RateLimit-* headers
+    for the response in the request's state."""
+    keys, limits = _buckets(cls, key=key, tenant=tenant, operator=operator, address=address)
+    if not keys:
+        return
+    now = time.time()
+    client = redis.client() if get_settings().redis_url else None
+    try:
+        if client is not None:
+            allowed, left, wait, full, cap = _redis_take(client, keys, limits, now)
+        elif get_settings().redis_url:  # Redis configured but its breaker is open
+            return
+        else:
+            allowed, left, wait, full, cap = _local.take(keys, limits, now)
+    except Exception as exc:  # fail open: the limiter must not take the API down
+        redis.trip()
+        log.warning("rate_limit_unavailable", error=str(exc)[:300])
+        return
+    headers = {
+        "RateLimit-Limit": str(int(cap)),
+        "RateLimit-Remaining": str(max(0, left)),
+        "RateLimit-Reset": str(math.ceil(full)),
+    }
+    scope.setdefault("state", {})[HEADERS_STATE] = headers
+    if not allowed:
+        retry = max(1, math.ceil(wait))
+        raise RateLimited(
+            f"Too many {cls} requests; retry in {retry} s.",
+            limit_class=cls,
+            headers={**headers, "Retry-After": str(retry)},
+        )
+
+
+class RateLimitHeadersMiddleware:
+    """Adds the RateLimit-* headers a request's check left to its response."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                extra = scope.get("state", {}).get(HEADERS_STATE)
+                if extra:
+                    have = {k.lower() for k, _ in message.get("headers", [])}
+                    message["headers"] = [
+                        *message.get("headers", []),
+                        *(
+                            (k.lower().encode(), v.encode())
+                            for k, v in extra.items()
+                            if k.lower().encode() not in have
+                        ),
+                    ]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

@@ -1,0 +1,194 @@
+"""Rate limits against the real Redis: token buckets per key and per tenant by route class,
+429 problem+json with Retry-After and RateLimit-* headers, operators limited apart (or exempt),
+signup per client address; the buckets are shared by every API process (a real uvicorn process
+and this one draw from the same Redis); the embedded default keeps them in the process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, auth, wait_until
+
+POLICY = ["shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
+FLEET = """
+regions:
+  - name: r1
+    racks:
+      - name: hgx-h100
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes: [{name: h100-1, state: cordoned}]
+"""
+
+
+@pytest.fixture
+def limits(monkeypatch):
+    from app.core.config import get_settings
+    from app.ratelimit import service
+
+    def set_limits(spec: str, tenant: float = 2.0, operator: float = 0.0) -> None:
+        s = get_settings()
+        monkeypatch.setattr(s, "rate_limits", spec)
+        monkeypatch.setattr(s, "rate_limit_tenant_factor", tenant)
+        monkeypatch.setattr(s, "rate_limit_operator_factor", operator)
+        # Fresh buckets: a new prefix for this test's keys in Redis.
+        monkeypatch.setattr(s, "broker_key_prefix", f"{s.broker_key_prefix}rl{time.time_ns()}:")
+
+    yield set_limits
+    service._local.buckets.clear()
+
+
+def _submit(client, key):
+    return client.post("/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(key))
+
+
+def test_a_key_gets_its_writes_then_a_429_with_the_headers(client, world, limits):
+    limits("read=100/m,write=3/m")
+    world.fleet(FLEET)
+    key = world.key(world.tenant("acme", policy=POLICY))
+    seen = []
+    for _ in range(3):
+        r = _submit(client, key)
+        assert r.status_code == 201, r.text
+        seen.append(int(r.headers["ratelimit-remaining"]))
+        assert r.headers["ratelimit-limit"] == "3"
+    assert seen == [2, 1, 0]
+    refused = _submit(client, key)
+    assert refused.status_code == 429
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    p = refused.json()
+    assert p["code"] == "rate_limited" and p["limit_class"] == "write"
+    assert 1 <= int(refused.headers["retry-after"]) <= 20  # one token per 20 s
+    assert refused.headers["ratelimit-remaining"] == "0"
+    # Reads are another class; nothing was written by the refused request.
+    listing = client.get("/v1/workloads", headers=auth(key))
+    assert listing.status_code == 200 and len(listing.json()["items"]) == 3
+
+
+def test_a_tenants_keys_share_the_tenant_bucket_and_others_are_untouched(client, world, limits):
+    limits("write=2/m", tenant=2.0)  # a key: 2 a minute; its tenant: 4
+    world.fleet(FLEET)
+    acme = world.tenant("acme", policy=POLICY)
+    k1, k2, k3 = (world.key(acme, name=f"k{i}") for i in range(3))
+    assert [_submit(client, k).status_code for k in (k1, k1, k1)] == [201, 201, 429]
+    assert [_submit(client, k).status_code for k in (k2, k2)] == [201, 201]
+    # The tenant's 4 are spent: its third key, fresh, is refused too.
+    assert _submit(client, k3).status_code == 429
+    other = world.key(world.tenant("other", policy=POLICY))
+    assert _submit(client, other).status_code == 201
+
+
+def test_expensive_reads_are_limited_apart_and_operators_separately(client, world, limits):
+    limits("read=100/m,expensive=1/m", operator=2.0)
+    key = world.key(world.tenant("acme", policy=POLICY))
+    op = world.key(None)
+    params = {"period": "2026-11"}
+    assert client.get("/v1/billing/summary", params=params, headers=auth(key)).status_code == 200
+    window = {"from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"}
+    assert client.get("/v1/usage", params=window, headers=auth(key)).status_code == 200
+    assert client.get("/v1/usage", params=window, headers=auth(key)).status_code == 429
+    assert client.get("/v1/workloads", headers=auth(key)).status_code == 200
+    # An operator key has its own bucket, twice a tenant key's.
+    codes = [
+        client.get("/v1/admin/usage", params=window, headers=auth(op)).status_code for _ in range(3)
+    ]
+    assert codes == [200, 200, 429]
+
+
+def test_operators_can_be_exempt(client, world, limits):
+    limits("read=1/m", operator=0)
+    op = world.key(None)
+    assert all(
+        client.get("/v1/admin/tenants", headers=auth(op)).status_code == 200 for _ in range(5)
+    )
+
+
+def test_signups_are_limited_per_client_address(client, limits):
+    limits("signup=2/h")
+    codes = [
+        client.post(
+            "/v1/signup",
+            json={"name": f"S{i}", "slug": f"signup-{i}", "contact_email": f"s{i}@s.io"},
+        ).status_code
+        for i in range(3)
+    ]
+    assert codes == [201, 201, 429]
+
+
+def test_a_forged_key_cannot_drain_its_prefixs_bucket(client, world, limits):
+    limits("write=2/m")
+    world.fleet(FLEET)
+    key = world.key(world.tenant("acme", policy=POLICY))
+    forged = key[:11] + "x" * 40
+    assert all(_submit(client, forged).status_code == 401 for _ in range(5))
+    assert _submit(client, key).status_code == 201
+
+
+def test_the_buckets_are_shared_by_every_api_process(client, world, database):
+    """A real uvicorn process with a low write limit, and this process with the same limit
+    and prefix: together they hand out the bucket once."""
+    from app.core.config import get_settings
+    from app.workloads.bench import api_command, free_port
+
+    world.fleet(FLEET)
+    key = world.key(world.tenant("acme", policy=POLICY))
+    prefix = f"{get_settings().broker_key_prefix}shared{time.time_ns()}:"
+    spec = "write=4/m"
+    port = free_port()
+    env = {**os.environ, "RACKPLANE_RATE_LIMITS": spec, "RACKPLANE_BROKER_PREFIX": prefix}
+    proc = subprocess.Popen(
+        api_command(port), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def up():
+            try:
+                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout=30)
+        body = {"kind": "instance", "gpus": 1}
+        codes = [
+            httpx.post(f"{url}/v1/workloads", json=body, headers=auth(key)).status_code
+            for _ in range(2)
+        ]
+        s = get_settings()
+        old = (s.rate_limits, s.broker_key_prefix)
+        s.rate_limits, s.broker_key_prefix = spec, prefix
+        try:
+            codes += [_submit(client, key).status_code for _ in range(3)]
+        finally:
+            s.rate_limits, s.broker_key_prefix = old
+        assert codes == [201, 201, 201, 201, 429]
+        from app.core import redis
+
+        assert redis.client().keys(f"{prefix}rackplane:rl:write:key:*")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_the_embedded_default_keeps_buckets_in_the_process():
+    from app.ratelimit.service import Limit, _Local
+
+    local = _Local()
+    lim = [Limit(capacity=2, rate=1.0)]
+    now = 1000.0
+    assert [local.take(["k"], lim, now)[0] for _ in range(3)] == [True, True, False]
+    allowed, left, wait, full, cap = local.take(["k"], lim, now + 1.0)  # one token back
+    assert allowed and left == 0 and cap == 2 and full == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("spec", ["read=10", "reads=1/s", "write=1/d", "write=-1/s"])
+def test_a_bad_limit_is_a_refusal_to_start(spec):
+    from app.ratelimit.service import parse
+
+    with pytest.raises(ValueError):
+        parse(spec)
