@@ -225,6 +225,17 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+# One cordoned H100 node: workloads submitted on it stay queued (no worker places them).
+CORDONED_H100 = """
+regions:
+  - name: r1
+    racks:
+      - name: hgx-h100
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes: [{name: h100-1, state: cordoned}]
+"""
+
 SMALL_FLEET = """
 regions:
   - name: r1

@@ -11,17 +11,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from tests.conftest import auth
+from tests.conftest import CORDONED_H100, auth
 
-FLEET = """
-regions:
-  - name: r1
-    racks:
-      - name: hgx-h100
-        kind: hgx
-        gpu_model: H100-80GB
-        nodes: [{name: h100-1, state: cordoned}]
-"""
+FLEET = CORDONED_H100
 POLICY = ["shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
 
 

@@ -11,17 +11,9 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, TEST_DB, auth, db_url
+from tests.conftest import CORDONED_H100, ROOT, TEST_DB, auth, db_url
 
-FLEET = """
-regions:
-  - name: r1
-    racks:
-      - name: hgx-h100
-        kind: hgx
-        gpu_model: H100-80GB
-        nodes: [{name: h100-1, state: cordoned}]
-"""
+FLEET = CORDONED_H100
 POLICY = ["shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
 
 

@@ -12,18 +12,10 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import ROOT, auth, wait_until
+from tests.conftest import CORDONED_H100, ROOT, auth, wait_until
 
 POLICY = ["shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
-FLEET = """
-regions:
-  - name: r1
-    racks:
-      - name: hgx-h100
-        kind: hgx
-        gpu_model: H100-80GB
-        nodes: [{name: h100-1, state: cordoned}]
-"""
+FLEET = CORDONED_H100
 
 
 @pytest.fixture

@@ -113,21 +113,16 @@ def before_commit(
     current = _CURRENT.get()
     if current is None or current.written:
         return
-    status = getattr(result, "status_code", status)
-    target_type, target_id = _target(template, params, result)
+    current.route = template
     session.add(
-        AuditEntry(
-            **_principal(current.auth),
-            tenant_id=_tenant_of(current.auth, params, result),
-            action=f"{current.method} {template}",
-            target_type=target_type,
-            target_id=target_id,
-            request_id=_request_id(),
-            status=status,
-            created_at=utcnow(),
+        _entry(
+            current,
+            _principal(current.auth),
+            getattr(result, "status_code", status),
+            _tenant_of(current.auth, params, result),
+            _target(template, params, result),
         )
     )
-    current.route = template
     current.extra["pending"] = True
 
 
@@ -171,23 +166,32 @@ def record_system(
     )
 
 
+def _entry(
+    current: _Request,
+    principal: dict[str, Any],
+    status: int,
+    tenant_id: uuid.UUID | None,
+    target: tuple[str | None, str | None] = (None, None),
+) -> AuditEntry:
+    return AuditEntry(
+        **principal,
+        tenant_id=tenant_id,
+        action=f"{current.method} {current.route or current.path}",
+        target_type=target[0],
+        target_id=target[1],
+        request_id=_request_id(),
+        status=status,
+        created_at=utcnow(),
+    )
+
+
 def _write_alone(current: _Request, status: int, claimed_prefix: str | None) -> None:
     principal = _principal(current.auth)
     if current.auth is None and claimed_prefix:
         principal["key_prefix"] = claimed_prefix  # the public part of an unauthenticated key
+    tenant = current.auth.tenant_id if current.auth is not None else None
     with session_scope() as session:
-        session.add(
-            AuditEntry(
-                **principal,
-                tenant_id=current.auth.tenant_id if current.auth is not None else None,
-                action=f"{current.method} {current.route or current.path}",
-                target_type=None,
-                target_id=None,
-                request_id=_request_id(),
-                status=status,
-                created_at=utcnow(),
-            )
-        )
+        session.add(_entry(current, principal, status, tenant))
 
 
 class AuditMiddleware:
