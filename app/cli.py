@@ -218,9 +218,17 @@ def fleet_show() -> None:
 
     with session_scope() as session:
         rows = capacity(session)
-    table = Table("region", "gpu model", "total", "free")
+    table = Table("region", "gpu model", "total", "free whole", "free milli", "free MIG")
     for r in rows:
-        table.add_row(r["region"], r["gpu_model"], str(r["total_gpus"]), str(r["free_gpus"]))
+        mig = ", ".join(f"{k}: {v}" for k, v in sorted(r["free_mig"].items()))
+        table.add_row(
+            r["region"],
+            r["gpu_model"],
+            str(r["total_gpus"]),
+            str(r["free_gpus"]),
+            str(r["free_milli"]),
+            mig or "-",
+        )
     console.print(table)
 
 

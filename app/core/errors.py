@@ -217,8 +217,9 @@ def _is_unavailable(exc: BaseException) -> bool:
     )
 
 
-def _chain(exc: BaseException):
+def _chain(first: BaseException):
     seen = set()
+    exc: BaseException | None = first
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc

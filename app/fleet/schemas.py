@@ -76,7 +76,17 @@ class CapacityRow(BaseModel):
     region: str
     gpu_model: str
     total_gpus: int
-    free_gpus: int = Field(description="Whole GPUs free now: ready node, healthy, not in MIG mode.")
+    free_gpus: int = Field(
+        description="Whole GPUs free now: nothing allocated on them, ready node, healthy, "
+        "not in MIG mode."
+    )
+    free_milli: int = Field(
+        description="Fractional capacity left (milli-GPU) on the GPUs not in MIG mode."
+    )
+    free_mig: dict[str, int] = Field(
+        description="Per MIG profile (the model's name), how many more instances of it alone "
+        "the MIG GPUs could take now."
+    )
 
 
 class Capacity(BaseModel):

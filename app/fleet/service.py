@@ -147,28 +147,79 @@ def set_node_state(node: Node, state: str, reason: str | None) -> Node:
 
 
 def capacity(session: Session) -> list[dict[str, Any]]:
-    """Per region and GPU model: total GPUs and free whole GPUs (ready node, healthy, not MIG)."""
-    free = case(
-        (
-            and_(
-                Node.state == NodeState.ready.value,
-                Gpu.health == GpuHealth.healthy.value,
-                Gpu.mig_mode.is_(False),
-            ),
-            1,
-        ),
-        else_=0,
-    )
+    """Per region and GPU model, what is free now, net of every live allocation: whole GPUs
+    (nothing on them), fractional capacity (milli-GPU left on GPUs not in MIG mode), and per
+    MIG profile how many more instances the MIG GPUs could take. Only GPUs that can take
+    work count as free: on a ready node, healthy."""
+    from app.placement.mig import PROFILES, free_starts, profile_name
+    from app.workloads.models import Allocation, GpuUsage, MigClaim
+
+    usable = and_(Node.state == NodeState.ready.value, Gpu.health == GpuHealth.healthy.value)
+    used = func.coalesce(GpuUsage.milli_used, 0)
+    whole = and_(usable, Gpu.mig_mode.is_(False))
     stmt = (
-        select(Region.name, Gpu.model, func.count(Gpu.id), func.sum(free))
+        select(
+            Region.name,
+            Gpu.model,
+            func.count(Gpu.id),
+            func.sum(case((and_(whole, used == 0), 1), else_=0)),
+            func.sum(case((whole, 1000 - used), else_=0)),
+        )
         .select_from(Gpu)
         .join(Node, Gpu.node_id == Node.id)
         .join(Rack, Node.rack_id == Rack.id)
         .join(Region, Rack.region_id == Region.id)
+        .outerjoin(GpuUsage, and_(GpuUsage.node_id == Gpu.node_id, GpuUsage.gpu_index == Gpu.index))
         .group_by(Region.name, Gpu.model)
         .order_by(Region.name, Gpu.model)
     )
-    return [
-        {"region": r, "gpu_model": m, "total_gpus": int(t), "free_gpus": int(f or 0)}
-        for r, m, t, f in session.execute(stmt)
-    ]
+    rows = {
+        (r, m): {
+            "region": r,
+            "gpu_model": m,
+            "total_gpus": int(t),
+            "free_gpus": int(f or 0),
+            "free_milli": int(fm or 0),
+            "free_mig": {},
+        }
+        for r, m, t, f, fm in session.execute(stmt)
+    }
+    # MIG GPUs: their layout from the live claims (memory slices) and allocations (compute).
+    mig_gpus = session.execute(
+        select(Region.name, Gpu.model, Gpu.node_id, Gpu.index)
+        .join(Node, Gpu.node_id == Node.id)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .where(usable, Gpu.mig_mode.is_(True))
+    ).all()
+    if not mig_gpus:
+        return list(rows.values())
+    masks: dict[tuple, int] = {}
+    for node, index, slice_ in session.execute(
+        select(MigClaim.node_id, MigClaim.gpu_index, MigClaim.slice).where(
+            MigClaim.released_at.is_(None)
+        )
+    ):
+        masks[(node, index)] = masks.get((node, index), 0) | (1 << slice_)
+    held: dict[tuple, list[int]] = {}  # (node, gpu) -> [compute used, instances]
+    for node, gpus, profile in session.execute(
+        select(Allocation.node_id, Allocation.gpu_indices, Allocation.mig_profile).where(
+            Allocation.released_at.is_(None), Allocation.mig_profile.is_not(None)
+        )
+    ):
+        for g in gpus:
+            h = held.setdefault((node, g), [0, 0])
+            h[0] += PROFILES[profile].compute
+            h[1] += 1
+    for region, model, node, index in mig_gpus:
+        free = rows[(region, model)]["free_mig"]
+        mask = masks.get((node, index), 0)
+        compute, instances = held.get((node, index), (0, 0))
+        for key, profile in PROFILES.items():
+            n, m, c, i = 0, mask, compute, instances
+            while starts := free_starts(profile, m, c, i):
+                m, c, i, n = m | profile.mask(starts[0]), c + profile.compute, i + 1, n + 1
+            if n:
+                name = profile_name(model, key)
+                free[name] = free.get(name, 0) + n
+    return list(rows.values())

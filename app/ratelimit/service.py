@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -152,7 +153,7 @@ class _Local:
 
 _local = _Local()
 _script_lock = threading.Lock()
-_scripts: dict[int, object] = {}
+_scripts: dict[int, Any] = {}
 
 
 def _redis_take(client, keys: list[str], limits: list[Limit], now: float) -> tuple:
