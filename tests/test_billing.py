@@ -247,3 +247,36 @@ def test_a_bad_period_is_a_422_problem(client, world):
         r = client.get("/v1/billing/summary", params={"period": period}, headers=auth(key))
         assert r.status_code == 422 and r.json()["code"] == "validation_error"
         assert [e["field"] for e in r.json()["errors"]] == ["query.period"]
+
+
+def test_a_mig_price_by_the_models_name_prices_the_ledgers_usage(client, world):
+    """The README's spelling (`mig-3g.40gb`) and the ledger's (`mig-3g`) are one vocabulary: a
+    price given by the model's name is stored by the generic key and prices the usage."""
+    op, a = world.key(None), world.tenant("mig-bill")
+    price = {
+        "gpu_model": "H100-80GB",
+        "shape": "mig-3g.40gb",
+        "plan": "on_demand",
+        "currency": "usd",
+        "unit_amount": 120,
+        "effective_from": "2026-11-01T00:00:00Z",
+    }
+    stored = _post(client, op, "/v1/admin/prices", price)
+    assert stored["shape"] == "mig-3g"
+    alloc, start = uuid.uuid4(), datetime(2026, 11, 3, tzinfo=UTC)
+    events = [
+        _event(a, "m1", "start", start, alloc, milli=500, shape="mig-3g"),
+        _event(a, "m2", "stop", start + timedelta(hours=2), alloc, milli=500, shape="mig-3g"),
+    ]
+    _post(client, op, "/v1/admin/usage/events", {"events": events}, status=200)
+    bill = client.get(
+        "/v1/billing/summary", params={"period": "2026-11"}, headers=auth(world.key(a))
+    ).json()
+    [line] = bill["lines"]
+    assert (line["shape"], line["unit_amount"], line["amount"]) == ("mig-3g", 120, 120)
+    assert bill["unpriced_milli_gpu_ms"] == 0
+    # A name of another model's profile is refused, listing the valid shapes.
+    wrong = client.post("/v1/admin/prices", json={**price, "gpu_model": "B200"}, headers=auth(op))
+    assert wrong.status_code == 422 and "mig-3g.90gb" in wrong.text
+    unknown = client.post("/v1/admin/prices", json={**price, "shape": "mig-9g"}, headers=auth(op))
+    assert unknown.status_code == 422

@@ -308,6 +308,9 @@ def test_preemption_checkpoints_then_requeues_and_resumes(client, world, celery_
     back = wait_until(lambda: (w := _state(client, ka, low))["state"] == "queued" and w)
     assert back["preemptions"] == 1 and back["placement"] is not None
     assert _states(client, ka, low)[-4:] == ["running", "checkpointing", "preempted", "queued"]
+    requeued = client.get(f"/v1/workloads/{low}/events", headers=auth(ka)).json()["items"][-1]
+    assert requeued["details"]["resumes_from"] == "checkpoint"
+    assert requeued["reason"].startswith("requeued: resumes from its checkpoint of ")
     ev = client.get(f"/v1/workloads/{low}/events", headers=auth(ka)).json()["items"]
     why = next(e for e in ev if e["to_state"] == "checkpointing")
     assert why["details"]["reason"] == "priority" and why["details"]["by"] is None

@@ -175,5 +175,16 @@ def test_nothing_starts_inside_a_previous_holders_grace(
         session.rollback()
         assert sent > 0
         assert check_grace_invariant(session) > 0
+        # None of these reported a checkpoint: their requeue says they start over.
+        requeues = session.execute(
+            text(
+                "SELECT reason, details FROM workload_events "
+                "WHERE from_state = 'preempted' AND to_state = 'queued'"
+            )
+        ).all()
+        assert requeues and all(
+            d["resumes_from"] == "start" and "restarts from the beginning" in r
+            for r, d in requeues
+        )
     finally:
         _kill(extra)

@@ -9,17 +9,43 @@ from pydantic import AwareDatetime, Field, model_validator
 from app.core.schemas import OutModel, StrictModel
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
+from app.placement.mig import PROFILES, model_profile_names, profile_by_name, profile_names
 
 GpuModelName = Literal[tuple(GPU_MODELS)]  # type: ignore[valid-type]
 TierName = Literal[("*", *(t.label for t in Tier))]  # type: ignore[valid-type]
 
 
+_GENERIC_SHAPES = ["whole", "fractional", "vm", "mig", *(f"mig-{k}" for k in PROFILES)]
+_MIG_NAMES = profile_names()
+PriceShape = Literal[  # type: ignore[valid-type]
+    tuple([*_GENERIC_SHAPES, *sorted(f"mig-{n}" for n in _MIG_NAMES)])
+]
+
+
+def _price_rules(schema: dict[str, Any], model: type) -> None:
+    """A model's own MIG profile name goes with that model (`mig-3g.40gb` with an H100, not a
+    B200): stated as anyOf, as `PriceIn._one_vocabulary` checks it."""
+    from app.core.schemas import _strict_schema
+
+    _strict_schema(schema, model)
+    groups: dict[frozenset[str], list[str]] = {}
+    for name, models in _MIG_NAMES.items():
+        groups.setdefault(models, []).append(f"mig-{name}")
+    schema["anyOf"] = [{"properties": {"shape": {"enum": _GENERIC_SHAPES}}}] + [
+        {"properties": {"shape": {"enum": sorted(names)}, "gpu_model": {"enum": sorted(m)}}}
+        for m, names in sorted(groups.items(), key=lambda kv: sorted(kv[1]))
+    ]
+
+
 class PriceIn(StrictModel):
+    model_config = {**StrictModel.model_config, "json_schema_extra": _price_rules}
+
     gpu_model: GpuModelName  # type: ignore[valid-type]
-    shape: str = Field(
+    shape: PriceShape = Field(  # type: ignore[valid-type]
         ...,
-        pattern=r"^(whole|fractional|vm|mig|mig-[0-9a-z.+]{2,16})$",
-        description="whole, fractional, vm, mig (any profile) or mig-<profile>",
+        description="whole, fractional, vm, mig (any profile), or one MIG profile: by its "
+        "generic key (`mig-3g`) or the model's name (`mig-3g.40gb`), stored as the key, the "
+        "vocabulary of the usage ledger",
     )
     tier: TierName = "*"  # type: ignore[valid-type]
     region: str = Field("*", min_length=1, max_length=63)
@@ -29,6 +55,22 @@ class PriceIn(StrictModel):
         ..., ge=0, le=10**9, description="Minor units (cents) per GPU-hour of GPU-equivalents"
     )
     effective_from: AwareDatetime
+
+    @model_validator(mode="after")
+    def _one_vocabulary(self) -> PriceIn:
+        if self.shape.startswith("mig-"):
+            try:
+                key = profile_by_name(self.gpu_model, self.shape[4:]).key
+            except KeyError:
+                valid = [
+                    *_GENERIC_SHAPES,
+                    *(f"mig-{n}" for n in model_profile_names(self.gpu_model)),
+                ]
+                raise ValueError(
+                    f"{self.shape!r} is not a shape of {self.gpu_model}; valid: " + ", ".join(valid)
+                ) from None
+            self.shape = f"mig-{key}"
+        return self
 
 
 class PriceOut(OutModel):

@@ -56,6 +56,11 @@ _NAMES = {
 _ORDER = ("1g", "1g.2m", "2g", "3g", "4g", "7g")
 
 
+def model_profile_names(model: str) -> tuple[str, ...]:
+    """The names NVIDIA gives `model`'s profiles (none for a model without MIG)."""
+    return _NAMES.get(model, ())
+
+
 def profile_names() -> dict[str, frozenset[str]]:
     """Every model-specific profile name, with the models that have it."""
     out: dict[str, set[str]] = {}

@@ -253,15 +253,18 @@ def finish_preemption(workload_id: str) -> str:
             [(w.tenant_id, "workload", w.id, {"reason": "preempted"}, {})],
         )
         lifecycle.transition(session, w, State.preempted, "grace period over: stopped")
+        checkpoint = w.last_checkpoint_at
         lifecycle.transition(
             session,
             w,
             State.queued,
-            "requeued: resumes from its last checkpoint",
+            # Say what really happens: no checkpoint reported means the work starts over.
+            f"requeued: resumes from its checkpoint of {as_aware(checkpoint):%Y-%m-%d %H:%M:%S} UTC"
+            if checkpoint
+            else "requeued: restarts from the beginning (no checkpoint was reported)",
             {
-                "last_checkpoint_at": w.last_checkpoint_at.isoformat()
-                if w.last_checkpoint_at
-                else None
+                "last_checkpoint_at": checkpoint.isoformat() if checkpoint else None,
+                "resumes_from": "checkpoint" if checkpoint else "start",
             },
         )
         kick_placement(session, w.region)
