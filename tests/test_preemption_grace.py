@@ -183,8 +183,7 @@ def test_nothing_starts_inside_a_previous_holders_grace(
             )
         ).all()
         assert requeues and all(
-            d["resumes_from"] == "start" and "restarts from the beginning" in r
-            for r, d in requeues
+            d["resumes_from"] == "start" and "restarts from the beginning" in r for r, d in requeues
         )
     finally:
         _kill(extra)

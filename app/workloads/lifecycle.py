@@ -150,8 +150,9 @@ def transition(
     w.state = to.value
     if to in TERMINAL:
         w.finished_at = at
-    elif to is S.running and w.started_at is None:
-        w.started_at = at
+    elif to is S.running:
+        w.started_at = w.started_at or at
+        w.run_started_at = at
     elif to is S.preempted:
         w.preempted_at = at
         w.preemptions += 1
@@ -177,6 +178,8 @@ _MOVED = (
     "finished_at",
     "preempted_at",
     "preemptions",
+    "run_started_at",
+    "run_deadline_at",
 )
 
 

@@ -33,6 +33,13 @@ class Workload(TimestampMixin, Base):
         Index("ix_workloads_region_changed_xid", "region", "changed_xid"),
         # A region's queue, oldest first: what every placement cycle asks for, at a cost that
         # follows the queue, not the region.
+        # Running work past its deadline: what the reconciler asks every few seconds.
+        Index(
+            "ix_workloads_run_deadline",
+            "run_deadline_at",
+            postgresql_where=text("state = 'running'"),
+            sqlite_where=text("state = 'running'"),
+        ),
         Index(
             "ix_workloads_queue",
             "region",
@@ -75,6 +82,12 @@ class Workload(TimestampMixin, Base):
     stop_deadline: Mapped[datetime | None] = mapped_column(default=None)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Simulated provider only: its process exits 0 after running this long (demos, tests).
+    run_for_s: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The current run: when it started, and when it ends at the latest (max_runtime_s, or the
+    # simulated run's end): `workloads.expire` stops it then; the reconciler finds those missed.
+    run_started_at: Mapped[datetime | None] = mapped_column(default=None)
+    run_deadline_at: Mapped[datetime | None] = mapped_column(default=None)
     # The seq of its latest event: the next one is known without reading the timeline.
     last_event_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Optimistic concurrency: every UPDATE says `WHERE generation = <what this writer read>`

@@ -25,6 +25,11 @@ class Provider(Protocol):
 
     def deprovision(self, w: Workload) -> None: ...
 
+    def run_for(self, w: Workload) -> float | None:
+        """Seconds after which the workload's process exits by itself, if the provider knows
+        (a real one does not: its node agent reports the exit through the API)."""
+        ...
+
 
 class SimulatedProvider:
     """Boots allocations with a realistic delay and can fail, without any machine.
@@ -55,6 +60,9 @@ class SimulatedProvider:
 
     def deprovision(self, w: Workload) -> None:
         return None
+
+    def run_for(self, w: Workload) -> float | None:
+        return float(w.run_for_s) if w.run_for_s else None
 
 
 def get_provider() -> Provider:

@@ -6,7 +6,7 @@ from fastapi import Depends, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.db import session_dependency
+from app.core.db import session_dependency, utcnow
 from app.core.errors import Conflict
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
@@ -21,6 +21,7 @@ from app.workloads.schemas import (
     DryRunOut,
     EventOut,
     EventPage,
+    ExitIn,
     QuotaList,
     QuotaOut,
     QuotaSet,
@@ -182,6 +183,32 @@ def checkpoint(
         .order_by(WorkloadEvent.seq.desc())
         .limit(1)
     ).one()
+
+
+@admin.post(
+    "/workloads/{workload_id}/exit",
+    response_model=WorkloadOut,
+    tags=["admin: workloads"],
+    summary="A node agent reports that a workload's process exited (0: succeeded, else failed)",
+)
+def report_exit(
+    workload_id: str,
+    body: ExitIn,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Workload:
+    w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
+    ok = body.exit_code == 0
+    service.finish(
+        session,
+        w,
+        succeeded=ok,
+        reason=f"the process exited with code {body.exit_code}"
+        + (f": {body.message}" if body.message else ""),
+        at=body.at or utcnow(),
+        details={"exit_code": body.exit_code, "cause": "exited" if ok else "exited_nonzero"},
+    )
+    return w
 
 
 def _quota_list(session: Session, tenant_id) -> dict:

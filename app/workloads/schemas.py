@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel
 from app.placement.catalog import GPU_MODELS
@@ -146,7 +146,19 @@ class WorkloadCreate(StrictModel):
     priority: Priority = "training"
     topology: TopologyIn | None = None
     region: str | None = Field(None, max_length=63)
-    max_runtime_s: int = Field(86400, ge=60, le=30 * 86400)
+    max_runtime_s: int = Field(
+        86400,
+        ge=60,
+        le=30 * 86400,
+        description="Each run is stopped (failed, `max_runtime_exceeded`) when it runs longer.",
+    )
+    run_for_s: int | None = Field(
+        None,
+        ge=1,
+        le=30 * 86400,
+        description="Simulated provider only (demos, tests): the process exits 0 after running "
+        "this long. Real providers report exits: `POST /v1/admin/workloads/{id}/exit`.",
+    )
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     labels: dict[
         Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]
@@ -237,6 +249,11 @@ class WorkloadOut(OutModel):
     preempted_at: datetime | None
     preemptions: int
     finished_at: datetime | None
+    run_for_s: int | None
+    run_deadline_at: datetime | None = Field(
+        description="When the current run ends at the latest (its max_runtime_s, or a "
+        "simulated run's length)"
+    )
     created_at: datetime
 
 
@@ -252,6 +269,14 @@ class EventOut(OutModel):
 
 class EventPage(OutModel):
     items: list[EventOut]
+
+
+class ExitIn(StrictModel):
+    """A node agent's report that a workload's process exited."""
+
+    exit_code: int = Field(..., ge=-255, le=255, description="0: success; anything else: failure")
+    at: AwareDatetime | None = Field(None, description="When it exited (default: now)")
+    message: str | None = Field(None, max_length=500, description="e.g. the last log line")
 
 
 class CheckpointIn(StrictModel):

@@ -139,6 +139,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         topology=body.topology.model_dump() if body.topology else None,
         region=region,
         max_runtime_s=body.max_runtime_s,
+        run_for_s=body.run_for_s,
         checkpoint_interval_s=body.checkpoint.interval_s,
         checkpoint_cost_s=body.checkpoint.cost_s,
         labels=dict(body.labels),
@@ -192,6 +193,33 @@ def terminate(session: Session, w: Workload, reason: str = "terminated by the cu
     held = State(w.state) in HOLDING
     lifecycle.transition(session, w, State.terminated, reason)
     if held and release(session, w, reason="terminated"):
+        enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+        kick_placement(session, w.region)
+
+
+def finish(
+    session: Session,
+    w: Workload,
+    *,
+    succeeded: bool,
+    reason: str,
+    at: datetime,
+    details: dict,
+) -> None:
+    """The workload's process ended (it exited, or was stopped at its deadline): a terminal
+    state at `at`, its allocations and their usage ending then, not when this runs."""
+    from app.workloads.placement import release
+
+    if State(w.state) not in (State.running, State.checkpointing):
+        raise NotRunning(f"A {w.state} workload has no process to end.", state=w.state)
+    at = min(at, utcnow())
+    if w.run_started_at is not None and at < as_aware(w.run_started_at):
+        raise ValidationFailed("The exit is before the run started.", code="exit_before_start")
+    held = release(session, w, at, reason=details.get("cause", "exited"))
+    lifecycle.transition(
+        session, w, State.succeeded if succeeded else State.failed, reason, details, at=at
+    )
+    if held:
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
         kick_placement(session, w.region)
 

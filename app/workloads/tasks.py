@@ -212,10 +212,12 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
                 lifecycle.transition(
                     session, w, State.running, "the provider reports it up", at=now, flush=False
                 )
+                w.run_deadline_at = run_deadline(w, now, provider)
                 ready.append(w)
             else:
                 failed.append((w, status))
         lifecycle.write(session, ready)
+        _expire_later(session, {str(w.id): w.run_deadline_at for w in ready}, now)
         audit.record_system(
             session,
             "workload.requeue",
@@ -236,6 +238,73 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
             )
             kick_placement(session, w.region)
         _check_later(session, later)
+        return out
+
+
+def run_deadline(w: Workload, start: datetime, provider) -> datetime:
+    """When the run that starts at `start` ends at the latest: its max_runtime_s, or sooner
+    when the provider knows its process exits by itself (the simulated run)."""
+    from datetime import timedelta
+
+    seconds = float(w.max_runtime_s)
+    exits = provider.run_for(w)
+    if exits is not None:
+        seconds = min(seconds, exits)
+    return start + timedelta(seconds=seconds)
+
+
+def _expire_later(session, deadlines: dict[str, datetime], now: datetime) -> None:
+    """One `workloads.expire` per deadline second for the workloads due then."""
+    due: dict[float, list[str]] = {}
+    for wid, deadline in deadlines.items():
+        step = max(0.0, math.ceil((as_aware(deadline) - now).total_seconds()))
+        due.setdefault(step, []).append(wid)
+    for step, ids in sorted(due.items()):
+        enqueue(session, "workloads.expire", queue="provisioning", countdown=step, workload_ids=ids)
+
+
+@_task("workloads.expire")
+def expire(workload_ids: list[str] | None = None, workload_id: str | None = None) -> dict:
+    """Runs at their deadline end: a simulated run that reached its declared length exits 0
+    (succeeded); any other run past max_runtime_s is stopped (failed, max_runtime_exceeded).
+    Usage stops at the deadline, not when this task runs. A workload whose run changed since
+    (preempted and running again) has a later deadline and is left alone."""
+    from app.workloads.service import finish
+
+    out = {"succeeded": 0, "failed": 0}
+    with session_scope() as session:
+        ws = _locked_in(
+            session,
+            _ids(workload_ids, workload_id),
+            {State.running.value, State.checkpointing.value},
+        )
+        now, provider = utcnow(), get_provider()
+        for w in ws:
+            if w.run_deadline_at is None or as_aware(w.run_deadline_at) > now:
+                continue
+            deadline, started = as_aware(w.run_deadline_at), as_aware(w.run_started_at)
+            ran = (deadline - started).total_seconds()
+            exits = provider.run_for(w)
+            if exits is not None and exits <= w.max_runtime_s:
+                finish(
+                    session,
+                    w,
+                    succeeded=True,
+                    reason=f"the process exited with code 0 after {ran:g} s",
+                    at=deadline,
+                    details={"exit_code": 0, "cause": "exited"},
+                )
+                out["succeeded"] += 1
+            else:
+                finish(
+                    session,
+                    w,
+                    succeeded=False,
+                    reason=f"stopped: ran past its max_runtime_s ({w.max_runtime_s} s)",
+                    at=deadline,
+                    details={"cause": "max_runtime_exceeded", "max_runtime_s": w.max_runtime_s},
+                )
+                out["failed"] += 1
         return out
 
 
@@ -282,6 +351,9 @@ def deprovision(workload_id: str) -> str:
 
 
 STUCK_AFTER_SECONDS = 30.0
+# A run this far past its deadline missed its `workloads.expire` (which is idempotent: a nudge
+# before it arrives does nothing).
+LATE_AFTER_SECONDS = 5.0
 
 
 @shared_task(name="workloads.reconcile", ignore_result=True)
@@ -325,6 +397,21 @@ def reconcile() -> int:
                     enqueue(session, task, queue="provisioning", workload_id=wid)
             else:
                 enqueue(session, task, queue="provisioning", workload_ids=ids)
+        # Runs past their deadline whose expire message was lost (indexed: running only).
+        late = [
+            str(wid)
+            for (wid,) in session.execute(
+                select(Workload.id)
+                .where(
+                    Workload.state == State.running.value,
+                    Workload.run_deadline_at < now - timedelta(seconds=LATE_AFTER_SECONDS),
+                )
+                .limit(1000)
+            )
+        ]
+        if late:
+            enqueue(session, "workloads.expire", queue="provisioning", workload_ids=late)
+            nudged += len(late)
     if nudged:
         log.warning("workloads_reconciled", nudged=nudged)
     return nudged
