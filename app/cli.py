@@ -140,8 +140,10 @@ def up(
         )
         console.print(f"  demo tenant key  {seeded['tenant_key']}")
         console.print(f"  operator key     {seeded['operator_key']}")
+        # Printed whole (no wrapping), so it can be pasted.
         console.print(
-            f"  try: curl -H 'Authorization: Bearer {seeded['tenant_key']}' {base}/v1/capacity"
+            f"  try: curl -H 'Authorization: Bearer {seeded['tenant_key']}' {base}/v1/capacity",
+            soft_wrap=True,
         )
     from app.core.processes import stop_groups
 

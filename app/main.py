@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi_offline import FastAPIOffline
 
 from app import models  # noqa: F401  (register every model)
 from app.audit import router as audit
@@ -51,7 +52,10 @@ async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
 def create_app() -> FastAPI:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
-    app = FastAPI(title="Rackplane", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan)
+    # /docs and /redoc with their assets served by the app: no CDN, so they work offline.
+    app = FastAPIOffline(
+        title="Rackplane", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan
+    )
     install_error_handlers(app)
     # Routes match in order, one by one: the hottest (workloads) first.
     for module in (workloads, health, tenants, keys, fleet, metering, billing, audit):

@@ -228,3 +228,16 @@ def test_requests_beyond_the_in_flight_bound_wait_then_get_a_503_problem():
     assert results["probe"][0] == 200 and results["slow"][0] == 200
     assert results["queued"][0] == 200
     assert inside == ["/slow", "/healthz", "/y"]  # the shed request never reached the app
+
+
+def test_a_body_that_is_not_json_says_where(client, world):
+    key = world.key(world.tenant("acme"))
+    r = client.post(
+        "/v1/workloads",
+        content=b'{\n  "kind": "instance",\n  "gpus": 1,,\n}',
+        headers={**auth(key), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422
+    [error] = r.json()["errors"]
+    assert (error["field"], error["line"], error["column"]) == ("body", 3, 13)
+    assert error["message"].startswith("invalid JSON at line 3, column 13")

@@ -59,7 +59,10 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
 
         wait_until(healthy, timeout=90, interval=0.5)
         assert (tmp_path / "data" / "rackplane.sqlite").exists()
-        assert "Swagger UI" in httpx.get(f"{base}/docs").text
+        docs = httpx.get(f"{base}/docs").text
+        assert "Swagger UI" in docs and "cdn." not in docs  # served by the app: works offline
+        asset = re.search(r'src="(/[^"]+swagger-ui-bundle\.js)"', docs).group(1)
+        assert httpx.get(base + asset).status_code == 200
         assert httpx.get(f"{base}/readyz").json()["status"] == "ready"
         tenant_key = re.search(r"demo tenant key\s+(rp_\w+)", log()).group(1)
         operator_key = re.search(r"operator key\s+(rp_\w+)", log()).group(1)
@@ -67,6 +70,13 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
             f"{base}/v1/capacity", headers={"Authorization": f"Bearer {tenant_key}"}
         ).json()
         assert sum(c["total_gpus"] for c in cap["items"]) == 152
+        # On SQLite too, every instant read back is UTC with its offset.
+        th = {"Authorization": f"Bearer {tenant_key}"}
+        made = httpx.post(f"{base}/v1/keys", json={"name": "z"}, headers=th).json()
+        again = httpx.get(f"{base}/v1/keys/{made['id']}", headers=th).json()
+        assert made["created_at"].endswith("Z") and again["created_at"].endswith("Z")
+        # The try-line is printed whole, so it can be pasted.
+        assert re.search(r"try: curl -H 'Authorization: Bearer rp_\w+' http\S+/v1/capacity", log())
         # A fleet import goes through the embedded broker to the worker process and back.
         r = httpx.post(
             f"{base}/v1/admin/fleet:import",

@@ -132,14 +132,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {
-                "field": format_loc(e.get("loc", ())),
-                "message": e.get("msg", ""),
-                "type": e.get("type", ""),
-            }
-            for e in exc.errors()
-        ]
+        errors = []
+        for e in exc.errors():
+            if e.get("type") == "json_invalid":  # say where, as an editor would
+                errors.append(await _json_error(request, e))
+                continue
+            errors.append(
+                {
+                    "field": format_loc(e.get("loc", ())),
+                    "message": e.get("msg", ""),
+                    "type": e.get("type", ""),
+                }
+            )
         fields = ", ".join(e["field"] for e in errors[:5])
         return problem_response(
             422,
@@ -193,6 +197,23 @@ def install_error_handlers(app: FastAPI) -> None:
             "An unexpected error occurred; it has been logged.",
             request,
         )
+
+
+async def _json_error(request: Request, error: dict[str, Any]) -> dict[str, Any]:
+    """A body that is not JSON: the parser's complaint at its line and column."""
+    loc = error.get("loc", ())
+    pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else 0
+    text = (await request.body())[:pos].decode("utf-8", "replace")
+    line = text.count("\n") + 1
+    column = pos - (text.rfind("\n") + 1) + 1 if "\n" in text else pos + 1
+    why = (error.get("ctx") or {}).get("error", "invalid JSON")
+    return {
+        "field": "body",
+        "message": f"invalid JSON at line {line}, column {column}: {why}",
+        "type": "json_invalid",
+        "line": line,
+        "column": column,
+    }
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from types import UnionType
 from typing import Annotated, Any, Generic, TypeVar, Union, get_args, get_origin
 
@@ -139,7 +139,17 @@ class StrictModel(BaseModel):
 
 
 class OutModel(BaseModel):
+    """Replies. Every instant is UTC with its offset (`...Z`), whatever the database returns
+    (SQLite gives naive datetimes back)."""
+
     model_config = ConfigDict(from_attributes=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _utc(cls, value: Any) -> Any:
+        if isinstance(value, datetime) and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
 
 
 class Page(BaseModel, Generic[T]):
