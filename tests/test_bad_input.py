@@ -230,3 +230,25 @@ def test_fleet_files_are_bounded_in_depth_and_expansion(client, keys, fmt, text,
     assert r.status_code == 422, r.text
     assert says in r.text
     assert spent < 5, spent  # refused before any expansion (it burnt 11 s before)
+
+
+def test_date_times_in_query_strings_are_rfc3339_text(client, app, keys):
+    """A bare number is not a date-time (pydantic would read it as epoch seconds)."""
+    doc, checked = _doc(app), 0
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            params = op.get("parameters", [])
+            when = [
+                p
+                for p in params
+                if _resolve(doc, p["schema"]).get("format") == "date-time"
+                or any(a.get("format") == "date-time" for a in p["schema"].get("anyOf", []))
+            ]
+            for p in when:
+                query = {q["name"]: "2026-11-01T00:00:00Z" for q in when}
+                query[p["name"]] = "0.5"
+                r = client.request(method, path, params=query, headers=_key_for(path, keys))
+                assert r.status_code == 422, (path, p["name"], r.text)
+                assert f"query.{p['name']}" in _fields(r.json())
+                checked += 1
+    assert checked >= 8

@@ -13,7 +13,7 @@ from app.audit.models import AuditEntry
 from app.audit.schemas import AdminAuditEntryOut, AuditEntryOut
 from app.core.db import session_dependency
 from app.core.routing import api_router
-from app.core.schemas import Page, PageParams, paginate, text_query
+from app.core.schemas import Page, PageParams, QueryDatetime, paginate, text_query
 from app.tenancy.auth import AuthContext, platform, tenant_read
 from app.tenancy.scoping import scoped_select
 
@@ -51,8 +51,8 @@ def _filtered(
 
 @router.get("/audit", response_model=Page[AuditEntryOut], summary="The tenant's audit log")
 def tenant_audit(
-    since: datetime | None = SINCE,
-    until: datetime | None = UNTIL,
+    since: QueryDatetime | None = SINCE,
+    until: QueryDatetime | None = UNTIL,
     action: str | None = ACTION,
     target_type: str | None = TARGET_TYPE,
     target_id: str | None = TARGET_ID,
@@ -74,8 +74,8 @@ def tenant_audit(
 
 @admin.get("/audit", response_model=Page[AdminAuditEntryOut], summary="Everyone's audit log")
 def admin_audit(
-    since: datetime | None = SINCE,
-    until: datetime | None = UNTIL,
+    since: QueryDatetime | None = SINCE,
+    until: QueryDatetime | None = UNTIL,
     action: str | None = ACTION,
     target_type: str | None = TARGET_TYPE,
     target_id: str | None = TARGET_ID,

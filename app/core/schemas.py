@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from datetime import UTC, date, datetime
 from types import UnionType
@@ -13,6 +14,7 @@ from fastapi import Query
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NaiveDatetime,
@@ -38,6 +40,18 @@ PERIOD_PATTERN = r"^(19[7-9][0-9]|2[0-9]{3})-(0[1-9]|1[0-2])$"
 MAX_JSON_INT = 2**53 - 1
 # Cursors are this API's own: URL-safe base64 of a small JSON array.
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,512}$"
+
+
+def _rfc3339(value: Any) -> Any:
+    # A query string is text: a bare number is not a date-time here (pydantic would read it
+    # as seconds since the epoch, which the schema's `format: date-time` does not allow).
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+(\.\d*)?\s*", value):
+        raise ValueError("expected an RFC 3339 date-time, e.g. 2026-11-01T00:00:00Z")
+    return value
+
+
+# A date-time in a query string: RFC 3339 text only.
+QueryDatetime = Annotated[datetime, BeforeValidator(_rfc3339)]
 
 
 def text_query(default: Any = None, *, max_length: int = 64, **kwargs: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Annotated
 
 from fastapi import Depends, Query
 from sqlalchemy import select
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 from app.core.db import session_dependency
 from app.core.errors import ValidationFailed
 from app.core.routing import api_router
+from app.core.schemas import QueryDatetime
 from app.metering import service
 from app.metering.schemas import (
     IngestOut,
@@ -25,8 +27,13 @@ from app.tenants.models import Tenant
 router = api_router(prefix="/v1", tags=["usage"])
 admin = api_router(prefix="/v1/admin", tags=["admin: usage"])
 
-FROM = Query(..., alias="from", description="Window start (inclusive), ISO 8601 with offset")
-TO = Query(..., alias="to", description="Window end (exclusive)")
+# The Query inside Annotated: FastAPI keeps the RFC 3339 check only that way for a required
+# parameter (with `= Query(...)` as the default it dropped the BeforeValidator).
+From = Annotated[
+    QueryDatetime,
+    Query(alias="from", description="Window start (inclusive), ISO 8601 with offset"),
+]
+To = Annotated[QueryDatetime, Query(alias="to", description="Window end (exclusive)")]
 GRANULARITY = Query("day", pattern="^(hour|day)$")
 GROUP_BY = Query(
     "",
@@ -57,8 +64,8 @@ def _answer(rows: list[dict], start: datetime, end: datetime, granularity: str, 
 
 @router.get("/usage", response_model=UsageOut, summary="Your usage, by time bucket and dimension")
 def usage(
-    start: datetime = FROM,
-    end: datetime = TO,
+    start: From,
+    end: To,
     granularity: str = GRANULARITY,
     group_by: str = GROUP_BY,
     auth: AuthContext = Depends(tenant_read),
@@ -71,8 +78,8 @@ def usage(
 
 @admin.get("/usage", response_model=UsageOut, summary="Any tenant's usage, or everyone's")
 def admin_usage(
-    start: datetime = FROM,
-    end: datetime = TO,
+    start: From,
+    end: To,
     granularity: str = GRANULARITY,
     group_by: str = GROUP_BY,
     tenant_id: uuid.UUID | None = None,
@@ -91,8 +98,8 @@ def admin_usage(
     summary="Fleet utilisation: allocated vs idle GPU-hours by region and GPU model",
 )
 def utilisation(
-    start: datetime = FROM,
-    end: datetime = TO,
+    start: From,
+    end: To,
     granularity: str = GRANULARITY,
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
