@@ -104,6 +104,12 @@ def seed_demo() -> dict | None:
             session, tenant_id=tenant.id, name="demo", scopes=["read", "write", "admin"]
         )
         okey = create_key(session, tenant_id=None, name="operator", scopes=["platform"])
+        # A price book from the start of the month, so the demo's usage is billed.
+        from app.billing.demo_prices import seed_demo_prices
+        from app.core.db import utcnow
+
+        now = utcnow()
+        seed_demo_prices(session, now.replace(day=1, hour=0, minute=0, second=0, microsecond=0))
         return {"tenant_key": tkey.key, "operator_key": okey.key}
 
 

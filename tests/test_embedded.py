@@ -75,6 +75,19 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
         made = httpx.post(f"{base}/v1/keys", json={"name": "z"}, headers=th).json()
         again = httpx.get(f"{base}/v1/keys/{made['id']}", headers=th).json()
         assert made["created_at"].endswith("Z") and again["created_at"].endswith("Z")
+        # The demo bills: a price book for every model, shape and plan is seeded.
+        prices = httpx.get(
+            f"{base}/v1/admin/prices",
+            params={"limit": 500},
+            headers={"Authorization": f"Bearer {operator_key}"},
+        ).json()["items"]
+        assert len(prices) == 45
+        h100 = {
+            (p["shape"], p["plan"]): p["unit_amount"]
+            for p in prices
+            if p["gpu_model"] == "H100-80GB"
+        }
+        assert h100[("whole", "on_demand")] == 616 and h100[("whole", "preemptible")] == 246
         # The try-line is printed whole, so it can be pasted.
         assert re.search(r"try: curl -H 'Authorization: Bearer rp_\w+' http\S+/v1/capacity", log())
         # A fleet import goes through the embedded broker to the worker process and back.
