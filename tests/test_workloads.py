@@ -67,7 +67,7 @@ def test_a_gang_job_is_accepted_queued_and_its_timeline_says_why(client, tenant)
         client,
         key,
         kind="job",
-        gpus=8,
+        gpus=2,
         replicas=4,
         gpu_models=["H100-80GB"],
         topology={"level": "nvlink_domain", "mode": "required"},
@@ -82,7 +82,7 @@ def test_a_gang_job_is_accepted_queued_and_its_timeline_says_why(client, tenant)
     assert (w["state"], w["tier"], w["gpu_milli"], w["replicas"]) == (
         "queued",
         "dedicated",
-        32_000,
+        8_000,
         4,
     )
     assert w["topology"] == {"level": "nvlink_domain", "mode": "required"}
@@ -247,8 +247,9 @@ def test_quotas_hard_limit_refuses_at_once_and_use_is_reported(client, world, te
     assert too_big.status_code == 422
     assert too_big.json()["code"] == "quota_limit_exceeded"
     assert too_big.json()["needed_milli"] == 24_000
-    ok = _submit(client, key, kind="job", gpus=8, replicas=2, gpu_models=["H100-80GB"])
-    assert ok.status_code == 201
+    # (Two replicas of 4: the fleet's one H100 node could never hold two of 8.)
+    ok = _submit(client, key, kind="job", gpus=4, replicas=2, gpu_models=["H100-80GB"])
+    assert ok.status_code == 201, ok.text
     mig = _submit(client, key, kind="instance", mig_profile="1g", gpu_models=["A100-80GB"])
     assert mig.status_code == 201  # 125 milli: a 1g slice is 1/8 of a GPU, not a GPU
     mine = client.get("/v1/quotas", headers=auth(key)).json()["items"]
@@ -267,7 +268,7 @@ def test_quotas_hard_limit_refuses_at_once_and_use_is_reported(client, world, te
             "limit_milli": 16000,
             "weight": 2.0,
             "used_milli": 0,
-            "queued_milli": 16000,
+            "queued_milli": 8000,
         },
     ]
     assert client.get(f"/v1/admin/tenants/{t.id}/quotas", headers=auth(op)).json()["items"] == mine
@@ -377,3 +378,60 @@ def test_a_submission_whose_commit_fails_is_refused_and_not_stored(client, tenan
         r = _submit(client, key, kind="instance", gpus=1, max_runtime_s=60)
     assert r.status_code == 503 and r.json()["code"] == "dependency_unavailable", r.text
     assert client.get("/v1/workloads", headers=auth(key)).json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        # 40 x 8 B200 on a fleet of 16 B200s: the issue's example.
+        ({"kind": "job", "gpus": 8, "replicas": 40, "gpu_models": ["B200"]}, "at most 2"),
+        ({"kind": "instance", "gpus": 16, "gpu_models": ["H100-80GB"]}, "has 16 GPUs"),
+        # 80 GB200 GPUs in one NVLink domain of 72.
+        (
+            {
+                "kind": "job",
+                "gpus": 4,
+                "replicas": 20,
+                "gpu_models": ["GB200"],
+                "topology": {"level": "nvlink_domain", "mode": "required"},
+            },
+            "no nvlink domain holds 20",
+        ),
+        (
+            {"kind": "vm", "gpus": 8, "gpu_models": ["GB200"], "isolation": "confidential-vm"},
+            "has 8 GPUs",
+        ),
+    ],
+)
+def test_what_the_fleet_could_never_hold_is_refused_at_submission(client, world, body, says):
+    world.fleet(
+        """
+regions:
+  - name: big
+    racks:
+      - {name: nvl-1, kind: nvl72, block: s1}
+      - {name: nvl-2, kind: nvl72, block: s1}
+      - name: b200
+        kind: hgx
+        gpu_model: B200
+        nodes: [{name: b1}, {name: b2}]
+      - name: h100
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes: [{name: h1}]
+      - name: a100
+        kind: hgx
+        gpu_model: A100-80GB
+        nodes: [{name: a1}]
+"""
+    )
+    t = world.tenant("big-co", policy=[*ALL])
+    key = world.key(t)
+    r = _submit(client, key, region="big", **body)
+    assert r.status_code == 422, r.text
+    p = r.json()
+    assert p["code"] == "does_not_fit_fleet" and says in p["reason"], p
+    assert client.get("/v1/workloads", headers=auth(key)).json()["items"] == []
+    # What fits is accepted.
+    ok = _submit(client, key, region="big", kind="job", gpus=8, replicas=2, gpu_models=["B200"])
+    assert ok.status_code == 201, ok.text

@@ -79,6 +79,7 @@ def choose_region(session: Session, body: WorkloadCreate) -> str:
 def forget_regions() -> None:
     """The fleet changed (in this process): choose regions afresh."""
     _REGIONS.clear()
+    _NODES.clear()
 
 
 def _region_query(session: Session, body: WorkloadCreate) -> str:
@@ -152,11 +153,61 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     return w
 
 
+class DoesNotFitFleet(ValidationFailed):
+    code = "does_not_fit_fleet"
+    title = "The fleet could never hold this request"
+
+
+_NODES: dict[str, tuple[float, list]] = {}
+
+
+def region_nodes(session: Session, region: str) -> list:
+    """The region's nodes as feasibility sees them, cached like regions (a few seconds)."""
+    import time
+
+    from app.workloads.feasibility import NodeCap
+
+    hit = _NODES.get(region)
+    if hit is not None and time.monotonic() - hit[0] < REGION_CACHE_SECONDS:
+        return hit[1]
+    rows = session.execute(
+        select(Node.gpu_model, func.count(Gpu.id), Node.nvlink_domain, Rack.name, Rack.block)
+        .select_from(Node)
+        .join(Gpu, Gpu.node_id == Node.id)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .where(Region.name == region)
+        .group_by(Node.id, Node.gpu_model, Node.nvlink_domain, Rack.name, Rack.block)
+    )
+    nodes = [NodeCap(m, int(n), d, r, b) for m, n, d, r, b in rows]
+    _NODES[region] = (time.monotonic(), nodes)
+    return nodes
+
+
+def check_feasible(session: Session, w: Workload, body: WorkloadCreate) -> None:
+    """Refuse what the region's fleet could never hold (see app/workloads/feasibility.py)."""
+    from app.workloads.feasibility import never_fits
+
+    why = never_fits(
+        region_nodes(session, w.region or ""),
+        models=tuple(body.gpu_models),
+        unit=body.unit,
+        gpus=body.gpus,
+        replicas=body.replicas,
+        kind=body.kind,
+        confidential=w.tier == "confidential-vm",
+        topology=body.topology.model_dump() if body.topology else None,
+    )
+    if why:
+        raise DoesNotFitFleet(f"It would wait for ever: {why}.", region=w.region, reason=why)
+
+
 def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload:
     """Store the workload already queued, with both its events (pending, then queued). The
     submission path is the API's hottest: two Core INSERTs rather than the ORM's unit of work
     (a third of the request's CPU), so the returned object is not in the session."""
     w = build(session, auth, body)
+    check_feasible(session, w, body)
     lifecycle.check(State.pending, State.queued)
     w.state = State.queued.value
     w.last_event_seq = 2
