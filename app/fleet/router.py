@@ -189,9 +189,14 @@ def change_node(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> Node:
+    from app.workloads.service import node_state_changed
+
     node = get_or_404(session, Node, node_id, what="node")
+    before = node.state
     set_node_state(node, body.state.value, body.reason)
     session.flush()
+    if node.state != before:  # what the new state does to the work on it
+        node_state_changed(session, node.id, node.name, node.state)
     return node
 
 

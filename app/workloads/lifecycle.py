@@ -41,7 +41,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # A plan that loses its race (a generation check fails) goes back to the queue.
     S.placing: frozenset({S.provisioning, S.queued, S.failed, S.terminated}),
     S.provisioning: frozenset({S.running, S.queued, S.failed, S.terminated}),
-    S.running: frozenset({S.checkpointing, S.succeeded, S.failed, S.terminated}),
+    # Straight to preempted when its hardware is gone (a node down): no grace to give.
+    S.running: frozenset({S.checkpointing, S.preempted, S.succeeded, S.failed, S.terminated}),
     # Preemption: checkpoint within the grace period, then release the GPUs.
     S.checkpointing: frozenset({S.preempted, S.running, S.failed, S.terminated}),
     S.preempted: frozenset({S.queued, S.terminated}),

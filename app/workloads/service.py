@@ -275,6 +275,103 @@ def finish(
         kick_placement(session, w.region)
 
 
+def requeue_reason(w: Workload) -> tuple[str, dict]:
+    """What a requeued workload resumes from, said truly: its checkpoint, or the start."""
+    at = w.last_checkpoint_at
+    if at is None:
+        return "requeued: restarts from the beginning (no checkpoint was reported)", {
+            "last_checkpoint_at": None,
+            "resumes_from": "start",
+        }
+    return f"requeued: resumes from its checkpoint of {as_aware(at):%Y-%m-%d %H:%M:%S} UTC", {
+        "last_checkpoint_at": at.isoformat(),
+        "resumes_from": "checkpoint",
+    }
+
+
+# What a node's state does to the work on it: the one table (operators' PATCH of a node).
+# ready, cordoned: nothing runs differently (cordoned only stops new placements).
+NODE_STATE_EFFECT = {
+    "ready": "none",
+    "cordoned": "none",
+    "draining": "checkpoint then move",  # running work gets its grace, then is requeued
+    "down": "stop now",  # the hardware is gone: stopped (usage too) and requeued at once
+}
+
+
+def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: str) -> int:
+    """Apply NODE_STATE_EFFECT to every workload holding GPUs on the node. Returns how many
+    were moved. Work not yet running (placing, provisioning) goes back to the queue at once."""
+    from datetime import timedelta
+
+    from app.audit import service as audit
+    from app.core.config import get_settings
+    from app.workloads.models import Allocation
+    from app.workloads.placement import release
+
+    effect = NODE_STATE_EFFECT[state]
+    if effect == "none":
+        return 0
+    ids = select(Allocation.workload_id).where(
+        Allocation.node_id == node_id, Allocation.released_at.is_(None)
+    )
+    ws = list(
+        session.scalars(
+            select(Workload).where(Workload.id.in_(ids)).order_by(Workload.id).with_for_update()
+        )
+    )
+    now, grace = utcnow(), get_settings().preemption_grace_seconds
+    regions, entries = set(), []
+    for w in ws:
+        regions.add(w.region)
+        running = w.state == State.running.value
+        if effect == "checkpoint then move" and running:
+            deadline = now + timedelta(seconds=grace)
+            w.evicted_at, w.stop_deadline = now, deadline
+            lifecycle.transition(
+                session,
+                w,
+                State.checkpointing,
+                f"node {name} is draining: checkpoint before {deadline:%H:%M:%S}, then it moves",
+                {"reason": "node_draining", "node": name, "deadline": deadline.isoformat()},
+                at=now,
+            )
+            release(session, w, now, reason="node_draining")
+            enqueue(
+                session,
+                "workloads.finish_preemption",
+                queue="provisioning",
+                workload_id=str(w.id),
+                countdown=grace,
+            )
+            entries.append((w.tenant_id, "workload", w.id, {"reason": "node_draining"}, {}))
+            continue
+        if w.state == State.checkpointing.value:
+            if effect == "stop now":  # its grace ends with the hardware
+                release(session, w, now, reason="node_down")
+                lifecycle.transition(
+                    session, w, State.preempted, f"stopped: node {name} is down", at=now
+                )
+                reason, details = requeue_reason(w)
+                lifecycle.transition(session, w, State.queued, reason, details, at=now)
+            continue  # draining: already on its way off
+        release(session, w, now, reason=f"node_{state}")
+        if running:
+            lifecycle.transition(
+                session, w, State.preempted, f"stopped: node {name} is down", at=now
+            )
+            reason, details = requeue_reason(w)
+        else:  # placing or provisioning: it never started there
+            reason = f"node {name} is {state} before it started: back in the queue"
+            details = {"node": name}
+        lifecycle.transition(session, w, State.queued, reason, details, at=now)
+        entries.append((w.tenant_id, "workload", w.id, {"reason": f"node_{state}"}, {}))
+    audit.record_system(session, "workload.requeue", entries)
+    for region in regions:
+        kick_placement(session, region)
+    return len(ws)
+
+
 def kick_placement(session: Session, region: str | None) -> None:
     """A placement cycle for `region` soon after the commit: work waits there or capacity
     freed up. Coalesced and not durable (the placement tick is the guarantee)."""

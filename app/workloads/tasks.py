@@ -22,7 +22,7 @@ from app.workloads.lifecycle import State
 from app.workloads.models import Workload, WorkloadEvent
 from app.workloads.placement import PlanConflict, grace_left, release, run_cycle
 from app.workloads.providers import get_provider
-from app.workloads.service import kick_placement
+from app.workloads.service import kick_placement, requeue_reason
 
 log = get_logger(__name__)
 POLL_SECONDS = 0.5
@@ -322,20 +322,8 @@ def finish_preemption(workload_id: str) -> str:
             [(w.tenant_id, "workload", w.id, {"reason": "preempted"}, {})],
         )
         lifecycle.transition(session, w, State.preempted, "grace period over: stopped")
-        checkpoint = w.last_checkpoint_at
-        lifecycle.transition(
-            session,
-            w,
-            State.queued,
-            # Say what really happens: no checkpoint reported means the work starts over.
-            f"requeued: resumes from its checkpoint of {as_aware(checkpoint):%Y-%m-%d %H:%M:%S} UTC"
-            if checkpoint
-            else "requeued: restarts from the beginning (no checkpoint was reported)",
-            {
-                "last_checkpoint_at": checkpoint.isoformat() if checkpoint else None,
-                "resumes_from": "checkpoint" if checkpoint else "start",
-            },
-        )
+        reason, details = requeue_reason(w)  # the checkpoint, or the start: said truly
+        lifecycle.transition(session, w, State.queued, reason, details)
         kick_placement(session, w.region)
         return "requeued"
 
