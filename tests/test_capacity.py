@@ -52,6 +52,39 @@ def test_capacity_subtracts_every_live_allocation(client, world, celery_worker_p
     assert row["free_milli"] == 23000 - 8000 - 2000 - 300
     # One 3g.40gb on the MIG GPU: one more 3g fits, and four 1g (7 compute - 3 used).
     assert row["free_mig"]["3g.40gb"] == 1 and row["free_mig"]["1g.10gb"] == 4
+    # Operators see who holds what: the workloads on a node, and each GPU's holders with
+    # the MIG layout and the shares.
+    op = world.key(None)
+    everyone = client.get("/v1/admin/workloads", headers=auth(op)).json()["items"]
+    assert {w["id"] for w in everyone} == set(ids) and everyone[0]["tenant_id"]
+    nodes = {
+        n["name"]: n["id"] for n in client.get("/v1/admin/nodes", headers=auth(op)).json()["items"]
+    }
+    h3 = client.get(f"/v1/admin/nodes/{nodes['h3']}", headers=auth(op)).json()
+    [mig] = [h for g in h3["gpus"] if g["mig_mode"] for h in g["holders"]]
+    assert (mig["workload_id"], mig["mig_profile"], mig["mig_slot"]) == (
+        ids[2],
+        "3g",
+        mig["mig_slot"],
+    )
+    assert mig["mig_slot"] is not None
+    on_h3 = client.get("/v1/admin/workloads", params={"node": "h3"}, headers=auth(op)).json()
+    assert ids[2] in {w["id"] for w in on_h3["items"]}
+    shares = [
+        (g, h)
+        for n in nodes.values()
+        for g in client.get(f"/v1/admin/nodes/{n}", headers=auth(op)).json()["gpus"]
+        for h in g["holders"]
+        if h["workload_id"] == ids[3]
+    ]
+    [(gpu, share)] = shares
+    assert share["milli"] == 300 and share["gpu_memory_mib"] == 20000 and gpu["free_milli"] == 700
+    one = client.get(f"/v1/admin/gpus/{gpu['id']}", headers=auth(op)).json()
+    assert one["holders"] == [share]
+    running = client.get(
+        "/v1/admin/workloads", params={"state": "running", "kind": "vm"}, headers=auth(op)
+    ).json()["items"]
+    assert [w["id"] for w in running] == [ids[1]]
     for w in ids:
         client.delete(f"/v1/workloads/{w}", headers=auth(key))
     assert wait_until(lambda: _row(client, key) == empty, timeout=30)

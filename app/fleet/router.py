@@ -16,6 +16,7 @@ from app.fleet.schemas import (
     Capacity,
     FleetImportOut,
     FleetValidation,
+    GpuDetail,
     GpuOut,
     NodeDetail,
     NodeOut,
@@ -23,7 +24,7 @@ from app.fleet.schemas import (
     RackOut,
     RegionOut,
 )
-from app.fleet.service import capacity, set_node_state
+from app.fleet.service import capacity, gpu_detail, holders, set_node_state
 from app.outbox.service import enqueue
 from app.tenancy.auth import AuthContext, platform, tenant_read
 
@@ -172,10 +173,14 @@ def read_node(
     node_id: str,
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
-) -> Node:
+) -> dict:
     node = get_or_404(session, Node, node_id, what="node")
     session.scalars(select(Node).where(Node.id == node.id).options(selectinload(Node.gpus))).one()
-    return node
+    held = holders(session, [node.id])
+    return {
+        **NodeOut.model_validate(node).model_dump(),
+        "gpus": [gpu_detail(g, held.get((node.id, g.index), [])) for g in node.gpus],
+    }
 
 
 @admin.patch(
@@ -214,10 +219,11 @@ def list_gpus(
     return {"items": items, "next_cursor": nxt}
 
 
-@admin.get("/gpus/{gpu_id}", response_model=GpuOut, summary="Read a GPU")
+@admin.get("/gpus/{gpu_id}", response_model=GpuDetail, summary="Read a GPU and who holds it")
 def read_gpu(
     gpu_id: str,
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
-) -> Gpu:
-    return get_or_404(session, Gpu, gpu_id, what="gpu")
+) -> dict:
+    gpu = get_or_404(session, Gpu, gpu_id, what="gpu")
+    return gpu_detail(gpu, holders(session, [gpu.node_id]).get((gpu.node_id, gpu.index), []))

@@ -48,8 +48,26 @@ class NodeOut(OutModel):
     created_at: datetime
 
 
+class Holder(BaseModel):
+    """A live allocation on a GPU: whose, at which tier, and how much of it."""
+
+    workload_id: uuid.UUID
+    tenant_id: uuid.UUID
+    replica: int
+    tier: str
+    milli: int = Field(description="Per GPU: 1000 whole, a MIG slice's share, or a share's milli")
+    gpu_memory_mib: int = Field(description="A fractional share's GPU memory (0 otherwise)")
+    mig_profile: str | None = Field(description="The MIG profile (its generic key), if a slice")
+    mig_slot: int | None = Field(description="The MIG slice's start slot, if a slice")
+
+
+class GpuDetail(GpuOut):
+    holders: list[Holder] = Field(description="Who holds it now (empty: idle)")
+    free_milli: int = Field(description="Capacity left on it (milli-GPU)")
+
+
 class NodeDetail(NodeOut):
-    gpus: list[GpuOut]
+    gpus: list[GpuDetail]
 
 
 class NodeStateChange(StrictModel):

@@ -223,3 +223,39 @@ def capacity(session: Session) -> list[dict[str, Any]]:
                 name = profile_name(model, key)
                 free[name] = free.get(name, 0) + n
     return list(rows.values())
+
+
+def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]]]:
+    """(node id, GPU index) -> the live allocations on that GPU (operators' views)."""
+    from app.workloads.models import Allocation
+
+    out: dict[tuple, list[dict[str, Any]]] = {}
+    for a in session.scalars(
+        select(Allocation)
+        .where(Allocation.node_id.in_(node_ids), Allocation.released_at.is_(None))
+        .order_by(Allocation.created_at)
+    ):
+        for g in a.gpu_indices:
+            out.setdefault((a.node_id, g), []).append(
+                {
+                    "workload_id": a.workload_id,
+                    "tenant_id": a.tenant_id,
+                    "replica": a.replica,
+                    "tier": a.tier,
+                    "milli": a.milli,
+                    "gpu_memory_mib": a.gpu_memory_mib,
+                    "mig_profile": a.mig_profile,
+                    "mig_slot": a.mig_start,
+                }
+            )
+    return out
+
+
+def gpu_detail(gpu: Gpu, held: list[dict[str, Any]]) -> dict[str, Any]:
+    from app.fleet.schemas import GpuOut
+
+    return {
+        **GpuOut.model_validate(gpu).model_dump(),
+        "holders": held,
+        "free_milli": max(0, 1000 - sum(h["milli"] for h in held)),
+    }

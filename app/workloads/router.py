@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from typing import Literal
 
 from fastapi import Depends, Response
@@ -9,7 +10,7 @@ from sqlalchemy.orm import Session
 from app.core.db import session_dependency, utcnow
 from app.core.errors import Conflict
 from app.core.routing import api_router
-from app.core.schemas import Page, PageParams, paginate
+from app.core.schemas import Page, PageParams, paginate, text_query
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
 from app.tenancy.scoping import get_owned, scoped_select
 from app.tenants.models import Tenant
@@ -17,11 +18,13 @@ from app.workloads import service
 from app.workloads.lifecycle import HOLDING, State
 from app.workloads.models import Workload, WorkloadEvent
 from app.workloads.schemas import (
+    AdminWorkloadOut,
     CheckpointIn,
     DryRunOut,
     EventOut,
     EventPage,
     ExitIn,
+    Priority,
     QuotaList,
     QuotaOut,
     QuotaSet,
@@ -209,6 +212,48 @@ def report_exit(
         details={"exit_code": body.exit_code, "cause": "exited" if ok else "exited_nonzero"},
     )
     return w
+
+
+@admin.get(
+    "/workloads",
+    response_model=Page[AdminWorkloadOut],
+    tags=["admin: workloads"],
+    summary="Every tenant's workloads, by tenant, state, kind, region, node or priority",
+)
+def admin_list_workloads(
+    tenant_id: uuid.UUID | None = None,
+    state: State | None = None,
+    kind: Literal["instance", "vm", "job"] | None = None,
+    priority: Priority | None = None,
+    region: str | None = text_query(description="Region name"),
+    node: str | None = text_query(description="Node name: the workloads holding GPUs on it"),
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    from app.fleet.models import Node
+    from app.workloads.models import Allocation
+
+    stmt = scoped_select(auth, Workload)
+    for column, value in (
+        (Workload.tenant_id, tenant_id),
+        (Workload.state, state.value if state else None),
+        (Workload.kind, kind),
+        (Workload.priority, priority),
+        (Workload.region, region),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if node is not None:
+        stmt = stmt.where(
+            Workload.id.in_(
+                select(Allocation.workload_id)
+                .join(Node, Node.id == Allocation.node_id)
+                .where(Node.name == node, Allocation.released_at.is_(None))
+            )
+        )
+    items, nxt = paginate(session, stmt, Workload, page)
+    return {"items": items, "next_cursor": nxt}
 
 
 def _quota_list(session: Session, tenant_id) -> dict:

@@ -337,6 +337,10 @@ class PlacementOut(OutModel):
     gpu_milli: int
 
 
+class AdminWorkloadOut(WorkloadOut):
+    tenant_id: uuid.UUID
+
+
 class OtherWorkloads(OutModel):
     """Other tenants' workloads, as a tenant may know of them: a count per priority."""
 
