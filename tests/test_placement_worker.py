@@ -208,7 +208,7 @@ def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, cel
     )
 
 
-def _as_pod(obj):
+def _as(obj, kind: str):
     """Through the official client's own deserializer: a manifest it cannot read fails."""
     import json
 
@@ -217,16 +217,42 @@ def _as_pod(obj):
     class Response:
         data = json.dumps(obj)
 
-    return ApiClient().deserialize(Response(), "V1Pod")
+    return ApiClient().deserialize(Response(), kind)
+
+
+def _as_pod(obj):
+    return _as(obj, "V1Pod")
 
 
 def _check_manifests(client, key, gang, mig):
     r = client.get(f"/v1/workloads/{gang['id']}/manifest", headers=auth(key))
     assert r.status_code == 200, r.text
     lst = r.json()
-    assert (lst["apiVersion"], lst["kind"], len(lst["items"])) == ("v1", "List", 2)
-    for i, (item, p) in enumerate(zip(lst["items"], gang["placement"], strict=True)):
+    assert (lst["apiVersion"], lst["kind"], len(lst["items"])) == ("v1", "List", 3)
+    service, *items = lst["items"]
+    svc = _as(service, "V1Service")
+    base = svc.metadata.name
+    assert svc.spec.cluster_ip == "None" and svc.spec.ports[0].port == 29500
+    assert svc.spec.selector == {"rackplane.dev/workload": gang["id"]}
+    master = f"{base}-0.{base}.tenant-acme.svc.cluster.local"
+    for i, (item, p) in enumerate(zip(items, gang["placement"], strict=True)):
         pod = _as_pod(item)
+        # Distributed training: torchrun's, JAX's and plain ranks, the rendezvous, topology.
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        per = len(p["gpu_indices"])
+        assert (pod.spec.hostname, pod.spec.subdomain) == (f"{base}-{i}", base)
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (master, "29500")
+        assert env["WORLD_SIZE"] == str(2 * per) and env["LOCAL_WORLD_SIZE"] == str(per)
+        assert env["RANK"] == str(i * per) and env["LOCAL_RANK"] == "0"
+        assert (env["PET_NNODES"], env["PET_NODE_RANK"], env["PET_NPROC_PER_NODE"]) == (
+            "2",
+            str(i),
+            str(per),
+        )
+        assert env["JAX_PROCESS_ID"] == str(i) and env["JAX_NUM_PROCESSES"] == "2"
+        assert env["RACKPLANE_NODE"] == p["node"] and env["RACKPLANE_RACK"] == p["rack"]
+        assert env["RACKPLANE_NVLINK_DOMAIN"] == f"r1/hgx-1/{p['node']}"
+        assert pod.spec.resource_claims is None  # HGX: no multi-node NVLink domain
         assert pod.spec.node_selector == {"kubernetes.io/hostname": p["node"]}
         limits = pod.spec.containers[0].resources.limits
         assert limits == {"nvidia.com/gpu": "4"}
@@ -701,3 +727,36 @@ def test_a_cycle_that_finds_the_region_busy_hands_over_to_the_running_one(
         )
 
     assert wait_until(lambda: placed() == {first, second}, timeout=5)
+
+
+def test_a_gang_across_nvl72_trays_shares_a_compute_domain(client, world, celery_worker_process):
+    """Replicas on several trays of one NVL72 rack: the ComputeDomain NVIDIA's DRA driver
+    expects, and each Pod claiming its IMEX channel."""
+    world.fleet("regions: [{name: r1, racks: [{name: nvl-1, kind: nvl72, block: s1}]}]")
+    key = world.key(world.tenant("acme", policy=ALL))
+    gang = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 4,
+            "replicas": 2,
+            "gpu_models": ["GB200"],
+            "topology": {"level": "nvlink_domain", "mode": "required"},
+        },
+        headers=auth(key),
+    ).json()
+    placed = _running(client, key, gang["id"])
+    assert len({p["node"] for p in placed["placement"]}) == 2
+    lst = client.get(f"/v1/workloads/{gang['id']}/manifest", headers=auth(key)).json()
+    kinds = [i["kind"] for i in lst["items"]]
+    assert kinds == ["Service", "ComputeDomain", "Pod", "Pod"]
+    cd = lst["items"][1]
+    assert cd["apiVersion"] == "resource.nvidia.com/v1beta1" and cd["spec"]["numNodes"] == 2
+    template = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    for item in lst["items"][2:]:
+        pod = _as_pod(item)
+        [claim] = pod.spec.resource_claims
+        assert claim.resource_claim_template_name == template
+        assert [c.name for c in pod.spec.containers[0].resources.claims] == [claim.name]
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert env["RACKPLANE_NVLINK_DOMAIN"] == "r1/nvl-1"

@@ -7,6 +7,13 @@ NVIDIA device plugin for what the placement holds: `nvidia.com/gpu` (whole GPUs)
 (a time-sliced or MPS share). The exact GPU indices and MIG slot go in annotations for a DRA
 driver or a topology-aware device plugin. VMs run as Kata pods (GPU passthrough; the
 confidential runtime class for confidential VMs). A gang is a `List` of its Pods.
+
+A gang is wired for distributed training: a headless Service names the first replica
+(`MASTER_ADDR`, `MASTER_PORT`), and each Pod gets what torchrun, JAX and plain launchers read
+(`RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `PET_*` for torchrun's own
+arguments, `JAX_*`), plus the topology it landed on (node, rack, NVLink domain). A gang whose
+replicas share a multi-node NVLink domain (an NVL72 rack) gets the `ComputeDomain` NVIDIA's DRA
+driver expects, each Pod claiming its IMEX channel.
 """
 
 from __future__ import annotations
@@ -15,11 +22,17 @@ from typing import Any
 
 from kubernetes.client import (
     ApiClient,
+    CoreV1ResourceClaim,
     V1Container,
+    V1EnvVar,
     V1ObjectMeta,
     V1Pod,
+    V1PodResourceClaim,
     V1PodSpec,
     V1ResourceRequirements,
+    V1Service,
+    V1ServicePort,
+    V1ServiceSpec,
     V1Toleration,
 )
 
@@ -29,6 +42,36 @@ from app.workloads.models import Workload
 DEFAULT_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 RUNTIME_CLASS = {"vm": "kata-qemu-nvidia-gpu", "confidential-vm": "kata-qemu-nvidia-gpu-snp"}
 PRIORITY_CLASS = "rackplane-{}"
+MASTER_PORT = 29500
+IMEX_CLAIM = "imex-channel"
+
+
+def _gang_env(w: Workload, p: dict[str, Any], master: str, domain: str) -> list[V1EnvVar]:
+    """What a replica's launcher needs: ranks for one process per GPU (torchrun sets the
+    per-process ones from PET_*; with one GPU per replica RANK and LOCAL_RANK are exact)."""
+    per = len(p["gpu_indices"]) if not (p["mig_profile"] or w.shape.get("milli")) else 1
+    r = p["replica"]
+    env = {
+        "MASTER_ADDR": master,
+        "MASTER_PORT": MASTER_PORT,
+        "WORLD_SIZE": w.replicas * per,
+        "LOCAL_WORLD_SIZE": per,
+        "RANK": r * per,
+        "LOCAL_RANK": 0,
+        "GROUP_RANK": r,
+        "PET_NNODES": w.replicas,
+        "PET_NODE_RANK": r,
+        "PET_NPROC_PER_NODE": per,
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": MASTER_PORT,
+        "JAX_COORDINATOR_ADDRESS": f"{master}:{MASTER_PORT}",
+        "JAX_NUM_PROCESSES": w.replicas,
+        "JAX_PROCESS_ID": r,
+        "RACKPLANE_NODE": p["node"],
+        "RACKPLANE_RACK": p["rack"],
+        "RACKPLANE_NVLINK_DOMAIN": domain,
+    }
+    return [V1EnvVar(name=k, value=str(v)) for k, v in env.items()]
 
 
 def _resources(w: Workload, p: dict[str, Any]) -> dict[str, str]:
@@ -47,9 +90,17 @@ def _resources(w: Workload, p: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def pods(w: Workload, tenant_slug: str) -> list[V1Pod]:
+def pods(
+    w: Workload, tenant_slug: str, domains: dict[str, str] | None = None, imex: bool = False
+) -> list[V1Pod]:
+    """One Pod per replica. `domains`: each node's NVLink domain; `imex`: the replicas share a
+    multi-node NVLink domain (they claim the ComputeDomain's IMEX channel)."""
     assert w.placement, "only a placed workload has a manifest"
     base = f"{tenant_slug}-{str(w.id)[:8]}"
+    namespace = f"tenant-{tenant_slug}"
+    gang = w.kind == "job"
+    master = f"{base}-0.{base}.{namespace}.svc.cluster.local"
+    domains = domains or {}
     out = []
     for p in sorted(w.placement, key=lambda p: p["replica"]):
         labels = {
@@ -60,9 +111,11 @@ def pods(w: Workload, tenant_slug: str) -> list[V1Pod]:
             "rackplane.dev/replica": str(p["replica"]),
             **{f"user.rackplane.dev/{k}": v for k, v in (w.labels or {}).items()},
         }
+        domain = domains.get(p["node"], p["node"])
         annotations = {
             "rackplane.dev/gpu-indices": ",".join(str(i) for i in p["gpu_indices"]),
             "rackplane.dev/rack": p["rack"],
+            "rackplane.dev/nvlink-domain": domain,
         }
         if p["mig_profile"]:
             annotations["rackplane.dev/mig-slot"] = str(p["mig_slot"])
@@ -70,17 +123,28 @@ def pods(w: Workload, tenant_slug: str) -> list[V1Pod]:
             annotations["rackplane.dev/gpu-milli"] = str(w.shape["milli"])
             annotations["rackplane.dev/gpu-memory-mib"] = str(w.shape["gpu_memory_mib"])
         res = _resources(w, p)
-        env_rank = [
-            {"name": "RACKPLANE_RANK", "value": str(p["replica"])},
-            {"name": "RACKPLANE_WORLD_SIZE", "value": str(w.replicas)},
+        env = [
+            V1EnvVar(name="RACKPLANE_RANK", value=str(p["replica"])),
+            V1EnvVar(name="RACKPLANE_WORLD_SIZE", value=str(w.replicas)),
         ]
+        if gang:
+            env += _gang_env(w, p, master, domain)
+        claims = [CoreV1ResourceClaim(name=IMEX_CLAIM)] if imex else None
         container = V1Container(
             name="main",
             image=w.image or DEFAULT_IMAGE,
-            resources=V1ResourceRequirements(limits=res, requests=res),
-            env=env_rank,
+            resources=V1ResourceRequirements(limits=res, requests=res, claims=claims),
+            env=env,
+            ports=[{"containerPort": MASTER_PORT, "name": "rendezvous"}] if gang else None,
         )
         spec = V1PodSpec(
+            hostname=f"{base}-{p['replica']}" if gang else None,
+            subdomain=base if gang else None,
+            resource_claims=[
+                V1PodResourceClaim(name=IMEX_CLAIM, resource_claim_template_name=f"{base}-imex")
+            ]
+            if imex
+            else None,
             containers=[container],
             node_selector={"kubernetes.io/hostname": p["node"]},
             tolerations=[
@@ -97,7 +161,7 @@ def pods(w: Workload, tenant_slug: str) -> list[V1Pod]:
                 kind="Pod",
                 metadata=V1ObjectMeta(
                     name=f"{base}-{p['replica']}",
-                    namespace=f"tenant-{tenant_slug}",
+                    namespace=namespace,
                     labels=labels,
                     annotations=annotations,
                 ),
@@ -107,10 +171,43 @@ def pods(w: Workload, tenant_slug: str) -> list[V1Pod]:
     return out
 
 
-def manifest(w: Workload, tenant_slug: str) -> dict[str, Any]:
-    """One Pod, or a `List` of Pods for a gang, as plain JSON."""
+def manifest(
+    w: Workload, tenant_slug: str, domains: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One Pod, or for a gang a `List`: its headless Service, its ComputeDomain when it spans
+    nodes of one multi-node NVLink domain, and its Pods; as plain JSON."""
     api = ApiClient()
-    items = [api.sanitize_for_serialization(p) for p in pods(w, tenant_slug)]
+    domains = domains or {}
+    nodes = {p["node"] for p in w.placement or []}
+    shared = {domains.get(n, n) for n in nodes}
+    imex = w.kind == "job" and len(nodes) > 1 and len(shared) == 1 and shared != nodes
+    items = [api.sanitize_for_serialization(p) for p in pods(w, tenant_slug, domains, imex)]
     if w.kind != "job":
         return items[0]
-    return {"apiVersion": "v1", "kind": "List", "items": items}
+    base = f"{tenant_slug}-{str(w.id)[:8]}"
+    namespace = f"tenant-{tenant_slug}"
+    service = V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=V1ObjectMeta(name=base, namespace=namespace),
+        spec=V1ServiceSpec(
+            cluster_ip="None",  # headless: each Pod's hostname resolves
+            selector={"rackplane.dev/workload": str(w.id)},
+            ports=[V1ServicePort(name="rendezvous", port=MASTER_PORT)],
+            publish_not_ready_addresses=True,
+        ),
+    )
+    head: list[dict[str, Any]] = [api.sanitize_for_serialization(service)]
+    if imex:  # NVIDIA's DRA driver: one IMEX domain for the gang's nodes
+        head.append(
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "ComputeDomain",
+                "metadata": {"name": f"{base}-cd", "namespace": namespace},
+                "spec": {
+                    "numNodes": len(nodes),
+                    "channel": {"resourceClaimTemplate": {"name": f"{base}-imex"}},
+                },
+            }
+        )
+    return {"apiVersion": "v1", "kind": "List", "items": head + items}

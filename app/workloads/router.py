@@ -143,8 +143,14 @@ def manifest(
         raise NotPlaced(
             f"A {w.state} workload holds no GPUs, so it has no manifest.", state=w.state
         )
+    from app.fleet.models import Node
+
     tenant = session.get(Tenant, w.tenant_id)
-    return k8s.manifest(w, tenant.slug)
+    names = {p["node"] for p in w.placement}
+    domains = dict(
+        session.execute(select(Node.name, Node.nvlink_domain).where(Node.name.in_(names))).all()
+    )
+    return k8s.manifest(w, tenant.slug, domains)
 
 
 @router.get(
