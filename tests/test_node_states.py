@@ -10,17 +10,9 @@ from datetime import datetime
 from sqlalchemy import text
 
 from tests.conftest import auth, wait_until
+from tests.test_placement_worker import ALL, fleet
 
-ALL = ["shared-timeslice", "shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
-FLEET = """
-regions:
-  - name: r1
-    racks:
-      - name: hgx-1
-        kind: hgx
-        gpu_model: H100-80GB
-        nodes: [{name: h1}, {name: h2}]
-"""
+FLEET = fleet(2)  # two HGX H100 nodes, h1 and h2
 
 
 def _get(client, key, wid):
