@@ -496,9 +496,12 @@ class Engine:
             def place(r: int, perf: float | None) -> Binding | None:
                 return self._place_replica(req, r, plan, None, perf)
         else:
-            order = (
-                list(nodes) if keep_order else sorted(nodes, key=lambda n: self.snap.node_names[n])
-            )
+            if keep_order:
+                order = list(nodes)
+            elif req.shape.gpus and req.replicas > 1:
+                order = self._fewest_nodes(req, nodes)
+            else:
+                order = sorted(nodes, key=lambda n: self.snap.node_names[n])
             allowed = set(order)
 
             def place(r: int, perf: float | None) -> Binding | None:
@@ -514,6 +517,29 @@ class Engine:
                 perf_class = perf_class_of(self.snap.node_perf[self.snap.node_index[b.node]])
             bindings.append(b)
         return bindings
+
+    def _fewest_nodes(self, req: Request, nodes: list[int]) -> list[int]:
+        """The group's nodes in the order a whole-GPU gang should fill them: the fewest nodes
+        that hold it. A node that holds every replica left, the tightest such; else the node
+        that holds the most, and so on (ranks fill one node before the next). Without this a
+        gang took the first node by name with room for one replica, then spread."""
+        names = self.snap.node_names
+        room = {n: self._whole_capacity(req, [n]) for n in nodes}
+        pool = sorted((n for n in nodes if room[n]), key=lambda n: names[n])
+        order: list[int] = []
+        left = req.replicas
+        while left > 0 and pool:
+            holds_all = [n for n in pool if room[n] >= left]
+            pick = (
+                min(holds_all, key=lambda n: (room[n], names[n]))
+                if holds_all
+                else max(pool, key=lambda n: (room[n], -pool.index(n)))
+            )
+            order.append(pick)
+            pool.remove(pick)
+            left -= room[pick]
+        chosen = set(order)
+        return order + sorted((n for n in nodes if n not in chosen), key=lambda n: names[n])
 
     def _place_replica_in_order(self, req, replica, plan, order, allowed, perf_class):
         """Within a topology group: the first node in rank order that fits (contiguous ranks)."""

@@ -316,3 +316,24 @@ def test_host_model_counts_gpus_the_free_cpu_cannot_feed():
     light = Request("g", "t1", Tier.DEDICATED, Shape(gpus=1, cpu_milli=2_000, mem_mib=1))
     # A GPU pod with little CPU: a stays fed; b's last idle GPU is fed by its 10 cores left.
     assert host.delta(s, light, cands).tolist() == [0.0, -800.0]
+
+
+def test_a_gang_lands_on_the_fewest_nodes_whatever_the_constraint_level():
+    """The README's gang, 2 x 4 H100 with `rack` required: with the first node of the rack
+    half taken and the second entirely free, both replicas go to the free node (one node),
+    not one on each (the name order did that)."""
+    s = snap(hgx("h", 2, rack="r1"))
+    engine = Engine(s, make_policy("rackplane"))
+    plan = engine.place([whole("half", 4)])
+    taken = plan.bindings[0].node
+    gang = engine.place([whole("g", 4, replicas=2, topology=required(Level.RACK))], plan)
+    out = gang.outcomes[-1]
+    assert out.placed
+    assert {b.node for b in out.bindings} == {"h001" if taken == "h000" else "h000"}
+    # Three replicas of 4 need two nodes: the free node whole, then the half-used one.
+    s2 = snap(hgx("h", 2, rack="r1"))
+    e2 = Engine(s2, make_policy("rackplane"))
+    p2 = e2.place([whole("half", 4)])
+    p2 = e2.place([whole("g3", 4, replicas=3, topology=required(Level.RACK))], p2)
+    b3 = sorted(p2.outcomes[-1].bindings, key=lambda b: b.replica)
+    assert len({b.node for b in b3}) == 2 and b3[0].node == b3[1].node  # ranks contiguous
