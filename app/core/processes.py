@@ -11,11 +11,13 @@ import time
 
 
 def stop_groups(children: list[subprocess.Popen], timeout: float = 20.0) -> None:
-    """Warm shutdown (SIGTERM) of each child's process group, started with
-    `start_new_session=True`; SIGKILL to whatever of a group is left after `timeout`."""
+    """Warm shutdown of each child, started with `start_new_session=True`: SIGTERM to its
+    leader alone (a Celery worker then lets running tasks finish and stops its own pool and
+    beat; SIGTERM to the whole group killed the pool under it, which it restarted and waited
+    out, 20-60 s), then SIGKILL to whatever of the group is left after `timeout`."""
     for child in children:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
+            os.kill(child.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for child in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
