@@ -24,6 +24,11 @@ class NodeCap:
     block: str
 
 
+def _cc_whole_node(n: NodeCap) -> bool:
+    model = GPU_MODELS.get(n.model)
+    return model is not None and model.cc_whole_node
+
+
 def never_fits(
     nodes: list[NodeCap],
     *,
@@ -51,13 +56,16 @@ def never_fits(
         if not allowed:
             return f"no GPU of {what} here supports MIG"
     per = gpus if unit == "whole" else 1
-    # Replicas each node could hold alone: a multi-GPU confidential VM takes the whole node;
-    # MIG slices and shares, up to 7 per GPU.
-    whole_node = confidential and per > 1
-    if unit != "whole":
-        slots = [(n, n.gpus * 7) for n in allowed]
-    else:
-        slots = [(n, (1 if n.gpus >= per else 0) if whole_node else n.gpus // per) for n in allowed]
+
+    # Replicas each node could hold alone: a multi-GPU confidential VM on Hopper takes the
+    # whole node (protected PCIe); MIG slices and shares, up to 7 per GPU.
+    def holds(n: NodeCap) -> int:
+        if unit != "whole":
+            return n.gpus * 7
+        whole_node = confidential and per > 1 and _cc_whole_node(n)
+        return (1 if n.gpus >= per else 0) if whole_node else n.gpus // per
+
+    slots = [(n, holds(n)) for n in allowed]
     if not any(s for _, s in slots):
         biggest = max((n.gpus for n in allowed), default=0)
         return f"no node of {what} has {per} GPUs (the largest has {biggest})"
