@@ -144,8 +144,24 @@ class Engine:
 
         cpu_free, mem_free = s.node_cpu_free.item, s.node_mem_free.item
 
+        cc_node = s.model_cc_whole_node
+        node_model, node_cc, node_allocs = s.node_model.item, s.node_cc.item, s.node_allocs.item
+        if req.tier is Tier.CONFIDENTIAL_VM:  # a CC-mode node: only confidential VMs on it
+
+            def cc_ok(n: int) -> bool:
+                return not cc_node[node_model(n)] or node_allocs(n) == node_cc(n)
+        else:
+
+            def cc_ok(n: int) -> bool:
+                return node_cc(n) == 0
+
         def host_ok(n: int) -> bool:
-            return (nodes is None or n in nodes) and cpu_free(n) >= cpu and mem_free(n) >= mem
+            return (
+                (nodes is None or n in nodes)
+                and cpu_free(n) >= cpu
+                and mem_free(n) >= mem
+                and cc_ok(n)
+            )
 
         if shape.cpu_only:
             for node_id in np.flatnonzero(
@@ -153,6 +169,7 @@ class Engine:
                 & (s.node_mem_free >= mem)
                 & s.node_sched
                 & (s.node_excl < 0)
+                & (s.node_cc == 0)
             ):
                 if nodes is None or int(node_id) in nodes:
                     out_n.append(int(node_id))
@@ -235,12 +252,18 @@ class Engine:
         shape = req.shape
         model_ok = np.zeros(len(s.model_names), np.bool_)
         model_ok[self.allowed_models(shape, req.tier)] = True
+        cc_node = np.asarray(s.model_cc_whole_node, np.bool_)[s.node_model]
         node_ok = (
             model_ok[s.node_model]
             & s.node_sched
             & (s.node_excl < 0)
             & (s.node_cpu_free >= shape.cpu_milli)
             & (s.node_mem_free >= shape.mem_mib)
+            & (
+                (~cc_node | (s.node_allocs == s.node_cc))
+                if req.tier is Tier.CONFIDENTIAL_VM
+                else (s.node_cc == 0)
+            )
         )
         if shape.cpu_only:
             n = np.flatnonzero(node_ok)

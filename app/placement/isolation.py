@@ -7,7 +7,13 @@ The rules follow shared/reference/gpu.md conservatively:
 - MIG has hardware memory/fault isolation: across tenants in `mig-shared`, one tenant in
   `mig-dedicated` (for customers whose policy forbids co-tenancy);
 - dedicated GPUs, VMs and confidential VMs get whole GPUs that nobody shares;
-- a multi-GPU confidential VM on Hopper claims the node's NVSwitches: the whole node.
+- a multi-GPU confidential VM on Hopper claims the node's NVSwitches: the whole node;
+- on Hopper HGX, CC mode is node-wide (NVIDIA supports all GPUs in CC mode, each to one
+  confidential VM, or all in protected-PCIe mode, all to one): a node with a confidential VM
+  takes only confidential VMs (of any tenant, one GPU each), and a confidential VM goes only
+  to a node with nothing else on it (`Snapshot.node_cc`, checked by the engine);
+- on Blackwell (B200, GB200) a confidential VM of 1, 2, 4 or 8 GPUs takes just its GPUs
+  (multi-GPU passthrough CC); other work may use the node's other GPUs.
 """
 
 from __future__ import annotations

@@ -110,6 +110,10 @@ class Snapshot:
         self.node_perf = np.array([s.perf for s in nodes], np.float32)
         self.node_excl = np.full(n, NO_TENANT, np.int32)  # whole-node claim (confidential VM)
         self.node_allocs = np.zeros(n, np.int32)
+        # Confidential VMs on a node whose model sets CC mode node-wide (Hopper HGX: all GPUs
+        # in CC mode or none): while any is there, the node takes nothing else, and a
+        # confidential VM goes only where nothing else is (isolation.cc_mode_ok).
+        self.node_cc = np.zeros(n, np.int32)
         present = np.arange(g)[None, :] < self.node_ngpu[:, None]
         self.gpu_present = present
         self.gpu_free = np.where(present, 1000, -1).astype(np.int16)
@@ -431,6 +435,8 @@ class Snapshot:
         self._w(self.node_cpu_free, n, int(self.node_cpu_free[n]) - cpu, n)
         self._w(self.node_mem_free, n, int(self.node_mem_free[n]) - mem, n)
         self._w(self.node_allocs, n, int(self.node_allocs[n]) + 1, n)
+        if tier is Tier.CONFIDENTIAL_VM and self.model_cc_whole_node[int(self.node_model[n])]:
+            self._w(self.node_cc, n, int(self.node_cc[n]) + 1, n)
         aid = self._next_alloc
         self._next_alloc += 1
         self._d(
@@ -508,6 +514,8 @@ class Snapshot:
         self._w(self.node_cpu_free, n, int(self.node_cpu_free[n]) + a.cpu, n)
         self._w(self.node_mem_free, n, int(self.node_mem_free[n]) + a.mem, n)
         self._w(self.node_allocs, n, int(self.node_allocs[n]) - 1, n)
+        if a.tier is Tier.CONFIDENTIAL_VM and self.model_cc_whole_node[int(self.node_model[n])]:
+            self._w(self.node_cc, n, int(self.node_cc[n]) - 1, n)
         self._d(self.allocs, aid, _DELETE)
         reverted = []
         if a.mig is not None:

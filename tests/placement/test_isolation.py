@@ -98,3 +98,43 @@ def test_impossible_combinations_are_refused_with_the_rule(tier, shape, why):
     s = snap(node("n1"))
     out = Engine(s, make_policy("best-fit")).place([Request("x", "t", tier, shape)]).outcomes[0]
     assert not out.placed and why in out.reason
+
+
+def _cvm(rid: str, tenant: str, gpus: int = 1) -> Request:
+    return Request(rid, tenant, Tier.CONFIDENTIAL_VM, Shape(gpus=gpus))
+
+
+def _container(rid: str, tenant: str, gpus: int = 1) -> Request:
+    return Request(rid, tenant, Tier.DEDICATED, Shape(gpus=gpus))
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "rackplane"])
+def test_a_hopper_node_in_cc_mode_takes_only_confidential_vms(policy):
+    """Hopper HGX sets CC mode node-wide: once a confidential VM is on a node, other tenants'
+    confidential VMs may join it, containers may not; a node running a container takes no
+    confidential VM."""
+    s = snap(hgx("h", 2))
+    engine = Engine(s, make_policy(policy))
+    plan = engine.place([_cvm("cc1", "ta")])
+    cc_node = plan.outcomes[0].bindings[0].node
+    plan = engine.place([_cvm("cc2", "tb")], plan)
+    assert plan.outcomes[-1].bindings[0].node == cc_node  # CC-mode node: shared by CVMs
+    plan = engine.place([_container("c", "tc", 2)], plan)
+    other = plan.outcomes[-1].bindings[0].node
+    assert other != cc_node  # never beside the confidential VMs
+    plan = engine.place([_container("fill", "tc", 6)], plan)
+    assert plan.outcomes[-1].bindings[0].node == other
+    # The CC node has 6 GPUs free, but takes no container; the other node is full.
+    plan = engine.place([_container("late", "td", 1)], plan)
+    assert not plan.outcomes[-1].placed
+    # And a node with a container takes no confidential VM (the CC node still does).
+    plan = engine.place([_cvm("cc3", "te")], plan)
+    assert plan.outcomes[-1].bindings[0].node == cc_node
+
+
+def test_a_blackwell_confidential_vm_takes_just_its_gpus():
+    s = snap(node("b1", gpus=8, model="B200"))
+    engine = Engine(s, make_policy("first-fit"))
+    plan = engine.place([_cvm("cc", "ta", 2), _container("c", "tb", 4)])
+    assert all(o.placed for o in plan.outcomes)
+    assert {o.bindings[0].node for o in plan.outcomes} == {"b1"}
