@@ -95,3 +95,44 @@ def test_draining_gives_the_grace_then_moves_and_cordoned_only_stops_new_work(
         headers=auth(op),
     )
     assert _running_on(client, key, wid) == {other}
+
+
+def test_a_retired_node_leaves_the_fleet_and_what_needed_it_fails(
+    client, world, celery_worker_process
+):
+    world.fleet(FLEET)
+    key, op = world.key(world.tenant("acme", policy=ALL)), world.key(None)
+    one = client.post("/v1/workloads", json={"kind": "instance", "gpus": 8}, headers=auth(key))
+    [node] = _running_on(client, key, one.json()["id"])
+    both = client.post(  # needs both nodes: waits while one is busy
+        "/v1/workloads", json={"kind": "job", "gpus": 8, "replicas": 2}, headers=auth(key)
+    ).json()
+    small = client.post(  # fits the remaining node later: keeps waiting
+        "/v1/workloads", json={"kind": "instance", "gpus": 4}, headers=auth(key)
+    ).json()
+    other = "h2" if node == "h1" else "h1"
+    r = client.patch(
+        f"/v1/admin/nodes/{_node_id(client, op, other)}",
+        json={"state": "retired", "reason": "decommissioned"},
+        headers=auth(op),
+    )
+    assert r.status_code == 200, r.text
+    gone = _get(client, key, both["id"])
+    assert gone["state"] == "failed"
+    _, events = _states(client, key, both["id"])
+    assert events[-1]["details"]["cause"] == "does_not_fit_fleet"
+    assert "can no longer hold it" in events[-1]["reason"]
+    assert _get(client, key, small["id"])["state"] in ("queued", "placing", "provisioning")
+    # The fleet is smaller, for good: capacity and new submissions say so.
+    [row] = client.get("/v1/capacity", headers=auth(key)).json()["items"]
+    assert row["total_gpus"] == 8
+    again = client.post(
+        "/v1/workloads", json={"kind": "job", "gpus": 8, "replicas": 2}, headers=auth(key)
+    )
+    assert again.status_code == 422 and again.json()["code"] == "does_not_fit_fleet"
+    back = client.patch(
+        f"/v1/admin/nodes/{_node_id(client, op, other)}",
+        json={"state": "ready"},
+        headers=auth(op),
+    )
+    assert back.status_code == 409  # retired is for good

@@ -29,6 +29,7 @@ class NodeState(str, enum.Enum):
     cordoned = "cordoned"
     draining = "draining"
     down = "down"
+    retired = "retired"  # out of the fleet for good: work that needed it fails, not waits
 
 
 class GpuHealth(str, enum.Enum):

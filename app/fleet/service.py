@@ -14,10 +14,11 @@ from app.placement.catalog import RACK_KINDS
 
 # Allowed operator transitions of a node's state.
 NODE_TRANSITIONS: dict[str, set[str]] = {
-    NodeState.ready.value: {"cordoned", "draining", "down"},
-    NodeState.cordoned.value: {"ready", "draining", "down"},
-    NodeState.draining.value: {"cordoned", "ready", "down"},
-    NodeState.down.value: {"ready", "cordoned"},
+    NodeState.ready.value: {"cordoned", "draining", "down", "retired"},
+    NodeState.cordoned.value: {"ready", "draining", "down", "retired"},
+    NodeState.draining.value: {"cordoned", "ready", "down", "retired"},
+    NodeState.down.value: {"ready", "cordoned", "retired"},
+    NodeState.retired.value: set(),  # for good
 }
 
 
@@ -170,6 +171,7 @@ def capacity(session: Session) -> list[dict[str, Any]]:
         .join(Rack, Node.rack_id == Rack.id)
         .join(Region, Rack.region_id == Region.id)
         .outerjoin(GpuUsage, and_(GpuUsage.node_id == Gpu.node_id, GpuUsage.gpu_index == Gpu.index))
+        .where(Node.state != NodeState.retired.value)  # no longer part of the fleet
         .group_by(Region.name, Gpu.model)
         .order_by(Region.name, Gpu.model)
     )

@@ -176,12 +176,54 @@ def region_nodes(session: Session, region: str) -> list:
         .join(Gpu, Gpu.node_id == Node.id)
         .join(Rack, Node.rack_id == Rack.id)
         .join(Region, Rack.region_id == Region.id)
-        .where(Region.name == region)
+        .where(Region.name == region, Node.state != "retired")
         .group_by(Node.id, Node.gpu_model, Node.nvlink_domain, Rack.name, Rack.block)
     )
     nodes = [NodeCap(m, int(n), d, r, b) for m, n, d, r, b in rows]
     _NODES[region] = (time.monotonic(), nodes)
     return nodes
+
+
+def _never_fits_row(session: Session, w: Workload) -> str | None:
+    """`never_fits` for a stored workload (its shape as submitted)."""
+    from app.workloads.feasibility import never_fits
+
+    shape = w.shape or {}
+    unit = "whole" if shape.get("gpus") else "mig" if shape.get("mig_profile") else "fraction"
+    return never_fits(
+        region_nodes(session, w.region or ""),
+        models=tuple(shape.get("gpu_models") or ()),
+        unit=unit,
+        gpus=int(shape.get("gpus") or 0),
+        replicas=w.replicas,
+        kind=w.kind,
+        confidential=w.tier == "confidential-vm",
+        topology=w.topology,
+    )
+
+
+def fail_what_no_longer_fits(session: Session, region: str) -> int:
+    """After the region's fleet shrank for good: waiting work it could never hold now fails
+    with the reason, instead of waiting silently. Returns how many."""
+    forget_regions()
+    failed = 0
+    for w in session.scalars(
+        select(Workload)
+        .where(Workload.region == region, Workload.state == State.queued.value)
+        .order_by(Workload.id)
+        .with_for_update()
+    ):
+        why = _never_fits_row(session, w)
+        if why:
+            lifecycle.transition(
+                session,
+                w,
+                State.failed,
+                f"the fleet can no longer hold it: {why}",
+                {"cause": "does_not_fit_fleet", "reason": why},
+            )
+            failed += 1
+    return failed
 
 
 def check_feasible(session: Session, w: Workload, body: WorkloadCreate) -> None:
@@ -296,6 +338,9 @@ NODE_STATE_EFFECT = {
     "cordoned": "none",
     "draining": "checkpoint then move",  # running work gets its grace, then is requeued
     "down": "stop now",  # the hardware is gone: stopped (usage too) and requeued at once
+    # Gone for good: stopped and requeued like `down`; then waiting work the region can no
+    # longer hold fails with the reason (fail_what_no_longer_fits).
+    "retired": "stop now",
 }
 
 
@@ -350,7 +395,7 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
             if effect == "stop now":  # its grace ends with the hardware
                 release(session, w, now, reason="node_down")
                 lifecycle.transition(
-                    session, w, State.preempted, f"stopped: node {name} is down", at=now
+                    session, w, State.preempted, f"stopped: node {name} is {state}", at=now
                 )
                 reason, details = requeue_reason(w)
                 lifecycle.transition(session, w, State.queued, reason, details, at=now)
@@ -358,7 +403,7 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
         release(session, w, now, reason=f"node_{state}")
         if running:
             lifecycle.transition(
-                session, w, State.preempted, f"stopped: node {name} is down", at=now
+                session, w, State.preempted, f"stopped: node {name} is {state}", at=now
             )
             reason, details = requeue_reason(w)
         else:  # placing or provisioning: it never started there
@@ -367,9 +412,21 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
         lifecycle.transition(session, w, State.queued, reason, details, at=now)
         entries.append((w.tenant_id, "workload", w.id, {"reason": f"node_{state}"}, {}))
     audit.record_system(session, "workload.requeue", entries)
+    if state == "retired":
+        session.flush()  # the requeued work is judged on the fleet without the node
+        fail_what_no_longer_fits(session, node_region(session, node_id))
     for region in regions:
         kick_placement(session, region)
     return len(ws)
+
+
+def node_region(session: Session, node_id: uuid.UUID) -> str:
+    return session.scalar(
+        select(Region.name)
+        .join(Rack, Rack.region_id == Region.id)
+        .join(Node, Node.rack_id == Rack.id)
+        .where(Node.id == node_id)
+    )
 
 
 def kick_placement(session: Session, region: str | None) -> None:
