@@ -26,10 +26,10 @@ from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
 from app.core.secrets import check_server_secrets
 from app.fleet import router as fleet
 from app.fleet.document import FleetDocument
-from app.health import router as health
 from app.idempotency.middleware import IdempotencyMiddleware
 from app.keys import router as keys
 from app.metering import router as metering
+from app.probes import router as probes
 from app.ratelimit.service import RateLimitHeadersMiddleware
 from app.tenants import router as tenants
 from app.workloads import router as workloads
@@ -58,7 +58,7 @@ def create_app() -> FastAPI:
     )
     install_error_handlers(app)
     # Routes match in order, one by one: the hottest (workloads) first.
-    for module in (workloads, health, tenants, keys, fleet, metering, billing, audit):
+    for module in (workloads, probes, tenants, keys, fleet, metering, billing, audit):
         app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)

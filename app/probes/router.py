@@ -1,3 +1,5 @@
+"""Liveness, readiness and metrics probes (`app/health` is kept for GPU health)."""
+
 from __future__ import annotations
 
 import anyio
@@ -12,7 +14,7 @@ from app.core.errors import ServiceUnavailable
 from app.core.logging import get_logger
 from app.core.routing import api_router
 
-router = api_router(tags=["health"])
+router = api_router(tags=["probes"])
 log = get_logger(__name__)
 
 
