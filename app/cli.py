@@ -53,6 +53,32 @@ def _register_sim() -> None:
 
         _emit(run(events=events, tenants=tenants, intervals=intervals, runs=runs), as_json)
 
+    @bench_cli.command("telemetry")
+    def bench_telemetry(
+        gpus: int = typer.Option(10_000, min=8, help="GPUs reporting (8 per node)."),
+        rounds: int = typer.Option(3, min=1, help="Measured rounds (30 s of agent time each)."),
+        batch_nodes: int = typer.Option(32, min=1, help="Nodes per push (a rack's relay)."),
+        runs: int = typer.Option(1, min=1, help="Repeats; medians are reported."),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """DCGM telemetry through the real API into PostgreSQL: samples/s, API CPU and
+        database writes per 1000 samples (see app/health/bench.py)."""
+        from app.health.bench import median_run
+
+        _emit(median_run(runs, gpus=gpus, rounds=rounds, batch_nodes=batch_nodes), as_json)
+
+    @bench_cli.command("recovery")
+    def bench_recovery(
+        gpus: int = typer.Option(10_000, min=512, help="GPUs in the fleet (half get filled)."),
+        faults: int = typer.Option(10, min=1, help="Gangs hit by an Xid 79, one at a time."),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """Xid 79 on one GPU of running 8x8 gangs: fault to requeued and to running again,
+        lost work, usage after the fault, double allocations (see app/health/recovery_bench.py)."""
+        from app.health.recovery_bench import run
+
+        _emit(run(gpus=gpus, faults=faults), as_json)
+
 
 _register_sim()
 console = Console()
@@ -238,6 +264,82 @@ def fleet_show() -> None:
             mig or "-",
         )
     console.print(table)
+
+
+@fleet_cli.command("health")
+def fleet_health(
+    as_json: bool = typer.Option(False, "--json", help="The same as GET /v1/admin/health."),
+) -> None:
+    """What is out of the pool and why, per region and rack; open incidents."""
+    from app.core.db import session_scope
+    from app.health.schemas import FleetHealth
+    from app.health.service import summary
+
+    with session_scope() as session:
+        report = FleetHealth.model_validate(summary(session))
+    if as_json:
+        console.print_json(report.model_dump_json())
+        return
+    table = Table(
+        "region",
+        "rack",
+        "GPUs",
+        "healthy",
+        "suspect",
+        "out",
+        "out of service",
+        "allocated",
+        "idle",
+        "unavailable",
+    )
+    for reg in report.regions:
+        for rk in reg.racks:
+            h = rk.by_health
+            out = sum(v for k, v in h.items() if k not in ("healthy", "suspect", "out_of_service"))
+            table.add_row(
+                reg.region,
+                rk.rack,
+                str(rk.gpus),
+                str(h.get("healthy", 0)),
+                str(h.get("suspect", 0)),
+                str(out),
+                str(h.get("out_of_service", 0)),
+                str(rk.by_allocation.allocated),
+                str(rk.by_allocation.idle),
+                str(rk.by_allocation.unavailable),
+            )
+    console.print(table)
+    out_table = Table("region", "rack", "node", "GPU", "state", "since", "why")
+    for reg in report.regions:
+        for rk in reg.racks:
+            for o in rk.out:
+                out_table.add_row(
+                    reg.region,
+                    rk.rack,
+                    o.node,
+                    "node" if o.gpu_index is None else str(o.gpu_index),
+                    o.health,
+                    f"{o.since:%Y-%m-%d %H:%M:%S}" if o.since else "-",
+                    o.reason or "-",
+                )
+    if out_table.row_count:
+        console.print(out_table)
+    else:
+        console.print("Every GPU is healthy.")
+    if report.incidents:
+        inc = Table("opened", "node", "class", "what", "GPUs", "signals", "state", "held back")
+        for i in report.incidents:
+            inc.add_row(
+                f"{i.opened_at:%H:%M:%S}",
+                i.node or "-",
+                i.action,
+                i.what,
+                ",".join(map(str, i.gpu_indices)) or "-",
+                str(i.signals),
+                i.state,
+                i.held_back or "-",
+            )
+        console.print(inc)
 
 
 @tenants_cli.command("create")

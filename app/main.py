@@ -26,6 +26,9 @@ from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
 from app.core.secrets import check_server_secrets
 from app.fleet import router as fleet
 from app.fleet.document import FleetDocument
+from app.health import metrics as health_metrics
+from app.health import router as health
+from app.health.schemas import TelemetryBatch
 from app.idempotency.middleware import IdempotencyMiddleware
 from app.keys import router as keys
 from app.metering import router as metering
@@ -57,9 +60,11 @@ def create_app() -> FastAPI:
         title="Rackplane", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan
     )
     install_error_handlers(app)
+    health_metrics.register()  # fleet and health state on /metrics, read at scrape time
     # Routes match in order, one by one: the hottest (workloads) first.
-    for module in (workloads, probes, tenants, keys, fleet, metering, billing, audit):
-        app.include_router(module.router)
+    for module in (workloads, probes, tenants, keys, fleet, metering, billing, audit, health):
+        if hasattr(module, "router"):
+            app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)
     # The audit entry of a request that commits is written in its transaction (routing hook).
@@ -72,9 +77,13 @@ def create_app() -> FastAPI:
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_bytes=settings.max_body_bytes,
-        large_paths={"/v1/admin/fleet:import": settings.max_import_bytes},
+        large_paths={
+            "/v1/admin/fleet:import": settings.max_import_bytes,
+            "/v1/admin/telemetry": settings.max_telemetry_bytes,
+        },
     )
-    app.add_middleware(audit_service.AuditMiddleware)
+    # Telemetry is data, not anyone's decision: what it causes is in the health history.
+    app.add_middleware(audit_service.AuditMiddleware, exempt=frozenset({"/v1/admin/telemetry"}))
     app.add_middleware(
         ConcurrencyLimitMiddleware,
         limit=settings.api_max_in_flight,
@@ -91,9 +100,11 @@ def create_app() -> FastAPI:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        fleet_schema = FleetDocument.model_json_schema(ref_template="#/components/schemas/{model}")
-        components.update(fleet_schema.pop("$defs", {}))
-        components["FleetDocument"] = fleet_schema
+        # Bodies read raw (YAML or JSON; JSON or Prometheus text): their schemas by hand.
+        for model in (FleetDocument, TelemetryBatch):
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
         _problem_responses(schema)
         app.openapi_schema = schema
         return schema

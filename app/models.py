@@ -11,6 +11,14 @@ from app.billing.models import (
 )
 from app.core.db import Base
 from app.fleet.models import FleetImport, Gpu, Node, Rack, Region
+from app.health.models import (
+    GpuTelemetry,
+    HealthEvent,
+    HealthIncident,
+    HealthRepair,
+    IdleIron,
+    NodeHeartbeat,
+)
 from app.idempotency.models import IdempotencyRecord
 from app.keys.models import ApiKey
 from app.metering.models import UsageEvent
@@ -39,6 +47,12 @@ __all__ = [
     "ApiKey",
     "FleetImport",
     "Gpu",
+    "GpuTelemetry",
+    "HealthEvent",
+    "HealthIncident",
+    "HealthRepair",
+    "IdleIron",
+    "NodeHeartbeat",
     "IdempotencyRecord",
     "Node",
     "OutboxMessage",

@@ -70,6 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_PREEMPTION_GRACE": "1",
             "RACKPLANE_PLACEMENT_TICK": "1",
             "RACKPLANE_BUDGET_EVAL_SECONDS": "1",
+            # Repairs in seconds, not minutes.
+            "RACKPLANE_SIM_RESET_SECONDS": "0.5",
+            "RACKPLANE_SIM_REBOOT_SECONDS": "2",
+            "RACKPLANE_VALIDATE_SECONDS": "0.5",
+            "RACKPLANE_HEALTH_SWEEP": "1",
         }
     )
 
@@ -106,6 +111,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 TABLES = [
     "audit_log",
+    "health_events",
+    "health_incidents",
+    "health_repairs",
+    "node_heartbeats",
+    "gpu_telemetry",
+    "idle_iron",
     "budget_alerts",
     "budgets",
     "commitments",
@@ -152,6 +163,9 @@ def clean_db(database):
             if attempt == 29:
                 raise
             time.sleep(0.3)
+    from app.health import telemetry
+
+    telemetry._STATE.clear()  # this process's view of the fleet's telemetry
     yield
 
 

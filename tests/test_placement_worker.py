@@ -484,7 +484,9 @@ def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
     session.rollback()
     h1 = session.scalar(select(Node.id).where(Node.name == "h1"))
     session.execute(update(Node).where(Node.id == h1).values(state="cordoned"))
-    session.execute(update(Gpu).where(Gpu.node_id == h1, Gpu.index == 3).values(health="failed"))
+    session.execute(
+        update(Gpu).where(Gpu.node_id == h1, Gpu.index == 3).values(health="out_of_service")
+    )
     session.execute(update(Gpu).where(Gpu.node_id == h1, Gpu.index == 5).values(mig_mode=True))
     session.commit()
     after = specs()
@@ -513,7 +515,7 @@ def test_a_fleet_change_bumps_the_version_of_its_region_only(world, session):
         return session.scalar(select(Node.id).where(Node.name == name))
 
     v0 = versions()
-    session.execute(update(Gpu).where(Gpu.node_id == node_id("h1")).values(health="degraded"))
+    session.execute(update(Gpu).where(Gpu.node_id == node_id("h1")).values(health="suspect"))
     session.commit()  # a statement over 8 GPUs: one bump
     v1 = versions()
     assert v1 == {"r1": v0["r1"] + 1, "r2": v0["r2"]}

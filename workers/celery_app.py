@@ -11,7 +11,7 @@ from workers.settings import celery_settings
 celery_app = Celery("rackplane")
 celery_app.conf.update(celery_settings(get_settings()))
 celery_app.autodiscover_tasks(
-    ["app.fleet", "app.outbox", "app.idempotency", "app.workloads", "app.billing"],
+    ["app.fleet", "app.outbox", "app.idempotency", "app.workloads", "app.billing", "app.health"],
     related_name="tasks",
     force=True,
 )

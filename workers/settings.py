@@ -8,7 +8,7 @@ from kombu import Queue
 
 from app.core.config import Settings
 
-QUEUES = ("default", "fleet", "placement", "provisioning", "metering", "billing")
+QUEUES = ("default", "fleet", "placement", "provisioning", "health", "metering", "billing")
 # Longest task we expect, with margin; Redis redelivers unacked tasks after this.
 VISIBILITY_TIMEOUT_S = 2 * 3600
 
@@ -39,6 +39,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "idempotency.*": {"queue": "default"},
             "placement.*": {"queue": "placement"},
             "workloads.*": {"queue": "provisioning"},
+            "health.*": {"queue": "health"},
             "metering.*": {"queue": "metering"},
             "billing.*": {"queue": "billing"},
         },
@@ -52,6 +53,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
+            "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
             "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
             "billing.meter_export": {
                 "task": "billing.meter_export",

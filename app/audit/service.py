@@ -197,11 +197,16 @@ def _write_alone(current: _Request, status: int, claimed_prefix: str | None) -> 
 class AuditMiddleware:
     """Records the mutating requests whose endpoint did not commit an entry (see the module)."""
 
-    def __init__(self, app: ASGIApp):
+    def __init__(self, app: ASGIApp, exempt: frozenset[str] = frozenset()):
         self.app = app
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in MUTATING:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in MUTATING
+            or scope["path"] in self.exempt
+        ):
             return await self.app(scope, receive, send)
         current = _Request(scope["method"], scope["path"])
         token = _CURRENT.set(current)

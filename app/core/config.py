@@ -79,6 +79,40 @@ class Settings(BaseSettings):
     meter_full_pass_seconds: float = Field(default=21600.0, gt=0, alias="RACKPLANE_METER_FULL_PASS")
     budget_eval_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_BUDGET_EVAL_SECONDS")
     placement_tick_seconds: float = Field(default=5.0, gt=0, alias="RACKPLANE_PLACEMENT_TICK")
+    # --- the GPU health loop (app/health) ---------------------------------------------------
+    max_telemetry_bytes: int = Field(
+        default=32 * 1_048_576, gt=0, alias="RACKPLANE_MAX_TELEMETRY_BYTES"
+    )
+    # A node whose agent has not pushed for this long is unreachable (a fault).
+    heartbeat_timeout_seconds: float = Field(
+        default=90.0, gt=0, alias="RACKPLANE_HEARTBEAT_TIMEOUT"
+    )
+    # How often the beat looks for silent nodes, lost repair messages and ended bursts.
+    health_sweep_seconds: float = Field(default=15.0, gt=0, alias="RACKPLANE_HEALTH_SWEEP")
+    # Per-GPU aggregates go to the database at most this often (and at once with a fault).
+    telemetry_flush_seconds: float = Field(
+        default=300.0, ge=0, alias="RACKPLANE_TELEMETRY_FLUSH_SECONDS"
+    )
+    # Fault signals on a node within this window of each other are one incident (NVIDIA's
+    # fleet tooling: three minutes without an Xid ends a burst).
+    incident_window_seconds: float = Field(default=180.0, gt=0, alias="RACKPLANE_INCIDENT_WINDOW")
+    # The circuit breaker: automatic quarantine takes at most this share of a region's (and of a
+    # rack's) GPUs out within the window, and never fewer than `breaker_min_gpus`.
+    breaker_region_share: float = Field(default=0.10, gt=0, le=1, alias="RACKPLANE_BREAKER_REGION")
+    breaker_rack_share: float = Field(default=0.50, gt=0, le=1, alias="RACKPLANE_BREAKER_RACK")
+    breaker_window_seconds: float = Field(default=3600.0, gt=0, alias="RACKPLANE_BREAKER_WINDOW")
+    breaker_min_gpus: int = Field(default=8, ge=0, alias="RACKPLANE_BREAKER_MIN_GPUS")
+    # The simulated provider's repairs: a GPU reset takes seconds, a node reboot minutes; each
+    # fails with this probability (then the GPU goes out of service).
+    sim_reset_seconds: float = Field(default=5.0, ge=0, alias="RACKPLANE_SIM_RESET_SECONDS")
+    sim_reboot_seconds: float = Field(default=180.0, ge=0, alias="RACKPLANE_SIM_REBOOT_SECONDS")
+    sim_repair_fail_rate: float = Field(default=0.0, ge=0, le=1, alias="RACKPLANE_SIM_REPAIR_FAIL")
+    # After a repair a GPU is validated this long; a fatal fault within `refault_window` of a
+    # repair sends it out of service instead of through another repair.
+    validate_seconds: float = Field(default=10.0, ge=0, alias="RACKPLANE_VALIDATE_SECONDS")
+    refault_window_seconds: float = Field(default=86400.0, ge=0, alias="RACKPLANE_REFAULT_WINDOW")
+    # A measured slowdown fades toward the model's nominal with this time constant.
+    perf_decay_seconds: float = Field(default=21600.0, gt=0, alias="RACKPLANE_PERF_DECAY")
 
     @field_validator("rate_limits")
     @classmethod

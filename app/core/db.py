@@ -162,7 +162,7 @@ def insert_objects(session: Session, objs: list) -> None:
     )
 
 
-def get_or_404(session: Session, model, obj_id, *, what: str):
+def get_or_404(session: Session, model, obj_id, *, what: str, for_update: bool = False):
     """Fetch a platform-owned row (fleet objects) by id, or raise 404. Tenant-owned rows use
     `app.tenancy.scoping.get_owned` instead."""
     from app.core.errors import NotFound
@@ -171,7 +171,7 @@ def get_or_404(session: Session, model, obj_id, *, what: str):
         oid = obj_id if isinstance(obj_id, uuid.UUID) else uuid.UUID(str(obj_id))
     except ValueError:
         raise NotFound(f"No {what} with id {obj_id!s}.", code=f"{what}_not_found") from None
-    obj = session.get(model, oid)
+    obj = session.get(model, oid, with_for_update=for_update or None)
     if obj is None:
         raise NotFound(f"No {what} with id {oid}.", code=f"{what}_not_found")
     return obj

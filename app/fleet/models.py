@@ -8,6 +8,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Integer,
     String,
@@ -17,6 +18,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.db import Base, TimestampMixin, new_id
+from app.health.states import Health
 
 
 class RackKind(str, enum.Enum):
@@ -30,12 +32,6 @@ class NodeState(str, enum.Enum):
     draining = "draining"
     down = "down"
     retired = "retired"  # out of the fleet for good: work that needed it fails, not waits
-
-
-class GpuHealth(str, enum.Enum):
-    healthy = "healthy"
-    degraded = "degraded"
-    failed = "failed"
 
 
 class Region(TimestampMixin, Base):
@@ -80,6 +76,11 @@ class Node(TimestampMixin, Base):
     state_reason: Mapped[str | None] = mapped_column(String(500), default=None)
     # NVLink domain id: the rack for NVL72 (one domain of 72 GPUs), the node itself for HGX.
     nvlink_domain: Mapped[str] = mapped_column(String(140), index=True)
+    # The health loop's verdict on the node as a whole (app/health/states.py); `state` is the
+    # operator's. Placement uses a node when both allow it.
+    health: Mapped[str] = mapped_column(String(16), default=Health.healthy.value)
+    health_reason: Mapped[str | None] = mapped_column(String(500), default=None)
+    health_since: Mapped[datetime | None] = mapped_column(default=None)
     # Bumped on every change that affects placement (optimistic concurrency for apply).
     generation: Mapped[int] = mapped_column(Integer, default=0)
     rack: Mapped[Rack] = relationship(back_populates="nodes")
@@ -97,7 +98,16 @@ class Gpu(TimestampMixin, Base):
     index: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(32))
     mig_mode: Mapped[bool] = mapped_column(Boolean, default=False)
-    health: Mapped[str] = mapped_column(String(16), default=GpuHealth.healthy.value)
+    # The health loop's state of this GPU (app/health/states.py), why, and since when.
+    health: Mapped[str] = mapped_column(String(16), default=Health.healthy.value)
+    health_reason: Mapped[str | None] = mapped_column(String(500), default=None)
+    health_since: Mapped[datetime | None] = mapped_column(default=None)
+    # As DCGM names it ("GPU-<uuid>"): telemetry may name a GPU by it instead of its index.
+    uuid: Mapped[str | None] = mapped_column(String(64), default=None, index=True, unique=True)
+    # Relative speed measured under load (1.0: the model's nominal), and when the evidence was
+    # last seen: placement decays it toward nominal from then (app/health/perf.py).
+    perf: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    perf_at: Mapped[datetime | None] = mapped_column(default=None)
     node: Mapped[Node] = relationship(back_populates="gpus")
 
 

@@ -6,7 +6,8 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from app.core.schemas import OutModel, StrictModel
-from app.fleet.models import GpuHealth, ImportStatus, NodeState
+from app.fleet.models import ImportStatus, NodeState
+from app.health.states import Health
 
 
 class RegionOut(OutModel):
@@ -30,7 +31,11 @@ class GpuOut(OutModel):
     index: int
     model: str
     mig_mode: bool
-    health: GpuHealth
+    health: Health
+    health_reason: str | None
+    health_since: datetime | None
+    uuid: str | None
+    perf: float = Field(description="Relative speed measured under load (1.0: nominal)")
     created_at: datetime
 
 
@@ -43,6 +48,9 @@ class NodeOut(OutModel):
     memory_mib: int
     state: NodeState
     state_reason: str | None
+    health: Health
+    health_reason: str | None
+    health_since: datetime | None
     nvlink_domain: str
     generation: int
     created_at: datetime

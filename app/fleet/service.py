@@ -9,7 +9,8 @@ from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
 from app.core.errors import Conflict
-from app.fleet.models import Gpu, GpuHealth, Node, NodeState, Rack, Region
+from app.fleet.models import Gpu, Node, NodeState, Rack, Region
+from app.health.states import PLACEABLE, Health
 from app.placement.catalog import RACK_KINDS
 
 # Allowed operator transitions of a node's state.
@@ -114,7 +115,7 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
                             "index": i,
                             "model": nd["gpu_model"],
                             "mig_mode": i in mig,
-                            "health": GpuHealth.healthy.value,
+                            "health": Health.healthy.value,
                             "created_at": now,
                         }
                     )
@@ -151,11 +152,16 @@ def capacity(session: Session) -> list[dict[str, Any]]:
     """Per region and GPU model, what is free now, net of every live allocation: whole GPUs
     (nothing on them), fractional capacity (milli-GPU left on GPUs not in MIG mode), and per
     MIG profile how many more instances the MIG GPUs could take. Only GPUs that can take
-    work count as free: on a ready node, healthy."""
+    work count as free: on a ready node, both healthy or suspect (app/health/states.py)."""
     from app.placement.mig import PROFILES, free_starts, profile_name
     from app.workloads.models import Allocation, GpuUsage, MigClaim
 
-    usable = and_(Node.state == NodeState.ready.value, Gpu.health == GpuHealth.healthy.value)
+    placeable = [h.value for h in PLACEABLE]
+    usable = and_(
+        Node.state == NodeState.ready.value,
+        Node.health.in_(placeable),
+        Gpu.health.in_(placeable),
+    )
     used = func.coalesce(GpuUsage.milli_used, 0)
     whole = and_(usable, Gpu.mig_mode.is_(False))
     stmt = (

@@ -14,14 +14,17 @@ class GpuModel:
     # Confidential computing support; Hopper multi-GPU CC claims the whole node's NVSwitches.
     confidential: bool = True
     cc_whole_node: bool = False
+    # Maximum SM (boost) clock, MHz, from NVIDIA's datasheets, where we have it: the health
+    # loop's nominal for "clock under load" (None: that evidence is not used for the model).
+    sm_clock_mhz: int | None = None
 
 
 GPU_MODELS: dict[str, GpuModel] = {
     m.name: m
     for m in (
-        GpuModel("A100-80GB", 80 * 1024, "ampere", confidential=False),
-        GpuModel("H100-80GB", 80 * 1024, "hopper", cc_whole_node=True),
-        GpuModel("H200-141GB", 141 * 1024, "hopper", cc_whole_node=True),
+        GpuModel("A100-80GB", 80 * 1024, "ampere", confidential=False, sm_clock_mhz=1410),
+        GpuModel("H100-80GB", 80 * 1024, "hopper", cc_whole_node=True, sm_clock_mhz=1980),
+        GpuModel("H200-141GB", 141 * 1024, "hopper", cc_whole_node=True, sm_clock_mhz=1980),
         GpuModel("B200", 180 * 1024, "blackwell"),
         GpuModel("GB200", 186 * 1024, "blackwell"),
     )

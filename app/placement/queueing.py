@@ -166,6 +166,8 @@ class Workload:
     alloc_ids: tuple[int, ...] = ()
     # Periodic checkpoints (seconds of run time); the last one counts if later than reported.
     checkpoint_every: float | None = None
+    # Requeued after a hardware fault that was not its own: ahead of its priority peers.
+    expedited: bool = False
     _charge: tuple[tuple[int, ...], list[tuple[str, int]]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -988,7 +990,7 @@ class _Walk:
             self.flat: list[Workload] | None = items[::-1]
             return
         if cfg.order == "priority":
-            items.sort(key=lambda w: (-prio(w).value, w.submitted_at, w.id))
+            items.sort(key=lambda w: (-prio(w).value, not w.expedited, w.submitted_at, w.id))
             self.flat = items[::-1]
             return
         self.flat = None
@@ -996,9 +998,16 @@ class _Walk:
         for w in items:
             per.setdefault(w.tenant, []).append(w)
         self.per = {
-            t: sorted(ws, key=lambda w: (not starving(w), -prio(w).value, w.submitted_at, w.id))[
-                ::-1
-            ]
+            t: sorted(
+                ws,
+                key=lambda w: (
+                    not starving(w),
+                    -prio(w).value,
+                    not w.expedited,
+                    w.submitted_at,
+                    w.id,
+                ),
+            )[::-1]
             for t, ws in per.items()
         }
         self.heap: list[tuple] = []
@@ -1018,6 +1027,7 @@ class _Walk:
         key = (
             not self.starving(head),
             -self.c.s.prio(head).value if self.c.cfg.priority_across_tenants else 0,
+            not head.expedited,
             self.c.share(t),
             head.submitted_at,
             t,
@@ -1073,10 +1083,15 @@ def _take_back(c: _Cycle, mode: str) -> None:
     heads = [
         w
         for ws in per.values()
-        for w in heapq.nsmallest(depth * 2, ws, key=lambda w: (-c.s.prio(w).value, w.submitted_at))
+        for w in heapq.nsmallest(
+            depth * 2, ws, key=lambda w: (-c.s.prio(w).value, not w.expedited, w.submitted_at)
+        )
     ]
     share = {t: c.share(t) for t in per}
-    order = sorted(heads, key=lambda w: (-c.s.prio(w).value, share[w.tenant], w.submitted_at, w.id))
+    order = sorted(
+        heads,
+        key=lambda w: (-c.s.prio(w).value, not w.expedited, share[w.tenant], w.submitted_at, w.id),
+    )
     for w in order:
         if w.id in c.done or tried.get(w.tenant, 0) >= c.cfg.reclaim_depth:
             continue
@@ -1223,7 +1238,9 @@ def _defragment(c: _Cycle) -> None:
     ]
     if not waiting:
         return
-    waiting.sort(key=lambda w: (-c.s.prio(w).value, c.share(w.tenant), w.submitted_at, w.id))
+    waiting.sort(
+        key=lambda w: (-c.s.prio(w).value, not w.expedited, c.share(w.tenant), w.submitted_at, w.id)
+    )
     owner: dict[int, Workload] = {aid: v for v in c.running.values() for aid in v.alloc_ids}
     landing: list[int] = []
     moves = 0

@@ -154,6 +154,7 @@ def transition(
     elif to is S.running:
         w.started_at = w.started_at or at
         w.run_started_at = at
+        w.expedited = False  # an expedited requeue lasts until it runs again
     elif to is S.preempted:
         w.preempted_at = at
         w.preemptions += 1
@@ -181,6 +182,7 @@ _MOVED = (
     "preemptions",
     "run_started_at",
     "run_deadline_at",
+    "expedited",
 )
 
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Float,
     ForeignKey,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     SmallInteger,
     String,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -81,6 +83,17 @@ class Workload(TimestampMixin, Base):
     evicted_at: Mapped[datetime | None] = mapped_column(default=None)
     stop_deadline: Mapped[datetime | None] = mapped_column(default=None)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    # Hardware faults that stopped it (app/health), and the work they cost: GPUs x seconds
+    # since its last checkpoint (or its start), summed over its interruptions.
+    interruptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lost_work_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # Requeued after a fault that was not its own: placed ahead of its priority peers
+    # (Slurm's "expedited requeue") until it holds GPUs again.
+    expedited: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # On a suspect GPU: moves at its next checkpoint when healthy capacity exists.
+    migrate_at_checkpoint: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false()
+    )
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     # Simulated provider only: its process exits 0 after running this long (demos, tests).
     run_for_s: Mapped[int | None] = mapped_column(Integer, default=None)

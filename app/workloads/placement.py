@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 from app.audit import service as audit
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.logging import get_logger
-from app.fleet.models import Gpu, GpuHealth, Node, NodeState, Rack, Region
+from app.fleet.models import Gpu, Node, NodeState, Rack, Region
+from app.health.states import PLACEABLE, Health
 from app.metering import service as metering
 from app.metering.models import UsageKind
 from app.outbox.service import enqueue
@@ -50,11 +51,11 @@ from app.workloads.models import TenantQuota as QuotaRow
 log = get_logger(__name__)
 
 EPOCH = datetime(2026, 1, 1, tzinfo=utcnow().tzinfo)
-_HEALTH = {
-    GpuHealth.healthy.value: HEALTHY,
-    GpuHealth.degraded.value: DEGRADED,
-    GpuHealth.failed.value: FAILED,
-}
+# The placement core's view of a GPU's health: healthy; suspect (used last, never in a gang's
+# fast class); anything else is out of the pool (quarantined, draining, repairing, validating,
+# out of service).
+_HEALTH = {Health.healthy.value: HEALTHY, Health.suspect.value: DEGRADED}
+_NODE_PLACEABLE = frozenset(h.value for h in PLACEABLE)
 
 
 def seconds(dt: datetime | None) -> float | None:
@@ -191,8 +192,8 @@ def _read_world(session: Session, region: str) -> _World | None:
                 block=f"{region}/{block}",
                 domain=node.nvlink_domain,
                 mig_gpus=tuple(g.index for g in gs if g.mig_mode),
-                schedulable=node.state == NodeState.ready.value,
-                gpu_health=tuple(_HEALTH.get(g.health, HEALTHY) for g in gs),
+                schedulable=node.state == NodeState.ready.value and node.health in _NODE_PLACEABLE,
+                gpu_health=tuple(_HEALTH.get(g.health, FAILED) for g in gs),
             )
         )
     return _World(
@@ -215,6 +216,7 @@ def qworkload(w: Workload, alloc_ids: tuple[int, ...] = ()) -> QWorkload:
         checkpoint_cost=float(w.checkpoint_cost_s),
         alloc_ids=alloc_ids,
         checkpoint_every=float(w.checkpoint_interval_s) if w.checkpoint_interval_s else None,
+        expedited=bool(w.expedited),
         **_moments(w.state, w.started_at, w.last_checkpoint_at, w.preempted_at),
     )
 

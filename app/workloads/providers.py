@@ -14,6 +14,7 @@ from app.core.db import as_aware, utcnow
 from app.workloads.models import Workload
 
 Status = Literal["booting", "ready", "failed"]
+RepairKind = Literal["reset", "reboot"]
 
 
 class Provider(Protocol):
@@ -30,6 +31,14 @@ class Provider(Protocol):
         (a real one does not: its node agent reports the exit through the API)."""
         ...
 
+    def repair(self, repair_id: str, kind: RepairKind) -> float:
+        """Start a GPU reset or a node reboot (idempotent); the seconds it takes."""
+        ...
+
+    def repaired(self, repair_id: str, kind: RepairKind) -> bool:
+        """Whether the finished repair left the hardware working."""
+        ...
+
 
 class SimulatedProvider:
     """Boots allocations with a realistic delay and can fail, without any machine.
@@ -38,9 +47,20 @@ class SimulatedProvider:
     base, +-50%, more for VMs) and whether it fails are derived from its id and generation, and
     `status` compares them with when provisioning began."""
 
-    def __init__(self, boot_seconds: float, fail_rate: float = 0.0):
+    def __init__(
+        self,
+        boot_seconds: float,
+        fail_rate: float = 0.0,
+        *,
+        reset_seconds: float = 5.0,
+        reboot_seconds: float = 180.0,
+        repair_fail_rate: float = 0.0,
+    ):
         self.boot_seconds = boot_seconds
         self.fail_rate = fail_rate
+        self.reset_seconds = reset_seconds
+        self.reboot_seconds = reboot_seconds
+        self.repair_fail_rate = repair_fail_rate
 
     def _draw(self, w: Workload, salt: str) -> float:
         d = hashlib.blake2b(f"{salt}:{w.id}:{w.preemptions}".encode(), digest_size=8).digest()
@@ -64,9 +84,22 @@ class SimulatedProvider:
     def run_for(self, w: Workload) -> float | None:
         return float(w.run_for_s) if w.run_for_s else None
 
+    def repair(self, repair_id: str, kind: RepairKind) -> float:
+        return self.reset_seconds if kind == "reset" else self.reboot_seconds
+
+    def repaired(self, repair_id: str, kind: RepairKind) -> bool:
+        d = hashlib.blake2b(f"repair:{repair_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(d, "big") / 2**64 >= self.repair_fail_rate
+
 
 def get_provider() -> Provider:
     from app.core.config import get_settings
 
     s = get_settings()
-    return SimulatedProvider(s.sim_boot_seconds, s.sim_fail_rate)
+    return SimulatedProvider(
+        s.sim_boot_seconds,
+        s.sim_fail_rate,
+        reset_seconds=s.sim_reset_seconds,
+        reboot_seconds=s.sim_reboot_seconds,
+        repair_fail_rate=s.sim_repair_fail_rate,
+    )

@@ -248,6 +248,13 @@ class WorkloadOut(OutModel):
     started_at: datetime | None
     preempted_at: datetime | None
     preemptions: int
+    interruptions: int = Field(description="Hardware faults that stopped it")
+    lost_work_gpu_s: float = Field(
+        description="Work those faults cost: GPUs x seconds since its last checkpoint, summed"
+    )
+    expedited: bool = Field(
+        description="Requeued after a fault that was not its own: placed ahead of its peers"
+    )
     finished_at: datetime | None
     run_for_s: int | None
     run_deadline_at: datetime | None = Field(
@@ -259,7 +266,7 @@ class WorkloadOut(OutModel):
 
 class EventOut(OutModel):
     seq: int
-    kind: str
+    kind: str = Field(description="transition | checkpoint | health (a notice about its GPUs)")
     from_state: str | None
     to_state: str
     reason: str

@@ -147,6 +147,10 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         image=body.image,
         generation=0,
         preemptions=0,
+        interruptions=0,
+        lost_work_gpu_s=0.0,
+        expedited=False,
+        migrate_at_checkpoint=False,
         created_at=now,
     )
     w.id = new_id()
@@ -420,6 +424,178 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
     return len(ws)
 
 
+def _holders(
+    session: Session, node: Node, gpu_indices: list[int] | None, scope: str = "gpu"
+) -> list[Workload]:
+    """Workloads with live allocations on `node` (on those GPUs, if given), locked. Scope
+    "domain": also the multi-GPU work on the other nodes of the node's NVLink domain."""
+    from app.workloads.models import Allocation
+
+    nodes = [node.id]
+    if scope == "domain":
+        nodes = list(
+            session.scalars(select(Node.id).where(Node.nvlink_domain == node.nvlink_domain))
+        )
+    rows = session.execute(
+        select(Allocation.workload_id, Allocation.node_id, Allocation.gpu_indices).where(
+            Allocation.node_id.in_(nodes), Allocation.released_at.is_(None)
+        )
+    ).all()
+    wanted = set(gpu_indices) if gpu_indices is not None else None
+    on_node: set[uuid.UUID] = set()
+    elsewhere: set[uuid.UUID] = set()
+    for wid, nid, indices in rows:
+        if nid == node.id and (wanted is None or wanted & set(indices or [])):
+            on_node.add(wid)
+        elif nid != node.id:
+            elsewhere.add(wid)
+    ids = on_node | elsewhere
+    if not ids:
+        return []
+    ws = list(
+        session.scalars(
+            select(Workload).where(Workload.id.in_(ids)).order_by(Workload.id).with_for_update()
+        )
+    )
+    # Other nodes of the domain: only work spread over GPUs (it talks over the NVLink fabric).
+    return [w for w in ws if w.id in on_node or w.gpu_milli > 1000]
+
+
+def interrupt_on_fault(
+    session: Session,
+    node: Node,
+    gpu_indices: list[int] | None,
+    scope: str,
+    fault_at: datetime,
+    cause: str,
+    details: dict,
+) -> int:
+    """A hardware fault took GPUs away (app/health): every workload holding them stops on all
+    its replicas (a gang is one unit). Its usage ends at the fault, not when this runs; the work
+    since its last checkpoint is recorded as lost; it goes back to the queue ahead of its
+    priority peers, to resume from its last checkpoint. Returns how many were stopped."""
+    from app.audit import service as audit
+    from app.workloads.placement import release
+
+    now = utcnow()
+    regions, entries = set(), []
+    ws = _holders(session, node, gpu_indices, scope)
+    for w in ws:
+        state = State(w.state)
+        if state not in (State.running, State.placing, State.provisioning):
+            continue
+        regions.add(w.region)
+        if state is State.running:
+            run_start = as_aware(w.run_started_at) if w.run_started_at else fault_at
+            at = min(max(fault_at, run_start), now)
+            ckpt = as_aware(w.last_checkpoint_at) if w.last_checkpoint_at else None
+            since = max(run_start, ckpt) if ckpt is not None else run_start
+            lost = round(w.gpu_milli / 1000 * max(0.0, (at - since).total_seconds()), 3)
+            release(session, w, at, reason="gpu_fault")
+            lifecycle.transition(
+                session,
+                w,
+                State.preempted,
+                f"interrupted by a hardware fault: {cause}",
+                {
+                    **details,
+                    "fault_at": at.isoformat(),
+                    "lost_work_gpu_s": lost,
+                    "work_since": since.isoformat(),
+                },
+                at=at,
+            )
+            w.interruptions = (w.interruptions or 0) + 1
+            w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
+            reason, more = requeue_reason(w)
+        else:  # placed but not started: nothing ran, nothing is lost
+            release(session, w, now, reason="gpu_fault")
+            reason, more = f"{cause} before it started: back in the queue", {}
+        w.expedited = True
+        lifecycle.transition(
+            session,
+            w,
+            State.queued,
+            f"{reason}; ahead of its priority peers",
+            {**more, "expedited": True, "incident": details.get("incident")},
+            at=now,
+        )
+        enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+        entries.append((w.tenant_id, "workload", w.id, {"reason": "gpu_fault"}, {"cause": cause}))
+    audit.record_system(session, "workload.requeue", entries)
+    for region in regions:
+        kick_placement(session, region)
+    return len(entries)
+
+
+def move_off_suspect(session: Session, w: Workload, words: str) -> None:
+    """A running workload on a suspect GPU just checkpointed and healthy capacity exists: stop
+    it now and requeue it ahead of its peers, to resume from that checkpoint elsewhere."""
+    from app.workloads.placement import release
+
+    now = utcnow()
+    ckpt = as_aware(w.last_checkpoint_at) if w.last_checkpoint_at else now
+    lost = round(w.gpu_milli / 1000 * max(0.0, (now - ckpt).total_seconds()), 3)
+    release(session, w, now, reason="moved_off_suspect_gpu")
+    lifecycle.transition(
+        session,
+        w,
+        State.preempted,
+        f"moved at its checkpoint: {words}",
+        {"reason": "suspect_gpu", "lost_work_gpu_s": lost},
+        at=now,
+    )
+    w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
+    w.migrate_at_checkpoint = False
+    w.expedited = True
+    reason, more = requeue_reason(w)
+    lifecycle.transition(
+        session,
+        w,
+        State.queued,
+        f"{reason}; ahead of its priority peers, on healthy GPUs",
+        {**more, "expedited": True},
+        at=now,
+    )
+    enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+    kick_placement(session, w.region)
+
+
+def health_notice(
+    session: Session,
+    node_id: uuid.UUID,
+    gpu_indices: list[int] | None,
+    words: str,
+    details: dict,
+    *,
+    migrate: bool,
+) -> int:
+    """Tell the workloads running on those GPUs what the health loop saw (an event each). With
+    `migrate` (a suspect GPU), work that checkpoints moves off at its next checkpoint."""
+    node = session.get(Node, node_id)
+    if node is None:
+        return 0
+    told = 0
+    for w in _holders(session, node, gpu_indices):
+        if w.state != State.running.value:
+            continue
+        text = words
+        if migrate and w.checkpoint_interval_s:
+            w.migrate_at_checkpoint = True
+            text += "; it moves to healthy GPUs at its next checkpoint"
+        lifecycle.record(
+            session,
+            w,
+            kind="health",
+            from_state=w.state,
+            to_state=w.state,
+            reason=text[:500],
+            details=details,
+        )
+        told += 1
+    return told
+
+
 def node_region(session: Session, node_id: uuid.UUID) -> str:
     return session.scalar(
         select(Region.name)
@@ -457,6 +633,9 @@ def report_checkpoint(
     if w.last_checkpoint_at is None or at > as_aware(w.last_checkpoint_at):
         w.last_checkpoint_at = at
         w.last_checkpoint_bytes = size_bytes
+        if w.migrate_at_checkpoint and w.state == State.running.value:
+            # On a suspect GPU: move now, if healthy capacity exists (health.migrate decides).
+            enqueue(session, "health.migrate", queue="health", workload_id=str(w.id))
     lifecycle.record(
         session,
         w,

@@ -190,3 +190,54 @@ def test_fill_model_small_and_vector_paths_agree(ops, probe):
     d_small = frag_small.delta(s, probe, cands)
     d_vec = frag_vec.delta(s, probe, big)[: len(cands)]
     assert np.allclose(d_small, d_vec, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    out=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 7)), max_size=40),
+    cordoned=st.lists(st.integers(0, 10**6), max_size=4),
+    reqs=st.lists(requests(), min_size=1, max_size=30),
+    policy=st.sampled_from(sorted(POLICIES)),
+)
+def test_nothing_ever_lands_on_a_gpu_out_of_the_pool(out, cordoned, reqs, policy):
+    """GPUs the health loop took out (quarantined, draining, repairing, validating, out of
+    service: FAILED to the core) and nodes it took out (unschedulable) never get work."""
+    from app.placement.snapshot import FAILED
+
+    s = fleet()
+    bad: set[tuple[str, int]] = set()
+    for n, slot in out:
+        name = s.node_names[n % len(s.node_names)]
+        if slot < int(s.node_ngpu[s.node_index[name]]):
+            s.set_gpu_health(name, slot, FAILED)
+            bad.add((name, slot))
+    off = {s.node_names[n % len(s.node_names)] for n in cordoned}
+    for name in off:
+        s.set_schedulable(name, False)
+    s.commit()
+    plan = Engine(s, make_policy(policy, seed=3)).place(reqs)
+    for o in plan.outcomes:
+        for b in o.bindings:
+            assert b.node not in off
+            assert not {(b.node, g) for g in b.gpu_indices} & bad, (b, bad)
+
+
+def test_an_nvl72_rack_with_failed_trays_offers_its_healthy_part():
+    """A gang that needs all 72 GPUs in one NVLink domain needs 72 healthy ones; one of 64
+    takes a rack with 16 healthy trays."""
+    from app.placement.snapshot import FAILED
+
+    s = Snapshot(nvl72("nvl", block="b1"))
+    for tray in ("nvl-t16", "nvl-t17"):  # two compute trays out: 64 healthy GPUs left
+        for g in range(4):
+            s.set_gpu_health(tray, g, FAILED)
+    s.commit()
+    engine = Engine(s, make_policy("fgd", seed=1))
+    need = Topology(Level.NVLINK_DOMAIN, True)
+    whole = Request("w72", "ta", Tier.DEDICATED, Shape(gpus=4), 18, need)
+    part = Request("w64", "ta", Tier.DEDICATED, Shape(gpus=4), 16, need)
+    plan = engine.place([whole, part])
+    assert not plan.outcomes[0].placed
+    assert plan.outcomes[1].placed
+    used = {b.node for b in plan.outcomes[1].bindings}
+    assert not used & {"nvl-t16", "nvl-t17"}

@@ -1,0 +1,203 @@
+"""Fleet and health metrics for Prometheus, read from the database at scrape time.
+
+The health loop runs in workers and the API in several processes: counters kept in one
+process's memory would show a fraction of the truth. These are read from the rows that record
+it (GPU states, incidents, repairs, workloads) at each scrape, a handful of grouped queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+from sqlalchemy import case, func, select
+
+from app.core.db import as_aware, session_scope, utcnow
+from app.core.logging import get_logger
+
+log = get_logger(__name__)
+DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)
+WAIT_BUCKETS = (1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600)
+
+
+def _histogram(name: str, doc: str, label: str, rows: dict[str, list[float]], buckets) -> Any:
+    h = HistogramMetricFamily(name, doc, labels=[label])
+    for key, values in sorted(rows.items()):
+        counts = []
+        for b in buckets:
+            counts.append((str(float(b)), sum(v <= b for v in values)))
+        counts.append(("+Inf", len(values)))
+        h.add_metric([key], counts, sum(values))
+    return h
+
+
+class FleetCollector(Collector):
+    def collect(self) -> Iterator:
+        try:
+            yield from self._collect()
+        except Exception as exc:  # a scrape must not fail the API's own metrics
+            log.warning("fleet_metrics_failed", error=str(exc)[:300])
+
+    def _collect(self) -> Iterator:
+        from app.fleet.models import Gpu, Node, Rack, Region
+        from app.health.models import HealthIncident, HealthRepair, IdleIron
+        from app.health.states import PLACEABLE
+        from app.workloads.lifecycle import State
+        from app.workloads.models import GpuUsage, Workload
+
+        placeable = [h.value for h in PLACEABLE]
+        with session_scope() as s:
+            effective = case((Node.health.in_(placeable), Gpu.health), else_=Node.health)
+            usable = (
+                (Node.state == "ready") & Node.health.in_(placeable) & Gpu.health.in_(placeable)
+            )
+            used = func.coalesce(GpuUsage.milli_used, 0) > 0
+            alloc = case((used, "allocated"), (usable, "idle"), else_="unavailable")
+            rows = s.execute(
+                select(Region.name, Gpu.model, effective, alloc, func.count())
+                .select_from(Gpu)
+                .join(Node, Gpu.node_id == Node.id)
+                .join(Rack, Node.rack_id == Rack.id)
+                .join(Region, Rack.region_id == Region.id)
+                .outerjoin(
+                    GpuUsage,
+                    (GpuUsage.node_id == Gpu.node_id) & (GpuUsage.gpu_index == Gpu.index),
+                )
+                .where(Node.state != "retired")
+                .group_by(Region.name, Gpu.model, effective, alloc)
+            ).all()
+            by_health = GaugeMetricFamily(
+                "rackplane_gpus", "GPUs by health state", labels=["region", "model", "health"]
+            )
+            by_alloc = GaugeMetricFamily(
+                "rackplane_gpus_allocation",
+                "GPUs allocated, idle (ready, nothing on them) or unavailable (out of the pool)",
+                labels=["region", "model", "state"],
+            )
+            health_n: dict[tuple, int] = {}
+            alloc_n: dict[tuple, int] = {}
+            for region, model, health, a, n in rows:
+                health_n[(region, model, health)] = health_n.get((region, model, health), 0) + n
+                alloc_n[(region, model, a)] = alloc_n.get((region, model, a), 0) + n
+            for k, n in sorted(health_n.items()):
+                by_health.add_metric(list(k), n)
+            for k, n in sorted(alloc_n.items()):
+                by_alloc.add_metric(list(k), n)
+            yield by_health
+            yield by_alloc
+            idle = CounterMetricFamily(
+                "rackplane_idle_gpu_seconds",
+                "Idle iron: GPU-seconds ready, healthy GPUs spent with nothing on them",
+                labels=["region", "model"],
+            )
+            for r in s.scalars(select(IdleIron).order_by(IdleIron.region, IdleIron.gpu_model)):
+                idle.add_metric([r.region, r.gpu_model], r.gpu_seconds)
+            yield idle
+            faults = CounterMetricFamily(
+                "rackplane_health_incidents",
+                "Fault incidents (bursts) by their class: the Xid (or signal) and the action",
+                labels=["signal", "xid", "action"],
+            )
+            for signal, code, action, n in s.execute(
+                select(
+                    HealthIncident.signal, HealthIncident.code, HealthIncident.action, func.count()
+                ).group_by(HealthIncident.signal, HealthIncident.code, HealthIncident.action)
+            ):
+                xid = str(code) if signal == "xid" and code is not None else ""
+                faults.add_metric([signal, xid, action], n)
+            yield faults
+            held = s.scalar(select(func.count()).where(HealthIncident.held_back.is_not(None)))
+            c = CounterMetricFamily(
+                "rackplane_health_breaker_held",
+                "Incidents whose quarantine the circuit breaker held back",
+            )
+            c.add_metric([], held or 0)
+            yield c
+            # Repair durations (provider's repair + validation), and how long hardware was out:
+            # from its incident's start to its return.
+            since = utcnow() - timedelta(days=30)
+            repairs: dict[str, list[float]] = {}
+            outs: dict[str, list[float]] = {}
+            for kind, started, finished, opened in s.execute(
+                select(
+                    HealthRepair.kind,
+                    HealthRepair.started_at,
+                    HealthRepair.finished_at,
+                    HealthIncident.opened_at,
+                )
+                .outerjoin(HealthIncident, HealthIncident.id == HealthRepair.incident_id)
+                .where(HealthRepair.outcome == "ok", HealthRepair.finished_at >= since)
+            ):
+                done = as_aware(finished)
+                repairs.setdefault(kind, []).append((done - as_aware(started)).total_seconds())
+                if opened is not None:
+                    outs.setdefault(kind, []).append((done - as_aware(opened)).total_seconds())
+            yield _histogram(
+                "rackplane_health_repair_seconds",
+                "Successful repairs (last 30 days): the provider's reset or reboot and validation",
+                "kind",
+                repairs,
+                DURATION_BUCKETS,
+            )
+            yield _histogram(
+                "rackplane_health_quarantine_seconds",
+                "Hardware out of service for a fault (last 30 days): incident to return",
+                "kind",
+                outs,
+                DURATION_BUCKETS,
+            )
+            # Work: what faults cost, and what waits.
+            lost, interrupted = s.execute(
+                select(
+                    func.coalesce(func.sum(Workload.lost_work_gpu_s), 0.0),
+                    func.coalesce(func.sum(Workload.interruptions), 0),
+                )
+            ).one()
+            c = CounterMetricFamily(
+                "rackplane_lost_work_gpu_seconds",
+                "Work lost to hardware faults: GPUs x seconds since each stopped workload's last "
+                "checkpoint",
+            )
+            c.add_metric([], float(lost))
+            yield c
+            c = CounterMetricFamily(
+                "rackplane_workload_interruptions", "Workloads stopped by hardware faults"
+            )
+            c.add_metric([], int(interrupted))
+            yield c
+            now = utcnow()
+            waits: dict[str, list[float]] = {}
+            for priority, created in s.execute(
+                select(Workload.priority, Workload.created_at).where(
+                    Workload.state == State.queued.value
+                )
+            ):
+                waits.setdefault(priority, []).append((now - as_aware(created)).total_seconds())
+            yield _histogram(
+                "rackplane_queue_wait_seconds",
+                "How long the workloads waiting now have waited, by priority",
+                "priority",
+                waits,
+                WAIT_BUCKETS,
+            )
+
+
+_REGISTERED = False
+
+
+def register() -> None:
+    """Add the collector to the default registry once (the API's /metrics serves it)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(FleetCollector())
+    _REGISTERED = True

@@ -1,0 +1,161 @@
+"""What the health loop keeps: heartbeats, per-GPU telemetry aggregates (not the series:
+that is Prometheus's job), incidents, the history of health transitions, and repairs.
+
+Heartbeats and aggregates live in tables of their own, not on `nodes`/`gpus`: those rows bump
+the region's fleet version (placement re-reads the fleet), and a heartbeat is not a change."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.core.db import Base, new_id
+
+
+class NodeHeartbeat(Base):
+    """When the node's agent last pushed telemetry (written at most every few seconds)."""
+
+    __tablename__ = "node_heartbeats"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    last_seen_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class GpuTelemetry(Base):
+    """What the health logic needs of a GPU's telemetry: the counters' last values (deltas are
+    taken against them), the last Xid and recovery action seen (a repeat of the same gauge is
+    not a new fault), latest gauges, and rolling aggregates for the performance score."""
+
+    __tablename__ = "gpu_telemetry"
+
+    gpu_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("gpus.id", ondelete="CASCADE"), primary_key=True
+    )
+    updated_at: Mapped[datetime] = mapped_column()
+    last_xid: Mapped[int] = mapped_column(Integer, default=0)
+    last_recovery_action: Mapped[int] = mapped_column(Integer, default=0)
+    counters: Mapped[dict] = mapped_column(JSON, default=dict)
+    latest: Mapped[dict] = mapped_column(JSON, default=dict)
+    # Exponentially weighted, over reports under load: SM clock / the model's nominal clock,
+    # and the share of reports with throttling reasons set.
+    clock_ratio: Mapped[float | None] = mapped_column(Float, default=None)
+    throttled: Mapped[float | None] = mapped_column(Float, default=None)
+    samples: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class IncidentState:
+    open = "open"  # signals may still join it (within the burst window)
+    closed = "closed"
+
+
+class HealthIncident(Base):
+    """Fault signals on one node, grouped: a burst until the window passes without one. Its
+    class is its worst row (`action`, `code`); its effect is applied as it escalates."""
+
+    __tablename__ = "health_incidents"
+    __table_args__ = (
+        Index(
+            "ix_health_incidents_open",
+            "node_id",
+            postgresql_where=text("state = 'open'"),
+            sqlite_where=text("state = 'open'"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    region: Mapped[str] = mapped_column(String(63), index=True)
+    state: Mapped[str] = mapped_column(String(8), default=IncidentState.open)
+    opened_at: Mapped[datetime] = mapped_column(index=True)
+    last_signal_at: Mapped[datetime] = mapped_column()
+    closed_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The worst row so far: "xid" and its code, or a signal's name; its action and words.
+    signal: Mapped[str] = mapped_column(String(32))
+    code: Mapped[int | None] = mapped_column(Integer, default=None)
+    action: Mapped[str] = mapped_column(String(24))
+    what: Mapped[str] = mapped_column(String(300))
+    # What has been carried out so far (scope and repair), so an escalation adds only the rest.
+    scope: Mapped[str] = mapped_column(String(8), default="none")
+    repair: Mapped[str] = mapped_column(String(8), default="none")
+    gpu_indices: Mapped[list] = mapped_column(JSON, default=list)
+    signals: Mapped[list] = mapped_column(JSON, default=list)  # the first few, for operators
+    signal_count: Mapped[int] = mapped_column(Integer, default=0)
+    # Set when the circuit breaker held back what the incident asked for.
+    held_back: Mapped[str | None] = mapped_column(String(300), default=None)
+
+
+class HealthEvent(Base):
+    """One row per health transition of a GPU (gpu_index set) or a node: the history."""
+
+    __tablename__ = "health_events"
+    __table_args__ = (Index("ix_health_events_node_at", "node_id", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    gpu_index: Mapped[int | None] = mapped_column(SmallInteger, default=None)
+    region: Mapped[str] = mapped_column(String(63))
+    rack: Mapped[str] = mapped_column(String(63))
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(8))
+    cause: Mapped[str] = mapped_column(String(500))
+    incident_id: Mapped[uuid.UUID | None] = mapped_column(default=None)
+    details: Mapped[dict] = mapped_column(JSON, default=dict)
+    # GPUs this transition took out of the pool automatically: what the circuit breaker sums.
+    taken_out: Mapped[int] = mapped_column(SmallInteger, default=0)
+    at: Mapped[datetime] = mapped_column(index=True)
+
+
+class HealthRepair(Base):
+    """A GPU reset or a node reboot asked of the provider: when it is due to be done, and how
+    it went (`health.repair` completes it; the reconciler finds those a lost message missed)."""
+
+    __tablename__ = "health_repairs"
+    __table_args__ = (
+        Index(
+            "ix_health_repairs_pending",
+            "due_at",
+            postgresql_where=text("finished_at IS NULL"),
+            sqlite_where=text("finished_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    gpu_index: Mapped[int | None] = mapped_column(SmallInteger, default=None)  # None: the node
+    kind: Mapped[str] = mapped_column(String(8))  # reset | reboot | return (a silent node's)
+    incident_id: Mapped[uuid.UUID | None] = mapped_column(default=None)
+    # The GPUs it repairs (a reboot repairs the node and the GPUs that faulted).
+    gpu_indices: Mapped[list] = mapped_column(JSON, default=list)
+    phase: Mapped[str] = mapped_column(String(12), default="repairing")  # then validating
+    started_at: Mapped[datetime] = mapped_column()
+    due_at: Mapped[datetime] = mapped_column()  # when its current phase ends
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    outcome: Mapped[str | None] = mapped_column(String(16), default=None)  # ok | failed
+
+
+class IdleIron(Base):
+    """GPU-seconds that ready, healthy GPUs spent with nothing on them, per region and model:
+    added up by the health sweep (what /metrics shows as idle iron)."""
+
+    __tablename__ = "idle_iron"
+
+    region: Mapped[str] = mapped_column(String(63), primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(32), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[datetime] = mapped_column()

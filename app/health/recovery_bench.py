@@ -1,0 +1,201 @@
+"""`rackplane bench recovery`: Xid 79 injected on one GPU of running 8x8 gangs, through the real
+path (API, worker, PostgreSQL, Redis, the simulated provider with its default boot time).
+
+A 10k-GPU fleet (HGX H100 x8) is filled half: 8x8 gangs (64 GPUs each) and 8-GPU instances.
+Each gang reports a checkpoint; then, one gang at a time, the benchmark pushes dcgm-exporter
+text with Xid 79 on one of its GPUs (dated by the sample) and waits for the gang to run again.
+From the gang's own events and the usage ledger it measures:
+- fault_to_requeued: the sample's instant to the expedited "queued" transition being written;
+- fault_to_running: the sample's instant to the gang's next "running" transition;
+- lost work: recorded on the workload, against 64 x (fault instant - last checkpoint);
+- usage after the fault: any usage of the gang's allocations past the fault instant;
+- double allocations: live allocations sharing a GPU, and allocation histories that overlap on
+  one GPU (whole GPUs), over the whole run.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from app.health.bench import _platform_key, _seed
+from app.workloads.bench import ScratchDeployment, _pct
+
+GANG = {"kind": "job", "gpus": 8, "replicas": 8, "checkpoint": {"interval_s": 600}}
+
+
+def _xid_text(host: str, gpu: int, code: int, ts_ms: int) -> bytes:
+    labels = (
+        f'gpu="{gpu}",UUID="GPU-bench-{host}-{gpu}",device="nvidia{gpu}",'
+        f'modelName="NVIDIA H100 80GB HBM3",Hostname="{host}"'
+    )
+    return (
+        "# HELP DCGM_FI_DEV_XID_ERRORS Value of the last XID error encountered.\n"
+        "# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"
+        f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} {code} {ts_ms}\n"
+    ).encode()
+
+
+def _at(s: str) -> float:
+    return datetime.fromisoformat(s).timestamp()
+
+
+def run(gpus: int = 10_000, faults: int = 10, timeout: float = 120.0) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    started = time.perf_counter()
+    # The provider's default boot time (not the 0.2 s other benchmarks use).
+    env = ScratchDeployment(1, concurrency=2, env={"RACKPLANE_SIM_BOOT_SECONDS": "3"})
+    try:
+        _seed(env, gpus)
+        key = _tenant_key(env)
+        op = _platform_key(env)
+        url = env.start(api_processes=1)
+        engine = sa.create_engine(env.env["DATABASE_URL"])
+        tenant = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        ops = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {op}"}, timeout=60)
+        half = gpus // 2
+        gangs = max(faults, half // 2 // 64)
+        fillers = max(0, (half - gangs * 64) // 8)
+        ids = []
+        for _ in range(gangs):
+            r = tenant.post("/v1/workloads", json=GANG)
+            r.raise_for_status()
+            ids.append(r.json()["id"])
+        for _ in range(fillers):
+            tenant.post("/v1/workloads", json={"kind": "instance", "gpus": 8}).raise_for_status()
+
+        def state(wid: str) -> dict:
+            return tenant.get(f"/v1/workloads/{wid}").json()
+
+        deadline = time.time() + 600
+        while time.time() < deadline and not all(state(w)["state"] == "running" for w in ids):
+            time.sleep(1.0)
+        running = [w for w in ids if state(w)["state"] == "running"]
+        for wid in running:
+            tenant.post(f"/v1/workloads/{wid}/checkpoints", json={"size_bytes": 1 << 30})
+        time.sleep(2.0)
+        to_requeued: list[float] = []
+        to_running: list[float] = []
+        lost_err: list[float] = []
+        lost = expected = 0.0
+        billed_after = 0
+        recovered = 0
+        done = 0
+        for wid in running[:faults]:
+            w = state(wid)
+            if w["state"] != "running":
+                continue
+            p = w["placement"][done % len(w["placement"])]
+            host, gpu = p["node"], p["gpu_indices"][3 % len(p["gpu_indices"])]
+            ckpt = _at(w["last_checkpoint_at"])
+            fault = time.time()
+            r = ops.post(
+                "/v1/admin/telemetry",
+                content=_xid_text(host, gpu, 79, int(fault * 1000)),
+                headers={"Content-Type": "text/plain; version=0.0.4"},
+            )
+            r.raise_for_status()
+            done += 1
+            end = time.time() + timeout
+            back = None
+            while time.time() < end:
+                x = state(wid)
+                if x["interruptions"] >= 1 and x["state"] == "running":
+                    back = x
+                    break
+                time.sleep(0.2)
+            events = tenant.get(f"/v1/workloads/{wid}/events").json()["items"]
+            tr = [e for e in events if e["kind"] == "transition"]
+            i = next((k for k, e in enumerate(tr) if e["to_state"] == "preempted"), None)
+            if i is None:
+                continue
+            fault_at = _at(tr[i]["details"]["fault_at"])
+            queued = next(e for e in tr[i:] if e["to_state"] == "queued")
+            to_requeued.append(_at(queued["at"]) - fault)
+            if back is not None:
+                run_again = next(e for e in tr[i:] if e["to_state"] == "running")
+                to_running.append(_at(run_again["at"]) - fault)
+                recovered += 1
+                lost += back["lost_work_gpu_s"]
+                expected += 64 * (fault_at - ckpt)
+                lost_err.append(abs(back["lost_work_gpu_s"] - 64 * (fault_at - ckpt)))
+            with engine.connect() as c:
+                billed_after += int(
+                    c.execute(
+                        sa.text(
+                            "SELECT count(*) FROM usage_events u WHERE u.workload_id = :w "
+                            "AND u.occurred_at > :f AND u.occurred_at < :r AND u.kind = 'stop'"
+                        ),
+                        {
+                            "w": wid,
+                            "f": datetime.fromtimestamp(fault_at, UTC),
+                            "r": datetime.fromtimestamp(
+                                _at(tr[-1]["at"]) if back is not None else time.time(), UTC
+                            ),
+                        },
+                    ).scalar()
+                    or 0
+                )
+        with engine.connect() as c:
+            doubles = int(
+                c.execute(
+                    sa.text(
+                        "SELECT count(*) FROM allocations a JOIN allocations b "
+                        "ON a.node_id = b.node_id AND a.id < b.id AND a.milli = 1000 "
+                        "AND b.milli = 1000 AND a.gpu_indices::jsonb ?| "
+                        "array(SELECT jsonb_array_elements_text(b.gpu_indices::jsonb)) "
+                        "AND a.created_at < coalesce(b.released_at, 'infinity') "
+                        "AND b.created_at < coalesce(a.released_at, 'infinity')"
+                    )
+                ).scalar()
+            )
+        engine.dispose()
+        return {
+            "gpus": gpus,
+            "gangs": len(running),
+            "fillers": fillers,
+            "faults": done,
+            "recovered": recovered,
+            "fault_to_requeued_p50_s": round(_pct(to_requeued, 0.5), 3),
+            "fault_to_requeued_p99_s": round(_pct(to_requeued, 0.99), 3),
+            "fault_to_running_p50_s": round(_pct(to_running, 0.5), 3),
+            "fault_to_running_p99_s": round(_pct(to_running, 0.99), 3),
+            "lost_work_gpu_s": round(lost, 1),
+            "lost_work_expected_gpu_s": round(expected, 1),
+            "lost_work_gpu_s_max_error": round(max(lost_err, default=float("nan")), 3),
+            "usage_billed_after_fault": billed_after,
+            "double_allocations": doubles,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+    finally:
+        env.close()
+
+
+def _tenant_key(env: ScratchDeployment) -> str:
+    import subprocess
+    import sys
+
+    from app.workloads.bench import ROOT
+
+    code = (
+        "from app.core.db import session_scope\n"
+        "from app.tenants.service import create_tenant\n"
+        "from app.keys.service import create_key\n"
+        "with session_scope() as s:\n"
+        "    t = create_tenant(s, name='Bench', slug='bench', contact_email='b@example.com',"
+        " status='active', isolation_policy=None)\n"
+        "    print(create_key(s, tenant_id=t.id, name='bench', scopes=['read','write']).key)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip().splitlines()[-1]

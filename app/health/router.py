@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+from fastapi import Depends, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.core.db import get_or_404, session_dependency
+from app.core.errors import PayloadTooLarge, ValidationFailed
+from app.core.routing import api_router
+from app.fleet.models import Gpu, Node
+from app.health import service, telemetry
+from app.health.schemas import (
+    FleetHealth,
+    HealthActionIn,
+    HealthActionOut,
+    HealthHistory,
+    TelemetryBatch,
+    TelemetryResult,
+)
+from app.tenancy.auth import AuthContext, platform
+
+admin = api_router(prefix="/v1/admin", tags=["admin: health"])
+
+PROMETHEUS_TYPES = ("text/plain", "application/openmetrics-text")
+# The text exposition format, line by line: comments, and `name{label="value",...} value [ms]`.
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*"'
+_SAMPLE = (
+    r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+    rf"(\{{({_LABEL}(,{_LABEL})*,?)?\}})?"
+    r"[ \t]+[-+]?([0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?|Inf|NaN)"
+    r"([ \t]+-?[0-9]{1,15})?"
+)
+EXPOSITION_PATTERN = rf"^((#[^\n]*|{_SAMPLE})?\n)*$"
+_TELEMETRY_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "JSON samples, or the Prometheus text dcgm-exporter serves, as it is (labels "
+            "`Hostname` and `gpu`, or `UUID`, name the GPU)."
+        ),
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/TelemetryBatch"}},
+            "text/plain": {"schema": {"type": "string", "pattern": EXPOSITION_PATTERN}},
+        },
+    }
+}
+
+
+async def _raw_body(request: Request) -> bytes:
+    raw = await request.body()
+    limit = get_settings().max_telemetry_bytes
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"Telemetry batches are limited to {limit} bytes.")
+    return raw
+
+
+@admin.post(
+    "/telemetry",
+    response_model=TelemetryResult,
+    openapi_extra=_TELEMETRY_BODY,
+    summary="Push GPU telemetry (DCGM samples; dcgm-exporter text as it is)",
+    description=(
+        "Node agents push what DCGM reads. Samples of GPUs the fleet does not know are listed "
+        "back (the first 100, and a count) and the rest are taken in; a malformed batch is a "
+        "422 naming the sample, and nothing of it is kept. Each pushing node counts as alive "
+        "(a heartbeat); fault signals (Xids, ECC and NVLink errors, the driver's recovery "
+        "action...) go to the health loop at once."
+    ),
+)
+def push_telemetry(
+    request: Request,
+    raw: bytes = Depends(_raw_body),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationFailed("Telemetry must be UTF-8 text.", code="malformed_sample") from None
+    if ctype in PROMETHEUS_TYPES:
+        samples, targets = telemetry.parse_exposition(text)
+        result = telemetry.ingest(session, samples, targets)
+    elif ctype == "application/json" or ctype.endswith("+json") or not ctype:
+        result = _ingest_json(session, text)
+    else:
+        raise ValidationFailed(
+            f"Content-Type {ctype} is not one this endpoint reads: send application/json, or "
+            "text/plain (Prometheus text exposition).",
+            code="unsupported_media_type",
+        )
+    return {
+        "accepted": result.accepted,
+        "ignored": result.ignored,
+        "unknown": result.unknown,
+        "unknown_count": result.unknown_count,
+        "nodes": result.nodes,
+        "signals": result.signals,
+    }
+
+
+def _ingest_json(session: Session, text: str) -> telemetry.IngestResult:
+    try:
+        batch = TelemetryBatch.model_validate_json(text)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
+        ) from None
+    targets: dict = {}
+    samples = []
+    for i, s in enumerate(batch.samples):
+        key = (s.node, None if s.gpu is None else str(s.gpu), s.uuid)
+        targets.setdefault(key, key)
+        ts = s.timestamp.timestamp() if s.timestamp is not None else None
+        samples.append((i, key, s.field, s.value, ts))
+    return telemetry.ingest(session, samples, targets, heartbeat_nodes=list(batch.nodes))
+
+
+@admin.get("/health", response_model=FleetHealth, summary="Fleet health: what is out and why")
+def fleet_health(
+    auth: AuthContext = Depends(platform), session: Session = Depends(session_dependency)
+) -> dict:
+    return service.summary(session)
+
+
+def _act(session: Session, node: Node, gpu: Gpu | None, body: HealthActionIn) -> dict:
+    health = service.operator_action(session, node, gpu, body.action, body.reason)
+    return {"node_id": node.id, "gpu_index": gpu.index if gpu else None, "health": health}
+
+
+@admin.post(
+    "/nodes/{node_id}/health",
+    response_model=HealthActionOut,
+    summary="Quarantine, release or retire a node by hand",
+)
+def node_health_action(
+    node_id: str,
+    body: HealthActionIn,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    node = get_or_404(session, Node, node_id, what="node", for_update=True)
+    return _act(session, node, None, body)
+
+
+@admin.post(
+    "/gpus/{gpu_id}/health",
+    response_model=HealthActionOut,
+    summary="Quarantine, release or retire a GPU by hand",
+)
+def gpu_health_action(
+    gpu_id: str,
+    body: HealthActionIn,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    gpu = get_or_404(session, Gpu, gpu_id, what="gpu", for_update=True)
+    node = get_or_404(session, Node, str(gpu.node_id), what="node", for_update=True)
+    return _act(session, node, gpu, body)
+
+
+@admin.get(
+    "/nodes/{node_id}/health-events",
+    response_model=HealthHistory,
+    summary="A node's and its GPUs' health history, newest first",
+)
+def node_health_history(
+    node_id: str,
+    gpu_index: int | None = Query(None, ge=0, le=63, description="Only this GPU's"),
+    limit: int = Query(100, ge=1, le=1000),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    node = get_or_404(session, Node, node_id, what="node")
+    return {"items": service.history(session, node, gpu_index, limit)}

@@ -1,0 +1,243 @@
+"""Health tasks. They take ids, lock their rows and do nothing when the state moved on, so a
+redelivered or repeated message is harmless."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from celery import shared_task
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm.exc import StaleDataError
+
+from app.core.config import get_settings
+from app.core.db import as_aware, session_scope, utcnow
+from app.core.logging import get_logger
+from app.fleet.models import Gpu, Node
+from app.health import service
+from app.health.models import HealthIncident, HealthRepair, IncidentState, NodeHeartbeat
+from app.health.states import Health
+from app.outbox.service import enqueue
+
+log = get_logger(__name__)
+H = Health
+# A repair this far past its due time lost its message; the sweep sends it again.
+LATE_AFTER_SECONDS = 5.0
+
+
+def _task(name: str):
+    return shared_task(
+        name=name,
+        ignore_result=True,
+        # A lost race with another writer of the same workloads (placement, expire): run again
+        # on fresh rows.
+        autoretry_for=(OperationalError, StaleDataError),
+        retry_backoff=0.2,
+        retry_backoff_max=5,
+        max_retries=20,
+    )
+
+
+@_task("health.evaluate")
+def evaluate(node_id: str, signals: list[dict]) -> dict:
+    """Classify a node's new fault signals and act (service.evaluate)."""
+    with session_scope() as session:
+        out = service.evaluate(session, uuid.UUID(node_id), signals)
+    if out.incident is not None:
+        log.info(
+            "health_incident",
+            node_id=node_id,
+            incident=str(out.incident),
+            action=out.action,
+            stopped=out.stopped,
+            notified=out.notified,
+            held_back=out.held_back,
+        )
+    return {"action": out.action, "stopped": out.stopped, "held_back": out.held_back}
+
+
+@_task("health.repair")
+def repair(repair_id: str) -> str:
+    with session_scope() as session:
+        return service.repair_step(session, uuid.UUID(repair_id))
+
+
+@_task("health.migrate")
+def migrate(workload_id: str) -> str:
+    """A workload on a suspect GPU checkpointed: move it if it fits on healthy GPUs now without
+    preempting anyone; otherwise it stays, and its next checkpoint asks again."""
+    from app.workloads.lifecycle import State
+    from app.workloads.models import Workload
+    from app.workloads.placement import dry_run
+    from app.workloads.service import move_off_suspect
+
+    with session_scope() as session:
+        w = session.scalar(
+            select(Workload).where(Workload.id == uuid.UUID(workload_id)).with_for_update()
+        )
+        if w is None or w.state != State.running.value or not w.migrate_at_checkpoint:
+            return "nothing to do"
+        plan = dry_run(session, w)
+        if not plan.placeable_now or plan.preempts or plan.preempts_others:
+            return "stays: no healthy capacity now"
+        move_off_suspect(session, w, "its GPU is suspect and healthy capacity exists")
+        return "moved"
+
+
+@shared_task(name="health.sweep", ignore_result=True)
+def sweep() -> dict:
+    """Beat: nodes whose agent went silent (a fault: `heartbeat_lost`) or came back; repairs
+    whose message was lost; incidents whose burst window ended; suspect GPUs with no new
+    evidence within the window (back to healthy)."""
+    s = get_settings()
+    now = utcnow()
+    silent_since = now - timedelta(seconds=s.heartbeat_timeout_seconds)
+    out = {"silent": 0, "back": 0, "repairs": 0, "closed": 0, "cleared": 0}
+    with session_scope() as session:
+        # Only nodes with an agent (a heartbeat row) can fall silent.
+        rows = session.execute(
+            select(Node.id, Node.health, Node.health_since, NodeHeartbeat.last_seen_at).join(
+                NodeHeartbeat, NodeHeartbeat.node_id == Node.id
+            )
+        ).all()
+        for node_id, health, since, seen in rows:
+            seen = as_aware(seen)
+            if seen < silent_since and health in (
+                H.healthy.value,
+                H.suspect.value,
+                H.quarantined.value,
+                H.draining.value,
+                H.validating.value,
+            ):
+                enqueue(
+                    session,
+                    "health.evaluate",
+                    queue="health",
+                    node_id=str(node_id),
+                    signals=[
+                        {
+                            "gpu_index": None,
+                            "signal": "heartbeat_lost",
+                            "code": None,
+                            "value": (now - seen).total_seconds(),
+                            "at": seen.timestamp() + s.heartbeat_timeout_seconds,
+                        }
+                    ],
+                )
+                out["silent"] += 1
+            elif (
+                seen >= silent_since
+                and health == H.unreachable.value
+                and (since is None or seen > as_aware(since))  # reported since it went silent
+            ):
+                node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
+                if node is not None and node.health == H.unreachable.value:
+                    at = service.where(session, node)
+                    service.move(session, at, node, H.validating, "the node agent reports again")
+                    rep = HealthRepair(
+                        id=uuid.uuid4(),
+                        node_id=node.id,
+                        kind="return",
+                        gpu_indices=[],
+                        phase="validating",
+                        started_at=now,
+                        due_at=now + timedelta(seconds=s.validate_seconds),
+                    )
+                    session.add(rep)
+                    session.flush()
+                    enqueue(
+                        session,
+                        "health.repair",
+                        queue="health",
+                        countdown=s.validate_seconds,
+                        repair_id=str(rep.id),
+                    )
+                    out["back"] += 1
+        late = now - timedelta(seconds=LATE_AFTER_SECONDS)
+        for (rid,) in session.execute(
+            select(HealthRepair.id)
+            .where(HealthRepair.finished_at.is_(None), HealthRepair.due_at < late)
+            .limit(1000)
+        ):
+            enqueue(session, "health.repair", queue="health", repair_id=str(rid))
+            out["repairs"] += 1
+        window = timedelta(seconds=s.incident_window_seconds)
+        for inc in session.scalars(
+            select(HealthIncident)
+            .where(
+                HealthIncident.state == IncidentState.open,
+                HealthIncident.last_signal_at < now - window,
+            )
+            .limit(1000)
+        ):
+            inc.state = IncidentState.closed
+            inc.closed_at = inc.last_signal_at + window
+            out["closed"] += 1
+        # Suspect GPUs with no new evidence for a whole breaker window: back to healthy.
+        quiet = now - timedelta(seconds=s.breaker_window_seconds)
+        for gpu in session.scalars(
+            select(Gpu)
+            .where(Gpu.health == H.suspect.value, Gpu.health_since < quiet)
+            .limit(1000)
+            .with_for_update(skip_locked=True)
+        ):
+            node = session.get(Node, gpu.node_id)
+            if node is None:
+                continue
+            service.move(
+                session,
+                service.where(session, node),
+                gpu,
+                H.healthy,
+                "no new fault evidence within the watch window",
+            )
+            out["cleared"] += 1
+        out["idle_gpus"] = add_idle_iron(session, now)
+    if any(v for k, v in out.items() if k != "idle_gpus"):
+        log.info("health_sweep", **out)
+    return out
+
+
+def add_idle_iron(session, now) -> int:
+    """Add the GPU-seconds since the last sweep that ready, healthy GPUs spent idle, per
+    region and model (idle iron). Returns the GPUs idle now."""
+    from sqlalchemy import func
+
+    from app.fleet.models import Rack, Region
+    from app.health.models import IdleIron
+    from app.workloads.models import GpuUsage
+
+    idle = {
+        (region, model): n
+        for region, model, n in session.execute(
+            select(Region.name, Gpu.model, func.count())
+            .select_from(Gpu)
+            .join(Node, Gpu.node_id == Node.id)
+            .join(Rack, Node.rack_id == Rack.id)
+            .join(Region, Rack.region_id == Region.id)
+            .outerjoin(
+                GpuUsage, (GpuUsage.node_id == Gpu.node_id) & (GpuUsage.gpu_index == Gpu.index)
+            )
+            .where(
+                Node.state == "ready",
+                Node.health.in_([H.healthy.value, H.suspect.value]),
+                Gpu.health.in_([H.healthy.value, H.suspect.value]),
+                func.coalesce(GpuUsage.milli_used, 0) == 0,
+            )
+            .group_by(Region.name, Gpu.model)
+        )
+    }
+    rows = {(r.region, r.gpu_model): r for r in session.scalars(select(IdleIron).with_for_update())}
+    # Each sweep counts the idle GPUs it sees for the time since the previous one (at most
+    # two sweep periods: a stopped beat does not turn into a burst of idle time).
+    cap = 2 * get_settings().health_sweep_seconds
+    for key in set(idle) | set(rows):
+        row = rows.get(key)
+        if row is None:
+            session.add(IdleIron(region=key[0], gpu_model=key[1], gpu_seconds=0.0, updated_at=now))
+            continue
+        dt = min(cap, max(0.0, (now - as_aware(row.updated_at)).total_seconds()))
+        row.gpu_seconds += idle.get(key, 0) * dt
+        row.updated_at = now
+    return sum(idle.values())

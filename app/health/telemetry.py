@@ -1,0 +1,674 @@
+"""Telemetry in: DCGM samples from node agents, as JSON or as dcgm-exporter's Prometheus text.
+
+What is kept is what the health logic needs, per process and in memory: each GPU's counters'
+last values (deltas are taken against them), the last Xid and recovery action seen, latest
+gauges, and exponentially weighted aggregates for the performance score. The database gets:
+- at once, in the request's transaction: the fault signals (an outbox message per node for
+  `health.evaluate`) and the aggregates of the GPUs that raised them (so a restart does not
+  take an old Xid for a new one);
+- heartbeats, at most every third of the heartbeat timeout per node;
+- each GPU's aggregates at most every `telemetry_flush_seconds`, and its performance score when
+  it moves by `perf.WRITE_STEP`.
+All batched: one statement per kind of write per request.
+
+Several API processes each keep the GPUs they are sent; a GPU's state is read from the
+database the first time a process sees it, so baselines carry across processes and restarts.
+If the request's transaction rolls back, the nodes it raised signals for are forgotten, so the
+next report raises them again.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client.parser import parse_labels
+from sqlalchemy import bindparam, event, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.core.errors import ValidationFailed
+from app.fleet.models import Gpu, Node
+from app.health import perf
+from app.health.actions import HW_SLOWDOWN_BITS, SIGNALS, THROTTLED_BITS
+from app.health.models import GpuTelemetry, NodeHeartbeat
+from app.placement.catalog import GPU_MODELS
+
+# What each DCGM field is to the health loop (anything else is counted and ignored).
+XID, RECOVERY, COUNTER, FLAG, THROTTLE, UTIL, CLOCK, GAUGE = range(8)
+FIELDS: dict[str, tuple[int, str]] = {
+    "DCGM_FI_DEV_XID_ERRORS": (XID, "xid"),
+    "DCGM_FI_DEV_GPU_RECOVERY_ACTION": (RECOVERY, "recovery_action"),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": (COUNTER, "ecc_dbe"),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": (COUNTER, "ecc_sbe"),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": (COUNTER, "uncorrectable_remapped_rows"),
+    "DCGM_FI_DEV_RETIRED_DBE": (COUNTER, "retired_dbe"),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": (COUNTER, "nvlink_crc_flit"),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": (COUNTER, "nvlink_replay"),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": (COUNTER, "nvlink_recovery"),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": (COUNTER, "pcie_replay"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": (FLAG, "row_remap_failure"),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": (THROTTLE, "throttle"),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": (THROTTLE, "throttle"),  # the newer name, same field
+    "DCGM_FI_DEV_GPU_UTIL": (UTIL, "util"),
+    "DCGM_FI_DEV_SM_CLOCK": (CLOCK, "sm_clock"),
+    "DCGM_FI_DEV_GPU_TEMP": (GAUGE, "gpu_temp"),
+    "DCGM_FI_DEV_MEMORY_TEMP": (GAUGE, "memory_temp"),
+    "DCGM_FI_DEV_POWER_USAGE": (GAUGE, "power_w"),
+    "DCGM_FI_DEV_FB_USED": (GAUGE, "fb_used_mib"),
+}
+# Counters whose signal is a rate (a rise of `threshold` within RATE_WINDOW_S), not any rise.
+RATE_WINDOW_S = 60.0
+# A sample's own timestamp is trusted within this much of the server's clock (agents' clocks
+# drift): a fault is dated by it, and so is the end of the usage it interrupts.
+MAX_SKEW_S = 120.0
+# Node names not in the fleet are not looked up again for this long.
+MISSING_TTL_S = 30.0
+# A process re-reads a node's GPU ids this often (a fleet import may have replaced them).
+RELOAD_S = 600.0
+MAX_PROBLEMS = 100
+_IN_POOL = frozenset({"healthy", "suspect"})
+
+
+@dataclass
+class Signal:
+    """A fault signal: what `health.evaluate` classifies and acts on."""
+
+    gpu_index: int | None
+    signal: str  # "xid", "recovery_action" or a SIGNALS name
+    code: int | None
+    value: float
+    at: float  # epoch seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_index": self.gpu_index,
+            "signal": self.signal,
+            "code": self.code,
+            "value": self.value,
+            "at": self.at,
+        }
+
+
+class GpuState:
+    __slots__ = (
+        "gpu_id",
+        "host",
+        "index",
+        "uuid",
+        "nominal",
+        "xid",
+        "recovery",
+        "counters",
+        "windows",
+        "latest",
+        "util",
+        "clock",
+        "throttle",
+        "clock_ratio",
+        "throttled",
+        "hw",
+        "hw_flagged",
+        "samples",
+        "perf",
+        "flushed_at",
+        "seen",
+        "ts",
+    )
+
+    def __init__(
+        self, gpu_id: uuid.UUID, host: str, index: int, model: str, uuid_: str | None
+    ) -> None:
+        self.gpu_id = gpu_id
+        self.host = host
+        self.index = index
+        self.uuid = uuid_
+        m = GPU_MODELS.get(model)
+        self.nominal: float | None = float(m.sm_clock_mhz) if m and m.sm_clock_mhz else None
+        self.xid = 0
+        self.recovery = 0
+        self.counters: dict[str, float] = {}
+        self.windows: dict[str, tuple[float, float]] = {}  # rate counters: (start, value then)
+        self.latest: dict[str, float] = {}
+        self.util: float | None = None
+        self.clock: float | None = None
+        self.throttle: int | None = None
+        self.clock_ratio: float | None = None
+        self.throttled: float | None = None
+        self.hw = 0.0
+        self.hw_flagged = False
+        self.samples = 0
+        self.perf = 1.0
+        self.flushed_at = 0.0
+        self.seen = 0  # the batch that last touched it
+        self.ts = 0.0  # the latest sample's time (the agent's clock, else arrival)
+
+
+class NodeState:
+    __slots__ = ("node_id", "name", "gpus", "written_at", "loaded_at", "ts", "out")
+
+    def __init__(self, node_id: uuid.UUID, name: str, loaded_at: float):
+        self.node_id = node_id
+        self.name = name
+        self.gpus: dict[str, GpuState] = {}  # by index, as a string (dcgm-exporter's label)
+        self.written_at = 0.0  # heartbeat last written (epoch s)
+        self.loaded_at = loaded_at
+        self.ts = 0.0
+        # Out of the pool (being repaired, unreachable...): its heartbeats are written at
+        # every report, since they say when it came back.
+        self.out = False
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    ignored: int = 0
+    unknown: list[dict[str, Any]] = field(default_factory=list)
+    unknown_count: int = 0
+    nodes: int = 0
+    signals: int = 0
+    db_writes: int = 0
+
+
+class Telemetry:
+    """This process's view of the fleet's telemetry (see the module)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.by_uuid: dict[str, GpuState] = {}
+        self.missing: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.batch = 0
+        self.db: str | None = None
+
+    def forget(self, names: set[str]) -> None:
+        with self.lock:
+            for name in names:
+                node = self.nodes.pop(name, None)
+                if node is not None:
+                    for g in node.gpus.values():
+                        if g.uuid:
+                            self.by_uuid.pop(g.uuid, None)
+
+    # --- reading what the database knows -------------------------------------------------------
+
+    def _load(self, session: Session, names: set[str], now: float) -> None:
+        rows = session.execute(
+            select(
+                Node.id,
+                Node.name,
+                Node.health,
+                Gpu.id,
+                Gpu.index,
+                Gpu.model,
+                Gpu.uuid,
+                Gpu.perf,
+                GpuTelemetry,
+                NodeHeartbeat.last_seen_at,
+            )
+            .join(Gpu, Gpu.node_id == Node.id)
+            .outerjoin(GpuTelemetry, GpuTelemetry.gpu_id == Gpu.id)
+            .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
+            .where(Node.name.in_(sorted(names)))
+        ).all()
+        fresh: dict[str, NodeState] = {}
+        for node_id, name, health, gpu_id, index, model, uuid_, perf_, tel, seen in rows:
+            node = fresh.get(name)
+            if node is None:
+                node = fresh[name] = NodeState(node_id, name, now)
+                node.written_at = seen.timestamp() if seen else 0.0
+                node.out = health not in _IN_POOL
+            old = self.nodes.get(name)
+            kept = old.gpus.get(str(index)) if old is not None else None
+            if kept is not None and kept.gpu_id == gpu_id:
+                g = kept  # same GPU: keep what this process measured
+            else:
+                g = GpuState(gpu_id, name, index, model, uuid_)
+                g.perf = float(perf_)
+                if tel is not None:
+                    g.xid, g.recovery = tel.last_xid, tel.last_recovery_action
+                    g.counters = dict(tel.counters or {})
+                    g.latest = dict(tel.latest or {})
+                    g.clock_ratio, g.throttled, g.samples = (
+                        tel.clock_ratio,
+                        tel.throttled,
+                        tel.samples,
+                    )
+                    g.flushed_at = tel.updated_at.timestamp()
+            node.gpus[str(index)] = g
+            if uuid_:
+                self.by_uuid[uuid_] = g
+        for name in names:
+            if name in fresh:
+                self.nodes[name] = fresh[name]
+                self.missing.pop(name, None)
+            else:
+                self.nodes.pop(name, None)
+                self.missing[name] = now + MISSING_TTL_S
+
+    def _hosts_of_uuids(self, session: Session, uuids: set[str]) -> set[str]:
+        return set(
+            session.scalars(
+                select(Node.name).join(Gpu, Gpu.node_id == Node.id).where(Gpu.uuid.in_(uuids))
+            )
+        )
+
+    def resolve(
+        self, session: Session, targets: dict[Any, tuple[str | None, str | None, str | None]]
+    ) -> dict[Any, GpuState | str]:
+        """Each target (hostname, GPU index, UUID) -> its GPU's state, or what is wrong."""
+        now = time.time()
+        need: set[str] = set()
+        uuids: set[str] = set()
+        cached: set[str] = set()
+        for host, _index, uuid_ in targets.values():
+            if host is not None:
+                node = self.nodes.get(host)
+                if node is not None and now - node.loaded_at <= RELOAD_S:
+                    cached.add(host)
+                elif not self.missing.get(host, 0.0) > now:
+                    need.add(host)
+            elif uuid_ is not None and uuid_ not in self.by_uuid:
+                uuids.add(uuid_)
+        if cached:
+            # One indexed read per batch: a node replaced under the same name (a fleet
+            # re-import) is read again rather than written to under its old id.
+            ids: dict[str, uuid.UUID] = {}
+            for name, nid, health in session.execute(
+                select(Node.name, Node.id, Node.health).where(Node.name.in_(sorted(cached)))
+            ):
+                ids[name] = nid
+                self.nodes[name].out = health not in _IN_POOL
+            need |= {h for h in cached if ids.get(h) != self.nodes[h].node_id}
+        if uuids:
+            need |= self._hosts_of_uuids(session, uuids)
+        if need:
+            self._load(session, need, now)
+        out: dict[Any, GpuState | str] = {}
+        for key, (host, index, uuid_) in targets.items():
+            if host is None:
+                g = self.by_uuid.get(uuid_) if uuid_ else None
+                out[key] = g if g is not None else "unknown_gpu"
+                continue
+            node = self.nodes.get(host)
+            if node is None:
+                out[key] = "unknown_node"
+                continue
+            g = node.gpus.get(index) if index is not None else None
+            if g is None and uuid_:
+                g = self.by_uuid.get(uuid_)
+            out[key] = g if g is not None else "unknown_gpu"
+        return out
+
+
+_STATE: dict[str, Telemetry] = {}
+_TOUCHED = "rackplane_telemetry_signalled"
+
+
+def state_for(session: Session) -> Telemetry:
+    """The process's telemetry state for this database (tests run several databases)."""
+    key = str(session.get_bind().engine.url)
+    t = _STATE.get(key)
+    if t is None:
+        t = _STATE[key] = Telemetry()
+    return t
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget_signalled(session: Session) -> None:
+    names = session.info.pop(_TOUCHED, None)
+    if names:
+        state_for(session).forget(names)
+
+
+@event.listens_for(Session, "after_commit")
+def _signals_committed(session: Session) -> None:
+    session.info.pop(_TOUCHED, None)
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def parse_exposition(text: str) -> tuple[list[tuple], dict[str, tuple]]:
+    """dcgm-exporter's Prometheus text -> (samples, targets): samples as (line number, label
+    text, metric name, value, timestamp in epoch seconds or None), targets as label text ->
+    (Hostname, gpu, UUID). The label sets are parsed by prometheus-client's parser, once per
+    distinct set: dcgm-exporter repeats each GPU's set once per field. Raises
+    ValidationFailed naming the first malformed line."""
+    samples: list[tuple] = []
+    targets: dict[str, tuple] = {}
+    append = samples.append
+    lineno = 0
+    for line in text.split("\n"):
+        lineno += 1
+        if not line or line[0] == "#" or line.isspace():
+            continue
+        try:
+            brace = line.find("{")
+            if brace >= 0:
+                close = line.rindex("}")
+                name = line[:brace]
+                labels = line[brace + 1 : close]
+                rest = line[close + 1 :].split()
+                if labels not in targets:
+                    parsed = parse_labels(labels, False)
+                    targets[labels] = (
+                        parsed.get("Hostname"),
+                        parsed.get("gpu"),
+                        parsed.get("UUID"),
+                    )
+            else:
+                parts = line.split()
+                name, rest, labels = parts[0], parts[1:], ""
+                targets.setdefault("", (None, None, None))
+            if not 1 <= len(rest) <= 2 or not name.isidentifier() and ":" not in name:
+                raise ValueError("expected: name{labels} value [timestamp]")
+            value = float(rest[0])
+            ts = int(rest[1]) / 1000.0 if len(rest) == 2 else None
+        except ValueError as exc:
+            raise ValidationFailed(
+                f"Line {lineno} is not a Prometheus sample: {exc}.",
+                code="malformed_sample",
+                line=lineno,
+                sample=line[:200],
+            ) from None
+        append((lineno, labels, name, value, ts))
+    return samples, targets
+
+
+# --- the pass over a batch -------------------------------------------------------------------
+
+
+def ingest(
+    session: Session,
+    samples: list[tuple],
+    targets: dict[Any, tuple],
+    *,
+    heartbeat_nodes: list[str] = (),  # type: ignore[assignment]
+) -> IngestResult:
+    """Apply a parsed batch: samples as (reference, target key, field, value, timestamp);
+    targets as key -> (hostname, GPU index, UUID). Returns what was accepted, what names no
+    fleet GPU (per sample, the first MAX_PROBLEMS), and the writes made."""
+    settings = get_settings()
+    tel = state_for(session)
+    res = IngestResult()
+    now = time.time()
+    with tel.lock:
+        if heartbeat_nodes:
+            for host in heartbeat_nodes:
+                targets[("node", host)] = (host, None, None)
+        resolved = tel.resolve(session, targets)
+        tel.batch += 1
+        batch = tel.batch
+        touched: list[GpuState] = []
+        nodes: dict[str, NodeState] = {}
+        signals: dict[str, list[Signal]] = {}
+        learned: list[tuple[GpuState, str]] = []
+        raised: list[GpuState] = []
+        fields = FIELDS
+        for ref, tkey, name, value, ts in samples:
+            f = fields.get(name)
+            if f is None:
+                res.ignored += 1
+                continue
+            g = resolved[tkey]
+            if isinstance(g, str):
+                res.unknown_count += 1
+                if len(res.unknown) < MAX_PROBLEMS:
+                    host, index, uuid_ = targets[tkey]
+                    res.unknown.append(
+                        {"sample": ref, "node": host, "gpu": index, "uuid": uuid_, "problem": g}
+                    )
+                continue
+            res.accepted += 1
+            t = ts if ts is not None else now
+            if t > g.ts:
+                g.ts = t
+            if g.seen != batch:
+                g.seen = batch
+                touched.append(g)
+                uuid_ = targets[tkey][2]
+                if uuid_ and uuid_ != g.uuid:
+                    learned.append((g, uuid_))
+            if value != value:  # NaN: nothing to learn
+                continue
+            kind, key = f
+            if kind == GAUGE:
+                g.latest[key] = value
+            elif kind == UTIL:
+                g.util = value
+            elif kind == CLOCK:
+                g.clock = value
+            elif kind == THROTTLE:
+                g.throttle = int(value)
+            else:
+                s = _event(g, kind, key, value, _when(ts, now))
+                if s is not None:
+                    signals.setdefault(g.host, []).append(s)
+                    raised.append(g)
+        for g in resolved.values():
+            if not isinstance(g, str) and g.host not in nodes and g.host in tel.nodes:
+                nodes[g.host] = tel.nodes[g.host]
+        if heartbeat_nodes:
+            for host in heartbeat_nodes:
+                if host not in tel.nodes:
+                    res.unknown_count += 1
+                    if len(res.unknown) < MAX_PROBLEMS:
+                        res.unknown.append(
+                            {
+                                "sample": None,
+                                "node": host,
+                                "gpu": None,
+                                "uuid": None,
+                                "problem": "unknown_node",
+                            }
+                        )
+                else:
+                    nodes[host] = tel.nodes[host]
+                    nodes[host].ts = max(nodes[host].ts, now)
+        # Aggregates, once per GPU per batch.
+        flush: list[GpuState] = []
+        perf_moves: list[GpuState] = []
+        every = settings.telemetry_flush_seconds
+        for g in touched:
+            owner = tel.nodes.get(g.host)
+            if owner is not None and g.ts > owner.ts:
+                owner.ts = g.ts
+            s = _aggregate(g, now)
+            if s is not None:
+                signals.setdefault(g.host, []).append(s)
+                raised.append(g)
+            score = perf.from_telemetry(
+                g.clock_ratio, g.throttled, g.samples, g.nominal is not None
+            )
+            if score is not None and perf.worth_writing(g.perf, score):
+                g.perf = score
+                perf_moves.append(g)
+            # Cadence in the samples' time: what happens in 30 s of the agents' clocks is what
+            # happens in 30 s of the fleet's life (a benchmark that replays faster writes the
+            # same rows per sample as the fleet would).
+            if g.ts - g.flushed_at >= every:
+                flush.append(g)
+        # A GPU that raised a signal has its aggregates written with it (a restart must not take
+        # the Xid still showing for a new one).
+        in_flush = {id(g) for g in flush}
+        for g in raised:
+            if id(g) not in in_flush:
+                in_flush.add(id(g))
+                flush.append(g)
+        for g in flush:
+            g.flushed_at = max(g.ts, g.flushed_at)
+        beat_every = settings.heartbeat_timeout_seconds / 3
+        beats = []
+        for node in nodes.values():
+            if node.out or node.ts - node.written_at >= beat_every:
+                node.written_at = node.ts
+                beats.append(node)
+        res.nodes = len(nodes)
+        rows_flush = [_telemetry_row(g, now) for g in flush]
+        perf_rows = [{"g_id": g.gpu_id, "g_perf": g.perf} for g in perf_moves]
+        uuid_rows = [{"g_id": g.gpu_id, "g_uuid": u} for g, u in learned]
+        for g, u in learned:
+            if g.uuid:
+                tel.by_uuid.pop(g.uuid, None)
+            g.uuid = u
+            tel.by_uuid[u] = g
+    # The writes, outside the lock: one statement each.
+    writes = 0
+    if beats:
+        _upsert(
+            session,
+            NodeHeartbeat.__table__,
+            [{"node_id": n.node_id, "last_seen_at": _dt(now)} for n in beats],
+            ["node_id"],
+            ["last_seen_at"],
+        )
+        writes += len(beats)
+    if rows_flush:
+        _upsert(
+            session,
+            GpuTelemetry.__table__,
+            rows_flush,
+            ["gpu_id"],
+            [c for c in rows_flush[0] if c != "gpu_id"],
+        )
+        writes += len(rows_flush)
+    if perf_rows:
+        t = Gpu.__table__
+        session.connection().execute(
+            update(t)
+            .where(t.c.id == bindparam("g_id"))
+            .values(perf=bindparam("g_perf"), perf_at=_dt(now)),
+            perf_rows,
+        )
+        writes += len(perf_rows)
+    if uuid_rows:
+        t = Gpu.__table__
+        session.connection().execute(
+            update(t).where(t.c.id == bindparam("g_id")).values(uuid=bindparam("g_uuid")),
+            uuid_rows,
+        )
+        writes += len(uuid_rows)
+    if signals:
+        from app.outbox.service import enqueue
+
+        for host, ss in signals.items():
+            node = tel.nodes.get(host)
+            if node is None or not ss:
+                continue
+            enqueue(
+                session,
+                "health.evaluate",
+                queue="health",
+                node_id=str(node.node_id),
+                signals=[s.as_dict() for s in ss],
+            )
+            writes += 1
+            res.signals += len(ss)
+        session.info.setdefault(_TOUCHED, set()).update(signals)
+    res.db_writes = writes
+    return res
+
+
+def _when(ts: float | None, now: float) -> float:
+    if ts is None or math.isnan(ts):
+        return now
+    return min(now, max(ts, now - MAX_SKEW_S))
+
+
+def _event(g: GpuState, kind: int, key: str, value: float, at: float) -> Signal | None:
+    """Update an event-like field; the signal it raises, if any."""
+    if kind == XID:
+        code = int(value)
+        if code == g.xid:
+            return None  # the gauge still shows the Xid already seen
+        g.xid = code
+        return Signal(g.index, "xid", code, value, at) if code else None
+    if kind == RECOVERY:
+        code = int(value)
+        if code == g.recovery:
+            return None
+        g.recovery = code
+        return Signal(g.index, "recovery_action", code, value, at) if code else None
+    prev = g.counters.get(key)
+    g.counters[key] = value
+    if kind == FLAG:
+        if value and not prev:
+            return Signal(g.index, key, None, value, at)
+        return None
+    rule = SIGNALS.get(key)
+    if prev is None or value < prev:
+        g.windows.pop(key, None)  # first sight, or the counter was reset (driver reload)
+        return None
+    if rule is None:
+        return None
+    if rule.threshold <= 1.0:
+        return Signal(g.index, key, None, value - prev, at) if value > prev else None
+    start, base = g.windows.get(key, (at, prev))
+    if at - start > RATE_WINDOW_S:
+        start, base = at, prev
+    if value - base >= rule.threshold:
+        g.windows.pop(key, None)
+        return Signal(g.index, key, None, value - base, at)
+    g.windows[key] = (start, base)
+    return None
+
+
+def _aggregate(g: GpuState, now: float) -> Signal | None:
+    """Fold this batch's gauges into the GPU's aggregates (reports under load only)."""
+    util, clock, bits = g.util, g.clock, g.throttle
+    if util is None or util < perf.LOAD_UTIL:
+        return None
+    g.samples += 1
+    if clock is not None and g.nominal:
+        g.clock_ratio = perf.ewma(g.clock_ratio, clock / g.nominal)
+    if bits is not None:
+        g.throttled = perf.ewma(g.throttled, 1.0 if bits & THROTTLED_BITS else 0.0)
+        g.hw = perf.ewma(g.hw, 1.0 if bits & HW_SLOWDOWN_BITS else 0.0)
+        rule = SIGNALS["hw_slowdown"]
+        if g.hw >= rule.threshold and not g.hw_flagged:
+            g.hw_flagged = True
+            return Signal(g.index, "hw_slowdown", None, round(g.hw, 3), now)
+        if g.hw < rule.threshold / 2:
+            g.hw_flagged = False
+    return None
+
+
+def _telemetry_row(g: GpuState, now: float) -> dict[str, Any]:
+    latest = dict(g.latest)
+    for k, v in (("util", g.util), ("sm_clock", g.clock), ("throttle", g.throttle)):
+        if v is not None:
+            latest[k] = v
+    return {
+        "gpu_id": g.gpu_id,
+        "updated_at": _dt(now),
+        "last_xid": g.xid,
+        "last_recovery_action": g.recovery,
+        "counters": dict(g.counters),
+        "latest": latest,
+        "clock_ratio": g.clock_ratio,
+        "throttled": g.throttled,
+        "samples": g.samples,
+    }
+
+
+def _dt(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def _upsert(session: Session, table, rows: list[dict], keys: list[str], cols: list[str]) -> None:
+    dialect = session.get_bind().dialect.name
+    ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
+    stmt = ins.on_conflict_do_update(
+        index_elements=keys, set_={c: getattr(ins.excluded, c) for c in cols}
+    )
+    # Rows in key order: concurrent upserts of overlapping nodes lock in one order.
+    rows.sort(key=lambda r: str(r[keys[0]]))
+    session.connection().execute(stmt, rows)

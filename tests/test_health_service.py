@@ -1,0 +1,163 @@
+"""The health loop's decisions on a real database: bursts grouped into incidents, the circuit
+breaker, a silent node agent, operators' hands. (The worker runs what they enqueue.)"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from sqlalchemy import select, text
+
+from app.core.config import get_settings
+from app.core.db import session_scope
+from app.fleet.models import Node
+from app.health import service
+from app.health.models import HealthIncident
+from tests.conftest import auth, wait_until
+from tests.test_health_loop import _health, _history
+from tests.test_health_telemetry import exporter_text, push
+from tests.test_placement_worker import ALL, fleet
+
+FLEET = fleet(3)
+
+
+def _node_id(name: str) -> uuid.UUID:
+    with session_scope() as s:
+        return s.scalar(select(Node.id).where(Node.name == name))
+
+
+def _evaluate(name: str, *signals: tuple) -> service.Outcome:
+    with session_scope() as s:
+        return service.evaluate(
+            s,
+            _node_id(name),
+            [
+                {"gpu_index": g, "signal": "xid", "code": code, "value": code, "at": at}
+                for g, code, at in signals
+            ],
+        )
+
+
+def _incidents(session):
+    session.rollback()
+    return session.scalars(select(HealthIncident).order_by(HealthIncident.opened_at)).all()
+
+
+def test_a_burst_is_one_incident_classified_by_its_worst_code(world, session):
+    world.fleet(FLEET)
+    t0 = time.time() - 2000
+    window = get_settings().incident_window_seconds
+    _evaluate("h1", (0, 13, t0))
+    _evaluate("h1", (1, 43, t0 + 50), (1, 48, t0 + 60))  # within the window: the same incident
+    [inc] = _incidents(session)
+    assert (inc.code, inc.action, inc.signal_count) == (48, "reset_gpu", 3)
+    assert inc.gpu_indices == [0, 1] and inc.state == "open"
+    assert [s["code"] for s in inc.signals] == [13, 43, 48]
+    # A milder code later in the burst does not lower its class.
+    _evaluate("h1", (2, 13, t0 + 100))
+    [inc] = _incidents(session)
+    assert inc.code == 48 and inc.signal_count == 4
+    # The window passed without a signal: a new incident; the first one is closed.
+    _evaluate("h1", (0, 31, t0 + 100 + window + 1))
+    first, second = _incidents(session)
+    assert first.state == "closed" and second.code == 31 and second.action == "none"
+    # Another node's signal is another incident.
+    _evaluate("h2", (0, 13, t0 + 120))
+    assert len(_incidents(session)) == 3
+
+
+def test_the_circuit_breaker_stops_automatic_quarantine_past_its_share(world, session, monkeypatch):
+    world.fleet(FLEET)  # 24 GPUs in region r1, rack hgx-1
+    s = get_settings()
+    monkeypatch.setattr(s, "breaker_min_gpus", 0)
+    monkeypatch.setattr(s, "breaker_region_share", 0.34)  # 8 of 24
+    now = time.time()
+    out = _evaluate("h1", (0, 79, now))  # a reboot takes h1's 8 GPUs: at the limit
+    assert out.held_back is None
+    assert _history(session, "h1")[:1] == ["quarantined"]
+    out = _evaluate("h2", (4, 79, now))
+    assert out.held_back and "circuit breaker: 8 of 24 GPUs of region r1" in out.held_back
+    assert _health(session, "h2") == "healthy"  # nothing more drained
+    assert _health(session, "h2", 4) == "suspect"  # but watched, and raised to operators
+    out = _evaluate("h3", (1, 48, now))
+    assert out.held_back and _health(session, "h3", 1) == "suspect"
+    held = [i for i in _incidents(session) if i.held_back]
+    assert len(held) == 2
+    # A rack limit holds on its own too.
+    monkeypatch.setattr(s, "breaker_region_share", 1.0)
+    monkeypatch.setattr(s, "breaker_rack_share", 0.34)
+    out = _evaluate("h3", (2, 48, now + 1))
+    assert out.held_back and "rack hgx-1" in out.held_back
+
+
+def test_a_silent_node_is_unreachable_its_work_moves_and_it_returns_when_it_reports(
+    client, world, session, celery_worker_process
+):
+    from app.health import tasks
+
+    world.fleet(fleet(2))
+    key, op = world.key(world.tenant("acme", policy=ALL)), world.key(None)
+    w = client.post("/v1/workloads", json={"kind": "instance", "gpus": 8}, headers=auth(key))
+    wid = w.json()["id"]
+    running = wait_until(
+        lambda: (
+            (x := client.get(f"/v1/workloads/{wid}", headers=auth(key)).json())["state"]
+            == "running"
+            and x
+        )
+    )
+    [node] = {p["node"] for p in running["placement"]}
+    assert (
+        push(client, op, exporter_text(node, {"DCGM_FI_DEV_GPU_TEMP": {0: 40}})).status_code == 200
+    )
+    # Its agent goes silent: the last report is older than the heartbeat timeout.
+    session.execute(text("UPDATE node_heartbeats SET last_seen_at = now() - interval '1 hour'"))
+    session.commit()
+    tasks.sweep()
+    wait_until(lambda: _health(session, node) == "unreachable", timeout=15)
+    moved = wait_until(
+        lambda: (
+            (x := client.get(f"/v1/workloads/{wid}", headers=auth(key)).json())["interruptions"]
+            == 1
+            and x
+        ),
+        timeout=15,
+    )
+    assert moved["expedited"] or moved["state"] == "running"
+    # The provider power-cycles it; without a report after that, it stays out.
+    wait_until(lambda: "repairing" in _history(session, node), timeout=15)
+    wait_until(lambda: _history(session, node)[-1:] == ["unreachable"], timeout=15)
+    # The agent reports again: validated, then healthy.
+    assert (
+        push(client, op, exporter_text(node, {"DCGM_FI_DEV_GPU_TEMP": {0: 40}})).status_code == 200
+    )
+    tasks.sweep()
+    wait_until(lambda: _health(session, node) == "healthy", timeout=15)
+    assert _history(session, node)[-2:] == ["validating", "healthy"]
+
+
+@pytest.mark.parametrize(
+    ("code", "gpu_path", "node_path"),
+    [
+        (13, [], []),  # application error: only the owner is told
+        (92, ["suspect"], []),  # watch
+        (48, ["quarantined", "repairing"], []),  # drain and reset the GPU
+        (79, ["quarantined", "repairing"], ["quarantined", "repairing"]),  # reboot the node
+        (74, ["quarantined", "repairing"], []),  # NVLink: the domain's work stops, GPU reset
+        (64, ["out_of_service"], []),  # service
+    ],
+)
+def test_every_class_of_row_is_carried_out(world, session, code, gpu_path, node_path):
+    """Each action of the table on an idle node (nothing to drain): the GPU's and the node's
+    first steps (a running worker may carry the repairs further)."""
+    world.fleet(FLEET)
+    out = _evaluate("h1", (3, code, time.time()))
+    assert out.stopped == 0
+    assert _history(session, "h1", 3)[: len(gpu_path)] == gpu_path
+    assert len(_history(session, "h1", 3)) >= len(gpu_path)
+    assert _history(session, "h1")[: len(node_path)] == node_path
+    if not node_path:
+        assert _history(session, "h1") == []
+    if not gpu_path:
+        assert _history(session, "h1", 3) == []
