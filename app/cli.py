@@ -56,7 +56,7 @@ def _register_sim() -> None:
     @bench_cli.command("telemetry")
     def bench_telemetry(
         gpus: int = typer.Option(10_000, min=8, help="GPUs reporting (8 per node)."),
-        rounds: int = typer.Option(3, min=1, help="Measured rounds (30 s of agent time each)."),
+        rounds: int = typer.Option(12, min=1, help="Measured rounds (30 s of agent time each)."),
         batch_nodes: int = typer.Option(32, min=1, help="Nodes per push (a rack's relay)."),
         runs: int = typer.Option(1, min=1, help="Repeats; medians are reported."),
         as_json: bool = typer.Option(False, "--json"),

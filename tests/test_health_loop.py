@@ -211,3 +211,34 @@ def test_a_gpu_that_faults_again_after_its_reset_goes_out_of_service(setup, sess
     session.rollback()
     why = session.execute(text("SELECT cause FROM health_events ORDER BY id DESC LIMIT 1")).scalar()
     assert "faulted again after a repair" in why
+
+
+def test_a_slow_rank_points_at_its_gpu(setup, session):
+    client, key, _op = setup
+    gang = client.post(
+        "/v1/workloads", json={"kind": "job", "gpus": 8, "replicas": 2}, headers=auth(key)
+    ).json()
+    w = _running(client, key, gang["id"])
+    steps = [{"rank": r, "step_time_s": 1.0} for r in range(16)]
+    steps[11]["step_time_s"] = 1.25
+    r = client.post(
+        f"/v1/workloads/{gang['id']}/progress", json={"ranks": steps}, headers=auth(key)
+    )
+    assert r.status_code == 200, r.text
+    assert r.json() == {"ranks": 16, "slow_ranks": [11]}
+    replica = next(p for p in w["placement"] if p["replica"] == 1)
+    session.rollback()
+    perf = session.execute(
+        text(
+            "SELECT g.perf FROM gpus g JOIN nodes n ON n.id = g.node_id "
+            "WHERE n.name = :n AND g.index = :g"
+        ),
+        {"n": replica["node"], "g": replica["gpu_indices"][3]},
+    ).scalar()
+    assert perf == pytest.approx(0.8)
+    bad = client.post(
+        f"/v1/workloads/{gang['id']}/progress",
+        json={"ranks": [{"rank": 0, "step_time_s": 1}, {"rank": 16, "step_time_s": 1}]},
+        headers=auth(key),
+    )
+    assert bad.status_code == 422 and bad.json()["code"] == "unknown_rank"

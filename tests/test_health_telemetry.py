@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlalchemy import text
 
 from tests.conftest import auth
@@ -186,3 +187,31 @@ def test_telemetry_is_for_operators(client, world):
     key = world.key(world.tenant("acme"))
     r = push(client, key, exporter_text("h1", {"DCGM_FI_DEV_XID_ERRORS": {0: 79}}))
     assert r.status_code in (403, 404)
+
+
+def test_a_gpu_held_below_its_clock_under_load_gets_a_lower_score_placement_sees(
+    client, world, session
+):
+    from app.workloads.placement import _read_world
+
+    world.fleet(FLEET)
+    op = world.key(None)
+    ms = int(time.time() * 1000) - 600_000
+    for i in range(12):  # twelve reports under load: GPU 2 at 80 % of the H100's 1980 MHz
+        fields = {
+            "DCGM_FI_DEV_GPU_UTIL": {1: 95, 2: 95, 3: 10},
+            "DCGM_FI_DEV_SM_CLOCK": {1: 1980, 2: 1584, 3: 300},
+        }
+        assert push(client, op, exporter_text("h1", fields, ms + i * 30_000)).status_code == 200
+    session.rollback()
+    perf = dict(
+        session.execute(
+            text(
+                "SELECT g.index, g.perf FROM gpus g JOIN nodes n ON n.id = g.node_id "
+                "WHERE n.name = 'h1' AND g.index IN (1, 2, 3)"
+            )
+        ).all()
+    )
+    assert perf[2] == pytest.approx(0.8) and perf[1] == 1.0 and perf[3] == 1.0  # idle: no verdict
+    spec = next(s for s in _read_world(session, "r1").specs if s.name == "h1")
+    assert spec.gpu_perf[2] == pytest.approx(0.8, abs=0.01) and spec.gpu_perf[1] == 1.0

@@ -89,6 +89,7 @@ def exposition(nodes: list[int], ts_ms: int, rng: random.Random) -> bytes:
 
 def _platform_key(env: ScratchDeployment) -> str:
     code = (
+        "import app.models\n"
         "from app.core.db import session_scope\n"
         "from app.keys.service import create_key\n"
         "with session_scope() as s:\n"
@@ -108,6 +109,7 @@ def _platform_key(env: ScratchDeployment) -> str:
 def _seed(env: ScratchDeployment, gpus: int) -> None:
     code = (
         "import sys\n"
+        "import app.models\n"
         "from app.core.db import session_scope\n"
         "from app.fleet import document\n"
         "from app.fleet.service import apply_document\n"

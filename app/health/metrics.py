@@ -39,6 +39,10 @@ def _histogram(name: str, doc: str, label: str, rows: dict[str, list[float]], bu
 
 
 class FleetCollector(Collector):
+    def describe(self) -> list:
+        # Without this, registering calls collect() (a database read at import time).
+        return []
+
     def collect(self) -> Iterator:
         try:
             yield from self._collect()

@@ -182,6 +182,7 @@ def _tenant_key(env: ScratchDeployment) -> str:
     from app.workloads.bench import ROOT
 
     code = (
+        "import app.models\n"
         "from app.core.db import session_scope\n"
         "from app.tenants.service import create_tenant\n"
         "from app.keys.service import create_key\n"

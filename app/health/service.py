@@ -843,3 +843,52 @@ def history(session: Session, node: Node, gpu_index: int | None, limit: int) -> 
     if gpu_index is not None:
         stmt = stmt.where(HealthEvent.gpu_index == gpu_index)
     return list(session.scalars(stmt.order_by(HealthEvent.id.desc()).limit(limit)))
+
+
+def report_step_times(session: Session, w: Any, step_s: dict[int, float]) -> list[int]:
+    """A running workload's per-rank step times: a rank slower than the gang's median points at
+    its GPU, whose speed score goes down to what the times imply (evidence, dated now: it fades
+    back without more). Rank r is GPU r % gpus of replica r // gpus. Returns the slow ranks."""
+    from app.core.errors import ValidationFailed
+    from app.health.perf import from_step_times, worth_writing
+    from app.workloads.lifecycle import State
+    from app.workloads.models import Allocation
+    from app.workloads.service import NotRunning
+
+    if w.state != State.running.value:
+        raise NotRunning(f"A {w.state} workload has no ranks to report.", state=w.state)
+    per = int(w.shape.get("gpus") or 0)
+    if per < 1:
+        raise ValidationFailed("Step times are for workloads of whole GPUs.", code="not_whole_gpus")
+    total = per * w.replicas
+    bad = sorted(r for r in step_s if r >= total)
+    if bad:
+        raise ValidationFailed(
+            f"Ranks run from 0 to {total - 1}; {bad[0]} is not one.", code="unknown_rank"
+        )
+    allocs = {
+        a.replica: a
+        for a in session.scalars(
+            select(Allocation).where(
+                Allocation.workload_id == w.id, Allocation.released_at.is_(None)
+            )
+        )
+    }
+    scores = from_step_times(step_s)
+    slow = sorted(r for r, v in scores.items() if worth_writing(1.0, v))
+    now = utcnow()
+    for r in slow:
+        a = allocs.get(r // per)
+        if a is None or r % per >= len(a.gpu_indices):
+            continue
+        gpu = session.scalar(
+            select(Gpu)
+            .where(Gpu.node_id == a.node_id, Gpu.index == a.gpu_indices[r % per])
+            .with_for_update()
+        )
+        if gpu is not None and worth_writing(float(gpu.perf), min(float(gpu.perf), scores[r])):
+            gpu.perf = min(float(gpu.perf), scores[r])
+            gpu.perf_at = now
+        elif gpu is not None:
+            gpu.perf_at = now  # the same evidence again: it does not fade yet
+    return slow

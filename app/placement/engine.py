@@ -292,12 +292,14 @@ class Engine:
         return Candidates(n.astype(np.int64), slot.astype(np.int64), kind)
 
     def _healthiest_free_slot(self, n: int, first: bool) -> int:
-        """A whole-free slot of node n, healthy ones first (lowest, or highest for MIG)."""
+        """A whole-free slot of node n for work at one GPU's pace: healthy ones first, the
+        slowest of those (fast GPUs stay whole for gangs), then the lowest index (or the
+        highest, for MIG)."""
         s = self.snap
         slots = s._wslots[n] if first else tuple(reversed(s._wslots[n]))
-        for slot in slots:
-            if int(s.gpu_health[n, slot]) != DEGRADED:
-                return slot
+        if s._node_flagged[n]:
+            perf, health = s.gpu_perf[n], s.gpu_health[n]
+            return min(slots, key=lambda x: (int(health[x]) == DEGRADED, float(perf[x])))
         return slots[0]
 
     def _whole_nodes(self, model: int, need: int, host_ok, limit: int | None) -> list[int]:
@@ -331,24 +333,41 @@ class Engine:
         if not len(cands):
             return None
         scores = np.asarray(self.policy.score(s, req, cands), dtype=np.float64)
-        scores = scores + self._health_penalty(cands, perf_class, req.shape.gpus)
+        scores = scores + self._health_penalty(cands, perf_class, req.shape.gpus, req.replicas)
         i = self.policy.pick(scores, cands, s)
         return self._apply(
             req, replica, tenant, int(cands.node[i]), int(cands.slot[i]), int(cands.kind[i]), plan
         )
 
     def _health_penalty(
-        self, cands: Candidates, perf_class: float | None, gpus: int = 0
+        self, cands: Candidates, perf_class: float | None, gpus: int = 0, replicas: int = 1
     ) -> np.ndarray:
-        """Prefer healthy, fast GPUs; keep a gang on GPUs of one performance class."""
+        """Prefer healthy GPUs; send work that runs at several GPUs' pace (a gang, a multi-GPU
+        replica) to the fastest, and work at one GPU's pace to the slowest first; keep a gang
+        on GPUs of one performance class."""
         s = self.snap
         penalty = self._topology_penalty(cands)
         if perf_class is None and (
             not s.flagged_nodes or not any(map(s._node_flagged.item, cands.node.tolist()))
         ):
             return penalty  # every candidate node is healthy and at nominal speed
-        perf = s.node_perf[cands.node]
-        penalty = penalty + (1.0 - np.minimum(perf, 1.0)) * self.policy.perf_weight
+        cares = gpus >= 2 or (gpus >= 1 and replicas > 1) or perf_class is not None
+        nodes, slots, kinds = cands.node.tolist(), cands.slot.tolist(), cands.kind.tolist()
+        perf = np.array(
+            [
+                s.slot_perf(n, x)
+                if x >= 0
+                else s.whole_perf(n, max(gpus, 1), fastest=cares)
+                if k == WHOLE
+                else float(s.node_perf[n])
+                for n, x, k in zip(nodes, slots, kinds, strict=True)
+            ]
+        )
+        slowness = 1.0 - np.minimum(perf, 1.0)
+        if cares:
+            penalty = penalty + slowness * self.policy.perf_weight
+        else:
+            penalty = penalty - slowness * self.policy.slow_first_weight
         slot = np.maximum(cands.slot, 0)
         degraded = (s.gpu_health[cands.node, slot] == DEGRADED) & (cands.slot >= 0)
         if gpus:  # whole GPUs: degraded if the node cannot give `gpus` healthy free GPUs
@@ -395,9 +414,10 @@ class Engine:
             aid = s.allocate(tenant, req.tier, n, (), cpu=shape.cpu_milli, mem=shape.mem_mib)
             return Binding(aid, req.id, replica, name, ())
         if kind == WHOLE:
-            free = s.whole_free_slots(n)
-            # Healthy GPUs first, then the lowest index.
-            free.sort(key=lambda x: (int(s.gpu_health[n, x]) == DEGRADED, x))
+            # Healthy GPUs first; the fastest for work at several GPUs' pace, the slowest for
+            # one GPU's; then the lowest index.
+            cares = shape.gpus >= 2 or req.replicas > 1
+            free = s.free_slots_by_speed(n, fastest=cares)
             slots = tuple(sorted(free[: shape.gpus]))
             aid = s.allocate(tenant, req.tier, n, slots, cpu=shape.cpu_milli, mem=shape.mem_mib)
             return Binding(aid, req.id, replica, name, slots)
@@ -537,7 +557,13 @@ class Engine:
             if b is None:
                 return None
             if req.same_perf_class and perf_class is None:
-                perf_class = perf_class_of(self.snap.node_perf[self.snap.node_index[b.node]])
+                n = self.snap.node_index[b.node]
+                speed = (
+                    min(self.snap.slot_perf(n, x) for x in b.gpu_indices)
+                    if b.gpu_indices
+                    else float(self.snap.node_perf[n])
+                )
+                perf_class = perf_class_of(speed)
             bindings.append(b)
         return bindings
 
@@ -572,7 +598,7 @@ class Engine:
         if not len(cands):
             return None
         rank = {n: i for i, n in enumerate(order)}
-        penalty = self._health_penalty(cands, perf_class, req.shape.gpus)
+        penalty = self._health_penalty(cands, perf_class, req.shape.gpus, req.replicas)
         key = np.array([rank[int(n)] for n in cands.node], dtype=np.float64) + penalty * 1e6
         i = int(np.argmin(key))
         return self._apply(

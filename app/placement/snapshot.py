@@ -49,6 +49,7 @@ class NodeSpec:
     schedulable: bool = True
     perf: float = 1.0  # relative speed; 1.0 nominal, lower is slower
     gpu_health: tuple[int, ...] | None = None
+    gpu_perf: tuple[float, ...] | None = None  # per GPU, times `perf` (measured: app/health)
 
 
 @dataclass
@@ -121,6 +122,7 @@ class Snapshot:
         self.gpu_mem_cap = np.where(present, mem_cap[:, None], 0).astype(np.int32)
         self.gpu_mem_free = self.gpu_mem_cap.copy()
         self.gpu_health = np.full((n, g), HEALTHY, np.int8)
+        self.gpu_perf = np.ones((n, g), np.float32)
         self.gpu_mig = np.zeros((n, g), np.bool_)
         self.gpu_mig_mask = np.zeros((n, g), np.int16)
         self.gpu_mig_compute = np.zeros((n, g), np.int8)
@@ -132,6 +134,8 @@ class Snapshot:
                 self.gpu_mig[i, slot] = True
             if s.gpu_health is not None:
                 self.gpu_health[i, : len(s.gpu_health)] = s.gpu_health
+            if s.gpu_perf is not None:
+                self.gpu_perf[i, : len(s.gpu_perf)] = s.gpu_perf
         self.model_cc_whole_node = [
             GPU_MODELS[m].cc_whole_node if m in GPU_MODELS else False for m in self.model_names
         ]
@@ -278,7 +282,11 @@ class Snapshot:
             for i in range(ng)
             if free[i] == 1000 and not mig[i] and health[i] != FAILED and tier[i] == 0
         )
-        flagged = DEGRADED in health or float(self.node_perf[n]) < 1.0
+        flagged = (
+            DEGRADED in health
+            or float(self.node_perf[n]) < 1.0
+            or bool((self.gpu_perf[n, :ng] < 1.0).any())
+        )
         if flagged != bool(self._node_flagged[n]):
             self._node_flagged[n] = flagged
             self.flagged_nodes += 1 if flagged else -1
@@ -380,6 +388,34 @@ class Snapshot:
         n = self.node_index[node]
         self._w(self.node_perf, n, perf, n)
         self._reindex(n)
+
+    def set_gpu_perf(self, node: str, slot: int, perf: float) -> None:
+        n = self.node_index[node]
+        self._w(self.gpu_perf, (n, slot), perf, n)
+        self._reindex(n)
+
+    # --- speed ------------------------------------------------------------------------------
+
+    def slot_perf(self, n: int, slot: int) -> float:
+        return float(self.node_perf[n]) * float(self.gpu_perf[n, slot])
+
+    def free_slots_by_speed(self, n: int, fastest: bool) -> list[int]:
+        """Node n's whole-free slots, healthy before suspect, then fastest (or slowest) first,
+        then by index."""
+        perf, health = self.gpu_perf[n], self.gpu_health[n]
+        sign = -1.0 if fastest else 1.0
+        return sorted(
+            self._wslots[n],
+            key=lambda x: (int(health[x]) == DEGRADED, sign * float(perf[x]), x),
+        )
+
+    def whole_perf(self, n: int, k: int, fastest: bool = True) -> float:
+        """The speed of k whole GPUs of node n taken fastest first (a gang runs at its slowest
+        member's pace), or of the one slowest free GPU (`fastest=False`, k=1)."""
+        slots = self.free_slots_by_speed(n, fastest)
+        if len(slots) < k:
+            return 0.0
+        return min(self.slot_perf(n, x) for x in slots[:k])
 
     # --- allocation ----------------------------------------------------------------------------
 

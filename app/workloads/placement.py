@@ -23,6 +23,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
+from app.core.config import get_settings
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.logging import get_logger
 from app.fleet.models import Gpu, Node, NodeState, Rack, Region
@@ -178,6 +179,7 @@ def _read_world(session: Session, region: str) -> _World | None:
     ):
         gpus.setdefault(g.node_id, []).append(g)
     specs = []
+    now, tau = utcnow(), get_settings().perf_decay_seconds
     for node, rack, block in rows:
         gs = gpus.get(node.id, [])
         specs.append(
@@ -194,6 +196,7 @@ def _read_world(session: Session, region: str) -> _World | None:
                 mig_gpus=tuple(g.index for g in gs if g.mig_mode),
                 schedulable=node.state == NodeState.ready.value and node.health in _NODE_PLACEABLE,
                 gpu_health=tuple(_HEALTH.get(g.health, FAILED) for g in gs),
+                gpu_perf=_speeds(gs, now, tau) if any(g.perf < 1.0 for g in gs) else None,
             )
         )
     return _World(
@@ -203,6 +206,18 @@ def _read_world(session: Session, region: str) -> _World | None:
         {n.name: n.gpu_model for n, _, _ in rows},
         specs,
     )
+
+
+def _speeds(gs: list[Gpu], now: datetime, tau: float) -> tuple[float, ...]:
+    """Each GPU's measured speed, faded toward nominal since its evidence (app/health/perf),
+    in steps of 1 % (the kept fleet is reused while its version holds)."""
+    from app.health.perf import decayed
+
+    out = []
+    for g in gs:
+        age = (now - as_aware(g.perf_at)).total_seconds() if g.perf_at else 0.0
+        out.append(round(decayed(float(g.perf), age, tau), 2))
+    return tuple(out)
 
 
 def qworkload(w: Workload, alloc_ids: tuple[int, ...] = ()) -> QWorkload:

@@ -25,6 +25,8 @@ from app.workloads.schemas import (
     EventPage,
     ExitIn,
     Priority,
+    ProgressIn,
+    ProgressOut,
     QuotaList,
     QuotaOut,
     QuotaSet,
@@ -307,3 +309,21 @@ def put_quotas(
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     service.set_quotas(session, tenant.id, body.quotas)
     return _quota_list(session, tenant.id)
+
+
+@router.post(
+    "/workloads/{workload_id}/progress",
+    response_model=ProgressOut,
+    summary="Report per-rank step times (a slow rank points at its GPU)",
+)
+def progress(
+    workload_id: str,
+    body: ProgressIn,
+    auth: AuthContext = Depends(tenant_write),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    from app.health.service import report_step_times
+
+    w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
+    slow = report_step_times(session, w, {r.rank: r.step_time_s for r in body.ranks})
+    return {"ranks": len(body.ranks), "slow_ranks": slow}

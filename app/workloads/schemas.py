@@ -291,6 +291,22 @@ class CheckpointIn(StrictModel):
     size_bytes: int = Field(..., ge=0, le=MAX_JSON_INT)
 
 
+class RankStep(StrictModel):
+    rank: int = Field(ge=0, le=100_000, description="Global rank: replica x GPUs + local GPU")
+    step_time_s: float = Field(gt=0, le=86_400, description="Mean step time over the window")
+
+
+class ProgressIn(StrictModel):
+    ranks: list[RankStep] = Field(min_length=2, max_length=100_000)
+
+
+class ProgressOut(OutModel):
+    ranks: int
+    slow_ranks: list[int] = Field(
+        description="Ranks slower than the gang's median: their GPUs' speed scores went down"
+    )
+
+
 class QuotaIn(StrictModel):
     gpu_model: GpuModelName  # type: ignore[valid-type]
     # At most a million GPUs: the columns are 32-bit.

@@ -26,6 +26,10 @@ class Policy:
     random_ties = False
     perf_weight = 1e4
     health_weight = 1e4
+    # Work that runs at one GPU's pace (one GPU, a share, a MIG slice) goes to slower GPUs
+    # first, keeping fast ones whole for gangs: a bonus per unit of slowness (a preference
+    # among candidates, below the policy's packing scores' usual spread).
+    slow_first_weight = 100.0
     gang_group_tries = 16
     # Cost added for landing single work in an empty multi-node NVLink domain (scaled by how
     # empty it is); 0 turns the topology scorer off.

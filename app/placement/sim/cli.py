@@ -134,9 +134,21 @@ def bench_placement(
     gangs: int = typer.Option(100, help="64-GPU gangs timed."),
     runs: int = typer.Option(3, help="Repeats; the median of each figure is reported."),
     policy: str = typer.Option(DEFAULT_POLICY),
+    variability: bool = typer.Option(
+        False,
+        "--variability",
+        help="Instead: 5 % of GPUs 20 % slow; gangs on slow GPUs (aware vs blind) and the "
+        "openb replay's allocation with them marked (see app/placement/sim/variability.py).",
+    ),
+    nodes: int = typer.Option(1024, help="--variability: HGX nodes of the gang fleet."),
+    seeds: str = typer.Option("1-5", help="--variability: seeds of the gang runs."),
+    openb_seeds: str = typer.Option("42-51", help="--variability: seeds of the openb replays."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Placement speed at fleet scale on one core (see app/placement/sim/bench.py)."""
+    if variability:
+        _variability(nodes, _seeds(0, seeds), _seeds(0, openb_seeds), policy, as_json)
+        return
     from app.placement.sim.bench import run
 
     results = [
@@ -153,6 +165,36 @@ def bench_placement(
     }
     median["runs"] = runs
     _emit(median, as_json)
+
+
+def _variability(
+    nodes: int, seeds: list[int], openb_seeds: list[int], policy: str, as_json: bool
+) -> None:
+    from app.placement.sim import variability as v
+
+    runs = [v.gangs(nodes, seed, policy) for seed in seeds]
+    aware = sum(r["gangs_on_slow_pct_aware"] * r["gangs_placed_aware"] for r in runs)
+    blind = sum(r["gangs_on_slow_pct_blind"] * r["gangs_placed_blind"] for r in runs)
+    out = {
+        "nodes": nodes,
+        "seeds": seeds,
+        "gangs_placed": sum(r["gangs_placed_aware"] for r in runs),
+        "gangs_on_slow_pct_aware": round(
+            aware / max(1, sum(r["gangs_placed_aware"] for r in runs)), 2
+        ),
+        "gangs_on_slow_pct_blind": round(
+            blind / max(1, sum(r["gangs_placed_blind"] for r in runs)), 2
+        ),
+        "per_seed": runs,
+    }
+    if openb_seeds:
+        out["openb"] = v.openb(
+            TRACES / "openb" / "openb_node_list_gpu_node.csv",
+            TRACES / "openb" / "openb_pod_list_default.csv",
+            openb_seeds,
+            policy,
+        )
+    _emit(out, as_json)
 
 
 # The reference baselines: the others are compared with fifo, and --share-cap leaves these as
