@@ -342,6 +342,94 @@ def fleet_health(
         console.print(inc)
 
 
+def _health_action(action: str, node_name: str, gpu: int | None, reason: str | None) -> None:
+    from sqlalchemy import select
+
+    from app.core.db import session_scope
+    from app.core.errors import AppError
+    from app.fleet.models import Gpu, Node
+    from app.health.service import operator_action
+
+    try:
+        with session_scope() as session:
+            node = session.scalar(select(Node).where(Node.name == node_name).with_for_update())
+            if node is None:
+                _fail(f"no node named {node_name}", 2)
+            target = None
+            if gpu is not None:
+                target = session.scalar(
+                    select(Gpu).where(Gpu.node_id == node.id, Gpu.index == gpu).with_for_update()
+                )
+                if target is None:
+                    _fail(f"node {node_name} has no GPU {gpu}", 2)
+            health = operator_action(session, node, target, action, reason)
+    except AppError as exc:
+        _fail(exc.detail, 2)
+    what = f"GPU {gpu} of {node_name}" if gpu is not None else node_name
+    console.print(f"{what}: {health}")
+
+
+@fleet_cli.command("quarantine")
+def fleet_quarantine(
+    node: str,
+    gpu: int | None = typer.Option(None, help="One GPU (its index); default: the whole node."),
+    reason: str | None = typer.Option(None),
+) -> None:
+    """Take a GPU (or node) out of the pool now; its work is requeued ahead of its peers."""
+    _health_action("quarantine", node, gpu, reason)
+
+
+@fleet_cli.command("release")
+def fleet_release(
+    node: str,
+    gpu: int | None = typer.Option(None, help="One GPU (its index); default: the whole node."),
+    reason: str | None = typer.Option(None),
+) -> None:
+    """Return a GPU (or node) to service (through validation if it was out of service)."""
+    _health_action("release", node, gpu, reason)
+
+
+@fleet_cli.command("retire")
+def fleet_retire(
+    node: str,
+    gpu: int | None = typer.Option(None, help="One GPU (its index); default: the whole node."),
+    reason: str | None = typer.Option(None),
+) -> None:
+    """Take a GPU (or node) out of service (RMA); its work is requeued."""
+    _health_action("retire", node, gpu, reason)
+
+
+@fleet_cli.command("history")
+def fleet_history(
+    node: str,
+    gpu: int | None = typer.Option(None, help="Only this GPU's transitions."),
+    limit: int = typer.Option(50, min=1, max=1000),
+) -> None:
+    """A node's (and its GPUs') health transitions, newest first."""
+    from sqlalchemy import select
+
+    from app.core.db import session_scope
+    from app.fleet.models import Node
+    from app.health.service import history
+
+    with session_scope() as session:
+        row = session.scalar(select(Node).where(Node.name == node))
+        if row is None:
+            _fail(f"no node named {node}", 2)
+        events = history(session, row, gpu, limit)
+        table = Table("at", "GPU", "from", "to", "by", "cause")
+        for e in events:
+            table.add_row(
+                f"{e.at:%Y-%m-%d %H:%M:%S}",
+                "node" if e.gpu_index is None else str(e.gpu_index),
+                e.from_state,
+                e.to_state,
+                e.actor,
+                e.cause,
+            )
+    console.print(table)
+
+
 @tenants_cli.command("create")
 def tenants_create(
     name: str = typer.Option(...),

@@ -102,3 +102,27 @@ def test_the_fleet_health_view_says_what_is_out_and_why(client, world):
         env={**__import__("os").environ, "COLUMNS": "200"},
     )
     assert "RMA 42" in table.stdout and "out_of_service" in table.stdout
+
+
+def test_the_cli_quarantines_releases_retires_and_shows_history(world, session):
+    world.fleet(fleet(1))
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", "fleet", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "COLUMNS": "200"},
+        )
+
+    r = cli("quarantine", "h1", "--gpu", "2", "--reason", "ECC storm")
+    assert r.returncode == 0 and "GPU 2 of h1: quarantined" in r.stdout
+    assert _health(session, "h1", 2) == "quarantined"
+    assert cli("release", "h1", "--gpu", "2").stdout.strip() == "GPU 2 of h1: healthy"
+    assert cli("retire", "h1").stdout.strip() == "h1: out_of_service"
+    r = cli("quarantine", "h1")
+    assert r.returncode == 2 and "cannot become quarantined" in r.stderr
+    assert cli("quarantine", "nope").returncode == 2
+    hist = cli("history", "h1").stdout
+    assert "ECC storm" in hist and "out_of_service" in hist
