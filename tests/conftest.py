@@ -117,6 +117,7 @@ TABLES = [
     "node_heartbeats",
     "gpu_telemetry",
     "idle_iron",
+    "placement_cycle_stats",
     "budget_alerts",
     "budgets",
     "commitments",

@@ -60,3 +60,21 @@ def test_gpus_by_health_and_allocation_incidents_and_idle_iron(client, world):
         ("rackplane_idle_gpu_seconds_total", (("model", "H100-80GB"), ("region", "r1")))
     ]
     assert idle_now in (23, 24) and 0.9 * idle_now <= got <= 1.2 * idle_now
+
+
+def test_placement_cycles_and_queue_waits_are_on_metrics(client, world, celery_worker_process):
+    from tests.conftest import auth, wait_until
+    from tests.test_placement_worker import ALL, fleet
+
+    world.fleet(fleet(1))
+    key = world.key(world.tenant("acme", policy=ALL))
+    w = client.post("/v1/workloads", json={"kind": "instance", "gpus": 8}, headers=auth(key))
+    big = client.post("/v1/workloads", json={"kind": "instance", "gpus": 8}, headers=auth(key))
+    assert w.status_code == big.status_code == 201
+    count = ("rackplane_placement_cycle_seconds_count", (("region", "r1"),))
+    m = wait_until(lambda: (x := _samples(client)).get(count, 0) >= 1 and x, timeout=20)
+    inf = ("rackplane_placement_cycle_seconds_bucket", (("le", "+Inf"), ("region", "r1")))
+    assert m[inf] == m[count]
+    # One of the two waits (the node holds one): a queue wait is shown for its priority.
+    waiting = {k: v for k, v in m.items() if k[0] == "rackplane_queue_wait_seconds_count"}
+    assert sum(waiting.values()) == 1

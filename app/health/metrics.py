@@ -176,6 +176,7 @@ class FleetCollector(Collector):
             )
             c.add_metric([], int(interrupted))
             yield c
+            yield _cycles(s)
             now = utcnow()
             waits: dict[str, list[float]] = {}
             for priority, created in s.execute(
@@ -191,6 +192,20 @@ class FleetCollector(Collector):
                 waits,
                 WAIT_BUCKETS,
             )
+
+
+def _cycles(s: Any) -> HistogramMetricFamily:
+    from app.workloads.models import CYCLE_BUCKETS, PlacementCycleStats, cycle_bucket_column
+
+    h = HistogramMetricFamily(
+        "rackplane_placement_cycle_seconds",
+        "Placement cycles by region: how long deciding and applying a plan took",
+        labels=["region"],
+    )
+    for r in s.scalars(select(PlacementCycleStats).order_by(PlacementCycleStats.region)):
+        buckets = [(str(b), getattr(r, cycle_bucket_column(b))) for b in CYCLE_BUCKETS]
+        h.add_metric([r.region], [*buckets, ("+Inf", r.cycles)], r.seconds_sum)
+    return h
 
 
 _REGISTERED = False

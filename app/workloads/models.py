@@ -248,3 +248,34 @@ class MigClaim(Base):
     gpu_index: Mapped[int] = mapped_column(SmallInteger)
     slice: Mapped[int] = mapped_column(SmallInteger)
     released_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+# Upper bounds (seconds) of the placement cycle duration histogram's buckets.
+CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def cycle_bucket_column(bound: float) -> str:
+    return "le_" + f"{bound:g}".replace(".", "_")
+
+
+class PlacementCycleStats(Base):
+    """Per region: how many placement cycles ran and how long they took (a cumulative
+    histogram, one counter per bucket), added by each cycle in its own transaction, so /metrics
+    shows every worker's cycles."""
+
+    __tablename__ = "placement_cycle_stats"
+
+    region: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cycles: Mapped[int] = mapped_column(BigInteger, default=0)
+    seconds_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    le_0_005: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_0_01: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_0_025: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_0_05: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_0_1: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_0_25: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_0_5: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_1: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_2_5: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_5: Mapped[int] = mapped_column(BigInteger, default=0)
+    le_10: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -4,6 +4,7 @@ state moved on, so a redelivered or repeated task is harmless."""
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from datetime import datetime
 
@@ -59,7 +60,10 @@ def placement_cycle(self, region: str) -> dict:
         kicks.clear("placement.cycle", region)  # submissions from now on kick again
         try:
             with session_scope() as session:
+                t0 = time.perf_counter()
                 report = run_cycle(session, region)
+                if report.ran:
+                    record_cycle(session, region, time.perf_counter() - t0)
             if not report.ran and kicks.hand_over("placement.cycle", region):
                 with session_scope() as session:  # the holder may have committed meanwhile
                     report = run_cycle(session, region)
@@ -85,6 +89,28 @@ def placement_cycle(self, region: str) -> dict:
     else:  # handed over again and again: the next runs go through the queue like any work
         publish("placement.cycle", kwargs={"region": region}, queue="placement")
     return {"admitted": admitted}
+
+
+def record_cycle(session, region: str, seconds: float) -> None:
+    """Add one cycle's duration to the region's histogram, in the cycle's transaction."""
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    from app.workloads.models import CYCLE_BUCKETS, PlacementCycleStats, cycle_bucket_column
+
+    row = {"region": region, "cycles": 1, "seconds_sum": seconds}
+    for b in CYCLE_BUCKETS:
+        row[cycle_bucket_column(b)] = int(seconds <= b)
+    ins = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(
+        PlacementCycleStats
+    )
+    t = PlacementCycleStats.__table__
+    session.execute(
+        ins.values(**row).on_conflict_do_update(
+            index_elements=["region"],
+            set_={c: t.c[c] + ins.excluded[c] for c in row if c != "region"},
+        )
+    )
 
 
 # Without Redis: up to a second of waiting for the running cycle (it may not have seen what
