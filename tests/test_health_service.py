@@ -161,3 +161,30 @@ def test_every_class_of_row_is_carried_out(world, session, code, gpu_path, node_
         assert _history(session, "h1") == []
     if not gpu_path:
         assert _history(session, "h1", 3) == []
+
+
+def test_a_failed_repair_takes_the_gpu_out_of_service(world, session, monkeypatch):
+    from datetime import timedelta
+
+    from app.core.db import utcnow
+    from app.health.models import HealthRepair
+
+    world.fleet(FLEET)
+    s = get_settings()
+    monkeypatch.setattr(s, "sim_reset_seconds", 3600.0)  # no worker gets to it first
+    _evaluate("h3", (5, 95, time.time()))
+    assert _history(session, "h3", 5) == ["quarantined", "repairing"]
+    session.rollback()
+    rep = session.scalars(select(HealthRepair)).one()
+    assert rep.kind == "reset" and rep.gpu_indices == [5]
+    rep.due_at = utcnow() - timedelta(seconds=1)
+    session.commit()
+    monkeypatch.setattr(s, "sim_repair_fail_rate", 1.0)  # the provider's reset fails
+    with session_scope() as db:
+        assert service.repair_step(db, rep.id) == "failed"
+    assert _history(session, "h3", 5)[-1] == "out_of_service"
+    session.rollback()
+    cause = session.execute(
+        text("SELECT cause FROM health_events ORDER BY id DESC LIMIT 1")
+    ).scalar()
+    assert cause == "the GPU reset failed"

@@ -87,13 +87,14 @@ def exposition(nodes: list[int], ts_ms: int, rng: random.Random) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _platform_key(env: ScratchDeployment) -> str:
+def _key(env: ScratchDeployment, body: str) -> str:
+    """An API key made in a child process on the scratch database (`body` prints it)."""
     code = (
         "import app.models\n"
         "from app.core.db import session_scope\n"
         "from app.keys.service import create_key\n"
-        "with session_scope() as s:\n"
-        "    print(create_key(s, tenant_id=None, name='agents', scopes=['platform']).key)\n"
+        "from app.tenants.service import create_tenant\n"
+        "with session_scope() as s:\n    " + body
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -104,6 +105,12 @@ def _platform_key(env: ScratchDeployment) -> str:
         check=True,
     )
     return out.stdout.strip().splitlines()[-1]
+
+
+def _platform_key(env: ScratchDeployment) -> str:
+    return _key(
+        env, "print(create_key(s, tenant_id=None, name='agents', scopes=['platform']).key)\n"
+    )
 
 
 def _seed(env: ScratchDeployment, gpus: int) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from app.health.bench import _platform_key, _seed
+from app.health.bench import _key, _platform_key, _seed
 from app.workloads.bench import ScratchDeployment, _pct
 
 GANG = {"kind": "job", "gpus": 8, "replicas": 8, "checkpoint": {"interval_s": 600}}
@@ -176,27 +176,9 @@ def run(gpus: int = 10_000, faults: int = 10, timeout: float = 120.0) -> dict[st
 
 
 def _tenant_key(env: ScratchDeployment) -> str:
-    import subprocess
-    import sys
-
-    from app.workloads.bench import ROOT
-
-    code = (
-        "import app.models\n"
-        "from app.core.db import session_scope\n"
-        "from app.tenants.service import create_tenant\n"
-        "from app.keys.service import create_key\n"
-        "with session_scope() as s:\n"
-        "    t = create_tenant(s, name='Bench', slug='bench', contact_email='b@example.com',"
+    return _key(
+        env,
+        "t = create_tenant(s, name='Bench', slug='bench', contact_email='b@example.com',"
         " status='active', isolation_policy=None)\n"
-        "    print(create_key(s, tenant_id=t.id, name='bench', scopes=['read','write']).key)\n"
+        "    print(create_key(s, tenant_id=t.id, name='bench', scopes=['read','write']).key)\n",
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=env.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip().splitlines()[-1]

@@ -541,6 +541,27 @@ def start_repair(
     return rep
 
 
+def start_validation(
+    session: Session, node: Node, gpu_indices: list[int], kind: str, now: datetime
+) -> HealthRepair:
+    """Hardware moved to validating outside a repair (an operator's release, a silent node
+    reporting again): `health.repair` returns it to service when validation ends."""
+    seconds = get_settings().validate_seconds
+    rep = HealthRepair(
+        id=uuid.uuid4(),
+        node_id=node.id,
+        kind=kind,
+        gpu_indices=gpu_indices,
+        phase="validating",
+        started_at=now,
+        due_at=now + timedelta(seconds=seconds),
+    )
+    session.add(rep)
+    session.flush()
+    enqueue(session, "health.repair", queue="health", countdown=seconds, repair_id=str(rep.id))
+    return rep
+
+
 def repair_step(session: Session, repair_id: uuid.UUID) -> str:
     """Advance a repair whose phase is due: repairing -> validating (or out of service when the
     provider's repair failed), validating -> healthy. Idempotent; early calls re-enqueue."""
@@ -659,7 +680,6 @@ def operator_action(
     Returns the new state; a move the table forbids is a 409."""
     from app.workloads import service as workloads
 
-    s = get_settings()
     at = where(session, node)
     subject: Node | Gpu = gpu if gpu is not None else node
     is_node = gpu is None
@@ -671,23 +691,12 @@ def operator_action(
             return current.value  # nothing to release: idempotent
         if current in (H.out_of_service, H.unreachable):
             move(session, at, subject, H.validating, why, actor=Actor.operator, now=now)
-            rep = HealthRepair(
-                id=uuid.uuid4(),
-                node_id=node.id,
-                kind="return" if is_node else "reset",
-                gpu_indices=[] if is_node else [gpu.index],  # type: ignore[union-attr]
-                phase="validating",
-                started_at=now,
-                due_at=now + timedelta(seconds=s.validate_seconds),
-            )
-            session.add(rep)
-            session.flush()
-            enqueue(
+            start_validation(
                 session,
-                "health.repair",
-                queue="health",
-                countdown=s.validate_seconds,
-                repair_id=str(rep.id),
+                node,
+                [] if is_node else [gpu.index],  # type: ignore[union-attr]
+                "return" if is_node else "reset",
+                now,
             )
             return subject.health
         move(session, at, subject, H.healthy, why, actor=Actor.operator, now=now)

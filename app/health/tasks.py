@@ -135,24 +135,7 @@ def sweep() -> dict:
                 if node is not None and node.health == H.unreachable.value:
                     at = service.where(session, node)
                     service.move(session, at, node, H.validating, "the node agent reports again")
-                    rep = HealthRepair(
-                        id=uuid.uuid4(),
-                        node_id=node.id,
-                        kind="return",
-                        gpu_indices=[],
-                        phase="validating",
-                        started_at=now,
-                        due_at=now + timedelta(seconds=s.validate_seconds),
-                    )
-                    session.add(rep)
-                    session.flush()
-                    enqueue(
-                        session,
-                        "health.repair",
-                        queue="health",
-                        countdown=s.validate_seconds,
-                        repair_id=str(rep.id),
-                    )
+                    service.start_validation(session, node, [], "return", now)
                     out["back"] += 1
         late = now - timedelta(seconds=LATE_AFTER_SECONDS)
         for (rid,) in session.execute(
