@@ -52,7 +52,7 @@ def test_a_burst_is_one_incident_classified_by_its_worst_code(world, session):
     _evaluate("h1", (1, 43, t0 + 50), (1, 48, t0 + 60))  # within the window: the same incident
     [inc] = _incidents(session)
     assert (inc.code, inc.action, inc.signal_count) == (48, "reset_gpu", 3)
-    assert inc.gpu_indices == [0, 1] and inc.state == "open"
+    assert inc.gpu_indices == [0, 1]  # (the sweep may have marked it closed: it still joins)
     assert [s["code"] for s in inc.signals] == [13, 43, 48]
     # A milder code later in the burst does not lower its class.
     _evaluate("h1", (2, 13, t0 + 100))

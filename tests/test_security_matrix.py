@@ -18,6 +18,9 @@ PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("POST",
 # 422) is what the other tenant sees.
 BODIES: dict[tuple[str, str], dict] = {
     ("POST", "/v1/workloads/{workload_id}/checkpoints"): {"size_bytes": 1},
+    ("POST", "/v1/workloads/{workload_id}/progress"): {
+        "ranks": [{"rank": 0, "step_time_s": 1.0}, {"rank": 1, "step_time_s": 1.0}]
+    },
 }
 # Required query parameters of tenant list routes (grouped so that any of A's ids would show).
 QUERIES: dict[tuple[str, str], dict] = {

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
+from app.core.errors import Conflict
 from app.core.logging import get_logger
 from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, states
@@ -197,15 +198,20 @@ def evaluate(session: Session, node_id: uuid.UUID, signals: list[dict[str, Any]]
     first = _instant(signals[0]["at"], now)
     last = _instant(signals[-1]["at"], now)
     window = timedelta(seconds=s.incident_window_seconds)
+    # The node's latest incident, whatever the sweep made of it: the burst is judged in the
+    # signals' time (a late report within the window still joins its burst).
     inc = session.scalar(
         select(HealthIncident)
-        .where(HealthIncident.node_id == node.id, HealthIncident.state == IncidentState.open)
-        .order_by(HealthIncident.opened_at.desc())
+        .where(HealthIncident.node_id == node.id)
+        .order_by(HealthIncident.last_signal_at.desc())
         .limit(1)
     )
     if inc is not None and first - as_aware(inc.last_signal_at) > window:
-        inc.state, inc.closed_at = IncidentState.closed, as_aware(inc.last_signal_at) + window
+        if inc.state == IncidentState.open:
+            inc.state, inc.closed_at = IncidentState.closed, as_aware(inc.last_signal_at) + window
         inc = None
+    elif inc is not None and inc.state != IncidentState.open:
+        inc.state, inc.closed_at = IncidentState.open, None
     rules = [rule_of(sig) for sig in signals]
     new_worst = actions.worst(rules)
     if inc is None:
@@ -854,11 +860,13 @@ def history(session: Session, node: Node, gpu_index: int | None, limit: int) -> 
     return list(session.scalars(stmt.order_by(HealthEvent.id.desc()).limit(limit)))
 
 
-def report_step_times(session: Session, w: Any, step_s: dict[int, float]) -> list[int]:
+def report_step_times(
+    session: Session, w: Any, step_s: dict[int, float]
+) -> tuple[list[int], list[int]]:
     """A running workload's per-rank step times: a rank slower than the gang's median points at
     its GPU, whose speed score goes down to what the times imply (evidence, dated now: it fades
-    back without more). Rank r is GPU r % gpus of replica r // gpus. Returns the slow ranks."""
-    from app.core.errors import ValidationFailed
+    back without more). Rank r is GPU r % gpus of replica r // gpus. Returns the slow ranks
+    and those the workload does not have (ignored)."""
     from app.health.perf import from_step_times, worth_writing
     from app.workloads.lifecycle import State
     from app.workloads.models import Allocation
@@ -868,13 +876,13 @@ def report_step_times(session: Session, w: Any, step_s: dict[int, float]) -> lis
         raise NotRunning(f"A {w.state} workload has no ranks to report.", state=w.state)
     per = int(w.shape.get("gpus") or 0)
     if per < 1:
-        raise ValidationFailed("Step times are for workloads of whole GPUs.", code="not_whole_gpus")
-    total = per * w.replicas
-    bad = sorted(r for r in step_s if r >= total)
-    if bad:
-        raise ValidationFailed(
-            f"Ranks run from 0 to {total - 1}; {bad[0]} is not one.", code="unknown_rank"
+        raise NoRanks(
+            "Step times are for workloads of whole GPUs; this one runs on a share or a MIG slice.",
+            shape=w.shape.get("mig_profile") or "fractional",
         )
+    total = per * w.replicas
+    unknown = sorted(r for r in step_s if r >= total)
+    step_s = {r: t for r, t in step_s.items() if r < total}
     allocs = {
         a.replica: a
         for a in session.scalars(
@@ -900,4 +908,9 @@ def report_step_times(session: Session, w: Any, step_s: dict[int, float]) -> lis
             gpu.perf_at = now
         elif gpu is not None:
             gpu.perf_at = now  # the same evidence again: it does not fade yet
-    return slow
+    return slow, unknown
+
+
+class NoRanks(Conflict):
+    code = "workload_has_no_ranks"
+    title = "The workload has no ranks"

@@ -325,5 +325,5 @@ def progress(
     from app.health.service import report_step_times
 
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
-    slow = report_step_times(session, w, {r.rank: r.step_time_s for r in body.ranks})
-    return {"ranks": len(body.ranks), "slow_ranks": slow}
+    slow, unknown = report_step_times(session, w, {r.rank: r.step_time_s for r in body.ranks})
+    return {"ranks": len(body.ranks), "slow_ranks": slow, "unknown_ranks": unknown}

@@ -305,6 +305,9 @@ class ProgressOut(OutModel):
     slow_ranks: list[int] = Field(
         description="Ranks slower than the gang's median: their GPUs' speed scores went down"
     )
+    unknown_ranks: list[int] = Field(
+        description="Ranks past the workload's last (replicas x GPUs - 1): ignored"
+    )
 
 
 class QuotaIn(StrictModel):
