@@ -29,6 +29,11 @@ billing_cli = typer.Typer(
     help="Exports, Stripe meter events, reconciliation.", no_args_is_help=True
 )
 cli.add_typer(keys_cli, name="keys")
+chaos_cli = typer.Typer(
+    help="Chaos experiments: faults through the telemetry path, within a blast radius.",
+    no_args_is_help=True,
+)
+cli.add_typer(chaos_cli, name="chaos")
 cli.add_typer(billing_cli, name="billing")
 
 
@@ -428,6 +433,132 @@ def fleet_history(
                 e.cause,
             )
     console.print(table)
+
+
+def _chaos_print(exp_out: dict, as_json: bool) -> None:
+    from app.chaos.schemas import ExperimentOut
+
+    out = ExperimentOut.model_validate(exp_out)
+    if as_json:
+        console.print_json(out.model_dump_json())
+        return
+    console.print(
+        f"experiment {out.id} ({out.name}): {out.state}, {out.gpus_touched} GPU(s) in its "
+        f"blast radius; invariants {'held' if out.held else 'BROKEN'}: "
+        + ", ".join(f"{k} {v}" for k, v in out.invariants.model_dump().items())
+    )
+    table = Table(
+        "node",
+        "GPU",
+        "incident class",
+        "detect s",
+        "quarantine s",
+        "requeue s",
+        "running s",
+        "workloads",
+        "lost GPU-s",
+    )
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    for f in out.report:
+        table.add_row(
+            f.node,
+            str(f.gpu_index),
+            f.action or "-",
+            s(f.detect_s),
+            s(f.quarantine_s),
+            s(f.requeue_s),
+            s(f.running_s),
+            str(len(f.workloads)),
+            f"{f.lost_work_gpu_s:.1f}",
+        )
+    console.print(table)
+
+
+@chaos_cli.command("inject")
+def chaos_inject(
+    max_gpus: int = typer.Option(..., min=1, help="Blast radius: the most GPUs taken out."),
+    max_share: float = typer.Option(..., min=0.0001, max=1.0, help="Blast radius: region share."),
+    xid: int | None = typer.Option(None, help="Inject this Xid."),
+    ecc: bool = typer.Option(False, help="Inject uncorrectable ECC errors instead."),
+    node: str | None = typer.Option(None, help="Target: this node's --gpu."),
+    gpu: int | None = typer.Option(None),
+    random_gpus: int | None = typer.Option(None, help="Target: N random GPUs holding work."),
+    tier: str | None = typer.Option(None, help="With --random-gpus: only work of this tier."),
+    name: str = typer.Option("chaos from the CLI"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Start an experiment now (needs RACKPLANE_CHAOS_ENABLED)."""
+    from pydantic import ValidationError
+
+    from app.chaos import service
+    from app.chaos.router import _out
+    from app.chaos.schemas import ExperimentIn
+    from app.core.db import session_scope
+    from app.core.errors import AppError
+
+    target: dict = (
+        {"node": node, "gpu": gpu} if node else {"random_gpus": random_gpus, "holding_tier": tier}
+    )
+    fault = (
+        {"kind": "ecc_dbe", "target": target}
+        if ecc
+        else {"kind": "xid", "code": xid, "target": target}
+    )
+    try:
+        body = ExperimentIn.model_validate(
+            {
+                "name": name,
+                "faults": [fault],
+                "blast_radius": {"max_gpus": max_gpus, "max_region_share": max_share},
+            }
+        )
+        with session_scope() as session:
+            out = _out(session, service.start(session, body))
+    except ValidationError as exc:
+        _fail("; ".join(e["msg"] for e in exc.errors()), 2)
+    except AppError as exc:
+        _fail(exc.detail, 2)
+    _chaos_print(out, as_json)
+
+
+@chaos_cli.command("report")
+def chaos_report(experiment: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """An experiment's report: per fault, the health loop's times; the invariants."""
+    from app.chaos.models import ChaosExperiment
+    from app.chaos.router import _out
+    from app.core.db import get_or_404, session_scope
+    from app.core.errors import AppError
+
+    try:
+        with session_scope() as session:
+            out = _out(session, get_or_404(session, ChaosExperiment, experiment, what="experiment"))
+    except AppError as exc:
+        _fail(exc.detail, 2)
+    _chaos_print(out, as_json)
+
+
+@chaos_cli.command("stop")
+def chaos_stop(experiment: str) -> None:
+    """Stop an experiment and undo what it injected."""
+    from app.chaos import service
+    from app.chaos.models import ChaosExperiment
+    from app.chaos.router import _out
+    from app.core.db import get_or_404, session_scope
+    from app.core.errors import AppError
+
+    try:
+        with session_scope() as session:
+            exp = get_or_404(
+                session, ChaosExperiment, experiment, what="experiment", for_update=True
+            )
+            service.stop(session, exp)
+            out = _out(session, exp)
+    except AppError as exc:
+        _fail(exc.detail, 2)
+    _chaos_print(out, False)
 
 
 @tenants_cli.command("create")

@@ -14,6 +14,7 @@ from app import models  # noqa: F401  (register every model)
 from app.audit import router as audit
 from app.audit import service as audit_service
 from app.billing import router as billing
+from app.chaos import router as chaos
 from app.core.config import get_settings
 from app.core.errors import install_error_handlers
 from app.core.logging import configure_logging
@@ -62,7 +63,18 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     health_metrics.register()  # fleet and health state on /metrics, read at scrape time
     # Routes match in order, one by one: the hottest (workloads) first.
-    for module in (workloads, probes, tenants, keys, fleet, metering, billing, audit, health):
+    for module in (
+        workloads,
+        probes,
+        tenants,
+        keys,
+        fleet,
+        metering,
+        billing,
+        audit,
+        health,
+        chaos,
+    ):
         if hasattr(module, "router"):
             app.include_router(module.router)
         if hasattr(module, "admin"):

@@ -9,6 +9,7 @@ from app.billing.models import (
     MeterExportCursor,
     Price,
 )
+from app.chaos.models import ChaosExperiment, ChaosInjection
 from app.core.db import Base
 from app.fleet.models import FleetImport, Gpu, Node, Rack, Region
 from app.health.models import (
@@ -43,6 +44,8 @@ __all__ = [
     "MeterExport",
     "MeterExportCursor",
     "Base",
+    "ChaosExperiment",
+    "ChaosInjection",
     "GpuUsage",
     "MigClaim",
     "ApiKey",

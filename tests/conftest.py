@@ -75,6 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_SIM_REBOOT_SECONDS": "2",
             "RACKPLANE_VALIDATE_SECONDS": "0.5",
             "RACKPLANE_HEALTH_SWEEP": "1",
+            "RACKPLANE_CHAOS_ENABLED": "true",
         }
     )
 
@@ -111,6 +112,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 TABLES = [
     "audit_log",
+    "chaos_injections",
+    "chaos_experiments",
     "health_events",
     "health_incidents",
     "health_repairs",

@@ -252,3 +252,24 @@ def test_date_times_in_query_strings_are_rfc3339_text(client, app, keys):
                 assert f"query.{p['name']}" in _fields(r.json())
                 checked += 1
     assert checked >= 8
+
+
+def test_a_fleet_file_takes_gpu_indices_as_numbers_not_booleans(client, world):
+    op = world.key(None)
+    doc = {
+        "regions": [
+            {
+                "name": "r1",
+                "racks": [
+                    {
+                        "name": "a",
+                        "kind": "hgx",
+                        "gpu_model": "H100-80GB",
+                        "nodes": [{"name": "n1", "mig_gpus": [False]}],
+                    }
+                ],
+            }
+        ]
+    }
+    r = client.post("/v1/admin/fleet:import", params={"dry_run": True}, json=doc, headers=auth(op))
+    assert r.status_code == 422 and "mig_gpus" in r.text

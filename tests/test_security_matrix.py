@@ -103,6 +103,17 @@ def matrix(world, client, session):
         headers=auth(op_key),
     )
     assert commitment.status_code == 201, commitment.text
+    # An application error: the experiment takes nothing out of the pool.
+    experiment = client.post(
+        "/v1/admin/chaos/experiments",
+        json={
+            "name": "matrix",
+            "faults": [{"kind": "xid", "code": 13, "target": {"node": node.name, "gpu": 0}}],
+            "blast_radius": {"max_gpus": 1, "max_region_share": 0.01},
+        },
+        headers=auth(op_key),
+    )
+    assert experiment.status_code == 201, experiment.text
     ids = {
         "tenant_id": str(a.id),
         "commitment_id": commitment.json()["id"],
@@ -113,6 +124,7 @@ def matrix(world, client, session):
         "gpu_id": str(session.scalar(select(Gpu.id).limit(1))),
         "region_id": str(session.scalar(select(Region.id).limit(1))),
         "workload_id": w.json()["id"],
+        "experiment_id": experiment.json()["id"],
     }
     return {
         "a": a,

@@ -111,6 +111,8 @@ class Settings(BaseSettings):
     # repair sends it out of service instead of through another repair.
     validate_seconds: float = Field(default=10.0, ge=0, alias="RACKPLANE_VALIDATE_SECONDS")
     refault_window_seconds: float = Field(default=86400.0, ge=0, alias="RACKPLANE_REFAULT_WINDOW")
+    # Chaos experiments (app/chaos): off unless asked for.
+    chaos_enabled: bool = Field(default=False, alias="RACKPLANE_CHAOS_ENABLED")
     # A measured slowdown fades toward the model's nominal with this time constant.
     perf_decay_seconds: float = Field(default=21600.0, gt=0, alias="RACKPLANE_PERF_DECAY")
 

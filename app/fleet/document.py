@@ -10,7 +10,7 @@ import json
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, StrictInt, ValidationError, model_validator
 
 from app.core.errors import format_loc
 from app.core.schemas import StrictModel
@@ -33,7 +33,7 @@ class NodeSpec(StrictModel):
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_gib: float | None = Field(None, gt=0, le=65536)
     state: NodeState = NodeState.ready
-    mig_gpus: list[Annotated[int, Field(ge=0, le=71)]] = Field(
+    mig_gpus: list[Annotated[StrictInt, Field(ge=0, le=71)]] = Field(
         default_factory=list, max_length=72, description="Indices of GPUs in MIG mode."
     )
 
@@ -46,7 +46,9 @@ class NodeTemplate(StrictModel):
     gpu_model: str | None = Field(None, max_length=32)
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_gib: float | None = Field(None, gt=0, le=65536)
-    mig_gpus: list[Annotated[int, Field(ge=0, le=71)]] = Field(default_factory=list, max_length=72)
+    mig_gpus: list[Annotated[StrictInt, Field(ge=0, le=71)]] = Field(
+        default_factory=list, max_length=72
+    )
 
 
 class RackSpec(StrictModel):

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from fastapi import Depends
+from sqlalchemy.orm import Session
+
+from app.chaos import service
+from app.chaos.models import ChaosExperiment
+from app.chaos.schemas import ExperimentIn, ExperimentOut
+from app.core.db import get_or_404, session_dependency
+from app.core.routing import api_router
+from app.tenancy.auth import AuthContext, platform
+
+admin = api_router(prefix="/v1/admin/chaos", tags=["admin: chaos"])
+
+
+def _out(session: Session, exp: ChaosExperiment) -> dict:
+    r = service.report(session, exp)
+    return {
+        "id": exp.id,
+        "name": exp.name,
+        "state": exp.state,
+        "gpus_touched": exp.gpus_touched,
+        "started_at": exp.started_at,
+        "stopped_at": exp.stopped_at,
+        "injections": r["injections"],
+        "report": r["report"],
+        "invariants": r["invariants"],
+        "held": r["held"],
+    }
+
+
+@admin.post(
+    "/experiments",
+    status_code=201,
+    response_model=ExperimentOut,
+    summary="Start a chaos experiment: faults injected through telemetry, within a blast radius",
+    description=(
+        "Off unless RACKPLANE_CHAOS_ENABLED (403 chaos_disabled). The faults' targets are "
+        "resolved and checked against the blast radius (422 blast_radius_exceeded) before "
+        "anything is injected; then they arrive as dcgm-exporter would report them."
+    ),
+)
+def start_experiment(
+    body: ExperimentIn,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    exp = service.start(session, body)
+    return _out(session, exp)
+
+
+@admin.get(
+    "/experiments/{experiment_id}",
+    response_model=ExperimentOut,
+    summary="A chaos experiment and its report: times to detect, quarantine, requeue, run",
+)
+def read_experiment(
+    experiment_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    return _out(session, get_or_404(session, ChaosExperiment, experiment_id, what="experiment"))
+
+
+@admin.post(
+    "/experiments/{experiment_id}/stop",
+    response_model=ExperimentOut,
+    summary="Stop a chaos experiment and undo what it injected",
+)
+def stop_experiment(
+    experiment_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    exp = get_or_404(session, ChaosExperiment, experiment_id, what="experiment", for_update=True)
+    service.stop(session, exp)
+    return _out(session, exp)

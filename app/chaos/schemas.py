@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from app.core.schemas import OutModel, StrictModel
+from app.health.schemas import HOST_PATTERN
+
+
+class NamedTarget(StrictModel):
+    """One GPU: its node and index."""
+
+    node: str = Field(max_length=63, pattern=HOST_PATTERN)
+    gpu: int = Field(ge=0, le=63)
+
+
+class RandomTarget(StrictModel):
+    """N random GPUs holding running work (of a tier, in a region)."""
+
+    random_gpus: int = Field(ge=1, le=10_000)
+    holding_tier: (
+        Literal[
+            "timeslice", "mps", "mig-shared", "mig-dedicated", "dedicated", "vm", "confidential-vm"
+        ]
+        | None
+    ) = Field(None, description="Only GPUs holding running work of this tier")
+    region: str | None = Field(None, max_length=63, pattern=HOST_PATTERN)
+
+
+class XidFault(StrictModel):
+    """An Xid on a GPU, as dcgm-exporter reports it."""
+
+    kind: Literal["xid"]
+    code: int = Field(ge=1, le=999)
+    target: NamedTarget | RandomTarget
+
+
+class EccFault(StrictModel):
+    """Uncorrectable (double-bit) ECC errors on a GPU."""
+
+    kind: Literal["ecc_dbe"]
+    target: NamedTarget | RandomTarget
+
+
+FaultIn = XidFault | EccFault
+
+
+class BlastRadius(StrictModel):
+    max_gpus: int = Field(ge=1, le=100_000, description="The most GPUs the faults may take out")
+    max_region_share: float = Field(
+        gt=0, le=1, description="The most of a region's GPUs the faults may take out"
+    )
+
+
+class ExperimentIn(StrictModel):
+    name: str = Field(max_length=200)
+    faults: list[FaultIn] = Field(min_length=1, max_length=100)
+    blast_radius: BlastRadius
+
+
+class InjectionOut(OutModel):
+    id: uuid.UUID
+    kind: str
+    code: int | None
+    node: str
+    gpu_index: int | None
+    injected_at: datetime
+    undone_at: datetime | None
+
+
+class FaultReport(BaseModel):
+    injection: uuid.UUID
+    node: str
+    gpu_index: int | None
+    incident: uuid.UUID | None
+    action: str | None
+    detect_s: float | None = Field(description="Injected to the incident opened")
+    quarantine_s: float | None = Field(description="Injected to the hardware out of the pool")
+    requeue_s: float | None = Field(description="Injected to the last affected workload queued")
+    running_s: float | None = Field(
+        description="Injected to the last affected workload running again"
+    )
+    workloads: list[uuid.UUID]
+    lost_work_gpu_s: float
+
+
+class Invariants(BaseModel):
+    double_allocations: int = Field(description="GPUs held by two live whole allocations at once")
+    usage_after_fault: int = Field(description="Usage of stopped work past its fault's instant")
+    inconsistent_workloads: int = Field(
+        description="Affected workloads holding allocations while not holding GPUs, or the reverse"
+    )
+
+
+class ExperimentOut(OutModel):
+    id: uuid.UUID
+    name: str
+    state: str
+    gpus_touched: int
+    started_at: datetime
+    stopped_at: datetime | None
+    injections: list[InjectionOut]
+    report: list[FaultReport]
+    invariants: Invariants
+    held: bool = Field(description="Every invariant held")

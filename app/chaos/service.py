@@ -1,0 +1,354 @@
+"""Chaos experiments: inject faults through the telemetry path, as dcgm-exporter would report
+them, within a blast radius; report what the health loop did and whether the invariants held.
+
+An experiment never writes health states or allocations: its faults are samples handed to the
+same ingest as node agents' (`app.health.telemetry.ingest`), in the experiment's transaction."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.audit import service as audit
+from app.chaos.models import ChaosExperiment, ChaosInjection
+from app.chaos.schemas import EccFault, ExperimentIn, NamedTarget, XidFault
+from app.core.config import get_settings
+from app.core.db import as_aware, utcnow
+from app.core.errors import Conflict, Forbidden, NotFound
+from app.fleet.models import Gpu, Node, Rack, Region
+from app.health import actions, telemetry
+from app.health.actions import Repair, Scope
+from app.health.models import HealthEvent, HealthIncident
+
+OUT_STATES = ("quarantined", "unreachable", "out_of_service", "suspect")
+
+
+class ChaosDisabled(Forbidden):
+    code = "chaos_disabled"
+    title = "Chaos experiments are off"
+
+
+class UnknownTarget(NotFound):
+    code = "unknown_target"
+    title = "No such GPU"
+
+
+class NotEnoughTargets(Conflict):
+    code = "not_enough_targets"
+    title = "Not enough GPUs match the target"
+
+
+class BlastRadiusExceeded(Conflict):
+    """Refused against the fleet as it is now: not a malformed request."""
+
+    code = "blast_radius_exceeded"
+    title = "Beyond the blast radius"
+
+
+def _rule(f: XidFault | EccFault) -> actions.Rule:
+    return actions.rule_for_xid(f.code) if isinstance(f, XidFault) else actions.SIGNALS["ecc_dbe"]
+
+
+def _targets(
+    session: Session, f: XidFault | EccFault, rng: random.Random
+) -> list[tuple[Node, int]]:
+    t = f.target
+    if isinstance(t, NamedTarget):
+        node = session.scalar(select(Node).where(Node.name == t.node))
+        if (
+            node is None
+            or session.scalar(select(Gpu.id).where(Gpu.node_id == node.id, Gpu.index == t.gpu))
+            is None
+        ):
+            raise UnknownTarget(f"No GPU {t.gpu} on a node named {t.node}.")
+        return [(node, t.gpu)]
+    from app.workloads.models import Allocation, Workload
+
+    stmt = (
+        select(Allocation.node_id, Allocation.gpu_indices)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(Allocation.released_at.is_(None), Workload.state == "running")
+    )
+    if t.holding_tier:
+        stmt = stmt.where(Allocation.tier == t.holding_tier)
+    if t.region:
+        stmt = stmt.where(Workload.region == t.region)
+    held = sorted({(nid, g) for nid, gs in session.execute(stmt) for g in gs})
+    if len(held) < t.random_gpus:
+        raise NotEnoughTargets(
+            f"Only {len(held)} GPUs hold running work matching the target; "
+            f"{t.random_gpus} were asked for.",
+        )
+    picked = rng.sample(held, t.random_gpus)
+    nodes = {
+        n.id: n for n in session.scalars(select(Node).where(Node.id.in_({p[0] for p in picked})))
+    }
+    return [(nodes[nid], g) for nid, g in picked]
+
+
+def _touched(session: Session, plan: list[tuple[XidFault | EccFault, Node, int]]) -> dict[str, set]:
+    """Per region, the GPUs the faults would take out of the pool, as the action table says:
+    the GPU, or every GPU of the node for a reboot."""
+    out: dict[str, set] = {}
+    for f, node, gpu in plan:
+        scope, repair = actions.EFFECT[_rule(f).action]
+        if scope is Scope.none:
+            continue
+        region = session.scalar(
+            select(Region.name)
+            .join(Rack, Rack.region_id == Region.id)
+            .where(Rack.id == node.rack_id)
+        )
+        gpus = {(node.id, gpu)}
+        if repair is Repair.reboot:
+            gpus = {
+                (node.id, g)
+                for g in session.scalars(select(Gpu.index).where(Gpu.node_id == node.id))
+            }
+        out.setdefault(region, set()).update(gpus)
+    return out
+
+
+def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
+    """Check the experiment against its blast radius, then inject its faults now."""
+    if not get_settings().chaos_enabled:
+        raise ChaosDisabled(
+            "Chaos experiments are off on this deployment; set RACKPLANE_CHAOS_ENABLED=true."
+        )
+    exp_id = uuid.uuid4()
+    rng = random.Random(exp_id.int)
+    plan = [(f, node, gpu) for f in body.faults for node, gpu in _targets(session, f, rng)]
+    touched = _touched(session, plan)
+    total = sum(len(v) for v in touched.values())
+    br = body.blast_radius
+    if total > br.max_gpus:
+        raise BlastRadiusExceeded(
+            f"The faults would take {total} GPUs out; the blast radius allows {br.max_gpus}.",
+            gpus=total,
+        )
+    for region, gpus in sorted(touched.items()):
+        size = session.scalar(
+            select(func.count(Gpu.id))
+            .join(Node, Gpu.node_id == Node.id)
+            .join(Rack, Node.rack_id == Rack.id)
+            .join(Region, Rack.region_id == Region.id)
+            .where(Region.name == region)
+        )
+        if len(gpus) > br.max_region_share * size:
+            raise BlastRadiusExceeded(
+                f"The faults would take {len(gpus)} of region {region}'s {size} GPUs out; the "
+                f"blast radius allows {br.max_region_share:.0%}.",
+                gpus=len(gpus),
+            )
+    now = utcnow()
+    exp = ChaosExperiment(
+        id=exp_id,
+        name=body.name,
+        state="running",
+        spec=body.model_dump(mode="json"),
+        gpus_touched=total,
+        started_at=now,
+        created_at=now,
+    )
+    session.add(exp)
+    samples, targets = [], {}
+    ts = time.time()
+    for i, (f, node, gpu) in enumerate(plan):
+        session.add(
+            ChaosInjection(
+                experiment_id=exp.id,
+                kind=f.kind,
+                code=f.code if isinstance(f, XidFault) else None,
+                node_id=node.id,
+                node=node.name,
+                gpu_index=gpu,
+                injected_at=now,
+            )
+        )
+        key = (node.name, str(gpu), None)
+        targets[key] = key
+        if isinstance(f, XidFault):  # the gauge clears, then shows the code: a new Xid
+            samples += [
+                (i, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, ts),
+                (i, key, "DCGM_FI_DEV_XID_ERRORS", float(f.code or 0), ts),
+            ]
+        else:  # the counter from a fresh baseline, then one more error
+            samples += [
+                (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0.0, ts),
+                (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1.0, ts),
+            ]
+    session.flush()
+    telemetry.ingest(session, samples, targets)
+    # In the audit log however it was started (API or CLI): what, where, and the radius.
+    audit.record_system(
+        session,
+        "chaos.start",
+        [
+            (
+                None,
+                "chaos_experiment",
+                exp.id,
+                {},
+                {
+                    "name": exp.name,
+                    "faults": [[f.kind, getattr(f, "code", None), n.name, g] for f, n, g in plan],
+                    "blast_radius": br.model_dump(),
+                    "gpus_touched": total,
+                },
+            )
+        ],
+    )
+    return exp
+
+
+def stop(session: Session, exp: ChaosExperiment) -> None:
+    """Stop the experiment and undo what it injected (an Xid gauge clears; what the health loop
+    did about the faults stays its own business, released by operators)."""
+    if exp.state != "running":
+        return
+    now = utcnow()
+    samples, targets = [], {}
+    for inj in session.scalars(
+        select(ChaosInjection).where(
+            ChaosInjection.experiment_id == exp.id, ChaosInjection.undone_at.is_(None)
+        )
+    ):
+        if inj.kind == "xid":
+            key = (inj.node, str(inj.gpu_index), None)
+            targets[key] = key
+            samples.append((0, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, time.time()))
+        inj.undone_at = now
+    if samples:
+        telemetry.ingest(session, samples, targets)
+    exp.state, exp.stopped_at = "stopped", now
+    audit.record_system(session, "chaos.stop", [(None, "chaos_experiment", exp.id, {}, {})])
+
+
+def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
+    """Per fault: when the loop detected it, took the hardware out, requeued the work and ran
+    it again; the work lost; and the invariants over the experiment's history."""
+    from app.metering.models import UsageEvent
+    from app.workloads.models import Allocation, Workload, WorkloadEvent
+
+    injections = list(
+        session.scalars(
+            select(ChaosInjection)
+            .where(ChaosInjection.experiment_id == exp.id)
+            .order_by(ChaosInjection.node, ChaosInjection.gpu_index)
+        )
+    )
+    started = as_aware(exp.started_at)
+    events = session.scalars(
+        select(WorkloadEvent).where(WorkloadEvent.at >= started, WorkloadEvent.kind == "transition")
+    ).all()
+    faults, affected = [], {}
+    for inj in injections:
+        at = as_aware(inj.injected_at)
+        inc = session.scalar(
+            select(HealthIncident)
+            .where(HealthIncident.node_id == inj.node_id, HealthIncident.last_signal_at >= at)
+            .order_by(HealthIncident.last_signal_at)
+            .limit(1)
+        )
+        row: dict[str, Any] = {
+            "injection": inj.id,
+            "node": inj.node,
+            "gpu_index": inj.gpu_index,
+            "incident": inc.id if inc else None,
+            "action": inc.action if inc else None,
+            "detect_s": None,
+            "quarantine_s": None,
+            "requeue_s": None,
+            "running_s": None,
+            "workloads": [],
+            "lost_work_gpu_s": 0.0,
+        }
+        if inc is not None:
+            hev = session.scalars(
+                select(HealthEvent)
+                .where(HealthEvent.incident_id == inc.id)
+                .order_by(HealthEvent.id)
+            ).all()
+            mine = [e for e in events if (e.details or {}).get("incident") == str(inc.id)]
+            acted = [as_aware(e.at) for e in hev] + [as_aware(e.at) for e in mine]
+            row["detect_s"] = _since(at, min(acted)) if acted else None
+            out = [as_aware(e.at) for e in hev if e.to_state in OUT_STATES]
+            row["quarantine_s"] = _since(at, min(out)) if out else None
+            stopped = {e.workload_id: e for e in mine if e.to_state == "preempted"}
+            queued = [as_aware(e.at) for e in mine if e.to_state == "queued"]
+            row["requeue_s"] = _since(at, max(queued)) if queued else None
+            again = []
+            for wid, e in stopped.items():
+                run = [
+                    x
+                    for x in events
+                    if x.workload_id == wid and x.to_state == "running" and x.seq > e.seq
+                ]
+                if run:
+                    again.append(as_aware(min(run, key=lambda x: x.seq).at))
+                affected[wid] = as_aware(e.at)
+                row["lost_work_gpu_s"] += float((e.details or {}).get("lost_work_gpu_s") or 0)
+            row["running_s"] = (
+                _since(at, max(again)) if again and len(again) == len(stopped) else None
+            )
+            row["workloads"] = sorted(stopped)
+        faults.append(row)
+    # Invariants: live double allocation of whole GPUs anywhere; usage of stopped work after its
+    # fault; affected workloads whose state and allocations disagree.
+    live: dict[tuple, int] = {}
+    for node_id, gpus, milli in session.execute(
+        select(Allocation.node_id, Allocation.gpu_indices, Allocation.milli).where(
+            Allocation.released_at.is_(None)
+        )
+    ):
+        for g in gpus:
+            live[(node_id, g)] = live.get((node_id, g), 0) + milli
+    doubles = sum(1 for v in live.values() if v > 1000)
+    after = 0
+    inconsistent = 0
+    for wid, fault_at in affected.items():
+        after += (
+            session.scalar(
+                select(func.count(UsageEvent.id)).where(
+                    UsageEvent.workload_id == wid,
+                    UsageEvent.kind == "stop",
+                    UsageEvent.occurred_at > fault_at,
+                    UsageEvent.allocation_id.in_(
+                        select(Allocation.id).where(
+                            Allocation.workload_id == wid, Allocation.created_at < fault_at
+                        )
+                    ),
+                )
+            )
+            or 0
+        )
+        w = session.get(Workload, wid)
+        n_live = session.scalar(
+            select(func.count(Allocation.id)).where(
+                Allocation.workload_id == wid, Allocation.released_at.is_(None)
+            )
+        )
+        holding = w is not None and w.state in ("placing", "provisioning", "running")
+        if holding != bool(n_live):
+            inconsistent += 1
+    inv = {
+        "double_allocations": doubles,
+        "usage_after_fault": after,
+        "inconsistent_workloads": inconsistent,
+    }
+    return {
+        "report": faults,
+        "invariants": inv,
+        "held": not any(inv.values()),
+        "injections": injections,
+    }
+
+
+def _since(a: datetime, b: datetime) -> float:
+    return round((b - a).total_seconds(), 3)
