@@ -483,6 +483,9 @@ def chaos_inject(
     max_share: float = typer.Option(..., min=0.0001, max=1.0, help="Blast radius: region share."),
     xid: int | None = typer.Option(None, help="Inject this Xid."),
     ecc: bool = typer.Option(False, help="Inject uncorrectable ECC errors instead."),
+    throttle: float | None = typer.Option(
+        None, min=0.1, max=0.99, help="Thermal throttling instead: the clock share left."
+    ),
     node: str | None = typer.Option(None, help="Target: this node's --gpu."),
     gpu: int | None = typer.Option(None),
     random_gpus: int | None = typer.Option(None, help="Target: N random GPUs holding work."),
@@ -502,11 +505,11 @@ def chaos_inject(
     target: dict = (
         {"node": node, "gpu": gpu} if node else {"random_gpus": random_gpus, "holding_tier": tier}
     )
-    fault = (
-        {"kind": "ecc_dbe", "target": target}
-        if ecc
-        else {"kind": "xid", "code": xid, "target": target}
-    )
+    fault: dict = {"kind": "xid", "code": xid, "target": target}
+    if ecc:
+        fault = {"kind": "ecc_dbe", "target": target}
+    elif throttle is not None:
+        fault = {"kind": "throttle", "speed": throttle, "target": target}
     try:
         body = ExperimentIn.model_validate(
             {

@@ -77,10 +77,10 @@ def test_the_blast_radius_is_checked_before_anything_is_injected(client, world, 
     assert "8 GPUs out" in r.json()["detail"]
     r = _start(client, op, [reboot], {"max_gpus": 100, "max_region_share": 0.25})
     assert r.status_code == 409 and "8 of region r1's 16" in r.json()["detail"]
-    # An application error takes nothing out: any radius holds.
+    # An application error touches its one GPU and takes nothing out.
     app_err = {"kind": "xid", "code": 13, "target": {"node": "h1", "gpu": 0}}
     assert (
-        _start(client, op, [app_err], {"max_gpus": 1, "max_region_share": 0.01}).status_code == 201
+        _start(client, op, [app_err], {"max_gpus": 1, "max_region_share": 0.1}).status_code == 201
     )
     assert _health(session, "h1") == "healthy"
     r = _start(client, op, [{"kind": "xid", "code": 48, "target": {"node": "h9", "gpu": 0}}])
@@ -168,3 +168,26 @@ def test_the_cli_runs_an_experiment_within_its_radius_and_reports_it(
         .all()
     )
     assert actions == ["chaos.start", "chaos.stop"]
+
+
+def test_a_throttled_gpu_becomes_slow_and_suspect_through_its_telemetry(
+    client, world, session, celery_worker_process
+):
+    from sqlalchemy import text
+
+    world.fleet(fleet(1))
+    op = world.key(None)
+    r = _start(client, op, [{"kind": "throttle", "speed": 0.7, "target": {"node": "h1", "gpu": 6}}])
+    assert r.status_code == 201, r.text
+    assert r.json()["gpus_touched"] == 1
+    wait_until(lambda: _health(session, "h1", 6) == "suspect", timeout=15)
+    session.rollback()
+    perf = session.execute(
+        text(
+            "SELECT g.perf FROM gpus g JOIN nodes n ON n.id = g.node_id "
+            "WHERE n.name = 'h1' AND g.index = 6"
+        )
+    ).scalar()
+    assert perf == pytest.approx(0.7)
+    rep = client.get(f"/v1/admin/chaos/experiments/{r.json()['id']}", headers=auth(op)).json()
+    assert rep["report"][0]["action"] == "watch" and rep["report"][0]["quarantine_s"] is not None

@@ -109,7 +109,7 @@ def matrix(world, client, session):
         json={
             "name": "matrix",
             "faults": [{"kind": "xid", "code": 13, "target": {"node": node.name, "gpu": 0}}],
-            "blast_radius": {"max_gpus": 1, "max_region_share": 0.01},
+            "blast_radius": {"max_gpus": 1, "max_region_share": 1},
         },
         headers=auth(op_key),
     )

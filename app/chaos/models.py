@@ -33,7 +33,7 @@ class ChaosInjection(Base):
     experiment_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("chaos_experiments.id", ondelete="CASCADE"), index=True
     )
-    kind: Mapped[str] = mapped_column(String(16))  # xid | ecc_dbe
+    kind: Mapped[str] = mapped_column(String(16))  # xid | ecc_dbe | throttle
     code: Mapped[int | None] = mapped_column(Integer, default=None)
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     node: Mapped[str] = mapped_column(String(63))

@@ -45,7 +45,16 @@ class EccFault(StrictModel):
     target: NamedTarget | RandomTarget
 
 
-FaultIn = XidFault | EccFault
+class ThrottleFault(StrictModel):
+    """Thermal throttling: the GPU reports its hardware thermal slowdown and a clock held at
+    `speed` of its maximum under load, for the last few minutes (it becomes slow)."""
+
+    kind: Literal["throttle"]
+    speed: float = Field(0.8, ge=0.1, le=0.99, description="Clock under load / the maximum")
+    target: NamedTarget | RandomTarget
+
+
+FaultIn = XidFault | EccFault | ThrottleFault
 
 
 class BlastRadius(StrictModel):

@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session
 
 from app.audit import service as audit
 from app.chaos.models import ChaosExperiment, ChaosInjection
-from app.chaos.schemas import EccFault, ExperimentIn, NamedTarget, XidFault
+from app.chaos.schemas import EccFault, ExperimentIn, NamedTarget, ThrottleFault, XidFault
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict, Forbidden, NotFound
 from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, telemetry
-from app.health.actions import Repair, Scope
+from app.health.actions import Repair
 from app.health.models import HealthEvent, HealthIncident
 
 OUT_STATES = ("quarantined", "unreachable", "out_of_service", "suspect")
@@ -51,8 +51,16 @@ class BlastRadiusExceeded(Conflict):
     title = "Beyond the blast radius"
 
 
-def _rule(f: XidFault | EccFault) -> actions.Rule:
-    return actions.rule_for_xid(f.code) if isinstance(f, XidFault) else actions.SIGNALS["ecc_dbe"]
+Fault = XidFault | EccFault | ThrottleFault
+# Reports of a throttled GPU: one per 30 s over the last six minutes (enough for the health
+# loop's averages to pass its thresholds), as an agent would have sent them.
+THROTTLE_REPORTS = 12
+
+
+def _rule(f: Fault) -> actions.Rule:
+    if isinstance(f, XidFault):
+        return actions.rule_for_xid(f.code)
+    return actions.SIGNALS["ecc_dbe" if isinstance(f, EccFault) else "hw_slowdown"]
 
 
 def _targets(
@@ -92,14 +100,12 @@ def _targets(
     return [(nodes[nid], g) for nid, g in picked]
 
 
-def _touched(session: Session, plan: list[tuple[XidFault | EccFault, Node, int]]) -> dict[str, set]:
-    """Per region, the GPUs the faults would take out of the pool, as the action table says:
-    the GPU, or every GPU of the node for a reboot."""
+def _touched(session: Session, plan: list[tuple[Fault, Node, int]]) -> dict[str, set]:
+    """Per region, the GPUs the faults touch: each targeted GPU, and every GPU of its node when
+    the action table says the node reboots."""
     out: dict[str, set] = {}
     for f, node, gpu in plan:
-        scope, repair = actions.EFFECT[_rule(f).action]
-        if scope is Scope.none:
-            continue
+        _scope, repair = actions.EFFECT[_rule(f).action]
         region = session.scalar(
             select(Region.name)
             .join(Rack, Rack.region_id == Region.id)
@@ -158,6 +164,7 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
     )
     session.add(exp)
     samples, targets = [], {}
+    reports: dict[int, list] = {}
     ts = time.time()
     for i, (f, node, gpu) in enumerate(plan):
         session.add(
@@ -178,13 +185,30 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
                 (i, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, ts),
                 (i, key, "DCGM_FI_DEV_XID_ERRORS", float(f.code or 0), ts),
             ]
+        elif isinstance(f, ThrottleFault):
+            clock = _max_clock(node) * f.speed
+            hot = float(actions.THROTTLE_HW_THERMAL)
+            # One report per batch, as an agent pushes them: the loop's averages count
+            # reports, not samples.
+            for k in range(THROTTLE_REPORTS):
+                t = ts - 30 * (THROTTLE_REPORTS - 1 - k)
+                reports.setdefault(k, []).extend(
+                    [
+                        (i, key, "DCGM_FI_DEV_GPU_UTIL", 95.0, t),
+                        (i, key, "DCGM_FI_DEV_SM_CLOCK", clock, t),
+                        (i, key, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", hot, t),
+                    ]
+                )
         else:  # the counter from a fresh baseline, then one more error
             samples += [
                 (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0.0, ts),
                 (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1.0, ts),
             ]
     session.flush()
-    telemetry.ingest(session, samples, targets)
+    if samples:
+        telemetry.ingest(session, samples, targets)
+    for _k, batch in sorted(reports.items()):
+        telemetry.ingest(session, batch, dict(targets))
     # In the audit log however it was started (API or CLI): what, where, and the radius.
     audit.record_system(
         session,
@@ -207,6 +231,13 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
     return exp
 
 
+def _max_clock(node: Node) -> float:
+    from app.placement.catalog import GPU_MODELS
+
+    m = GPU_MODELS.get(node.gpu_model)
+    return float(m.sm_clock_mhz) if m and m.sm_clock_mhz else 1980.0
+
+
 def stop(session: Session, exp: ChaosExperiment) -> None:
     """Stop the experiment and undo what it injected (an Xid gauge clears; what the health loop
     did about the faults stays its own business, released by operators)."""
@@ -219,10 +250,13 @@ def stop(session: Session, exp: ChaosExperiment) -> None:
             ChaosInjection.experiment_id == exp.id, ChaosInjection.undone_at.is_(None)
         )
     ):
+        key = (inj.node, str(inj.gpu_index), None)
         if inj.kind == "xid":
-            key = (inj.node, str(inj.gpu_index), None)
             targets[key] = key
             samples.append((0, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, time.time()))
+        elif inj.kind == "throttle":  # the slowdown ends (its measured speed fades back)
+            targets[key] = key
+            samples.append((0, key, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 0.0, time.time()))
         inj.undone_at = now
     if samples:
         telemetry.ingest(session, samples, targets)
