@@ -191,3 +191,59 @@ def test_a_throttled_gpu_becomes_slow_and_suspect_through_its_telemetry(
     assert perf == pytest.approx(0.7)
     rep = client.get(f"/v1/admin/chaos/experiments/{r.json()['id']}", headers=auth(op)).json()
     assert rep["report"][0]["action"] == "watch" and rep["report"][0]["quarantine_s"] is not None
+
+
+def test_abort_conditions_stop_the_experiment_and_undo_it(
+    client, world, session, celery_worker_process
+):
+    from app.chaos.tasks import watch
+
+    world.fleet(fleet(2))
+    key, op = world.key(world.tenant("acme", policy=ALL)), world.key(None)
+    radius = {"max_gpus": 2, "max_region_share": 0.5}
+    # Capacity floor: 16 idle GPUs asked for; a reset takes one out.
+    r = client.post(
+        "/v1/admin/chaos/experiments",
+        json={
+            "name": "floor",
+            "blast_radius": radius,
+            "abort": {"min_idle_gpus": 16},
+            "faults": [{"kind": "xid", "code": 48, "target": {"node": "h1", "gpu": 0}}],
+        },
+        headers=auth(op),
+    )
+    assert r.status_code == 201, r.text
+    floor = r.json()["id"]
+    # Failed workloads: none allowed.
+    r = client.post(
+        "/v1/admin/chaos/experiments",
+        json={
+            "name": "fails",
+            "blast_radius": radius,
+            "abort": {"max_failed_workloads": 0},
+            "faults": [{"kind": "xid", "code": 13, "target": {"node": "h2", "gpu": 1}}],
+        },
+        headers=auth(op),
+    )
+    fails = r.json()["id"]
+    wait_until(lambda: _health(session, "h1", 0) != "healthy", timeout=15)
+    watch()  # (the beat may have run it first: the same check)
+    got = client.get(f"/v1/admin/chaos/experiments/{floor}", headers=auth(op)).json()
+    assert (
+        got["state"] == "aborted"
+        and "idle healthy GPUs left (the floor is 16)" in got["abort_reason"]
+    )
+    assert (
+        client.get(f"/v1/admin/chaos/experiments/{fails}", headers=auth(op)).json()["state"]
+        == "running"
+    )
+    w = client.post("/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(key))
+    _running(client, key, w.json()["id"])
+    r = client.post(
+        f"/v1/admin/workloads/{w.json()['id']}/exit", json={"exit_code": 1}, headers=auth(op)
+    )
+    assert r.status_code == 200, r.text
+    watch()
+    got = client.get(f"/v1/admin/chaos/experiments/{fails}", headers=auth(op)).json()
+    assert got["state"] == "aborted" and "1 workloads failed" in got["abort_reason"]
+    assert got["injections"][0]["undone_at"] is not None

@@ -11,7 +11,15 @@ from workers.settings import celery_settings
 celery_app = Celery("rackplane")
 celery_app.conf.update(celery_settings(get_settings()))
 celery_app.autodiscover_tasks(
-    ["app.fleet", "app.outbox", "app.idempotency", "app.workloads", "app.billing", "app.health"],
+    [
+        "app.fleet",
+        "app.outbox",
+        "app.idempotency",
+        "app.workloads",
+        "app.billing",
+        "app.health",
+        "app.chaos",
+    ],
     related_name="tasks",
     force=True,
 )

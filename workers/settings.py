@@ -40,6 +40,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "placement.*": {"queue": "placement"},
             "workloads.*": {"queue": "provisioning"},
             "health.*": {"queue": "health"},
+            "chaos.*": {"queue": "health"},
             "metering.*": {"queue": "metering"},
             "billing.*": {"queue": "billing"},
         },
@@ -54,6 +55,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
             "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
+            "chaos.watch": {"task": "chaos.watch", "schedule": 5.0},
             "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
             "billing.meter_export": {
                 "task": "billing.meter_export",

@@ -19,6 +19,7 @@ def _out(session: Session, exp: ChaosExperiment) -> dict:
         "id": exp.id,
         "name": exp.name,
         "state": exp.state,
+        "abort_reason": exp.abort_reason,
         "gpus_touched": exp.gpus_touched,
         "started_at": exp.started_at,
         "stopped_at": exp.stopped_at,

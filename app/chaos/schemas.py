@@ -64,10 +64,22 @@ class BlastRadius(StrictModel):
     )
 
 
+class AbortIn(StrictModel):
+    """Stop the experiment (undoing it) as soon as either holds."""
+
+    max_failed_workloads: int | None = Field(
+        None, ge=0, le=100_000, description="More workloads than this failed since it started"
+    )
+    min_idle_gpus: int | None = Field(
+        None, ge=0, le=10_000_000, description="Fewer ready, healthy, idle GPUs than this"
+    )
+
+
 class ExperimentIn(StrictModel):
     name: str = Field(max_length=200)
     faults: list[FaultIn] = Field(min_length=1, max_length=100)
     blast_radius: BlastRadius
+    abort: AbortIn | None = None
 
 
 class InjectionOut(OutModel):
@@ -107,7 +119,8 @@ class Invariants(BaseModel):
 class ExperimentOut(OutModel):
     id: uuid.UUID
     name: str
-    state: str
+    state: str = Field(description="running | stopped | aborted")
+    abort_reason: str | None
     gpus_touched: int
     started_at: datetime
     stopped_at: datetime | None

@@ -238,9 +238,10 @@ def _max_clock(node: Node) -> float:
     return float(m.sm_clock_mhz) if m and m.sm_clock_mhz else 1980.0
 
 
-def stop(session: Session, exp: ChaosExperiment) -> None:
+def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None) -> None:
     """Stop the experiment and undo what it injected (an Xid gauge clears; what the health loop
-    did about the faults stays its own business, released by operators)."""
+    did about the faults stays its own business, released by operators). With a reason, it
+    was aborted by one of its conditions."""
     if exp.state != "running":
         return
     now = utcnow()
@@ -260,8 +261,58 @@ def stop(session: Session, exp: ChaosExperiment) -> None:
         inj.undone_at = now
     if samples:
         telemetry.ingest(session, samples, targets)
-    exp.state, exp.stopped_at = "stopped", now
-    audit.record_system(session, "chaos.stop", [(None, "chaos_experiment", exp.id, {}, {})])
+    exp.state, exp.stopped_at = ("aborted" if abort_reason else "stopped"), now
+    exp.abort_reason = abort_reason
+    audit.record_system(
+        session,
+        "chaos.abort" if abort_reason else "chaos.stop",
+        [(None, "chaos_experiment", exp.id, {}, {"reason": abort_reason} if abort_reason else {})],
+    )
+
+
+def check_aborts(session: Session) -> list[uuid.UUID]:
+    """Abort every running experiment whose abort condition holds now. Returns their ids."""
+    from app.health.states import PLACEABLE
+    from app.workloads.models import GpuUsage, Workload
+
+    aborted = []
+    for exp in session.scalars(
+        select(ChaosExperiment).where(ChaosExperiment.state == "running").with_for_update()
+    ):
+        cond = (exp.spec or {}).get("abort") or {}
+        why = None
+        limit = cond.get("max_failed_workloads")
+        if limit is not None:
+            failed = session.scalar(
+                select(func.count(Workload.id)).where(
+                    Workload.state == "failed", Workload.finished_at >= exp.started_at
+                )
+            )
+            if failed > limit:
+                why = f"{failed} workloads failed since it started (the limit is {limit})"
+        floor = cond.get("min_idle_gpus")
+        if why is None and floor is not None:
+            placeable = [h.value for h in PLACEABLE]
+            idle = session.scalar(
+                select(func.count(Gpu.id))
+                .join(Node, Gpu.node_id == Node.id)
+                .outerjoin(
+                    GpuUsage,
+                    (GpuUsage.node_id == Gpu.node_id) & (GpuUsage.gpu_index == Gpu.index),
+                )
+                .where(
+                    Node.state == "ready",
+                    Node.health.in_(placeable),
+                    Gpu.health.in_(placeable),
+                    func.coalesce(GpuUsage.milli_used, 0) == 0,
+                )
+            )
+            if idle < floor:
+                why = f"{idle} idle healthy GPUs left (the floor is {floor})"
+        if why is not None:
+            stop(session, exp, abort_reason=why)
+            aborted.append(exp.id)
+    return aborted
 
 
 def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:

@@ -1,0 +1,21 @@
+"""Chaos tasks: the abort conditions of running experiments, checked on a timer."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from app.chaos import service
+from app.core.db import session_scope
+from app.core.logging import get_logger
+
+log = get_logger(__name__)
+
+
+@shared_task(name="chaos.watch", ignore_result=True)
+def watch() -> int:
+    """Beat: abort running experiments whose abort condition holds (undoing what they did)."""
+    with session_scope() as session:
+        aborted = service.check_aborts(session)
+    if aborted:
+        log.warning("chaos_aborted", experiments=[str(x) for x in aborted])
+    return len(aborted)
