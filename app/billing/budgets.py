@@ -15,15 +15,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
 from app.billing.commitments import UNUSED
 from app.billing.models import Budget, BudgetAlert
 from app.billing.service import period_window, price_usage
-from app.core.db import utcnow
+from app.core.db import dialect_insert, utcnow
 from app.core.errors import AppError
 from app.core.logging import get_logger
 from app.metering.service import GPU_HOUR, visible_to
@@ -146,9 +144,8 @@ def _record(session: Session, alerts: list[dict[str, Any]]) -> list[dict[str, An
     """Insert the alerts not written before (the unique key decides); return those."""
     if not alerts:
         return []
-    ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     stmt = (
-        ins(BudgetAlert)
+        dialect_insert(session, BudgetAlert)
         .values(alerts)
         .on_conflict_do_nothing(index_elements=["tenant_id", "period", "metric", "threshold_pct"])
         .returning(BudgetAlert.id)

@@ -104,20 +104,24 @@ def _touched(session: Session, plan: list[tuple[Fault, Node, int]]) -> dict[str,
     """Per region, the GPUs the faults touch: each targeted GPU, and every GPU of its node when
     the action table says the node reboots."""
     out: dict[str, set] = {}
+    regions: dict = {}
+    node_gpus: dict = {}
     for f, node, gpu in plan:
         _scope, repair = actions.EFFECT[_rule(f).action]
-        region = session.scalar(
-            select(Region.name)
-            .join(Rack, Rack.region_id == Region.id)
-            .where(Rack.id == node.rack_id)
-        )
+        if node.rack_id not in regions:
+            regions[node.rack_id] = session.scalar(
+                select(Region.name)
+                .join(Rack, Rack.region_id == Region.id)
+                .where(Rack.id == node.rack_id)
+            )
         gpus = {(node.id, gpu)}
         if repair is Repair.reboot:
-            gpus = {
-                (node.id, g)
-                for g in session.scalars(select(Gpu.index).where(Gpu.node_id == node.id))
-            }
-        out.setdefault(region, set()).update(gpus)
+            if node.id not in node_gpus:
+                node_gpus[node.id] = list(
+                    session.scalars(select(Gpu.index).where(Gpu.node_id == node.id))
+                )
+            gpus = {(node.id, g) for g in node_gpus[node.id]}
+        out.setdefault(regions[node.rack_id], set()).update(gpus)
     return out
 
 

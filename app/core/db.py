@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import DateTime, MetaData, create_engine, event
 from sqlalchemy.engine import Engine
@@ -144,6 +145,16 @@ async def session_dependency() -> AsyncIterator[Session]:
         raise
     if not session.info.pop(_FINISHED, False):
         await run_in_threadpool(_finish, session)
+
+
+def dialect_insert(session: Session, table: Any) -> Any:
+    """INSERT for `table` in the session's dialect, which has `on_conflict_do_*` (PostgreSQL
+    in production, SQLite on the embedded default)."""
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    pg = session.get_bind().dialect.name == "postgresql"
+    return (pg_insert if pg else sqlite_insert)(table)
 
 
 def insert_objects(session: Session, objs: list) -> None:

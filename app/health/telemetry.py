@@ -29,11 +29,10 @@ from typing import Any
 
 from prometheus_client.parser import parse_labels
 from sqlalchemy import bindparam, event, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
+from app.core.db import dialect_insert
 from app.core.errors import ValidationFailed
 from app.fleet.models import Gpu, Node
 from app.health import perf
@@ -391,7 +390,7 @@ def ingest(
     samples: list[tuple],
     targets: dict[Any, tuple],
     *,
-    heartbeat_nodes: list[str] = (),  # type: ignore[assignment]
+    heartbeat_nodes: list[str] | None = None,
 ) -> IngestResult:
     """Apply a parsed batch: samples as (reference, target key, field, value, timestamp);
     targets as key -> (hostname, GPU index, UUID). Returns what was accepted, what names no
@@ -664,8 +663,7 @@ def _dt(epoch: float) -> datetime:
 
 
 def _upsert(session: Session, table, rows: list[dict], keys: list[str], cols: list[str]) -> None:
-    dialect = session.get_bind().dialect.name
-    ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
+    ins = dialect_insert(session, table)
     stmt = ins.on_conflict_do_update(
         index_elements=keys, set_={c: getattr(ins.excluded, c) for c in cols}
     )

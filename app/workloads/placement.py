@@ -18,13 +18,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, literal, select, text, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
 from app.core.config import get_settings
-from app.core.db import as_aware, insert_objects, new_id, utcnow
+from app.core.db import as_aware, dialect_insert, insert_objects, new_id, utcnow
 from app.core.logging import get_logger
 from app.fleet.models import Gpu, Node, NodeState, Rack, Region
 from app.health.states import PLACEABLE, Health
@@ -778,8 +776,7 @@ def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1)
             ]
     if delta and sign > 0:  # rows may not exist yet: insert or add, one executemany
         # (a multi-row VALUES statement would be compiled afresh on every call)
-        ins = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        stmt = ins(GpuUsage)
+        stmt = dialect_insert(session, GpuUsage)
         session.execute(
             stmt.on_conflict_do_update(
                 index_elements=[GpuUsage.node_id, GpuUsage.gpu_index],

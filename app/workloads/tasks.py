@@ -93,17 +93,13 @@ def placement_cycle(self, region: str) -> dict:
 
 def record_cycle(session, region: str, seconds: float) -> None:
     """Add one cycle's duration to the region's histogram, in the cycle's transaction."""
-    from sqlalchemy.dialects.postgresql import insert as pg_insert
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
+    from app.core.db import dialect_insert
     from app.workloads.models import CYCLE_BUCKETS, PlacementCycleStats, cycle_bucket_column
 
     row = {"region": region, "cycles": 1, "seconds_sum": seconds}
     for b in CYCLE_BUCKETS:
         row[cycle_bucket_column(b)] = int(seconds <= b)
-    ins = (pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert)(
-        PlacementCycleStats
-    )
+    ins = dialect_insert(session, PlacementCycleStats)
     t = PlacementCycleStats.__table__
     session.execute(
         ins.values(**row).on_conflict_do_update(
