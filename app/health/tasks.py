@@ -96,9 +96,13 @@ def sweep() -> dict:
     out = {"silent": 0, "back": 0, "repairs": 0, "closed": 0, "cleared": 0}
     with session_scope() as session:
         # Only nodes with an agent (a heartbeat row) can fall silent.
+        # Only those that fell silent or may have come back (the heartbeat's index), not every
+        # node with an agent.
         rows = session.execute(
-            select(Node.id, Node.health, Node.health_since, NodeHeartbeat.last_seen_at).join(
-                NodeHeartbeat, NodeHeartbeat.node_id == Node.id
+            select(Node.id, Node.health, Node.health_since, NodeHeartbeat.last_seen_at)
+            .join(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
+            .where(
+                (NodeHeartbeat.last_seen_at < silent_since) | (Node.health == H.unreachable.value)
             )
         ).all()
         for node_id, health, since, seen in rows:
