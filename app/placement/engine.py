@@ -352,9 +352,14 @@ class Engine:
         ):
             return penalty  # every candidate node is healthy and at nominal speed
         cares = gpus >= 2 or (gpus >= 1 and replicas > 1) or perf_class is not None
-        nodes, slots, kinds = cands.node.tolist(), cands.slot.tolist(), cands.kind.tolist()
-        perf = np.array(
-            [
+        # A node that is not flagged has every GPU healthy at nominal speed: only flagged
+        # candidates need a look (a gang's replica would otherwise rank every node each time).
+        perf = np.ones(len(cands))
+        flagged = np.flatnonzero(s._node_flagged[cands.node])
+        if len(flagged):
+            nodes = cands.node[flagged].tolist()
+            slots, kinds = cands.slot[flagged].tolist(), cands.kind[flagged].tolist()
+            perf[flagged] = [
                 s.slot_perf(n, x)
                 if x >= 0
                 else s.whole_perf(n, max(gpus, 1), fastest=cares)
@@ -362,7 +367,6 @@ class Engine:
                 else float(s.node_perf[n])
                 for n, x, k in zip(nodes, slots, kinds, strict=True)
             ]
-        )
         slowness = 1.0 - np.minimum(perf, 1.0)
         if cares:
             penalty = penalty + slowness * self.policy.perf_weight
