@@ -168,7 +168,7 @@ class Workload:
     checkpoint_every: float | None = None
     # Requeued after a hardware fault that was not its own: ahead of its priority peers.
     expedited: bool = False
-    _charge: tuple[tuple[int, ...], list[tuple[str, int]]] | None = field(
+    _charge: tuple[tuple[int, ...], list[tuple[str, int]], list[tuple[str, int]]] | None = field(
         default=None, repr=False, compare=False
     )
     _fit_key: tuple | None = field(default=None, repr=False, compare=False)
@@ -391,7 +391,8 @@ class _Cycle:
         self.usage: dict[str, dict[str, int]] = {}
         self.shares: dict[str, float] = {}
         for w in running:
-            for model, milli in self._charge(w):
+            self._charge(w)
+            for model, milli in w._charge[2]:  # type: ignore[index]
                 self._add(w.tenant, model, milli)
         # (tenant, model) -> GPU milli above which the tenant starts nothing more (share_cap).
         self.fair_caps = self._fair_caps() if self.cfg.share_cap is not None else {}
@@ -414,10 +415,14 @@ class _Cycle:
             return cached[1]
         snap = self.snap
         out = []
+        totals: dict[str, int] = {}
         for aid in w.alloc_ids:
             a = snap.allocs[aid]
-            out.append((snap.model_names[int(snap.node_model[a.node])], _milli(a)))
-        w._charge = (w.alloc_ids, out)
+            model, milli = snap.model_names[int(snap.node_model[a.node])], _milli(a)
+            out.append((model, milli))
+            totals[model] = totals.get(model, 0) + milli
+        # Per allocation, and per model (a gang of thousands is charged in one step per cycle).
+        w._charge = (w.alloc_ids, out, list(totals.items()))
         return out
 
     def _add(self, tenant: str, model: str, milli: int) -> None:
