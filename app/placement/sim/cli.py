@@ -303,6 +303,175 @@ def philly_cmd(
         _emit(summary, as_json)
 
 
+def _faults_one(args: tuple) -> dict:
+    from app.placement.sim import faults
+
+    params, policy, jobs_file = args
+    fs = faults.draw_faults(params)
+    bg = faults.background_jobs(params, Path(jobs_file)) if jobs_file else []
+    return faults.replay(params, policy, fs, bg).as_dict()
+
+
+@sim_cli.command("faults")
+def faults_cmd(
+    gpus: str = typer.Option(
+        "16384", help="Fleet size in GPUs (8 per node); a comma list sweeps fleet sizes."
+    ),
+    days: float = typer.Option(54.0, help="Days replayed."),
+    policy: str = typer.Option(
+        "manual,requeue,default", help="Recovery policies, comma-separated; same faults for all."
+    ),
+    seed: int = typer.Option(1, help="Seeds the faults (and nothing else)."),
+    faults_per_gpu_day: float = typer.Option(
+        419 / (54 * 16_384), help="Unexpected interruptions per GPU-day (default: Llama 3's)."
+    ),
+    checkpoint_every: float = typer.Option(
+        1800.0, help="The job's own checkpoint interval in seconds (manual, requeue)."
+    ),
+    checkpoint_cost: float = typer.Option(2.0, help="Seconds the job stalls per checkpoint."),
+    restart: float = typer.Option(65.0, help="Seconds to relaunch the job on warm nodes."),
+    provision: float = typer.Option(285.0, help="Extra seconds when a cold node joins."),
+    detect: float = typer.Option(15.0, help="Seconds for telemetry to show a fault."),
+    hang_timeout: float = typer.Option(600.0, help="Collective watchdog timeout (seconds)."),
+    stall_detect: float = typer.Option(
+        60.0, help="default: seconds without a step report that make a hang."
+    ),
+    human: float = typer.Option(1800.0, help="manual: seconds until a human acts."),
+    hot_spares: int = typer.Option(8, help="default: warm spare nodes held for the job."),
+    spare_share: float = typer.Option(0.02, help="Share of the nodes kept out of the job."),
+    warned: float = typer.Option(
+        0.0, help="Share of hardware faults announced by a watch-level signal hours before."
+    ),
+    background_load: float = typer.Option(
+        0.6, help="Background demand over the spare pool's GPUs (0: no background jobs)."
+    ),
+    jobs_file: Path = typer.Option(
+        TRACES / "philly" / "philly_jobs.csv", "--jobs", help="Philly jobs CSV (background)."
+    ),
+    parallel: int = typer.Option(2, help="Replays run at once (processes)."),
+    plot: Path | None = typer.Option(
+        None, help="With several --gpus: write effective training time by fleet size (PNG)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON object per replay, then a summary."
+    ),
+) -> None:
+    """Replay a large training job and background work under hardware faults drawn at
+    published rates; compare recovery policies on the same faults (app/placement/sim/faults.py)."""
+    import time as _time
+
+    from app.placement.sim import faults
+
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    bad = [p for p in names if p not in faults.POLICIES]
+    if bad or not names:
+        err.print(f"[red]unknown policy {bad}[/red]; known: {', '.join(faults.POLICIES)}")
+        raise typer.Exit(2)
+    try:
+        sizes = [int(x) for x in gpus.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(g < 64 for g in sizes) or days <= 0:
+        err.print("[red]--gpus takes fleet sizes of at least 64 GPUs; --days is positive[/red]")
+        raise typer.Exit(2)
+    if background_load > 0 and not jobs_file.exists():
+        err.print(f"[red]no background trace at {jobs_file}[/red] (or --background-load 0)")
+        raise typer.Exit(2)
+    causes = tuple(
+        c if c.detect == "crash" or c.rule is None else replace(c, warned=warned)
+        for c in faults.LLAMA3
+    )
+    base = faults.Params(
+        days=days,
+        seed=seed,
+        faults_per_gpu_day=faults_per_gpu_day,
+        spare_share=spare_share,
+        hot_spares=hot_spares,
+        checkpoint_every_s=checkpoint_every,
+        checkpoint_cost_s=checkpoint_cost,
+        restart_s=restart,
+        provision_s=provision,
+        detect_s=detect,
+        hang_timeout_s=hang_timeout,
+        stall_detect_s=stall_detect,
+        human_s=human,
+        background_load=background_load,
+        causes=causes,
+    )
+    trace = str(jobs_file) if background_load > 0 else None
+    runs = [(replace(base, gpus=g), p, trace) for g in sizes for p in names]
+    start = _time.perf_counter()
+    if parallel > 1 and len(runs) > 1:
+        with ProcessPoolExecutor(min(parallel, len(runs))) as pool:
+            results = list(pool.map(_faults_one, runs))
+    else:
+        results = [_faults_one(r) for r in runs]
+    wall = _time.perf_counter() - start
+    for r in results:
+        if not as_json:
+            _faults_table(r)
+        else:
+            _emit(r, as_json)
+    by = {(r["gpus"], r["policy"]): r for r in results}
+    for g in sizes:
+        d = by.get((g, "default"))
+        summary: dict = {
+            "summary": "sim faults",
+            "gpus": g,
+            "days": days,
+            "effective_training_time": {p: by[(g, p)]["effective_training_time"] for p in names},
+            "replay_seconds": {p: by[(g, p)]["seconds"] for p in names},
+        }
+        if d is not None and g == 16_384 and days == 54:
+            summary["targets"] = {
+                "default_ett_at_least_0.97": d["effective_training_time"] >= 0.97,
+                "replay_under_300s": d["seconds"] < 300,
+            }
+        _emit(summary, as_json)
+    if not as_json:
+        err.print(f"{len(runs)} replays in {wall:.0f} s")
+    if plot is not None:
+        _faults_plot(results, names, plot)
+
+
+def _faults_table(r: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{r['policy']}: {r['gpus']:,} GPUs, {r['days']:g} days", show_header=False)
+    t.add_row("effective training time", f"{r['effective_training_time']:.2%}")
+    t.add_row("goodput GPU-hours", f"{r['goodput_gpu_hours']:,.0f}")
+    for k, v in r["lost_gpu_hours"].items():
+        t.add_row(f"lost GPU-hours: {k}", f"{v:,.0f}")
+    t.add_row("checkpoint GPU-hours", f"{r['checkpoint_gpu_hours']:,.0f}")
+    t.add_row("interruptions", str(r["interruptions"]))
+    t.add_row("MTTR p50 / p99 (s)", f"{r['mttr_s']['p50']:g} / {r['mttr_s']['p99']:g}")
+    t.add_row("background mean JCT (s)", f"{r['background']['mean_jct_s']:,.0f}")
+    t.add_row("replay seconds", f"{r['seconds']:g}")
+    Console().print(t)
+
+
+def _faults_plot(results: list[dict], names: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for p in names:
+        pts = sorted((r["gpus"], r["effective_training_time"]) for r in results if r["policy"] == p)
+        ax.plot([x for x, _ in pts], [100 * y for _, y in pts], marker="o", label=p)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("fleet size (GPUs), same per-GPU fault rate")
+    ax.set_ylabel("effective training time (%)")
+    ax.axhline(97, color="grey", linestyle=":", linewidth=1)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title("rackplane sim faults: the big job's effective training time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    err.print(f"plot written to {path}")
+
+
 @bench_cli.command("lifecycle")
 def bench_lifecycle(
     workers: str = typer.Option("1", help="Worker processes; a comma list runs each in turn."),

@@ -32,13 +32,14 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from app.health import actions
 from app.health.actions import Action, Repair, Rule, Scope
 from app.health.states import Actor, Health, check
 from app.placement.isolation import Tier
 from app.placement.model import Request, Shape
-from app.placement.queueing import BASELINES, QueueConfig, Scheduler, TenantQuota, Workload
+from app.placement.queueing import BASELINES, Scheduler, TenantQuota, Workload
 from app.placement.sim import philly
 from app.placement.snapshot import FAILED, NodeSpec, Snapshot
 
@@ -146,7 +147,8 @@ def draw_faults(p: Params) -> list[Fault]:
     nodes = p.gpus // GPUS_PER_NODE
     rate = p.faults_per_gpu_day * nodes * GPUS_PER_NODE / DAY
     weights = [c.share for c in p.causes]
-    out, t, horizon = [], 0.0, p.days * DAY
+    out: list[Fault] = []
+    t, horizon = 0.0, p.days * DAY
     while True:
         t += rng.expovariate(rate)
         if t >= horizon:
@@ -291,7 +293,7 @@ class _Replay:
         self.res = Result(
             policy, p.gpus, p.days, self.job_nodes * GPUS_PER_NODE, self.spares, self.hot
         )
-        self.events: list[tuple[float, int, int, object]] = []
+        self.events: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.faults = faults
         self.bg = {f"j{j.idx}": replace(j) for j in bg}
@@ -313,13 +315,14 @@ class _Replay:
         self.phase = ""  # while down: detection | waiting_for_capacity | restart
         self.phase_since = 0.0
         self.tau = p.checkpoint_every_s
+        self.advised = self.tau  # default: Young/Daly from the measured fault rate
         self.undetected = 0  # faults on the job not yet located
         self.need = 0  # replacement replicas not yet running
         self.cold = False  # some replacement is not a warm spare
         self.up_version = 0
         self.seen_faults = 0
 
-    def push(self, t: float, kind: int, data: object = None) -> None:
+    def push(self, t: float, kind: int, data: Any = None) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, kind, self.seq, data))
 
@@ -463,12 +466,12 @@ class _Replay:
         )
         return wid
 
-    def _handle(self, t: float, kind: int, data: object) -> bool:
+    def _handle(self, t: float, kind: int, data: Any) -> bool:
         if kind == FAULT:
             assert isinstance(data, Fault)
             return self._fault(t, data)
         if kind == DETECTED:
-            f, on_job = data  # type: ignore[misc]
+            f, on_job = data
             return self._detected(t, f, on_job)
         if kind == WARN:
             assert isinstance(data, Fault)
@@ -478,7 +481,7 @@ class _Replay:
             assert isinstance(data, Fault)
             return self._planned_move(t, data)
         if kind == REPAIRED:
-            node, gpu = data  # type: ignore[misc]
+            node, gpu = data
             if self.health[(node, gpu)] is Health.out_of_service:
                 self._move((node, gpu), Health.validating)  # an operator returns it
             self._move((node, gpu), Health.healthy)
@@ -495,6 +498,7 @@ class _Replay:
             self._add("restart", t - self.phase_since)
             self.phase = ""
             self.up, self.up_since, self.cold = True, t, False
+            self.tau = self.advised  # the interval is a launch parameter: the advice now
             self.res.mttr.append(t - self.down_since)
             return False
         if kind == BG_ARRIVE:
@@ -513,7 +517,7 @@ class _Replay:
             self.pending[jid] = j.workload
             return True
         if kind == BG_FINISH:
-            jid, version = data  # type: ignore[misc]
+            jid, version = data
             j = self.bg[jid]
             if version != j.version or jid not in self.running:
                 return False
@@ -550,7 +554,7 @@ class _Replay:
         if self.smart:  # Young/Daly from the fault rate measured over the fleet so far
             rate = self.seen_faults / (max(t, 3600.0) * self.nodes * GPUS_PER_NODE)
             mtbf = 1 / (rate * self.job_nodes * GPUS_PER_NODE)
-            self.tau = max(30.0, young_daly(self.p.checkpoint_cost_s, mtbf))
+            self.advised = max(30.0, young_daly(self.p.checkpoint_cost_s, mtbf))
         if f.avoided or self.health.get((f.node, None), Health.healthy) not in IN_SERVICE:
             return False  # repaired before it struck, or the node is out: nothing runs there
         on_job = f.node in self.job
