@@ -411,7 +411,8 @@ class _Cycle:
     def _charge(self, w: Workload) -> list[tuple[str, int]]:
         """(model, GPU-milli) per allocation of a running workload (cached on it)."""
         cached = w._charge
-        if cached is not None and cached[0] == w.alloc_ids:
+        # `alloc_ids` is replaced, never changed in place: identity is the cheap test.
+        if cached is not None and cached[0] is w.alloc_ids:
             return cached[1]
         snap = self.snap
         out = []
@@ -1246,7 +1247,11 @@ def _defragment(c: _Cycle) -> None:
     waiting.sort(
         key=lambda w: (-c.s.prio(w).value, not w.expedited, c.share(w.tenant), w.submitted_at, w.id)
     )
-    owner: dict[int, Workload] = {aid: v for v in c.running.values() for aid in v.alloc_ids}
+    # Only one-replica work ever moves (`_movable`): a gang's thousands of allocations need no
+    # entry.
+    owner: dict[int, Workload] = {
+        aid: v for v in c.running.values() if v.request.replicas == 1 for aid in v.alloc_ids
+    }
     landing: list[int] = []
     moves = 0
     failed: set[tuple] = set()  # (shape, priority, tenant) found no plan: capacity only shrinks

@@ -304,6 +304,7 @@ class _Replay:
         # Nodes held whole by the job (its replicas) or by hot spares: node -> (workload, alloc).
         self.held: dict[int, tuple[str, int]] = {}
         self.job: set[int] = set()  # nodes running a replica of the job
+        self.spare_nodes: set[int] = set()  # nodes held as warm spares
         self.health: dict[tuple[int, int | None], Health] = {}
         self.out_until: dict[int, float] = {}
         self.counter = 0
@@ -621,6 +622,7 @@ class _Replay:
         return True
 
     def _drop_spare(self, node: int) -> None:
+        self.spare_nodes.discard(node)
         wid, aid = self.held.pop(node)
         self.snap.release(aid)
         self.running.pop(wid, None)
@@ -635,7 +637,7 @@ class _Replay:
         w.alloc_ids = tuple(a for a in w.alloc_ids if a != aid)
         if not w.alloc_ids:
             del self.running[wid]
-        spare = next((n for n, (h, _) in self.held.items() if h.startswith("spare")), None)
+        spare = min(self.spare_nodes, default=None)
         if spare is not None:
             self._drop_spare(spare)
             self._submit("spare", t)  # replenished from the pool, preempting background work
@@ -693,7 +695,9 @@ class _Replay:
                 for b in adm.bindings:
                     n = self.snap.node_index[b.node]
                     self.held[n] = (wid, b.alloc_id)
-                    if not wid.startswith("spare"):
+                    if wid.startswith("spare"):
+                        self.spare_nodes.add(n)
+                    else:
                         self.job.add(n)
             if adm.start_at > t:
                 self.starting[wid] = adm.start_at
