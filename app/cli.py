@@ -486,7 +486,11 @@ def chaos_inject(
     throttle: float | None = typer.Option(
         None, min=0.1, max=0.99, help="Thermal throttling instead: the clock share left."
     ),
-    node: str | None = typer.Option(None, help="Target: this node's --gpu."),
+    node_loss: bool = typer.Option(False, help="Lose the node instead: its heartbeat stops."),
+    nvlink: bool = typer.Option(False, help="NVLink errors on the target's NVLink domain."),
+    node: str | None = typer.Option(
+        None, help="Target: this node's --gpu (the node itself for --node-loss, --nvlink)."
+    ),
     gpu: int | None = typer.Option(None),
     random_gpus: int | None = typer.Option(None, help="Target: N random GPUs holding work."),
     tier: str | None = typer.Option(None, help="With --random-gpus: only work of this tier."),
@@ -505,8 +509,14 @@ def chaos_inject(
     target: dict = (
         {"node": node, "gpu": gpu} if node else {"random_gpus": random_gpus, "holding_tier": tier}
     )
+    if node and gpu is None:
+        target = {"node": node}
     fault: dict = {"kind": "xid", "code": xid, "target": target}
-    if ecc:
+    if node_loss:
+        fault = {"kind": "node_loss", "target": target}
+    elif nvlink:
+        fault = {"kind": "nvlink", "target": target}
+    elif ecc:
         fault = {"kind": "ecc_dbe", "target": target}
     elif throttle is not None:
         fault = {"kind": "throttle", "speed": throttle, "target": target}

@@ -247,3 +247,110 @@ def test_abort_conditions_stop_the_experiment_and_undo_it(
     got = client.get(f"/v1/admin/chaos/experiments/{fails}", headers=auth(op)).json()
     assert got["state"] == "aborted" and "1 workloads failed" in got["abort_reason"]
     assert got["injections"][0]["undone_at"] is not None
+
+
+def _last_seen(session, node):
+    from sqlalchemy import text
+
+    session.rollback()
+    return session.execute(
+        text(
+            "SELECT b.last_seen_at FROM node_heartbeats b JOIN nodes n ON n.id = b.node_id "
+            "WHERE n.name = :n"
+        ),
+        {"n": node},
+    ).scalar()
+
+
+def test_node_loss_silences_the_agent_until_the_experiment_stops(
+    client, world, session, celery_worker_process
+):
+    from sqlalchemy import text
+
+    world.fleet(fleet(2))
+    key, op = world.key(world.tenant("acme", policy=ALL)), world.key(None)
+    w = client.post("/v1/workloads", json={"kind": "instance", "gpus": 8}, headers=auth(key)).json()
+    node = _running(client, key, w["id"])["placement"][0]["node"]
+    r = _start(client, op, [{"kind": "node_loss", "target": {"node": node}}])
+    assert r.status_code == 201, r.text
+    exp = r.json()
+    assert exp["gpus_touched"] == 8 and exp["injections"][0]["gpu_index"] is None
+    # The experiment spoke for the agent a last time; what the agent sends now is lost.
+    seen = _last_seen(session, node)
+    assert seen is not None
+    r = client.post("/v1/admin/telemetry", json={"samples": [], "nodes": [node]}, headers=auth(op))
+    assert r.status_code == 200, r.text
+    assert _last_seen(session, node) == seen
+    # An hour passes, more than the heartbeat timeout (the experiment and the last report
+    # move back together): the sweep finds the node silent.
+    for sql in (
+        "UPDATE node_heartbeats SET last_seen_at = last_seen_at - interval '1 hour' "
+        "WHERE node_id = (SELECT id FROM nodes WHERE name = :n)",
+        "UPDATE chaos_experiments SET started_at = started_at - interval '1 hour'",
+        "UPDATE chaos_injections SET injected_at = injected_at - interval '1 hour'",
+    ):
+        session.execute(text(sql), {"n": node})
+    session.commit()
+    wait_until(lambda: _health(session, node) == "unreachable", timeout=15)
+
+    def moved():
+        x = client.get(f"/v1/admin/chaos/experiments/{exp['id']}", headers=auth(op)).json()
+        return x["report"][0]["running_s"] is not None and x
+
+    rep = wait_until(moved, timeout=30)
+    assert rep["report"][0]["action"] == "reboot_node"
+    assert rep["report"][0]["workloads"] == [w["id"]] and rep["held"] is True
+    other = _running(client, key, w["id"])["placement"][0]["node"]
+    assert other != node
+    # Stopped: the network is back, the agent's report arrives, the node validates and returns.
+    r = client.post(f"/v1/admin/chaos/experiments/{exp['id']}/stop", headers=auth(op))
+    assert r.json()["state"] == "stopped"
+    assert _last_seen(session, node) > seen
+    wait_until(lambda: _health(session, node) == "healthy", timeout=20)
+
+
+def test_nvlink_errors_drain_an_nvl72_domain_within_the_breaker(
+    client, world, session, celery_worker_process
+):
+    from sqlalchemy import text
+
+    world.fleet("regions: [{name: r1, racks: [{name: nvl-1, kind: nvl72, block: s1}]}]")
+    key, op = world.key(world.tenant("acme", policy=ALL)), world.key(None)
+    gang = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 4,
+            "replicas": 2,
+            "gpu_models": ["GB200"],
+            "topology": {"level": "nvlink_domain", "mode": "required"},
+        },
+        headers=auth(key),
+    ).json()
+    node = _running(client, key, gang["id"])["placement"][0]["node"]
+    fault = {"kind": "nvlink", "target": {"node": node}}
+    r = _start(client, op, [fault], {"max_gpus": 71, "max_region_share": 1})
+    assert r.status_code == 409 and "72 GPUs out" in r.json()["detail"]
+    r = _start(client, op, [fault], {"max_gpus": 72, "max_region_share": 1})
+    assert r.status_code == 201, r.text
+    exp = r.json()
+    assert exp["gpus_touched"] == 72 and len(exp["injections"]) == 18
+
+    def acted():
+        x = client.get(f"/v1/admin/chaos/experiments/{exp['id']}", headers=auth(op)).json()
+        return all(f["incident"] for f in x["report"]) and x
+
+    rep = wait_until(acted, timeout=30)
+    assert {f["action"] for f in rep["report"]} == {"drain_nvlink_domain"}
+    stopped = [f for f in rep["report"] if f["workloads"]]
+    assert [f["workloads"] for f in stopped] == [[gang["id"]]]
+    # The circuit breaker holds: at most half the rack's GPUs taken out automatically.
+    session.rollback()
+    out = session.execute(
+        text("SELECT count(*) FROM gpus WHERE health NOT IN ('healthy', 'suspect')")
+    ).scalar()
+    nodes_out = session.execute(
+        text("SELECT count(*) FROM nodes WHERE health NOT IN ('healthy', 'suspect')")
+    ).scalar()
+    assert 0 < out + 4 * nodes_out <= 36 + 4
+    assert rep["invariants"]["breaker_exceeded"] == 0 and rep["held"] is True

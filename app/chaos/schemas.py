@@ -17,6 +17,12 @@ class NamedTarget(StrictModel):
     gpu: int = Field(ge=0, le=63)
 
 
+class NodeTarget(StrictModel):
+    """One node, by name."""
+
+    node: str = Field(max_length=63, pattern=HOST_PATTERN)
+
+
 class RandomTarget(StrictModel):
     """N random GPUs holding running work (of a tier, in a region)."""
 
@@ -54,7 +60,23 @@ class ThrottleFault(StrictModel):
     target: NamedTarget | RandomTarget
 
 
-FaultIn = XidFault | EccFault | ThrottleFault
+class NodeLossFault(StrictModel):
+    """The node is lost: its agent's reports stop reaching the control plane (its heartbeat
+    stops) until the experiment stops. A GPU target means its node; random GPUs, their nodes."""
+
+    kind: Literal["node_loss"]
+    target: NodeTarget | NamedTarget | RandomTarget
+
+
+class NvlinkFault(StrictModel):
+    """NVLink errors (Xid 74) on every GPU of the target's NVLink domain: the whole NVL72 rack
+    for GB200, the node for HGX."""
+
+    kind: Literal["nvlink"]
+    target: NodeTarget | NamedTarget
+
+
+FaultIn = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault
 
 
 class BlastRadius(StrictModel):
@@ -113,6 +135,12 @@ class Invariants(BaseModel):
     usage_after_fault: int = Field(description="Usage of stopped work past its fault's instant")
     inconsistent_workloads: int = Field(
         description="Affected workloads holding allocations while not holding GPUs, or the reverse"
+    )
+    grace_cut_short: int = Field(
+        description="Preempted workloads stopped before the end of their grace period"
+    )
+    breaker_exceeded: int = Field(
+        description="Automatic take-outs past the circuit breaker's region or rack limit"
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -17,13 +17,22 @@ from sqlalchemy.orm import Session
 
 from app.audit import service as audit
 from app.chaos.models import ChaosExperiment, ChaosInjection
-from app.chaos.schemas import EccFault, ExperimentIn, NamedTarget, ThrottleFault, XidFault
+from app.chaos.schemas import (
+    EccFault,
+    ExperimentIn,
+    NamedTarget,
+    NodeLossFault,
+    NodeTarget,
+    NvlinkFault,
+    ThrottleFault,
+    XidFault,
+)
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict, Forbidden, NotFound
 from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, telemetry
-from app.health.actions import Repair
+from app.health.actions import Scope
 from app.health.models import HealthEvent, HealthIncident
 
 OUT_STATES = ("quarantined", "unreachable", "out_of_service", "suspect")
@@ -51,7 +60,9 @@ class BlastRadiusExceeded(Conflict):
     title = "Beyond the blast radius"
 
 
-Fault = XidFault | EccFault | ThrottleFault
+Fault = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault
+NODE_FAULTS = (NodeLossFault, NvlinkFault)  # injected on a node (its GPUs), not on one GPU
+NVLINK_XID = 74
 # Reports of a throttled GPU: one per 30 s over the last six minutes (enough for the health
 # loop's averages to pass its thresholds), as an agent would have sent them.
 THROTTLE_REPORTS = 12
@@ -60,13 +71,36 @@ THROTTLE_REPORTS = 12
 def _rule(f: Fault) -> actions.Rule:
     if isinstance(f, XidFault):
         return actions.rule_for_xid(f.code)
+    if isinstance(f, NvlinkFault):
+        return actions.rule_for_xid(NVLINK_XID)
+    if isinstance(f, NodeLossFault):
+        return actions.SIGNALS["heartbeat_lost"]
     return actions.SIGNALS["ecc_dbe" if isinstance(f, EccFault) else "hw_slowdown"]
 
 
-def _targets(
-    session: Session, f: XidFault | EccFault, rng: random.Random
-) -> list[tuple[Node, int]]:
+def _targets(session: Session, f: Fault, rng: random.Random) -> list[tuple[Node, int | None]]:
+    """(node, GPU index) per target; a node fault's targets are nodes (index None), an NVLink
+    fault's every node of the target's NVLink domain."""
+    found = _gpu_targets(session, f, rng)
+    if not isinstance(f, NODE_FAULTS):
+        return found  # type: ignore[return-value]
+    nodes = {n.id: n for n, _ in found}
+    if isinstance(f, NvlinkFault):
+        domains = {n.nvlink_domain for n in nodes.values()}
+        nodes = {
+            n.id: n
+            for n in session.scalars(select(Node).where(Node.nvlink_domain.in_(sorted(domains))))
+        }
+    return [(n, None) for n in sorted(nodes.values(), key=lambda n: n.name)]
+
+
+def _gpu_targets(session: Session, f: Fault, rng: random.Random) -> list[tuple[Node, int | None]]:
     t = f.target
+    if isinstance(t, NodeTarget):
+        node = session.scalar(select(Node).where(Node.name == t.node))
+        if node is None:
+            raise UnknownTarget(f"No node named {t.node}.")
+        return [(node, None)]
     if isinstance(t, NamedTarget):
         node = session.scalar(select(Node).where(Node.name == t.node))
         if (
@@ -100,14 +134,14 @@ def _targets(
     return [(nodes[nid], g) for nid, g in picked]
 
 
-def _touched(session: Session, plan: list[tuple[Fault, Node, int]]) -> dict[str, set]:
+def _touched(session: Session, plan: list[tuple[Fault, Node, int | None]]) -> dict[str, set]:
     """Per region, the GPUs the faults touch: each targeted GPU, and every GPU of its node when
-    the action table says the node reboots."""
+    the action table's effect reaches the node (a reboot, a lost node, an NVLink domain)."""
     out: dict[str, set] = {}
     regions: dict = {}
     node_gpus: dict = {}
     for f, node, gpu in plan:
-        _scope, repair = actions.EFFECT[_rule(f).action]
+        scope, _repair = actions.EFFECT[_rule(f).action]
         if node.rack_id not in regions:
             regions[node.rack_id] = session.scalar(
                 select(Region.name)
@@ -115,7 +149,7 @@ def _touched(session: Session, plan: list[tuple[Fault, Node, int]]) -> dict[str,
                 .where(Rack.id == node.rack_id)
             )
         gpus = {(node.id, gpu)}
-        if repair is Repair.reboot:
+        if scope >= Scope.node or gpu is None:
             if node.id not in node_gpus:
                 node_gpus[node.id] = list(
                     session.scalars(select(Gpu.index).where(Gpu.node_id == node.id))
@@ -167,21 +201,40 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         created_at=now,
     )
     session.add(exp)
-    samples, targets = [], {}
+    samples: list[tuple] = []
+    targets: dict = {}
     reports: dict[int, list] = {}
+    lost: list[Node] = []
     ts = time.time()
+    gpus_of = _gpu_indices(session, [n for f, n, g in plan if g is None])
     for i, (f, node, gpu) in enumerate(plan):
         session.add(
             ChaosInjection(
                 experiment_id=exp.id,
                 kind=f.kind,
-                code=f.code if isinstance(f, XidFault) else None,
+                code=f.code
+                if isinstance(f, XidFault)
+                else NVLINK_XID
+                if isinstance(f, NvlinkFault)
+                else None,
                 node_id=node.id,
                 node=node.name,
                 gpu_index=gpu,
                 injected_at=now,
             )
         )
+        if isinstance(f, NodeLossFault):
+            lost.append(node)
+            continue
+        if isinstance(f, NvlinkFault):  # every GPU of the node reports Xid 74
+            for g in gpus_of[node.id]:
+                key = (node.name, str(g), None)
+                targets[key] = key
+                samples += [
+                    (i, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, ts),
+                    (i, key, "DCGM_FI_DEV_XID_ERRORS", float(NVLINK_XID), ts),
+                ]
+            continue
         key = (node.name, str(gpu), None)
         targets[key] = key
         if isinstance(f, XidFault):  # the gauge clears, then shows the code: a new Xid
@@ -213,6 +266,12 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         telemetry.ingest(session, samples, targets)
     for _k, batch in sorted(reports.items()):
         telemetry.ingest(session, batch, dict(targets))
+    if lost:
+        # The agents' last words (a report now: the heartbeat the control plane will miss),
+        # then the network between them and us is cut.
+        telemetry.ingest(session, [], {}, heartbeat_nodes=[n.name for n in lost])
+        for n in lost:
+            telemetry.partition(session, n.id, True)
     # In the audit log however it was started (API or CLI): what, where, and the radius.
     audit.record_system(
         session,
@@ -235,6 +294,22 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
     return exp
 
 
+def _gpu_indices(session: Session, nodes: list[Node]) -> dict[uuid.UUID, list[int]]:
+    return _gpu_indices_by_id(session, [n.id for n in nodes])
+
+
+def _gpu_indices_by_id(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID, list[int]]:
+    out: dict[uuid.UUID, list[int]] = {i: [] for i in ids}
+    if ids:
+        for node_id, index in session.execute(
+            select(Gpu.node_id, Gpu.index)
+            .where(Gpu.node_id.in_(list(out)))
+            .order_by(Gpu.node_id, Gpu.index)
+        ):
+            out[node_id].append(index)
+    return out
+
+
 def _max_clock(node: Node) -> float:
     from app.placement.catalog import GPU_MODELS
 
@@ -249,14 +324,27 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
     if exp.state != "running":
         return
     now = utcnow()
-    samples, targets = [], {}
-    for inj in session.scalars(
-        select(ChaosInjection).where(
-            ChaosInjection.experiment_id == exp.id, ChaosInjection.undone_at.is_(None)
+    samples: list[tuple] = []
+    targets: dict = {}
+    back: list[ChaosInjection] = []
+    injections = list(
+        session.scalars(
+            select(ChaosInjection).where(
+                ChaosInjection.experiment_id == exp.id, ChaosInjection.undone_at.is_(None)
+            )
         )
-    ):
+    )
+    domains = _gpu_indices_by_id(session, [i.node_id for i in injections if i.kind == "nvlink"])
+    for inj in injections:
         key = (inj.node, str(inj.gpu_index), None)
-        if inj.kind == "xid":
+        if inj.kind == "node_loss":
+            back.append(inj)
+        elif inj.kind == "nvlink":
+            for g in domains[inj.node_id]:
+                k = (inj.node, str(g), None)
+                targets[k] = k
+                samples.append((0, k, "DCGM_FI_DEV_XID_ERRORS", 0.0, time.time()))
+        elif inj.kind == "xid":
             targets[key] = key
             samples.append((0, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, time.time()))
         elif inj.kind == "throttle":  # the slowdown ends (its measured speed fades back)
@@ -265,6 +353,12 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
         inj.undone_at = now
     if samples:
         telemetry.ingest(session, samples, targets)
+    if back:
+        # The network is back: the agents' next reports arrive (the node returns through
+        # validation, as any node whose agent speaks again).
+        for inj in back:
+            telemetry.partition(session, inj.node_id, False)
+        telemetry.ingest(session, [], {}, heartbeat_nodes=sorted({i.node for i in back}))
     exp.state, exp.stopped_at = ("aborted" if abort_reason else "stopped"), now
     exp.abort_reason = abort_reason
     audit.record_system(
@@ -430,6 +524,8 @@ def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
         "double_allocations": doubles,
         "usage_after_fault": after,
         "inconsistent_workloads": inconsistent,
+        "grace_cut_short": _grace_cut_short(events),
+        "breaker_exceeded": _breaker_exceeded(session, started),
     }
     return {
         "report": faults,
@@ -437,6 +533,72 @@ def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
         "held": not any(inv.values()),
         "injections": injections,
     }
+
+
+def _grace_cut_short(events) -> int:
+    """Preempted work stopped before the deadline its notice gave (its grace period), by the
+    scheduler: faults and exits may end it sooner, the grace period may not."""
+    deadline: dict[uuid.UUID, datetime] = {}
+    short = 0
+    for e in sorted(events, key=lambda e: (e.workload_id, e.seq)):
+        if e.to_state == "checkpointing" and (e.details or {}).get("deadline"):
+            deadline[e.workload_id] = as_aware(datetime.fromisoformat(e.details["deadline"]))
+        elif (
+            e.from_state == "checkpointing"
+            and e.to_state == "preempted"
+            and e.reason.startswith("grace period over")
+            and e.workload_id in deadline
+        ):
+            if (deadline.pop(e.workload_id) - as_aware(e.at)).total_seconds() > 1.0:
+                short += 1
+    return short
+
+
+def _breaker_exceeded(session: Session, since: datetime) -> int:
+    """Automatic take-outs since the experiment started that left more of a region's or a
+    rack's GPUs out within the breaker's window than its limits allow."""
+    from app.health.service import breaker_limits
+    from app.health.states import Actor
+
+    window = get_settings().breaker_window_seconds
+    rows = session.execute(
+        select(HealthEvent.region, HealthEvent.rack, HealthEvent.taken_out, HealthEvent.at)
+        .where(
+            HealthEvent.actor == Actor.system.value,
+            HealthEvent.taken_out > 0,
+            HealthEvent.at >= since - timedelta(seconds=window),
+        )
+        .order_by(HealthEvent.at)
+    ).all()
+    if not rows:
+        return 0
+    sizes = {
+        (region, rack): n
+        for region, rack, n in session.execute(
+            select(Region.name, Rack.name, func.count(Gpu.id))
+            .join(Node, Gpu.node_id == Node.id)
+            .join(Rack, Node.rack_id == Rack.id)
+            .join(Region, Rack.region_id == Region.id)
+            .group_by(Region.name, Rack.name)
+        )
+    }
+    region_size: dict[str, int] = {}
+    for (region, _rack), n in sizes.items():
+        region_size[region] = region_size.get(region, 0) + n
+    exceeded = 0
+    for i, (region, rack, _n, at) in enumerate(rows):
+        if as_aware(at) < since:
+            continue
+        lo = as_aware(at) - timedelta(seconds=window)
+        recent = [r for r in rows[: i + 1] if as_aware(r[3]) > lo]
+        lim_region, lim_rack = breaker_limits(
+            region_size.get(region, 0), sizes.get((region, rack), 0)
+        )
+        if sum(r[2] for r in recent if r[0] == region) > lim_region or (
+            sum(r[2] for r in recent if r[0] == region and r[1] == rack) > lim_rack
+        ):
+            exceeded += 1
+    return exceeded
 
 
 def _since(a: datetime, b: datetime) -> float:

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Integer,
     SmallInteger,
     String,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -34,6 +35,9 @@ class NodeHeartbeat(Base):
         ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
     )
     last_seen_at: Mapped[datetime] = mapped_column(index=True)
+    # Its reports do not reach the control plane (a chaos experiment's node loss: the network
+    # between agent and API is cut, so they are dropped at the door, unread).
+    partitioned: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class GpuTelemetry(Base):

@@ -32,7 +32,7 @@ from sqlalchemy import bindparam, event, select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import dialect_insert
+from app.core.db import dialect_insert, utcnow
 from app.core.errors import ValidationFailed
 from app.fleet.models import Gpu, Node
 from app.health import perf
@@ -72,6 +72,7 @@ MAX_SKEW_S = 120.0
 MISSING_TTL_S = 30.0
 # A process re-reads a node's GPU ids this often (a fleet import may have replaced them).
 RELOAD_S = 600.0
+PARTITIONED = "partitioned"  # a target whose node's reports are cut off (chaos: node loss)
 MAX_PROBLEMS = 100
 _IN_POOL = frozenset({"healthy", "suspect"})
 
@@ -151,7 +152,7 @@ class GpuState:
 
 
 class NodeState:
-    __slots__ = ("node_id", "name", "gpus", "written_at", "loaded_at", "ts", "out")
+    __slots__ = ("node_id", "name", "gpus", "written_at", "loaded_at", "ts", "out", "partitioned")
 
     def __init__(self, node_id: uuid.UUID, name: str, loaded_at: float):
         self.node_id = node_id
@@ -163,6 +164,7 @@ class NodeState:
         # Out of the pool (being repaired, unreachable...): its heartbeats are written at
         # every report, since they say when it came back.
         self.out = False
+        self.partitioned = False  # its reports are dropped (see NodeHeartbeat.partitioned)
 
 
 @dataclass
@@ -211,6 +213,7 @@ class Telemetry:
                 Gpu.perf,
                 GpuTelemetry,
                 NodeHeartbeat.last_seen_at,
+                NodeHeartbeat.partitioned,
             )
             .join(Gpu, Gpu.node_id == Node.id)
             .outerjoin(GpuTelemetry, GpuTelemetry.gpu_id == Gpu.id)
@@ -218,12 +221,13 @@ class Telemetry:
             .where(Node.name.in_(sorted(names)))
         ).all()
         fresh: dict[str, NodeState] = {}
-        for node_id, name, health, gpu_id, index, model, uuid_, perf_, tel, seen in rows:
+        for node_id, name, health, gpu_id, index, model, uuid_, perf_, tel, seen, cut in rows:
             node = fresh.get(name)
             if node is None:
                 node = fresh[name] = NodeState(node_id, name, now)
                 node.written_at = seen.timestamp() if seen else 0.0
                 node.out = health not in _IN_POOL
+                node.partitioned = bool(cut)
             old = self.nodes.get(name)
             kept = old.gpus.get(str(index)) if old is not None else None
             if kept is not None and kept.gpu_id == gpu_id:
@@ -280,11 +284,14 @@ class Telemetry:
             # One indexed read per batch: a node replaced under the same name (a fleet
             # re-import) is read again rather than written to under its old id.
             ids: dict[str, uuid.UUID] = {}
-            for name, nid, health in session.execute(
-                select(Node.name, Node.id, Node.health).where(Node.name.in_(sorted(cached)))
+            for name, nid, health, cut in session.execute(
+                select(Node.name, Node.id, Node.health, NodeHeartbeat.partitioned)
+                .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
+                .where(Node.name.in_(sorted(cached)))
             ):
                 ids[name] = nid
                 self.nodes[name].out = health not in _IN_POOL
+                self.nodes[name].partitioned = bool(cut)
             need |= {h for h in cached if ids.get(h) != self.nodes[h].node_id}
         if uuids:
             need |= self._hosts_of_uuids(session, uuids)
@@ -299,6 +306,9 @@ class Telemetry:
             node = self.nodes.get(host)
             if node is None:
                 out[key] = "unknown_node"
+                continue
+            if node.partitioned:
+                out[key] = PARTITIONED
                 continue
             g = node.gpus.get(index) if index is not None else None
             if g is None and uuid_:
@@ -419,6 +429,8 @@ def ingest(
                 continue
             g = resolved[tkey]
             if isinstance(g, str):
+                if g is PARTITIONED:  # never arrived
+                    continue
                 res.unknown_count += 1
                 if len(res.unknown) < MAX_PROBLEMS:
                     host, index, uuid_ = targets[tkey]
@@ -469,7 +481,7 @@ def ingest(
                                 "problem": "unknown_node",
                             }
                         )
-                else:
+                elif not tel.nodes[host].partitioned:
                     nodes[host] = tel.nodes[host]
                     nodes[host].ts = max(nodes[host].ts, now)
         # Aggregates, once per GPU per batch.
@@ -670,3 +682,21 @@ def _upsert(session: Session, table, rows: list[dict], keys: list[str], cols: li
     # Rows in key order: concurrent upserts of overlapping nodes lock in one order.
     rows.sort(key=lambda r: str(r[keys[0]]))
     session.connection().execute(stmt, rows)
+
+
+def partition(session: Session, node_id: uuid.UUID, cut: bool) -> None:
+    """Cut (or restore) the network between a node's agent and the control plane: while cut,
+    its reports are dropped on arrival, as if they never came (chaos: node loss). Heartbeat
+    detection then sees a silent node; nothing else is told."""
+    row = session.get(NodeHeartbeat, node_id, with_for_update=True)
+    if row is None:
+        row = NodeHeartbeat(node_id=node_id, last_seen_at=utcnow(), partitioned=cut)
+        session.add(row)
+    else:
+        row.partitioned = cut
+    session.flush()
+    tel = state_for(session)
+    with tel.lock:
+        for node in tel.nodes.values():
+            if node.node_id == node_id:
+                node.partitioned = cut
