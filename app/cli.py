@@ -488,6 +488,10 @@ def chaos_inject(
     ),
     node_loss: bool = typer.Option(False, help="Lose the node instead: its heartbeat stops."),
     nvlink: bool = typer.Option(False, help="NVLink errors on the target's NVLink domain."),
+    provider_fails: str | None = typer.Option(
+        None, help="The provider fails to 'boot' or to 'repair' on the target's nodes instead."
+    ),
+    rack: str | None = typer.Option(None, help="Target: every node (GPU) of this rack."),
     node: str | None = typer.Option(
         None, help="Target: this node's --gpu (the node itself for --node-loss, --nvlink)."
     ),
@@ -511,8 +515,12 @@ def chaos_inject(
     )
     if node and gpu is None:
         target = {"node": node}
+    if rack:
+        target = {"rack": rack}
     fault: dict = {"kind": "xid", "code": xid, "target": target}
-    if node_loss:
+    if provider_fails:
+        fault = {"kind": "provider", "fails": provider_fails, "target": target}
+    elif node_loss:
         fault = {"kind": "node_loss", "target": target}
     elif nvlink:
         fault = {"kind": "nvlink", "target": target}

@@ -113,6 +113,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 TABLES = [
     "audit_log",
     "chaos_injections",
+    "sim_provider_faults",
     "chaos_experiments",
     "health_events",
     "health_incidents",

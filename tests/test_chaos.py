@@ -100,7 +100,8 @@ def test_chaos_is_off_unless_enabled(client, world, monkeypatch):
     [
         {"kind": "xid", "target": {"node": "h1", "gpu": 0}},
         {"kind": "ecc_dbe", "code": 3, "target": {"random_gpus": 1}},
-        {"kind": "xid", "code": 79, "target": {"node": "h1"}},
+        {"kind": "provider", "fails": "power", "target": {"node": "h1"}},
+        {"kind": "nvlink", "target": {"random_gpus": 2}},
     ],
 )
 def test_malformed_faults_are_named(client, world, body):
@@ -354,3 +355,55 @@ def test_nvlink_errors_drain_an_nvl72_domain_within_the_breaker(
     ).scalar()
     assert 0 < out + 4 * nodes_out <= 36 + 4
     assert rep["invariants"]["breaker_exceeded"] == 0 and rep["held"] is True
+
+
+def test_a_provider_that_fails_to_repair_sends_the_gpu_out_of_service(
+    client, world, session, celery_worker_process
+):
+    from sqlalchemy import text
+
+    world.fleet(fleet(2))
+    op = world.key(None)
+    faults = [
+        {"kind": "provider", "fails": "repair", "target": {"node": "h1"}},
+        {"kind": "xid", "code": 48, "target": {"node": "h1", "gpu": 0}},
+    ]
+    r = _start(client, op, faults)
+    assert r.status_code == 201, r.text
+    exp = r.json()
+    assert exp["gpus_touched"] == 8
+    assert [i["detail"] for i in exp["injections"] if i["kind"] == "provider"] == ["repair"]
+    # The reset is tried, fails, and the GPU goes out of service; its neighbours stay in.
+    wait_until(lambda: _health(session, "h1", 0) == "out_of_service", timeout=20)
+    assert _health(session, "h1", 1) == "healthy"
+    r = client.post(f"/v1/admin/chaos/experiments/{exp['id']}/stop", headers=auth(op))
+    assert r.json()["state"] == "stopped"
+    session.rollback()
+    assert session.execute(text("SELECT count(*) FROM sim_provider_faults")).scalar() == 0
+
+
+def test_a_provider_that_fails_to_boot_requeues_the_work_until_it_stops(
+    client, world, session, celery_worker_process
+):
+    world.fleet(fleet(1))
+    key, op = world.key(world.tenant("acme", policy=ALL)), world.key(None)
+    fault = {"kind": "provider", "fails": "boot", "target": {"rack": "hgx-1"}}
+    r = _start(client, op, [fault], {"max_gpus": 8, "max_region_share": 1})
+    assert r.status_code == 201, r.text
+    exp = r.json()
+    w = client.post("/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(key)).json()
+
+    def report():
+        return client.get(f"/v1/admin/chaos/experiments/{exp['id']}", headers=auth(op)).json()
+
+    rep = wait_until(lambda: report()["report"][0]["workloads"] and report(), timeout=30)
+    assert rep["report"][0]["workloads"] == [w["id"]] and rep["report"][0]["requeue_s"] >= 0
+    assert client.get(f"/v1/workloads/{w['id']}", headers=auth(key)).json()["state"] in (
+        "queued",
+        "placing",
+        "provisioning",
+    )
+    client.post(f"/v1/admin/chaos/experiments/{exp['id']}/stop", headers=auth(op))
+    _running(client, key, w["id"])
+    rep = wait_until(lambda: report()["report"][0]["running_s"] is not None and report())
+    assert rep["held"] is True

@@ -34,8 +34,10 @@ class ChaosInjection(Base):
     experiment_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("chaos_experiments.id", ondelete="CASCADE"), index=True
     )
-    kind: Mapped[str] = mapped_column(String(16))  # xid | ecc_dbe | throttle
+    # xid | ecc_dbe | throttle | node_loss | nvlink | provider
+    kind: Mapped[str] = mapped_column(String(16))
     code: Mapped[int | None] = mapped_column(Integer, default=None)
+    detail: Mapped[str | None] = mapped_column(String(16), default=None)  # provider: what fails
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     node: Mapped[str] = mapped_column(String(63))
     gpu_index: Mapped[int | None] = mapped_column(SmallInteger, default=None)

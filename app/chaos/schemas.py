@@ -23,6 +23,12 @@ class NodeTarget(StrictModel):
     node: str = Field(max_length=63, pattern=HOST_PATTERN)
 
 
+class RackTarget(StrictModel):
+    """Every node of a rack, by name (an NVL72 rack is one NVLink domain)."""
+
+    rack: str = Field(max_length=63, pattern=HOST_PATTERN)
+
+
 class RandomTarget(StrictModel):
     """N random GPUs holding running work (of a tier, in a region)."""
 
@@ -41,14 +47,14 @@ class XidFault(StrictModel):
 
     kind: Literal["xid"]
     code: int = Field(ge=1, le=999)
-    target: NamedTarget | RandomTarget
+    target: NamedTarget | NodeTarget | RackTarget | RandomTarget
 
 
 class EccFault(StrictModel):
     """Uncorrectable (double-bit) ECC errors on a GPU."""
 
     kind: Literal["ecc_dbe"]
-    target: NamedTarget | RandomTarget
+    target: NamedTarget | NodeTarget | RackTarget | RandomTarget
 
 
 class ThrottleFault(StrictModel):
@@ -57,7 +63,7 @@ class ThrottleFault(StrictModel):
 
     kind: Literal["throttle"]
     speed: float = Field(0.8, ge=0.1, le=0.99, description="Clock under load / the maximum")
-    target: NamedTarget | RandomTarget
+    target: NamedTarget | NodeTarget | RackTarget | RandomTarget
 
 
 class NodeLossFault(StrictModel):
@@ -65,7 +71,7 @@ class NodeLossFault(StrictModel):
     stops) until the experiment stops. A GPU target means its node; random GPUs, their nodes."""
 
     kind: Literal["node_loss"]
-    target: NodeTarget | NamedTarget | RandomTarget
+    target: NodeTarget | NamedTarget | RackTarget | RandomTarget
 
 
 class NvlinkFault(StrictModel):
@@ -73,10 +79,19 @@ class NvlinkFault(StrictModel):
     for GB200, the node for HGX."""
 
     kind: Literal["nvlink"]
-    target: NodeTarget | NamedTarget
+    target: NodeTarget | NamedTarget | RackTarget
 
 
-FaultIn = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault
+class ProviderFault(StrictModel):
+    """The provider fails on the target's nodes: what is provisioned there does not boot
+    (`boot`), or GPU resets and node reboots there fail (`repair`), until the experiment stops."""
+
+    kind: Literal["provider"]
+    fails: Literal["boot", "repair"]
+    target: NodeTarget | NamedTarget | RackTarget
+
+
+FaultIn = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault | ProviderFault
 
 
 class BlastRadius(StrictModel):
@@ -108,6 +123,7 @@ class InjectionOut(OutModel):
     id: uuid.UUID
     kind: str
     code: int | None
+    detail: str | None = Field(description="provider: what fails (boot | repair)")
     node: str
     gpu_index: int | None
     injected_at: datetime

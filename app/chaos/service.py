@@ -24,6 +24,8 @@ from app.chaos.schemas import (
     NodeLossFault,
     NodeTarget,
     NvlinkFault,
+    ProviderFault,
+    RackTarget,
     ThrottleFault,
     XidFault,
 )
@@ -34,6 +36,7 @@ from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, telemetry
 from app.health.actions import Scope
 from app.health.models import HealthEvent, HealthIncident
+from app.workloads import providers
 
 OUT_STATES = ("quarantined", "unreachable", "out_of_service", "suspect")
 
@@ -60,8 +63,9 @@ class BlastRadiusExceeded(Conflict):
     title = "Beyond the blast radius"
 
 
-Fault = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault
-NODE_FAULTS = (NodeLossFault, NvlinkFault)  # injected on a node (its GPUs), not on one GPU
+Fault = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault | ProviderFault
+# Injected on a node (all its GPUs), not on one GPU.
+NODE_FAULTS = (NodeLossFault, NvlinkFault, ProviderFault)
 NVLINK_XID = 74
 # Reports of a throttled GPU: one per 30 s over the last six minutes (enough for the health
 # loop's averages to pass its thresholds), as an agent would have sent them.
@@ -73,17 +77,19 @@ def _rule(f: Fault) -> actions.Rule:
         return actions.rule_for_xid(f.code)
     if isinstance(f, NvlinkFault):
         return actions.rule_for_xid(NVLINK_XID)
-    if isinstance(f, NodeLossFault):
+    if isinstance(f, (NodeLossFault, ProviderFault)):  # a provider fault: at worst, the node
         return actions.SIGNALS["heartbeat_lost"]
     return actions.SIGNALS["ecc_dbe" if isinstance(f, EccFault) else "hw_slowdown"]
 
 
 def _targets(session: Session, f: Fault, rng: random.Random) -> list[tuple[Node, int | None]]:
-    """(node, GPU index) per target; a node fault's targets are nodes (index None), an NVLink
-    fault's every node of the target's NVLink domain."""
-    found = _gpu_targets(session, f, rng)
+    """(node, GPU index) per target. A GPU fault aimed at a node or rack hits each of their
+    GPUs; a node fault's targets are nodes (index None), an NVLink fault's every node of the
+    target's NVLink domain."""
+    found = _named(session, f.target, rng)
     if not isinstance(f, NODE_FAULTS):
-        return found  # type: ignore[return-value]
+        gpus_of = _gpu_indices(session, [n for n, g in found if g is None])
+        return [(n, x) for n, g in found for x in ([g] if g is not None else gpus_of[n.id])]
     nodes = {n.id: n for n, _ in found}
     if isinstance(f, NvlinkFault):
         domains = {n.nvlink_domain for n in nodes.values()}
@@ -94,13 +100,19 @@ def _targets(session: Session, f: Fault, rng: random.Random) -> list[tuple[Node,
     return [(n, None) for n in sorted(nodes.values(), key=lambda n: n.name)]
 
 
-def _gpu_targets(session: Session, f: Fault, rng: random.Random) -> list[tuple[Node, int | None]]:
-    t = f.target
+def _named(session: Session, t: Any, rng: random.Random) -> list[tuple[Node, int | None]]:
     if isinstance(t, NodeTarget):
         node = session.scalar(select(Node).where(Node.name == t.node))
         if node is None:
             raise UnknownTarget(f"No node named {t.node}.")
         return [(node, None)]
+    if isinstance(t, RackTarget):
+        nodes = session.scalars(
+            select(Node).join(Rack, Node.rack_id == Rack.id).where(Rack.name == t.rack)
+        ).all()
+        if not nodes:
+            raise UnknownTarget(f"No rack named {t.rack}, or no nodes in it.")
+        return [(n, None) for n in sorted(nodes, key=lambda n: n.name)]
     if isinstance(t, NamedTarget):
         node = session.scalar(select(Node).where(Node.name == t.node))
         if (
@@ -217,6 +229,7 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
                 else NVLINK_XID
                 if isinstance(f, NvlinkFault)
                 else None,
+                detail=f.fails if isinstance(f, ProviderFault) else None,
                 node_id=node.id,
                 node=node.name,
                 gpu_index=gpu,
@@ -225,6 +238,9 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         )
         if isinstance(f, NodeLossFault):
             lost.append(node)
+            continue
+        if isinstance(f, ProviderFault):
+            providers.break_nodes(session, [node.name], f.fails, exp.id)
             continue
         if isinstance(f, NvlinkFault):  # every GPU of the node reports Xid 74
             for g in gpus_of[node.id]:
@@ -353,6 +369,7 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
         inj.undone_at = now
     if samples:
         telemetry.ingest(session, samples, targets)
+    providers.mend(session, exp.id)
     if back:
         # The network is back: the agents' next reports arrive (the node returns through
         # validation, as any node whose agent speaks again).
@@ -481,6 +498,8 @@ def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
                 _since(at, max(again)) if again and len(again) == len(stopped) else None
             )
             row["workloads"] = sorted(stopped)
+        if inj.kind == "provider" and inj.detail == "boot":
+            _boot_failures(row, at, inj.node, events)
         faults.append(row)
     # Invariants: live double allocation of whole GPUs anywhere; usage of stopped work after its
     # fault; affected workloads whose state and allocations disagree.
@@ -533,6 +552,36 @@ def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
         "held": not any(inv.values()),
         "injections": injections,
     }
+
+
+def _boot_failures(row: dict[str, Any], at: datetime, node: str, events) -> None:
+    """A node that fails to boot: the work that failed there (back in the queue at once), and
+    when all of it ran again (elsewhere, or there once the experiment stopped)."""
+    failed = [
+        e
+        for e in events
+        if e.to_state == "queued"
+        and e.reason.startswith("provisioning failed")
+        and node in (e.details or {}).get("nodes", ())
+        and as_aware(e.at) >= at
+    ]
+    if not failed:
+        return
+    first = {}
+    for e in failed:
+        first.setdefault(e.workload_id, e)
+    row["detect_s"] = _since(at, min(as_aware(e.at) for e in failed))
+    row["requeue_s"] = _since(at, max(as_aware(e.at) for e in failed))
+    again = []
+    last = {wid: max(e.seq for e in failed if e.workload_id == wid) for wid in first}
+    for wid, seq in last.items():
+        run = [
+            x for x in events if x.workload_id == wid and x.to_state == "running" and x.seq > seq
+        ]
+        if run:
+            again.append(as_aware(min(run, key=lambda x: x.seq).at))
+    row["running_s"] = _since(at, max(again)) if again and len(again) == len(last) else None
+    row["workloads"] = sorted(first)
 
 
 def _grace_cut_short(events) -> int:

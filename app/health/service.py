@@ -610,7 +610,11 @@ def repair_step(session: Session, repair_id: uuid.UUID) -> str:
         if not current:  # moved on meanwhile (an operator, or a worse fault)
             rep.finished_at, rep.outcome = now, "superseded"
             return "superseded"
-        if not get_provider().repaired(str(rep.id), rep.kind):  # type: ignore[arg-type]
+        if not get_provider(session).repaired(
+            str(rep.id),
+            rep.kind,  # type: ignore[arg-type]
+            node.name,
+        ):
             for x in current:
                 move(
                     session,

@@ -279,3 +279,17 @@ class PlacementCycleStats(Base):
     le_2_5: Mapped[int] = mapped_column(BigInteger, default=0)
     le_5: Mapped[int] = mapped_column(BigInteger, default=0)
     le_10: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class SimulatedFault(Base):
+    """A fault of the simulated provider's machines (injected by a chaos experiment): the node
+    fails to boot what is provisioned on it, or its GPU resets and reboots fail, until mended.
+    Only the simulated provider reads it; a real provider's failures are its own."""
+
+    __tablename__ = "sim_provider_faults"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    node: Mapped[str] = mapped_column(String(63), index=True)
+    fails: Mapped[str] = mapped_column(String(8))  # boot | repair
+    source: Mapped[uuid.UUID | None] = mapped_column(default=None, index=True)  # experiment
+    created_at: Mapped[datetime] = mapped_column()

@@ -7,11 +7,15 @@ tears it down. Drivers are called by idempotent tasks that take ids, so every ca
 from __future__ import annotations
 
 import hashlib
+import uuid
 from datetime import datetime
 from typing import Literal, Protocol
 
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
 from app.core.db import as_aware, utcnow
-from app.workloads.models import Workload
+from app.workloads.models import SimulatedFault, Workload
 
 Status = Literal["booting", "ready", "failed"]
 RepairKind = Literal["reset", "reboot"]
@@ -35,8 +39,8 @@ class Provider(Protocol):
         """Start a GPU reset or a node reboot (idempotent); the seconds it takes."""
         ...
 
-    def repaired(self, repair_id: str, kind: RepairKind) -> bool:
-        """Whether the finished repair left the hardware working."""
+    def repaired(self, repair_id: str, kind: RepairKind, node: str | None = None) -> bool:
+        """Whether the finished repair (of `node`) left the hardware working."""
         ...
 
 
@@ -55,8 +59,11 @@ class SimulatedProvider:
         reset_seconds: float = 5.0,
         reboot_seconds: float = 180.0,
         repair_fail_rate: float = 0.0,
+        broken: dict[str, frozenset[str]] | None = None,
     ):
         self.boot_seconds = boot_seconds
+        # Injected faults (chaos): node names whose boots ("boot") or repairs ("repair") fail.
+        self.broken = broken or {}
         self.fail_rate = fail_rate
         self.reset_seconds = reset_seconds
         self.reboot_seconds = reboot_seconds
@@ -76,6 +83,10 @@ class SimulatedProvider:
     def status(self, w: Workload, since: datetime) -> Status:
         if (utcnow() - as_aware(since)).total_seconds() < self.boot_time(w):
             return "booting"
+        if self.broken.get("boot") and any(
+            p["node"] in self.broken["boot"] for p in w.placement or []
+        ):
+            return "failed"
         return "failed" if self._draw(w, "fail") < self.fail_rate else "ready"
 
     def deprovision(self, w: Workload) -> None:
@@ -87,19 +98,43 @@ class SimulatedProvider:
     def repair(self, repair_id: str, kind: RepairKind) -> float:
         return self.reset_seconds if kind == "reset" else self.reboot_seconds
 
-    def repaired(self, repair_id: str, kind: RepairKind) -> bool:
+    def repaired(self, repair_id: str, kind: RepairKind, node: str | None = None) -> bool:
+        if node is not None and node in self.broken.get("repair", frozenset()):
+            return False
         d = hashlib.blake2b(f"repair:{repair_id}".encode(), digest_size=8).digest()
         return int.from_bytes(d, "big") / 2**64 >= self.repair_fail_rate
 
 
-def get_provider() -> Provider:
+def get_provider(session: Session | None = None) -> Provider:
+    """The configured provider; with a session, the simulated one knows its injected faults."""
     from app.core.config import get_settings
 
     s = get_settings()
+    broken: dict[str, frozenset[str]] = {}
+    if session is not None:
+        rows = session.execute(select(SimulatedFault.fails, SimulatedFault.node)).all()
+        for fails in ("boot", "repair"):
+            broken[fails] = frozenset(n for f, n in rows if f == fails)
     return SimulatedProvider(
         s.sim_boot_seconds,
         s.sim_fail_rate,
         reset_seconds=s.sim_reset_seconds,
         reboot_seconds=s.sim_reboot_seconds,
         repair_fail_rate=s.sim_repair_fail_rate,
+        broken=broken,
     )
+
+
+def break_nodes(
+    session: Session, nodes: list[str], fails: Literal["boot", "repair"], source: uuid.UUID
+) -> None:
+    """The simulated provider fails to boot on (or to repair) these nodes until mended."""
+    now = utcnow()
+    session.add_all(
+        [SimulatedFault(node=n, fails=fails, source=source, created_at=now) for n in nodes]
+    )
+    session.flush()
+
+
+def mend(session: Session, source: uuid.UUID) -> None:
+    session.execute(delete(SimulatedFault).where(SimulatedFault.source == source))

@@ -221,7 +221,7 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
     with session_scope() as session:
         ws = _locked_in(session, _ids(workload_ids, workload_id), {State.provisioning.value})
         since = _provisioning_since(session, ws)
-        provider = get_provider()
+        provider = get_provider(session)
         now = utcnow()
         later: dict[str, float] = {}
         ready, failed = [], []
@@ -249,13 +249,17 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
             ],
         )
         for w, status in failed:
+            nodes = sorted({p["node"] for p in w.placement or []})
             release(session, w, reason="provisioning_failed")
             lifecycle.transition(
                 session,
                 w,
                 State.queued,
                 "provisioning failed: back in the queue",
-                {"provider_status": status},
+                {
+                    "provider_status": status,
+                    "nodes": nodes,
+                },
                 flush=False,
             )
             kick_placement(session, w.region)
