@@ -407,3 +407,69 @@ def test_a_provider_that_fails_to_boot_requeues_the_work_until_it_stops(
     _running(client, key, w["id"])
     rep = wait_until(lambda: report()["report"][0]["running_s"] is not None and report())
     assert rep["held"] is True
+
+
+def test_a_noisy_neighbour_is_found_from_telemetry_and_its_victim_moves_at_its_checkpoint(
+    client, world, session, celery_worker_process
+):
+    world.fleet(fleet(1))
+    key, op = world.key(world.tenant("acme", policy=ALL)), world.key(None)
+    other = world.key(world.tenant("globex", policy=ALL))
+
+    def share(k, milli, **more):
+        body = {"kind": "instance", "milli": milli, "gpu_memory_mib": 10240, **more}
+        w = client.post("/v1/workloads", json=body, headers=auth(k)).json()
+        return _running(client, k, w["id"])
+
+    loud = share(key, 600)
+    victim = share(key, 300, checkpoint={"interval_s": 600})
+    stranger = share(other, 100)
+    [lp], [vp], [sp] = loud["placement"], victim["placement"], stranger["placement"]
+    # The isolation tiers already keep another tenant off the shared GPU.
+    assert (vp["node"], vp["gpu_indices"]) == (lp["node"], lp["gpu_indices"])
+    assert sp["gpu_indices"] != lp["gpu_indices"]
+    gpu = lp["gpu_indices"][0]
+    # A GPU without two sharers has no neighbour to be noisy.
+    alone = {"kind": "noisy_neighbour", "target": {"node": "h1", "gpu": sp["gpu_indices"][0]}}
+    r = _start(client, op, [alone])
+    assert r.status_code == 409 and r.json()["code"] == "not_enough_targets"
+    r = _start(client, op, [{"kind": "noisy_neighbour", "target": {"node": "h1", "gpu": gpu}}])
+    assert r.status_code == 201, r.text
+    exp = r.json()
+    assert exp["gpus_touched"] == 1  # the GPU it touches; nothing leaves service
+
+    def report():
+        return client.get(f"/v1/admin/chaos/experiments/{exp['id']}", headers=auth(op)).json()
+
+    rep = report()
+    [row] = rep["report"]
+    assert row["workloads"] == [victim["id"]] and row["detect_s"] is not None
+    events = client.get(f"/v1/workloads/{victim['id']}/events", headers=auth(key)).json()
+    told = [e for e in events["items"] if e["kind"] == "health"]
+    assert told and "noisy neighbour" in told[-1]["reason"] and loud["id"] in told[-1]["reason"]
+    assert "moves to another GPU at its next checkpoint" in told[-1]["reason"]
+    # The loud one is not told; nor is the other tenant, which never shared the GPU.
+    for w, k in ((loud, key), (stranger, other)):
+        ev = client.get(f"/v1/workloads/{w['id']}/events", headers=auth(k)).json()["items"]
+        assert not [e for e in ev if e["kind"] == "health"]
+    # Its checkpoint: it moves, to a GPU other than the noisy one.
+    r = client.post(
+        f"/v1/workloads/{victim['id']}/checkpoints", json={"size_bytes": 1}, headers=auth(key)
+    )
+    assert r.status_code in (200, 201), r.text
+
+    def moved():
+        x = report()
+        return x["report"][0]["running_s"] is not None and x
+
+    rep = wait_until(moved, timeout=30)
+    again = _running(client, key, victim["id"])["placement"][0]
+    assert (again["node"], again["gpu_indices"]) != ("h1", [gpu])
+    assert rep["invariants"]["cross_tenant_sharing"] == 0 and rep["held"] is True
+    # Step times of a share are judged against its own best pace through the API as well.
+    r = client.post(
+        f"/v1/workloads/{victim['id']}/progress",
+        json={"ranks": [{"rank": 0, "step_time_s": 1.0}]},
+        headers=auth(key),
+    )
+    assert r.status_code == 200 and r.json()["noisy_neighbour"] is False

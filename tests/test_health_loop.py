@@ -225,7 +225,12 @@ def test_a_slow_rank_points_at_its_gpu(setup, session):
         f"/v1/workloads/{gang['id']}/progress", json={"ranks": steps}, headers=auth(key)
     )
     assert r.status_code == 200, r.text
-    assert r.json() == {"ranks": 16, "slow_ranks": [11], "unknown_ranks": []}
+    assert r.json() == {
+        "ranks": 16,
+        "slow_ranks": [11],
+        "unknown_ranks": [],
+        "noisy_neighbour": False,
+    }
     replica = next(p for p in w["placement"] if p["replica"] == 1)
     session.rollback()
     perf = session.execute(

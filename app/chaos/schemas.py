@@ -91,7 +91,26 @@ class ProviderFault(StrictModel):
     target: NodeTarget | NamedTarget | RackTarget
 
 
-FaultIn = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault | ProviderFault
+class NoisyNeighbourFault(StrictModel):
+    """The largest workload on a shared GPU (time-slicing, MPS) saturates it: the GPU reports
+    itself fully busy, and the other workloads' step times grow `slowdown` times over their
+    best, as their agents would report them. The isolation tiers keep the sharers within one
+    tenant; the health loop tells the victims and moves those that checkpoint."""
+
+    kind: Literal["noisy_neighbour"]
+    slowdown: float = Field(2.0, ge=1.5, le=100.0, description="Victims' step time / their best")
+    target: NamedTarget
+
+
+FaultIn = (
+    XidFault
+    | EccFault
+    | ThrottleFault
+    | NodeLossFault
+    | NvlinkFault
+    | ProviderFault
+    | NoisyNeighbourFault
+)
 
 
 class BlastRadius(StrictModel):
@@ -157,6 +176,9 @@ class Invariants(BaseModel):
     )
     breaker_exceeded: int = Field(
         description="Automatic take-outs past the circuit breaker's region or rack limit"
+    )
+    cross_tenant_sharing: int = Field(
+        description="GPUs time-sliced or MPS-shared by workloads of more than one tenant"
     )
 
 

@@ -23,6 +23,7 @@ from app.chaos.schemas import (
     NamedTarget,
     NodeLossFault,
     NodeTarget,
+    NoisyNeighbourFault,
     NvlinkFault,
     ProviderFault,
     RackTarget,
@@ -63,7 +64,16 @@ class BlastRadiusExceeded(Conflict):
     title = "Beyond the blast radius"
 
 
-Fault = XidFault | EccFault | ThrottleFault | NodeLossFault | NvlinkFault | ProviderFault
+Fault = (
+    XidFault
+    | EccFault
+    | ThrottleFault
+    | NodeLossFault
+    | NvlinkFault
+    | ProviderFault
+    | NoisyNeighbourFault
+)
+SHARED_TIERS = ("timeslice", "mps")  # one tenant per GPU (app/placement/isolation.py)
 # Injected on a node (all its GPUs), not on one GPU.
 NODE_FAULTS = (NodeLossFault, NvlinkFault, ProviderFault)
 NVLINK_XID = 74
@@ -79,6 +89,8 @@ def _rule(f: Fault) -> actions.Rule:
         return actions.rule_for_xid(NVLINK_XID)
     if isinstance(f, (NodeLossFault, ProviderFault)):  # a provider fault: at worst, the node
         return actions.SIGNALS["heartbeat_lost"]
+    if isinstance(f, NoisyNeighbourFault):  # nothing leaves service: the GPU is only busy
+        return actions.rule_for_xid(13)
     return actions.SIGNALS["ecc_dbe" if isinstance(f, EccFault) else "hw_slowdown"]
 
 
@@ -180,6 +192,12 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
     exp_id = uuid.uuid4()
     rng = random.Random(exp_id.int)
     plan = [(f, node, gpu) for f in body.faults for node, gpu in _targets(session, f, rng)]
+    for f, node, gpu in plan:
+        if isinstance(f, NoisyNeighbourFault) and len(_sharers(session, node, gpu or 0)) < 2:
+            raise NotEnoughTargets(
+                f"GPU {gpu} of {node.name} is not shared by two running workloads "
+                "(time-slicing or MPS): there is no neighbour to be noisy."
+            )
     touched = _touched(session, plan)
     total = sum(len(v) for v in touched.values())
     br = body.blast_radius
@@ -217,6 +235,7 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
     targets: dict = {}
     reports: dict[int, list] = {}
     lost: list[Node] = []
+    noisy: list[tuple[NoisyNeighbourFault, Node, int | None]] = []
     ts = time.time()
     gpus_of = _gpu_indices(session, [n for f, n, g in plan if g is None])
     for i, (f, node, gpu) in enumerate(plan):
@@ -241,6 +260,9 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
             continue
         if isinstance(f, ProviderFault):
             providers.break_nodes(session, [node.name], f.fails, exp.id)
+            continue
+        if isinstance(f, NoisyNeighbourFault):
+            noisy.append((f, node, gpu))
             continue
         if isinstance(f, NvlinkFault):  # every GPU of the node reports Xid 74
             for g in gpus_of[node.id]:
@@ -282,6 +304,8 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         telemetry.ingest(session, samples, targets)
     for _k, batch in sorted(reports.items()):
         telemetry.ingest(session, batch, dict(targets))
+    for f, node, gpu in noisy:
+        _make_noise(session, f, node, gpu or 0, ts)
     if lost:
         # The agents' last words (a report now: the heartbeat the control plane will miss),
         # then the network between them and us is cut.
@@ -308,6 +332,43 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         ],
     )
     return exp
+
+
+def _sharers(session: Session, node: Node, gpu: int) -> list:
+    """Running workloads sharing GPU `gpu` of `node` (time-slicing, MPS), largest share first."""
+    from app.workloads.models import Allocation, Workload
+
+    rows = session.execute(
+        select(Workload, Allocation.milli, Allocation.gpu_indices)
+        .join(Allocation, Allocation.workload_id == Workload.id)
+        .where(
+            Allocation.node_id == node.id,
+            Allocation.released_at.is_(None),
+            Allocation.tier.in_(SHARED_TIERS),
+            Workload.state == "running",
+        )
+    ).all()
+    mine = [(w, milli) for w, milli, gpus in rows if gpu in (gpus or ())]
+    mine.sort(key=lambda x: (-x[1], as_aware(x[0].created_at), str(x[0].id)))
+    return [w for w, _ in mine]
+
+
+def _make_noise(session: Session, f: NoisyNeighbourFault, node: Node, gpu: int, ts: float) -> None:
+    """The GPU reports itself saturated for the last few minutes (one report per 30 s); then
+    every sharer but the largest reports its step time, first at its best pace, then slowed
+    down, through the same service call as the API's progress route."""
+    from app.health.service import report_step_times
+
+    key = (node.name, str(gpu), None)
+    for k in range(THROTTLE_REPORTS):
+        t = ts - 30 * (THROTTLE_REPORTS - 1 - k)
+        telemetry.ingest(session, [(0, key, "DCGM_FI_DEV_GPU_UTIL", 100.0, t)], {key: key})
+    session.flush()
+    _loud, *victims = _sharers(session, node, gpu)
+    for w in victims:
+        best = w.step_time_best_s or 1.0
+        report_step_times(session, w, {0: best})
+        report_step_times(session, w, {0: best * f.slowdown})
 
 
 def _gpu_indices(session: Session, nodes: list[Node]) -> dict[uuid.UUID, list[int]]:
@@ -500,6 +561,8 @@ def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
             row["workloads"] = sorted(stopped)
         if inj.kind == "provider" and inj.detail == "boot":
             _boot_failures(row, at, inj.node, events)
+        if inj.kind == "noisy_neighbour":
+            _noisy(session, row, at, inj, events)
         faults.append(row)
     # Invariants: live double allocation of whole GPUs anywhere; usage of stopped work after its
     # fault; affected workloads whose state and allocations disagree.
@@ -545,6 +608,7 @@ def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
         "inconsistent_workloads": inconsistent,
         "grace_cut_short": _grace_cut_short(events),
         "breaker_exceeded": _breaker_exceeded(session, started),
+        "cross_tenant_sharing": _cross_tenant_sharing(session),
     }
     return {
         "report": faults,
@@ -582,6 +646,66 @@ def _boot_failures(row: dict[str, Any], at: datetime, node: str, events) -> None
             again.append(as_aware(min(run, key=lambda x: x.seq).at))
     row["running_s"] = _since(at, max(again)) if again and len(again) == len(last) else None
     row["workloads"] = sorted(first)
+
+
+def _noisy(session: Session, row: dict[str, Any], at: datetime, inj, events) -> None:
+    """A noisy neighbour: the victims told (and when), moved at their checkpoint (and when),
+    and running again elsewhere."""
+    from app.workloads.models import WorkloadEvent
+
+    told = [
+        e
+        for e in session.scalars(
+            select(WorkloadEvent).where(WorkloadEvent.at >= at, WorkloadEvent.kind == "health")
+        )
+        if (e.details or {}).get("reason") == "noisy_neighbour"
+        and (e.details or {}).get("node") == inj.node
+        and (e.details or {}).get("gpu") == inj.gpu_index
+    ]
+    if not told:
+        return
+    victims = {e.workload_id for e in told}
+    row["action"] = "tell the owner; move at checkpoint"
+    row["detect_s"] = _since(at, min(as_aware(e.at) for e in told))
+    moved = [
+        e
+        for e in events
+        if e.workload_id in victims
+        and e.to_state == "preempted"
+        and (e.details or {}).get("reason") == "noisy_neighbour"
+    ]
+    if moved:
+        row["requeue_s"] = _since(at, max(as_aware(e.at) for e in moved))
+        again = []
+        for m in moved:
+            run = [
+                x
+                for x in events
+                if x.workload_id == m.workload_id and x.to_state == "running" and x.seq > m.seq
+            ]
+            if run:
+                again.append(as_aware(min(run, key=lambda x: x.seq).at))
+        row["running_s"] = _since(at, max(again)) if len(again) == len(moved) else None
+        row["lost_work_gpu_s"] = sum(
+            float((e.details or {}).get("lost_work_gpu_s") or 0) for e in moved
+        )
+    row["workloads"] = sorted(victims)
+
+
+def _cross_tenant_sharing(session: Session) -> int:
+    """GPUs time-sliced or MPS-shared by live work of more than one tenant (the isolation tiers
+    forbid it; an experiment's noisy neighbour is always a neighbour of the same tenant)."""
+    from app.workloads.models import Allocation, Workload
+
+    tenants: dict[tuple, set] = {}
+    for node_id, gpus, tenant in session.execute(
+        select(Allocation.node_id, Allocation.gpu_indices, Workload.tenant_id)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(Allocation.released_at.is_(None), Allocation.tier.in_(SHARED_TIERS))
+    ):
+        for g in gpus or ():
+            tenants.setdefault((node_id, g), set()).add(tenant)
+    return sum(1 for ts in tenants.values() if len(ts) > 1)
 
 
 def _grace_cut_short(events) -> int:

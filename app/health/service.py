@@ -28,7 +28,13 @@ from app.core.logging import get_logger
 from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, states
 from app.health.actions import Action, Repair, Rule, Scope
-from app.health.models import HealthEvent, HealthIncident, HealthRepair, IncidentState
+from app.health.models import (
+    GpuTelemetry,
+    HealthEvent,
+    HealthIncident,
+    HealthRepair,
+    IncidentState,
+)
 from app.health.states import Actor, Health
 from app.outbox.service import enqueue
 
@@ -866,11 +872,13 @@ def history(session: Session, node: Node, gpu_index: int | None, limit: int) -> 
 
 def report_step_times(
     session: Session, w: Any, step_s: dict[int, float]
-) -> tuple[list[int], list[int]]:
+) -> tuple[list[int], list[int], bool]:
     """A running workload's per-rank step times: a rank slower than the gang's median points at
     its GPU, whose speed score goes down to what the times imply (evidence, dated now: it fades
-    back without more). Rank r is GPU r % gpus of replica r // gpus. Returns the slow ranks
-    and those the workload does not have (ignored)."""
+    back without more). Rank r is GPU r % gpus of replica r // gpus. A workload on a shared GPU
+    (time-slicing, MPS) has one rank, judged against its own best pace: a noisy neighbour.
+    Returns the slow ranks, those the workload does not have (ignored), and whether a noisy
+    neighbour was found."""
     from app.health.perf import from_step_times, worth_writing
     from app.workloads.lifecycle import State
     from app.workloads.models import Allocation
@@ -879,6 +887,9 @@ def report_step_times(
     if w.state != State.running.value:
         raise NotRunning(f"A {w.state} workload has no ranks to report.", state=w.state)
     per = int(w.shape.get("gpus") or 0)
+    if per < 1 and w.shape.get("milli"):
+        unknown = sorted(r for r in step_s if r >= 1)
+        return [], unknown, 0 in step_s and shared_pace(session, w, step_s[0])
     if per < 1:
         raise NoRanks(
             "Step times are for workloads of whole GPUs; this one runs on a share or a MIG slice.",
@@ -912,7 +923,90 @@ def report_step_times(
             gpu.perf_at = now
         elif gpu is not None:
             gpu.perf_at = now  # the same evidence again: it does not fade yet
-    return slow, unknown
+    return slow, unknown, False
+
+
+# A step time this many times the workload's best, on a GPU this busy, shared with other work:
+# a noisy neighbour (not the hardware: the GPU's speed score is left alone).
+NOISY_SLOWDOWN = 1.5
+NOISY_UTIL = 90.0
+
+
+def shared_pace(session: Session, w: Any, step_s: float) -> bool:
+    """Judge a shared GPU's workload by its own best pace. Slowed down while the GPU it shares
+    is saturated: tell the owner (an event naming the neighbours, which the isolation tiers
+    keep within its tenant), never place it on that GPU again, and, if it checkpoints, move it
+    at its next checkpoint. Returns whether a noisy neighbour was found."""
+    from app.workloads import lifecycle
+    from app.workloads.models import Allocation, Workload
+
+    best = w.step_time_best_s
+    if best is None or step_s < best:
+        w.step_time_best_s = step_s
+        return False
+    if step_s < NOISY_SLOWDOWN * best:
+        return False
+    a = session.scalar(
+        select(Allocation).where(Allocation.workload_id == w.id, Allocation.released_at.is_(None))
+    )
+    if a is None or not a.gpu_indices:
+        return False
+    index = a.gpu_indices[0]
+    # The node's live allocations are few: the GPU's sharers are picked out here.
+    others = [
+        (wid, tenant)
+        for wid, tenant, gpus in session.execute(
+            select(Workload.id, Workload.tenant_id, Allocation.gpu_indices)
+            .join(Allocation, Allocation.workload_id == Workload.id)
+            .where(
+                Allocation.node_id == a.node_id,
+                Allocation.released_at.is_(None),
+                Workload.id != w.id,
+                Workload.state == "running",
+            )
+        )
+        if index in (gpus or ())
+    ]
+    if not others:
+        return False
+    node = session.get(Node, a.node_id)
+    gpu = session.scalar(select(Gpu).where(Gpu.node_id == a.node_id, Gpu.index == index))
+    if node is None or gpu is None:
+        return False
+    tel = session.get(GpuTelemetry, gpu.id)
+    util = (tel.latest or {}).get("util") if tel is not None else None
+    if util is None or util < NOISY_UTIL:
+        return False
+    where_ = [node.name, index]
+    if where_ in (w.avoid_gpus or []):
+        return True  # told already
+    mine = sorted(str(o[0]) for o in others if o[1] == w.tenant_id)
+    words = (
+        f"noisy neighbour: GPU {index} of {node.name} is saturated ({util:.0f}% busy) and this "
+        f"workload's step time is {step_s / best:.1f}x its best; "
+        + (f"workload {mine[0]} of your tenant shares it" if mine else "other work shares it")
+    )
+    w.avoid_gpus = [*(w.avoid_gpus or []), where_]
+    if w.checkpoint_interval_s:
+        w.migrate_at_checkpoint = True
+        words += "; it moves to another GPU at its next checkpoint"
+    lifecycle.record(
+        session,
+        w,
+        kind="health",
+        from_state=w.state,
+        to_state=w.state,
+        reason=words[:500],
+        details={
+            "reason": "noisy_neighbour",
+            "node": node.name,
+            "gpu": index,
+            "neighbours": mine,
+            "slowdown": round(step_s / best, 3),
+            "util": util,
+        },
+    )
+    return True
 
 
 class NoRanks(Conflict):

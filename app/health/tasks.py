@@ -81,7 +81,12 @@ def migrate(workload_id: str) -> str:
         plan = dry_run(session, w)
         if not plan.placeable_now or plan.preempts or plan.preempts_others:
             return "stays: no healthy capacity now"
-        move_off_suspect(session, w, "its GPU is suspect and healthy capacity exists")
+        if w.avoid_gpus:  # asked to move by a noisy neighbour, not by its GPU's health
+            move_off_suspect(
+                session, w, "a neighbour saturates its shared GPU", reason="noisy_neighbour"
+            )
+        else:
+            move_off_suspect(session, w, "its GPU is suspect and healthy capacity exists")
         return "moved"
 
 

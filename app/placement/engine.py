@@ -330,6 +330,16 @@ class Engine:
         s = self.snap
         tenant = s.tenant_id(req.tenant)
         cands = self.candidates(req, tenant, nodes)
+        if req.avoid and len(cands):
+            names = s.node_names
+            keep = np.array(
+                [
+                    x < 0 or (names[n], x) not in req.avoid
+                    for n, x in zip(cands.node.tolist(), cands.slot.tolist(), strict=True)
+                ],
+                dtype=bool,
+            )
+            cands = Candidates(cands.node[keep], cands.slot[keep], cands.kind[keep])
         if not len(cands):
             return None
         scores = np.asarray(self.policy.score(s, req, cands), dtype=np.float64)

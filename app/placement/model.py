@@ -75,6 +75,8 @@ class Request:
     topology: Topology | None = None
     # Keep all replicas on GPUs of one performance class.
     same_perf_class: bool = True
+    # Shared GPUs (node name, GPU index) this request must not join: a noisy neighbour's.
+    avoid: frozenset[tuple[str, int]] = frozenset()
 
     def validate(self) -> None:
         s, unit = self.shape, TIERS[self.tier].unit

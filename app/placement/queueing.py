@@ -545,7 +545,7 @@ class _Cycle:
                 key = ()
             else:
                 key = (r.tier, r.shape.gpus, r.replicas, r.shape.models, r.topology)
-                key += (r.same_perf_class,)
+                key += (r.same_perf_class, r.avoid)
             w._fit_key = key
         return key or None
 

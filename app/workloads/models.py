@@ -94,6 +94,10 @@ class Workload(TimestampMixin, Base):
     migrate_at_checkpoint: Mapped[bool] = mapped_column(
         Boolean, default=False, server_default=false()
     )
+    # Shared GPUs ([node, index]) it must not be placed on again: a noisy neighbour's.
+    avoid_gpus: Mapped[list | None] = mapped_column(JSON, default=None)
+    # Its best reported step time on a shared GPU: the pace a neighbour's load is judged by.
+    step_time_best_s: Mapped[float | None] = mapped_column(Float, default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     # Simulated provider only: its process exits 0 after running this long (demos, tests).
     run_for_s: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -107,7 +107,10 @@ def request_of(w: Workload) -> Request:
     topo = None
     if w.topology:
         topo = Topology(Level[w.topology["level"].upper()], w.topology["mode"] == "required")
-    return Request(str(w.id), str(w.tenant_id), Tier.parse(w.tier), shape, w.replicas, topo)
+    avoid = frozenset((n, int(g)) for n, g in w.avoid_gpus or ())
+    return Request(
+        str(w.id), str(w.tenant_id), Tier.parse(w.tier), shape, w.replicas, topo, avoid=avoid
+    )
 
 
 @dataclass

@@ -325,5 +325,12 @@ def progress(
     from app.health.service import report_step_times
 
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
-    slow, unknown = report_step_times(session, w, {r.rank: r.step_time_s for r in body.ranks})
-    return {"ranks": len(body.ranks), "slow_ranks": slow, "unknown_ranks": unknown}
+    slow, unknown, noisy = report_step_times(
+        session, w, {r.rank: r.step_time_s for r in body.ranks}
+    )
+    return {
+        "ranks": len(body.ranks),
+        "slow_ranks": slow,
+        "unknown_ranks": unknown,
+        "noisy_neighbour": noisy,
+    }

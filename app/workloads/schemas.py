@@ -297,7 +297,12 @@ class RankStep(StrictModel):
 
 
 class ProgressIn(StrictModel):
-    ranks: list[RankStep] = Field(min_length=2, max_length=100_000)
+    ranks: list[RankStep] = Field(
+        min_length=1,
+        max_length=100_000,
+        description="A gang's ranks (compared with each other), or a shared GPU's one rank 0 "
+        "(compared with its own best pace)",
+    )
 
 
 class ProgressOut(OutModel):
@@ -307,6 +312,9 @@ class ProgressOut(OutModel):
     )
     unknown_ranks: list[int] = Field(
         description="Ranks past the workload's last (replicas x GPUs - 1): ignored"
+    )
+    noisy_neighbour: bool = Field(
+        description="On a shared GPU: slowed by a neighbour saturating it (the owner is told)"
     )
 
 

@@ -528,7 +528,9 @@ def interrupt_on_fault(
     return len(entries)
 
 
-def move_off_suspect(session: Session, w: Workload, words: str) -> None:
+def move_off_suspect(
+    session: Session, w: Workload, words: str, *, reason: str = "suspect_gpu"
+) -> None:
     """A running workload on a suspect GPU just checkpointed and healthy capacity exists: stop
     it now and requeue it ahead of its peers, to resume from that checkpoint elsewhere."""
     from app.workloads.placement import release
@@ -542,7 +544,7 @@ def move_off_suspect(session: Session, w: Workload, words: str) -> None:
         w,
         State.preempted,
         f"moved at its checkpoint: {words}",
-        {"reason": "suspect_gpu", "lost_work_gpu_s": lost},
+        {"reason": reason, "lost_work_gpu_s": lost},
         at=now,
     )
     w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
