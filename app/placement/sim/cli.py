@@ -337,7 +337,11 @@ def faults_cmd(
         60.0, help="default: seconds without a step report that make a hang."
     ),
     human: float = typer.Option(1800.0, help="manual: seconds until a human acts."),
-    hot_spares: int = typer.Option(8, help="default: warm spare nodes held for the job."),
+    hot_spares: int | None = typer.Option(
+        None,
+        help="default: warm spare nodes held for the job (default: the P99 of the job's daily "
+        "node failures, at most a third of the spare pool).",
+    ),
     spare_share: float = typer.Option(0.02, help="Share of the nodes kept out of the job."),
     warned: float = typer.Option(
         0.0, help="Share of hardware faults announced by a watch-level signal hours before."

@@ -102,9 +102,8 @@ class Params:
     # Llama 3: 419 unexpected interruptions in 54 days on 16,384 GPUs, per GPU.
     faults_per_gpu_day: float = 419 / (54 * 16_384)
     spare_share: float = 0.02  # of the fleet's nodes kept out of the job (background runs there)
-    # Nodes of the spare pool held idle and warm for the job (default policy); ByteRobust sizes
-    # warm standby at the P99 of daily machine failures: 4 for a 1,024-machine job.
-    hot_spares: int = 8
+    # Nodes of the spare pool held idle and warm for the job (default policy).
+    hot_spares: int | None = None  # None: hot_spares_for() (ByteRobust's P99 rule, capped)
     checkpoint_every_s: float = 1800.0  # the job's own interval (manual, requeue)
     # The training loop's stall per checkpoint: an in-memory snapshot (ByteRobust, Table 8:
     # 0.2-1.8 s "memory save"; Megatron's synchronous save 7-13 s).
@@ -182,6 +181,21 @@ def background_jobs(p: Params, trace: Path) -> list[philly.Job]:
 
 def _spare_nodes(p: Params) -> int:
     return max(1, math.ceil(p.spare_share * (p.gpus // GPUS_PER_NODE)))
+
+
+def hot_spares_for(p: Params) -> int:
+    """Warm spares for the job: the 99th percentile of the job's node failures in a day (how
+    ByteRobust sizes warm standby), at most a third of the spare pool (the rest runs background
+    work, and the pool refills the spares by preempting it), at least one."""
+    job_gpus = (p.gpus // GPUS_PER_NODE - _spare_nodes(p)) * GPUS_PER_NODE
+    mean = p.faults_per_gpu_day * job_gpus
+    k, term = 0, math.exp(-mean)
+    total = term
+    while total < 0.99:
+        k += 1
+        term *= mean / k
+        total += term
+    return max(1, min(k, _spare_nodes(p) // 3))
 
 
 def young_daly(cost: float, mtbf: float) -> float:
@@ -284,7 +298,8 @@ class _Replay:
         self.loop = policy != "manual"
         self.nodes = p.gpus // GPUS_PER_NODE
         self.spares = _spare_nodes(p)
-        self.hot = min(p.hot_spares, self.spares) if self.smart else 0
+        hot = hot_spares_for(p) if p.hot_spares is None else p.hot_spares
+        self.hot = min(hot, self.spares) if self.smart else 0
         self.job_nodes = self.nodes - self.spares
         self.snap = Snapshot(fleet(self.nodes))
         quotas = {j.tenant: TenantQuota() for j in bg}
