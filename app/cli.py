@@ -443,7 +443,9 @@ def _chaos_print(exp_out: dict, as_json: bool) -> None:
         console.print_json(out.model_dump_json())
         return
     console.print(
-        f"experiment {out.id} ({out.name}): {out.state}, {out.gpus_touched} GPU(s) in its "
+        f"experiment {out.id} ({out.name}): {out.state}, round {out.rounds}"
+        + (f" (next at {out.next_at:%Y-%m-%d %H:%M:%S})" if out.next_at else "")
+        + f", {out.gpus_touched} GPU(s) in its "
         f"blast radius; invariants {'held' if out.held else 'BROKEN'}: "
         + ", ".join(f"{k} {v}" for k, v in out.invariants.model_dump().items())
     )
@@ -499,9 +501,12 @@ def chaos_inject(
     random_gpus: int | None = typer.Option(None, help="Target: N random GPUs holding work."),
     tier: str | None = typer.Option(None, help="With --random-gpus: only work of this tier."),
     name: str = typer.Option("chaos from the CLI"),
+    at: str | None = typer.Option(None, help="First round at this time (ISO 8601, with offset)."),
+    every: int | None = typer.Option(None, help="Seconds between rounds (with --times)."),
+    times: int = typer.Option(1, help="Rounds in all."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Start an experiment now (needs RACKPLANE_CHAOS_ENABLED)."""
+    """Start an experiment now or on a schedule (needs RACKPLANE_CHAOS_ENABLED)."""
     from pydantic import ValidationError
 
     from app.chaos import service
@@ -534,6 +539,13 @@ def chaos_inject(
                 "name": name,
                 "faults": [fault],
                 "blast_radius": {"max_gpus": max_gpus, "max_region_share": max_share},
+                "schedule": None
+                if at is None and times == 1
+                else {
+                    "at": at,
+                    "times": times,
+                    **({"every_s": every} if every is not None else {}),
+                },
             }
         )
         with session_scope() as session:

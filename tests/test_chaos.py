@@ -168,7 +168,8 @@ def test_the_cli_runs_an_experiment_within_its_radius_and_reports_it(
         .scalars()
         .all()
     )
-    assert actions == ["chaos.start", "chaos.stop"]
+    # The start and its first round share a transaction (and a timestamp).
+    assert sorted(actions[:2]) == ["chaos.inject", "chaos.start"] and actions[2:] == ["chaos.stop"]
 
 
 def test_a_throttled_gpu_becomes_slow_and_suspect_through_its_telemetry(
@@ -473,3 +474,63 @@ def test_a_noisy_neighbour_is_found_from_telemetry_and_its_victim_moves_at_its_c
         headers=auth(key),
     )
     assert r.status_code == 200 and r.json()["noisy_neighbour"] is False
+
+
+def test_scheduled_and_repeated_rounds_stay_within_the_blast_radius(client, world, session):
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import text
+
+    from app.chaos.tasks import watch
+
+    world.fleet(fleet(1))
+    op = world.key(None)
+    at = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    fault = {"kind": "xid", "code": 13, "target": {"node": "h1", "gpu": 0}}
+
+    def start(max_gpus, schedule):
+        r = client.post(
+            "/v1/admin/chaos/experiments",
+            json={
+                "name": f"rounds within {max_gpus}",
+                "faults": [fault],
+                "blast_radius": {"max_gpus": max_gpus, "max_region_share": 1},
+                "schedule": schedule,
+            },
+            headers=auth(op),
+        )
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    tight = start(1, {"at": at, "every_s": 60, "times": 2})
+    roomy = start(2, {"at": at, "every_s": 60, "times": 2})
+    later = start(1, {"at": at})
+    for e in (tight, roomy, later):
+        assert e["state"] == "scheduled" and e["rounds"] == 0 and e["injections"] == []
+        assert e["next_at"] is not None
+
+    def due():  # the clock reaches the next round
+        session.execute(text("UPDATE chaos_experiments SET next_at = now() - interval '1 s'"))
+        session.commit()
+        watch()
+
+    def get(e):
+        return client.get(f"/v1/admin/chaos/experiments/{e['id']}", headers=auth(op)).json()
+
+    # Stopped before its time: nothing is ever injected.
+    r = client.post(f"/v1/admin/chaos/experiments/{later['id']}/stop", headers=auth(op))
+    assert r.json()["state"] == "stopped" and r.json()["next_at"] is None
+    due()
+    for e in (tight, roomy):
+        x = get(e)
+        assert x["state"] == "running" and x["rounds"] == 1 and len(x["injections"]) == 1
+        assert x["gpus_touched"] == 1 and x["next_at"] is not None
+    assert get(later)["rounds"] == 0
+    due()
+    x = get(roomy)
+    assert x["rounds"] == 2 and x["gpus_touched"] == 2 and x["next_at"] is None
+    assert len(x["injections"]) == 2 and x["state"] == "running"
+    # The second round would pass the radius of the first: the experiment aborts instead.
+    x = get(tight)
+    assert x["state"] == "aborted" and x["rounds"] == 1
+    assert "round 2" in x["abort_reason"] and "earlier rounds: 1" in x["abort_reason"]

@@ -17,12 +17,14 @@ class ChaosExperiment(TimestampMixin, Base):
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200))
-    state: Mapped[str] = mapped_column(String(12))  # running | stopped | aborted
+    state: Mapped[str] = mapped_column(String(12))  # scheduled | running | stopped | aborted
     abort_reason: Mapped[str | None] = mapped_column(String(300), default=None)
     spec: Mapped[dict] = mapped_column(JSON)  # what was asked, as asked
     gpus_touched: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[datetime] = mapped_column()
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+    rounds: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
 
 
 class ChaosInjection(Base):

@@ -19,6 +19,8 @@ def _out(session: Session, exp: ChaosExperiment) -> dict:
         "id": exp.id,
         "name": exp.name,
         "state": exp.state,
+        "rounds": exp.rounds,
+        "next_at": exp.next_at,
         "abort_reason": exp.abort_reason,
         "gpus_touched": exp.gpus_touched,
         "started_at": exp.started_at,
@@ -37,8 +39,9 @@ def _out(session: Session, exp: ChaosExperiment) -> dict:
     summary="Start a chaos experiment: faults injected through telemetry, within a blast radius",
     description=(
         "Off unless RACKPLANE_CHAOS_ENABLED (403 chaos_disabled). The faults' targets are "
-        "resolved and checked against the blast radius (422 blast_radius_exceeded) before "
-        "anything is injected; then they arrive as dcgm-exporter would report them."
+        "resolved and checked against the blast radius (409 blast_radius_exceeded) before "
+        "anything is injected; then they arrive as dcgm-exporter would report them (now, or "
+        "per the schedule: each round is checked again, with what earlier rounds touched)."
     ),
 )
 def start_experiment(

@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 
 from app.core.schemas import OutModel, StrictModel
 from app.health.schemas import HOST_PATTERN
@@ -131,11 +131,22 @@ class AbortIn(StrictModel):
     )
 
 
+class Schedule(StrictModel):
+    """When the faults are injected: at `at` (default now), then again every `every_s` seconds
+    until `times` rounds ran. Each round picks its random targets afresh; the blast radius
+    bounds all rounds together."""
+
+    at: AwareDatetime | None = Field(None, description="First round (with an offset)")
+    every_s: int = Field(3600, ge=30, le=7 * 86400, description="Between rounds")
+    times: int = Field(1, ge=1, le=100, description="Rounds in all")
+
+
 class ExperimentIn(StrictModel):
     name: str = Field(max_length=200)
     faults: list[FaultIn] = Field(min_length=1, max_length=100)
     blast_radius: BlastRadius
     abort: AbortIn | None = None
+    schedule: Schedule | None = None
 
 
 class InjectionOut(OutModel):
@@ -185,7 +196,9 @@ class Invariants(BaseModel):
 class ExperimentOut(OutModel):
     id: uuid.UUID
     name: str
-    state: str = Field(description="running | stopped | aborted")
+    state: str = Field(description="scheduled | running | stopped | aborted")
+    rounds: int = Field(description="Rounds of faults injected so far")
+    next_at: datetime | None = Field(description="The next round, if one is scheduled")
     abort_reason: str | None
     gpus_touched: int
     started_at: datetime

@@ -184,13 +184,83 @@ def _touched(session: Session, plan: list[tuple[Fault, Node, int | None]]) -> di
 
 
 def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
-    """Check the experiment against its blast radius, then inject its faults now."""
+    """Check the experiment against its blast radius, then inject its faults now, or schedule
+    them (at a time, and again every so often)."""
     if not get_settings().chaos_enabled:
         raise ChaosDisabled(
             "Chaos experiments are off on this deployment; set RACKPLANE_CHAOS_ENABLED=true."
         )
     exp_id = uuid.uuid4()
-    rng = random.Random(exp_id.int)
+    plan, total = _plan(session, body, random.Random(exp_id.int), 0)
+    now = utcnow()
+    sched = body.schedule
+    later = sched is not None and sched.at is not None and as_aware(sched.at) > now
+    exp = ChaosExperiment(
+        id=exp_id,
+        name=body.name,
+        state="scheduled" if later else "running",
+        spec=body.model_dump(mode="json"),
+        gpus_touched=0,
+        started_at=now,
+        created_at=now,
+        next_at=as_aware(sched.at) if later and sched is not None else None,
+    )
+    session.add(exp)
+    session.flush()
+    audit.record_system(
+        session,
+        "chaos.start",
+        [
+            (
+                None,
+                "chaos_experiment",
+                exp.id,
+                {},
+                {
+                    "name": exp.name,
+                    "faults": [f.model_dump(mode="json") for f in body.faults],
+                    "blast_radius": body.blast_radius.model_dump(),
+                    "schedule": sched.model_dump(mode="json") if sched else None,
+                },
+            )
+        ],
+    )
+    if not later:
+        _round(session, exp, body, plan, total, now)
+    return exp
+
+
+def fire_due(session: Session) -> list[uuid.UUID]:
+    """Run the rounds of scheduled and repeating experiments that are due. A round whose
+    targets would pass the blast radius (with what earlier rounds touched) aborts the
+    experiment instead. Returns the experiments that ran a round."""
+    now = utcnow()
+    fired = []
+    for exp in session.scalars(
+        select(ChaosExperiment)
+        .where(ChaosExperiment.state.in_(("scheduled", "running")), ChaosExperiment.next_at <= now)
+        .with_for_update(skip_locked=True)
+    ):
+        body = ExperimentIn.model_validate(exp.spec)
+        try:
+            plan, total = _plan(
+                session, body, random.Random(exp.id.int + exp.rounds), exp.gpus_touched
+            )
+        except (BlastRadiusExceeded, NotEnoughTargets, UnknownTarget) as e:
+            stop(session, exp, abort_reason=f"round {exp.rounds + 1}: {e.detail}")
+            continue
+        if exp.state == "scheduled":
+            exp.state, exp.started_at = "running", now
+        _round(session, exp, body, plan, total, now)
+        fired.append(exp.id)
+    return fired
+
+
+def _plan(
+    session: Session, body: ExperimentIn, rng: random.Random, touched_before: int
+) -> tuple[list[tuple[Fault, Node, int | None]], int]:
+    """The round's targets, checked against the blast radius (with the GPUs earlier rounds
+    touched). Returns them and the GPUs they touch."""
     plan = [(f, node, gpu) for f in body.faults for node, gpu in _targets(session, f, rng)]
     for f, node, gpu in plan:
         if isinstance(f, NoisyNeighbourFault) and len(_sharers(session, node, gpu or 0)) < 2:
@@ -201,9 +271,11 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
     touched = _touched(session, plan)
     total = sum(len(v) for v in touched.values())
     br = body.blast_radius
-    if total > br.max_gpus:
+    if touched_before + total > br.max_gpus:
+        earlier = f" (earlier rounds: {touched_before})" if touched_before else ""
         raise BlastRadiusExceeded(
-            f"The faults would take {total} GPUs out; the blast radius allows {br.max_gpus}.",
+            f"The faults would take {total} GPUs out{earlier}; the blast radius allows "
+            f"{br.max_gpus}.",
             gpus=total,
         )
     for region, gpus in sorted(touched.items()):
@@ -214,23 +286,55 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
             .join(Region, Rack.region_id == Region.id)
             .where(Region.name == region)
         )
-        if len(gpus) > br.max_region_share * size:
+        if len(gpus) > br.max_region_share * (size or 0):
             raise BlastRadiusExceeded(
                 f"The faults would take {len(gpus)} of region {region}'s {size} GPUs out; the "
                 f"blast radius allows {br.max_region_share:.0%}.",
                 gpus=len(gpus),
             )
-    now = utcnow()
-    exp = ChaosExperiment(
-        id=exp_id,
-        name=body.name,
-        state="running",
-        spec=body.model_dump(mode="json"),
-        gpus_touched=total,
-        started_at=now,
-        created_at=now,
+    return plan, total
+
+
+def _round(
+    session: Session,
+    exp: ChaosExperiment,
+    body: ExperimentIn,
+    plan: list[tuple[Fault, Node, int | None]],
+    total: int,
+    now: datetime,
+) -> None:
+    """Inject one round of the experiment's faults; schedule the next, if any."""
+    exp.rounds += 1
+    exp.gpus_touched += total
+    sched = body.schedule
+    more = sched is not None and exp.rounds < sched.times
+    exp.next_at = now + timedelta(seconds=sched.every_s) if more and sched else None
+    _inject(session, exp, plan, now)
+    audit.record_system(
+        session,
+        "chaos.inject",
+        [
+            (
+                None,
+                "chaos_experiment",
+                exp.id,
+                {},
+                {
+                    "round": exp.rounds,
+                    "faults": [[f.kind, getattr(f, "code", None), n.name, g] for f, n, g in plan],
+                    "gpus_touched": total,
+                },
+            )
+        ],
     )
-    session.add(exp)
+
+
+def _inject(
+    session: Session,
+    exp: ChaosExperiment,
+    plan: list[tuple[Fault, Node, int | None]],
+    now: datetime,
+) -> None:
     samples: list[tuple] = []
     targets: dict = {}
     reports: dict[int, list] = {}
@@ -312,26 +416,6 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         telemetry.ingest(session, [], {}, heartbeat_nodes=[n.name for n in lost])
         for n in lost:
             telemetry.partition(session, n.id, True)
-    # In the audit log however it was started (API or CLI): what, where, and the radius.
-    audit.record_system(
-        session,
-        "chaos.start",
-        [
-            (
-                None,
-                "chaos_experiment",
-                exp.id,
-                {},
-                {
-                    "name": exp.name,
-                    "faults": [[f.kind, getattr(f, "code", None), n.name, g] for f, n, g in plan],
-                    "blast_radius": br.model_dump(),
-                    "gpus_touched": total,
-                },
-            )
-        ],
-    )
-    return exp
 
 
 def _sharers(session: Session, node: Node, gpu: int) -> list:
@@ -397,10 +481,11 @@ def _max_clock(node: Node) -> float:
 def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None) -> None:
     """Stop the experiment and undo what it injected (an Xid gauge clears; what the health loop
     did about the faults stays its own business, released by operators). With a reason, it
-    was aborted by one of its conditions."""
-    if exp.state != "running":
+    was aborted by one of its conditions. A scheduled round that has not run never will."""
+    if exp.state not in ("running", "scheduled"):
         return
     now = utcnow()
+    exp.next_at = None
     samples: list[tuple] = []
     targets: dict = {}
     back: list[ChaosInjection] = []

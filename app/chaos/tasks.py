@@ -13,9 +13,14 @@ log = get_logger(__name__)
 
 @shared_task(name="chaos.watch", ignore_result=True)
 def watch() -> int:
-    """Beat: abort running experiments whose abort condition holds (undoing what they did)."""
+    """Beat: abort running experiments whose abort condition holds (undoing what they did);
+    run the rounds of scheduled experiments that are due."""
     with session_scope() as session:
         aborted = service.check_aborts(session)
+    with session_scope() as session:
+        fired = service.fire_due(session)
     if aborted:
         log.warning("chaos_aborted", experiments=[str(x) for x in aborted])
+    if fired:
+        log.info("chaos_round", experiments=[str(x) for x in fired])
     return len(aborted)
