@@ -494,6 +494,11 @@ def chaos_inject(
         None, help="The provider fails to 'boot' or to 'repair' on the target's nodes instead."
     ),
     rack: str | None = typer.Option(None, help="Target: every node (GPU) of this rack."),
+    noisy_neighbour: float | None = typer.Option(
+        None,
+        help="A noisy neighbour on the shared --node --gpu instead: its other workloads' step "
+        "time over their best (e.g. 2).",
+    ),
     node: str | None = typer.Option(
         None, help="Target: this node's --gpu (the node itself for --node-loss, --nvlink)."
     ),
@@ -523,7 +528,9 @@ def chaos_inject(
     if rack:
         target = {"rack": rack}
     fault: dict = {"kind": "xid", "code": xid, "target": target}
-    if provider_fails:
+    if noisy_neighbour is not None:
+        fault = {"kind": "noisy_neighbour", "slowdown": noisy_neighbour, "target": target}
+    elif provider_fails:
         fault = {"kind": "provider", "fails": provider_fails, "target": target}
     elif node_loss:
         fault = {"kind": "node_loss", "target": target}
