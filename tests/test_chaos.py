@@ -477,7 +477,7 @@ def test_a_noisy_neighbour_is_found_from_telemetry_and_its_victim_moves_at_its_c
 
 
 def test_scheduled_and_repeated_rounds_stay_within_the_blast_radius(client, world, session):
-    from datetime import UTC, datetime, timedelta
+    from datetime import UTC, datetime, timedelta, timezone
 
     from sqlalchemy import text
 
@@ -488,13 +488,13 @@ def test_scheduled_and_repeated_rounds_stay_within_the_blast_radius(client, worl
     at = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     fault = {"kind": "xid", "code": 13, "target": {"node": "h1", "gpu": 0}}
 
-    def start(max_gpus, schedule):
+    def start(max_gpus, schedule, share=1.0):
         r = client.post(
             "/v1/admin/chaos/experiments",
             json={
                 "name": f"rounds within {max_gpus}",
                 "faults": [fault],
-                "blast_radius": {"max_gpus": max_gpus, "max_region_share": 1},
+                "blast_radius": {"max_gpus": max_gpus, "max_region_share": share},
                 "schedule": schedule,
             },
             headers=auth(op),
@@ -504,8 +504,14 @@ def test_scheduled_and_repeated_rounds_stay_within_the_blast_radius(client, worl
 
     tight = start(1, {"at": at, "every_s": 60, "times": 2})
     roomy = start(2, {"at": at, "every_s": 60, "times": 2})
-    later = start(1, {"at": at})
-    for e in (tight, roomy, later):
+    # 20 % of the region's 8 GPUs: one GPU per round fits, two rounds do not.
+    share = start(10, {"at": at, "every_s": 60, "times": 2}, share=0.2)
+    # A time with another offset is the same instant.
+    there = (datetime.now(UTC) + timedelta(hours=1)).astimezone(timezone(timedelta(hours=2)))
+    later = start(1, {"at": there.isoformat()})
+    got = datetime.fromisoformat(later["next_at"])
+    assert abs((got - there).total_seconds()) < 1
+    for e in (tight, roomy, share, later):
         assert e["state"] == "scheduled" and e["rounds"] == 0 and e["injections"] == []
         assert e["next_at"] is not None
 
@@ -521,7 +527,7 @@ def test_scheduled_and_repeated_rounds_stay_within_the_blast_radius(client, worl
     r = client.post(f"/v1/admin/chaos/experiments/{later['id']}/stop", headers=auth(op))
     assert r.json()["state"] == "stopped" and r.json()["next_at"] is None
     due()
-    for e in (tight, roomy):
+    for e in (tight, roomy, share):
         x = get(e)
         assert x["state"] == "running" and x["rounds"] == 1 and len(x["injections"]) == 1
         assert x["gpus_touched"] == 1 and x["next_at"] is not None
@@ -531,6 +537,7 @@ def test_scheduled_and_repeated_rounds_stay_within_the_blast_radius(client, worl
     assert x["rounds"] == 2 and x["gpus_touched"] == 2 and x["next_at"] is None
     assert len(x["injections"]) == 2 and x["state"] == "running"
     # The second round would pass the radius of the first: the experiment aborts instead.
-    x = get(tight)
-    assert x["state"] == "aborted" and x["rounds"] == 1
-    assert "round 2" in x["abort_reason"] and "earlier rounds: 1" in x["abort_reason"]
+    for e in (tight, share):
+        x = get(e)
+        assert x["state"] == "aborted" and x["rounds"] == 1
+        assert "round 2" in x["abort_reason"] and "earlier rounds: 1" in x["abort_reason"]

@@ -21,6 +21,7 @@ class ChaosExperiment(TimestampMixin, Base):
     abort_reason: Mapped[str | None] = mapped_column(String(300), default=None)
     spec: Mapped[dict] = mapped_column(JSON)  # what was asked, as asked
     gpus_touched: Mapped[int] = mapped_column(Integer, default=0)
+    touched: Mapped[dict | None] = mapped_column(JSON, default=None)  # GPUs per region, all rounds
     started_at: Mapped[datetime] = mapped_column()
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
     rounds: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

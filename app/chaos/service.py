@@ -9,10 +9,10 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
@@ -173,7 +173,16 @@ def _touched(session: Session, plan: list[tuple[Fault, Node, int | None]]) -> di
                 .where(Rack.id == node.rack_id)
             )
         gpus = {(node.id, gpu)}
-        if scope >= Scope.node or gpu is None:
+        if scope is Scope.domain:  # e.g. Xid 74 on one GPU drains the whole NVLink domain
+            gpus = {
+                (nid, g)
+                for nid, g in session.execute(
+                    select(Gpu.node_id, Gpu.index)
+                    .join(Node, Gpu.node_id == Node.id)
+                    .where(Node.nvlink_domain == node.nvlink_domain)
+                )
+            }
+        elif scope >= Scope.node or gpu is None:
             if node.id not in node_gpus:
                 node_gpus[node.id] = list(
                     session.scalars(select(Gpu.index).where(Gpu.node_id == node.id))
@@ -191,10 +200,11 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
             "Chaos experiments are off on this deployment; set RACKPLANE_CHAOS_ENABLED=true."
         )
     exp_id = uuid.uuid4()
-    plan, total = _plan(session, body, random.Random(exp_id.int), 0)
+    plan, touched = _plan(session, body, random.Random(exp_id.int), {})
     now = utcnow()
     sched = body.schedule
-    later = sched is not None and sched.at is not None and as_aware(sched.at) > now
+    first = sched.at.astimezone(UTC) if sched is not None and sched.at is not None else None
+    later = first is not None and first > now
     exp = ChaosExperiment(
         id=exp_id,
         name=body.name,
@@ -203,7 +213,7 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         gpus_touched=0,
         started_at=now,
         created_at=now,
-        next_at=as_aware(sched.at) if later and sched is not None else None,
+        next_at=first if later else None,
     )
     session.add(exp)
     session.flush()
@@ -226,7 +236,7 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         ],
     )
     if not later:
-        _round(session, exp, body, plan, total, now)
+        _round(session, exp, body, plan, touched, now)
     return exp
 
 
@@ -241,26 +251,40 @@ def fire_due(session: Session) -> list[uuid.UUID]:
         .where(ChaosExperiment.state.in_(("scheduled", "running")), ChaosExperiment.next_at <= now)
         .with_for_update(skip_locked=True)
     ):
+        # Claim the round: an experiment stopped meanwhile (SQLite has no row locks) is left be.
+        claimed = session.execute(
+            update(ChaosExperiment)
+            .where(
+                ChaosExperiment.id == exp.id,
+                ChaosExperiment.state == exp.state,
+                ChaosExperiment.rounds == exp.rounds,
+            )
+            .values(next_at=None)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if claimed != 1:
+            continue
         body = ExperimentIn.model_validate(exp.spec)
         try:
-            plan, total = _plan(
-                session, body, random.Random(exp.id.int + exp.rounds), exp.gpus_touched
-            )
+            with session.begin_nested():
+                plan, touched = _plan(
+                    session, body, random.Random(exp.id.int + exp.rounds), exp.touched or {}
+                )
+                if exp.state == "scheduled":
+                    exp.state, exp.started_at = "running", now
+                _round(session, exp, body, plan, touched, now)
         except (BlastRadiusExceeded, NotEnoughTargets, UnknownTarget) as e:
             stop(session, exp, abort_reason=f"round {exp.rounds + 1}: {e.detail}")
             continue
-        if exp.state == "scheduled":
-            exp.state, exp.started_at = "running", now
-        _round(session, exp, body, plan, total, now)
         fired.append(exp.id)
     return fired
 
 
 def _plan(
-    session: Session, body: ExperimentIn, rng: random.Random, touched_before: int
-) -> tuple[list[tuple[Fault, Node, int | None]], int]:
-    """The round's targets, checked against the blast radius (with the GPUs earlier rounds
-    touched). Returns them and the GPUs they touch."""
+    session: Session, body: ExperimentIn, rng: random.Random, before: dict[str, int]
+) -> tuple[list[tuple[Fault, Node, int | None]], dict[str, int]]:
+    """The round's targets, checked against the blast radius with the GPUs earlier rounds
+    touched (`before`, per region). Returns them and the GPUs they touch per region."""
     plan = [(f, node, gpu) for f in body.faults for node, gpu in _targets(session, f, rng)]
     for f, node, gpu in plan:
         if isinstance(f, NoisyNeighbourFault) and len(_sharers(session, node, gpu or 0)) < 2:
@@ -271,6 +295,7 @@ def _plan(
     touched = _touched(session, plan)
     total = sum(len(v) for v in touched.values())
     br = body.blast_radius
+    touched_before = sum(before.values())
     if touched_before + total > br.max_gpus:
         earlier = f" (earlier rounds: {touched_before})" if touched_before else ""
         raise BlastRadiusExceeded(
@@ -286,13 +311,15 @@ def _plan(
             .join(Region, Rack.region_id == Region.id)
             .where(Region.name == region)
         )
-        if len(gpus) > br.max_region_share * (size or 0):
+        had = before.get(region, 0)
+        if had + len(gpus) > br.max_region_share * (size or 0):
+            earlier = f" (earlier rounds: {had})" if had else ""
             raise BlastRadiusExceeded(
-                f"The faults would take {len(gpus)} of region {region}'s {size} GPUs out; the "
-                f"blast radius allows {br.max_region_share:.0%}.",
+                f"The faults would take {len(gpus)} of region {region}'s {size} GPUs "
+                f"out{earlier}; the blast radius allows {br.max_region_share:.0%}.",
                 gpus=len(gpus),
             )
-    return plan, total
+    return plan, {r: len(g) for r, g in touched.items()}
 
 
 def _round(
@@ -300,12 +327,15 @@ def _round(
     exp: ChaosExperiment,
     body: ExperimentIn,
     plan: list[tuple[Fault, Node, int | None]],
-    total: int,
+    touched: dict[str, int],
     now: datetime,
 ) -> None:
     """Inject one round of the experiment's faults; schedule the next, if any."""
+    total = sum(touched.values())
     exp.rounds += 1
     exp.gpus_touched += total
+    before = dict(exp.touched or {})
+    exp.touched = {r: before.get(r, 0) + touched.get(r, 0) for r in {*before, *touched}}
     sched = body.schedule
     more = sched is not None and exp.rounds < sched.times
     exp.next_at = now + timedelta(seconds=sched.every_s) if more and sched else None
@@ -455,6 +485,31 @@ def _make_noise(session: Session, f: NoisyNeighbourFault, node: Node, gpu: int, 
         report_step_times(session, w, {0: best * f.slowdown})
 
 
+def _quiet(session: Session, inj: ChaosInjection) -> None:
+    """Undo a noisy neighbour for the victims it made: their best pace was the experiment's
+    (forgotten: their own reports set it again), the GPU is no longer to be avoided, and a move
+    that has not happened yet is called off."""
+    from app.workloads.models import Workload, WorkloadEvent
+
+    told = {
+        e.workload_id
+        for e in session.scalars(
+            select(WorkloadEvent).where(
+                WorkloadEvent.kind == "health", WorkloadEvent.at >= as_aware(inj.injected_at)
+            )
+        )
+        if (e.details or {}).get("reason") == "noisy_neighbour"
+        and (e.details or {}).get("node") == inj.node
+        and (e.details or {}).get("gpu") == inj.gpu_index
+    }
+    where_ = [inj.node, inj.gpu_index]
+    for w in session.scalars(select(Workload).where(Workload.id.in_(told)).with_for_update()):
+        w.step_time_best_s = None
+        if where_ in (w.avoid_gpus or []):
+            w.avoid_gpus = [x for x in w.avoid_gpus or [] if x != where_] or None
+            w.migrate_at_checkpoint = False
+
+
 def _gpu_indices(session: Session, nodes: list[Node]) -> dict[uuid.UUID, list[int]]:
     return _gpu_indices_by_id(session, [n.id for n in nodes])
 
@@ -512,15 +567,34 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
         elif inj.kind == "throttle":  # the slowdown ends (its measured speed fades back)
             targets[key] = key
             samples.append((0, key, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 0.0, time.time()))
+        elif inj.kind == "noisy_neighbour":  # the load is gone
+            targets[key] = key
+            samples.append((0, key, "DCGM_FI_DEV_GPU_UTIL", 0.0, time.time()))
+            _quiet(session, inj)
         inj.undone_at = now
+    session.flush()
+    # The network is back first (what follows must arrive): a node another experiment still
+    # cuts off stays cut off.
+    still = set(
+        session.scalars(
+            select(ChaosInjection.node_id)
+            .join(ChaosExperiment, ChaosExperiment.id == ChaosInjection.experiment_id)
+            .where(
+                ChaosInjection.kind == "node_loss",
+                ChaosInjection.undone_at.is_(None),
+                ChaosExperiment.id != exp.id,
+            )
+        )
+    )
+    back = [inj for inj in back if inj.node_id not in still]
+    for inj in back:
+        telemetry.partition(session, inj.node_id, False)
     if samples:
         telemetry.ingest(session, samples, targets)
     providers.mend(session, exp.id)
     if back:
-        # The network is back: the agents' next reports arrive (the node returns through
-        # validation, as any node whose agent speaks again).
-        for inj in back:
-            telemetry.partition(session, inj.node_id, False)
+        # The agents' next reports arrive (the node returns through validation, as any node
+        # whose agent speaks again).
         telemetry.ingest(session, [], {}, heartbeat_nodes=sorted({i.node for i in back}))
     exp.state, exp.stopped_at = ("aborted" if abort_reason else "stopped"), now
     exp.abort_reason = abort_reason

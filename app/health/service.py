@@ -973,8 +973,9 @@ def shared_pace(session: Session, w: Any, step_s: float) -> bool:
     gpu = session.scalar(select(Gpu).where(Gpu.node_id == a.node_id, Gpu.index == index))
     if node is None or gpu is None:
         return False
-    tel = session.get(GpuTelemetry, gpu.id)
-    util = (tel.latest or {}).get("util") if tel is not None else None
+    # Read from the table, not the session's copy: telemetry writes it with Core statements.
+    latest = session.scalar(select(GpuTelemetry.latest).where(GpuTelemetry.gpu_id == gpu.id))
+    util = (latest or {}).get("util")
     if util is None or util < NOISY_UTIL:
         return False
     where_ = [node.name, index]

@@ -68,7 +68,7 @@ def migrate(workload_id: str) -> str:
     """A workload on a suspect GPU checkpointed: move it if it fits on healthy GPUs now without
     preempting anyone; otherwise it stays, and its next checkpoint asks again."""
     from app.workloads.lifecycle import State
-    from app.workloads.models import Workload
+    from app.workloads.models import Allocation, Workload
     from app.workloads.placement import dry_run
     from app.workloads.service import move_off_suspect
 
@@ -81,7 +81,13 @@ def migrate(workload_id: str) -> str:
         plan = dry_run(session, w)
         if not plan.placeable_now or plan.preempts or plan.preempts_others:
             return "stays: no healthy capacity now"
-        if w.avoid_gpus:  # asked to move by a noisy neighbour, not by its GPU's health
+        held = session.execute(
+            select(Node.name, Allocation.gpu_indices)
+            .join(Allocation, Allocation.node_id == Node.id)
+            .where(Allocation.workload_id == w.id, Allocation.released_at.is_(None))
+        ).all()
+        noisy = any([n, g] in (w.avoid_gpus or []) for n, gs in held for g in gs or ())
+        if noisy:  # asked to move by a noisy neighbour, not by its GPU's health
             move_off_suspect(
                 session, w, "a neighbour saturates its shared GPU", reason="noisy_neighbour"
             )

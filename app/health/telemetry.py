@@ -301,7 +301,8 @@ class Telemetry:
         for key, (host, index, uuid_) in targets.items():
             if host is None:
                 g = self.by_uuid.get(uuid_) if uuid_ else None
-                out[key] = g if g is not None else "unknown_gpu"
+                cut = g is not None and g.host in self.nodes and self.nodes[g.host].partitioned
+                out[key] = PARTITIONED if cut else g if g is not None else "unknown_gpu"
                 continue
             node = self.nodes.get(host)
             if node is None:

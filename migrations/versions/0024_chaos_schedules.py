@@ -1,4 +1,4 @@
-"""Chaos experiments run on a schedule: rounds so far, the next one
+"""Chaos experiments run on a schedule: rounds so far, the next one, GPUs touched per region
 
 Revision ID: 0024
 Revises: 0023
@@ -22,6 +22,7 @@ def upgrade() -> None:
     op.add_column(
         "chaos_experiments", sa.Column("next_at", sa.DateTime(timezone=True), nullable=True)
     )
+    op.add_column("chaos_experiments", sa.Column("touched", sa.JSON(), nullable=True))
     op.create_index(
         op.f("ix_chaos_experiments_next_at"), "chaos_experiments", ["next_at"], unique=False
     )
@@ -31,5 +32,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index(op.f("ix_chaos_experiments_next_at"), table_name="chaos_experiments")
+    op.drop_column("chaos_experiments", "touched")
     op.drop_column("chaos_experiments", "next_at")
     op.drop_column("chaos_experiments", "rounds")

@@ -348,8 +348,9 @@ class _Replay:
         """Up since `up_since`: (progress now, progress saved, seconds spent writing)."""
         x = t - self.up_since
         period = self.tau + self.p.checkpoint_cost_s
-        k = math.floor(x / period)
-        r = x - k * period
+        # (an instant computed as up_since + k x period must count checkpoint k as written)
+        k = math.floor(x / period + 1e-9)
+        r = max(0.0, x - k * period)
         done = k * self.tau + min(r, self.tau)
         writing = k * self.p.checkpoint_cost_s + max(0.0, r - self.tau)
         return self.saved + done, self.saved + k * self.tau, writing
@@ -494,8 +495,8 @@ class _Replay:
             self._warned(t, data)
             return False
         if kind == MOVE:  # a planned move off a suspect GPU, right after a checkpoint
-            assert isinstance(data, Fault)
-            return self._planned_move(t, data)
+            f, version = data
+            return self._planned_move(t, f, version)
         if kind == REPAIRED:
             node, gpu = data
             if self.health[(node, gpu)] is Health.out_of_service:
@@ -592,10 +593,10 @@ class _Replay:
             return True
         # Not the job's: the work on the node stops (background work is requeued), the
         # hardware goes out, a hot spare there is replaced.
-        if not self._take_out(t, f, rule):
-            gpus_hit = {f.gpu}
-        else:
-            gpus_hit = set(range(GPUS_PER_NODE))
+        scope = actions.EFFECT[rule.action][0] if rule is not None else Scope.none
+        self._take_out(t, f, rule)
+        # The GPU's work stops (an application error, a GPU reset); a node's for node scope.
+        gpus_hit = {f.gpu} if scope <= Scope.gpu else set(range(GPUS_PER_NODE))
         for wid in [
             wid
             for wid, w in self.running.items()
@@ -607,7 +608,7 @@ class _Replay:
         ]:
             self._bg_fault(t, wid)
         held = self.held.get(f.node)
-        if held is not None and held[0].startswith("spare") and gpus_hit != {f.gpu}:
+        if held is not None and held[0].startswith("spare") and scope >= Scope.gpu:
             self._drop_spare(f.node)
             self._submit("spare", t)
         self.snap.commit()
@@ -622,10 +623,11 @@ class _Replay:
         if self.smart and self.up and f.node in self.job:
             at = self._next_checkpoint(t)
             if at < f.at:
-                self.push(at, MOVE, f)
+                self.push(at, MOVE, (f, self.up_version))
 
-    def _planned_move(self, t: float, f: Fault) -> bool:
-        if not (self.up and f.node in self.job):
+    def _planned_move(self, t: float, f: Fault, version: int) -> bool:
+        # Planned against this run's checkpoints: a run since restarted has its own.
+        if not (self.up and f.node in self.job) or version != self.up_version:
             return False
         self._stop_job(t, planned=True)
         self.res.avoided += 1
