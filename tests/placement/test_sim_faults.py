@@ -164,6 +164,7 @@ def test_cli_json_and_errors():
             "recomputation",
             "waiting_for_capacity",
         }
+    assert by["default"]["params"]["checkpoint_cost_s"] == 2.0
     assert rows[-1]["summary"] == "sim faults"
     bad = runner.invoke(cli, ["sim", "faults", "--policy", "luck"])
     assert bad.exit_code == 2

@@ -234,6 +234,7 @@ class Result:
     transitions: int = 0
     cycles: int = 0
     seconds: float = 0.0
+    params: dict[str, Any] = field(default_factory=dict)  # what the replay was run with
 
     def as_dict(self) -> dict:
         horizon = self.days * DAY
@@ -272,6 +273,7 @@ class Result:
             "health_transitions": self.transitions,
             "cycles": self.cycles,
             "seconds": round(self.seconds, 1),
+            "params": self.params,
         }
 
 
@@ -308,6 +310,9 @@ class _Replay:
         self.res = Result(
             policy, p.gpus, p.days, self.job_nodes * GPUS_PER_NODE, self.spares, self.hot
         )
+        self.res.params = {
+            k: v for k, v in vars(p).items() if k not in ("causes", "gpus", "days")
+        } | {"warned": max((c.warned for c in p.causes), default=0.0)}
         self.events: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.faults = faults
