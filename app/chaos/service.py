@@ -20,6 +20,7 @@ from app.chaos.models import ChaosExperiment, ChaosInjection
 from app.chaos.schemas import (
     EccFault,
     ExperimentIn,
+    FaultIn,
     NamedTarget,
     NodeLossFault,
     NodeTarget,
@@ -64,15 +65,7 @@ class BlastRadiusExceeded(Conflict):
     title = "Beyond the blast radius"
 
 
-Fault = (
-    XidFault
-    | EccFault
-    | ThrottleFault
-    | NodeLossFault
-    | NvlinkFault
-    | ProviderFault
-    | NoisyNeighbourFault
-)
+Fault = FaultIn
 SHARED_TIERS = ("timeslice", "mps")  # one tenant per GPU (app/placement/isolation.py)
 # Injected on a node (all its GPUs), not on one GPU.
 NODE_FAULTS = (NodeLossFault, NvlinkFault, ProviderFault)

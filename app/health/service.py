@@ -937,8 +937,8 @@ def shared_pace(session: Session, w: Any, step_s: float) -> bool:
     is saturated: tell the owner (an event naming the neighbours, which the isolation tiers
     keep within its tenant), never place it on that GPU again, and, if it checkpoints, move it
     at its next checkpoint. Returns whether a noisy neighbour was found."""
-    from app.workloads import lifecycle
     from app.workloads.models import Allocation, Workload
+    from app.workloads.service import tell_owner
 
     best = w.step_time_best_s
     if best is None or step_s < best:
@@ -988,17 +988,11 @@ def shared_pace(session: Session, w: Any, step_s: float) -> bool:
         + (f"workload {mine[0]} of your tenant shares it" if mine else "other work shares it")
     )
     w.avoid_gpus = [*(w.avoid_gpus or []), where_]
-    if w.checkpoint_interval_s:
-        w.migrate_at_checkpoint = True
-        words += "; it moves to another GPU at its next checkpoint"
-    lifecycle.record(
+    tell_owner(
         session,
         w,
-        kind="health",
-        from_state=w.state,
-        to_state=w.state,
-        reason=words[:500],
-        details={
+        words,
+        {
             "reason": "noisy_neighbour",
             "node": node.name,
             "gpu": index,
@@ -1006,6 +1000,7 @@ def shared_pace(session: Session, w: Any, step_s: float) -> bool:
             "slowdown": round(step_s / best, 3),
             "util": util,
         },
+        move_to="another GPU",
     )
     return True
 

@@ -581,21 +581,28 @@ def health_notice(
     for w in _holders(session, node, gpu_indices):
         if w.state != State.running.value:
             continue
-        text = words
-        if migrate and w.checkpoint_interval_s:
-            w.migrate_at_checkpoint = True
-            text += "; it moves to healthy GPUs at its next checkpoint"
-        lifecycle.record(
-            session,
-            w,
-            kind="health",
-            from_state=w.state,
-            to_state=w.state,
-            reason=text[:500],
-            details=details,
-        )
+        tell_owner(session, w, words, details, move_to="healthy GPUs" if migrate else None)
         told += 1
     return told
+
+
+def tell_owner(
+    session: Session, w: Workload, words: str, details: dict, *, move_to: str | None
+) -> None:
+    """A `health` event for the workload's owner; with `move_to`, work that checkpoints moves
+    there at its next checkpoint (and the event says so)."""
+    if move_to and w.checkpoint_interval_s:
+        w.migrate_at_checkpoint = True
+        words += f"; it moves to {move_to} at its next checkpoint"
+    lifecycle.record(
+        session,
+        w,
+        kind="health",
+        from_state=w.state,
+        to_state=w.state,
+        reason=words[:500],
+        details=details,
+    )
 
 
 def node_region(session: Session, node_id: uuid.UUID) -> str:
