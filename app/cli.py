@@ -830,6 +830,13 @@ def openapi(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     console.print(f"wrote {out}")
+    # The GraphQL schema beside it (`make openapi` keeps both current).
+    from app.graphql.schema import schema
+
+    sdl = ROOT / "sdl" / "schema.graphql"
+    sdl.parent.mkdir(parents=True, exist_ok=True)
+    sdl.write_text(schema.as_str() + "\n")
+    console.print(f"wrote {sdl}")
 
 
 def main() -> None:

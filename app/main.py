@@ -79,6 +79,11 @@ def create_app() -> FastAPI:
             app.include_router(module.router)
         if hasattr(module, "admin"):
             app.include_router(module.admin)
+    # The portal's GraphQL API beside REST (not in the OpenAPI document: its schema is
+    # sdl/schema.graphql).
+    from app.graphql.schema import router as graphql_router
+
+    app.include_router(graphql_router(), prefix="/graphql", include_in_schema=False)
     # The audit entry of a request that commits is written in its transaction (routing hook).
     if audit_service.before_commit not in BEFORE_COMMIT:
         BEFORE_COMMIT.append(audit_service.before_commit)

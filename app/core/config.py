@@ -84,6 +84,11 @@ class Settings(BaseSettings):
         default=32 * 1_048_576, gt=0, alias="RACKPLANE_MAX_TELEMETRY_BYTES"
     )
     # A node whose agent has not pushed for this long is unreachable (a fault).
+    # GraphQL: limits checked before a query runs, and whether the schema may be introspected.
+    graphql_max_depth: int = Field(default=10, ge=2, alias="RACKPLANE_GRAPHQL_MAX_DEPTH")
+    graphql_max_aliases: int = Field(default=15, ge=1, alias="RACKPLANE_GRAPHQL_MAX_ALIASES")
+    graphql_max_tokens: int = Field(default=2000, ge=50, alias="RACKPLANE_GRAPHQL_MAX_TOKENS")
+    graphql_introspection: bool = Field(default=True, alias="RACKPLANE_GRAPHQL_INTROSPECTION")
     heartbeat_timeout_seconds: float = Field(
         default=90.0, gt=0, alias="RACKPLANE_HEARTBEAT_TIMEOUT"
     )

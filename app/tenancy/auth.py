@@ -387,32 +387,41 @@ def _rolled_back(session: Session) -> None:
     session.info.pop(_CHANGED, None)
 
 
+def require_tenant_scope(auth: AuthContext, scope: str, *, allow_inactive: bool = False) -> None:
+    """The one check of a tenant key's scope (REST dependencies and GraphQL resolvers)."""
+    if auth.tenant_id is None:
+        raise Forbidden(
+            "This acts on a tenant's own resources; use a tenant API key.",
+            code="tenant_key_required",
+        )
+    if not allow_inactive and auth.tenant_status != "active":
+        raise Forbidden(
+            f"The tenant is {auth.tenant_status}; an operator must approve it first.",
+            code="tenant_not_active",
+        )
+    if not auth.has(scope):
+        raise Forbidden(f"This action needs the `{scope}` scope.", code="insufficient_scope")
+
+
+def require_platform(auth: AuthContext) -> None:
+    if not auth.is_platform:
+        raise Forbidden(
+            "This is for operators; it needs a key with the `platform` scope.",
+            code="platform_scope_required",
+        )
+
+
 def _tenant_scope(scope: str, *, allow_inactive: bool = False):
     async def dependency(auth: AuthContext = Depends(authenticate)) -> AuthContext:
         # async: a check without I/O, run on the event loop rather than a thread-pool hop
-        if auth.tenant_id is None:
-            raise Forbidden(
-                "This route acts on a tenant's own resources; use a tenant API key.",
-                code="tenant_key_required",
-            )
-        if not allow_inactive and auth.tenant_status != "active":
-            raise Forbidden(
-                f"The tenant is {auth.tenant_status}; an operator must approve it first.",
-                code="tenant_not_active",
-            )
-        if not auth.has(scope):
-            raise Forbidden(f"This action needs the `{scope}` scope.", code="insufficient_scope")
+        require_tenant_scope(auth, scope, allow_inactive=allow_inactive)
         return auth
 
     return dependency
 
 
 async def _platform(auth: AuthContext = Depends(authenticate)) -> AuthContext:
-    if not auth.is_platform:
-        raise Forbidden(
-            "This is an operator route; it needs a key with the `platform` scope.",
-            code="platform_scope_required",
-        )
+    require_platform(auth)
     return auth
 
 

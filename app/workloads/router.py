@@ -97,12 +97,7 @@ def list_workloads(
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    stmt = scoped_select(auth, Workload)
-    if state is not None:
-        stmt = stmt.where(Workload.state == state.value)
-    if kind is not None:
-        stmt = stmt.where(Workload.kind == kind)
-    items, nxt = paginate(session, stmt, Workload, page)
+    items, nxt = service.list_workloads(session, auth, page, state=state, kind=kind)
     return {"items": items, "next_cursor": nxt}
 
 

@@ -11,11 +11,13 @@ from sqlalchemy.orm import Session
 from app.billing.budgets import check_submission
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
+from app.core.schemas import PageParams, paginate
 from app.fleet.models import Gpu, Node, Rack, Region
 from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.tenancy.auth import AuthContext
+from app.tenancy.scoping import scoped_select
 from app.workloads import lifecycle
 from app.workloads.lifecycle import HOLDING, TERMINAL, State
 from app.workloads.models import TenantQuota, Workload
@@ -691,3 +693,21 @@ def usage(session: Session, tenant_id: uuid.UUID) -> tuple[dict[str, int], dict[
             for m in w.shape.get("gpu_models") or list(GPU_MODELS):
                 queued[m] = queued.get(m, 0) + w.gpu_milli
     return held, queued
+
+
+def list_workloads(
+    session: Session,
+    auth: AuthContext,
+    page: PageParams,
+    *,
+    state: State | None = None,
+    kind: str | None = None,
+) -> tuple[list[Workload], str | None]:
+    """The caller's workloads (every tenant's for operators), oldest first, a page at a time:
+    REST's list and GraphQL's connection."""
+    stmt = scoped_select(auth, Workload)
+    if state is not None:
+        stmt = stmt.where(Workload.state == state.value)
+    if kind is not None:
+        stmt = stmt.where(Workload.kind == kind)
+    return paginate(session, stmt, Workload, page)

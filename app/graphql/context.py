@@ -1,0 +1,66 @@
+"""The per-request context: who is calling (the same AuthContext as REST), the request's
+database session, and loaders built for this request (bound to the caller, so a loader can never
+return another tenant's row)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from fastapi import Depends, Request
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, aliased
+from strawberry.dataloader import DataLoader
+from strawberry.fastapi import BaseContext
+
+from app.core.db import session_dependency
+from app.core.errors import Unauthorized
+from app.tenancy.auth import AuthContext, extract_key, resolve_key
+from app.tenancy.scoping import restrict
+
+EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
+
+
+class Context(BaseContext):
+    def __init__(self, auth: AuthContext | None, session: Session):
+        super().__init__()
+        self._auth = auth
+        self.session = session
+        self.events = DataLoader(self._load_events)
+
+    @property
+    def auth(self) -> AuthContext:
+        if self._auth is None:
+            raise Unauthorized(
+                "Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key"
+            )
+        return self._auth
+
+    async def _load_events(self, ids: list[uuid.UUID]) -> list[list[Any]]:
+        """The newest events of each workload, in one statement, through the tenant scope."""
+        from app.workloads.models import WorkloadEvent
+
+        stmt = select(
+            WorkloadEvent,
+            func.row_number()
+            .over(partition_by=WorkloadEvent.workload_id, order_by=WorkloadEvent.seq.desc())
+            .label("rank"),
+        ).where(WorkloadEvent.workload_id.in_(ids))
+        ranked = restrict(self.auth, stmt, WorkloadEvent).subquery()
+        ev = aliased(WorkloadEvent, ranked)
+        rows = self.session.scalars(
+            select(ev).where(ranked.c.rank <= EVENTS_PER_WORKLOAD).order_by(ev.workload_id, ev.seq)
+        ).all()
+        by: dict[uuid.UUID, list[Any]] = defaultdict(list)
+        for e in rows:
+            by[e.workload_id].append(e)
+        return [by.get(i, []) for i in ids]
+
+
+async def get_context(request: Request, session: Session = Depends(session_dependency)) -> Context:
+    """The caller from the same API keys as REST. Without a key the context has no caller:
+    GraphiQL's page loads, and every field that needs one answers `missing_api_key`."""
+    raw = extract_key(request)
+    auth = await resolve_key(raw) if raw else None
+    return Context(auth, session)

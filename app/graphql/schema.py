@@ -1,0 +1,158 @@
+"""The schema: queries over the same services and tenancy scoping as REST, limits checked
+before execution, internal errors masked, and errors carrying REST's stable codes."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import strawberry
+from graphql import GraphQLError
+from strawberry.extensions import (
+    MaskErrors,
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    QueryDepthLimiter,
+    SchemaExtension,
+)
+from strawberry.fastapi import GraphQLRouter
+
+from app.core.config import get_settings
+from app.core.errors import AppError, NotFound
+from app.core.logging import get_logger
+from app.core.schemas import PageParams
+from app.graphql.context import Context, get_context
+from app.graphql.types import (
+    PageInfo,
+    Viewer,
+    Workload,
+    WorkloadConnection,
+    WorkloadEdge,
+    edge_cursor,
+    node_id,
+)
+from app.tenancy.auth import require_tenant_scope
+from app.tenancy.scoping import get_owned
+
+log = get_logger(__name__)
+MAX_PAGE = 500  # as REST's limit
+
+
+class AppErrors(SchemaExtension):
+    """An AppError raised by a service becomes a GraphQL error with REST's stable code (and
+    status) in its extensions; anything else is masked by MaskErrors and logged."""
+
+    def resolve(self, _next, root, info, *args, **kwargs) -> Any:
+        try:
+            return _next(root, info, *args, **kwargs)
+        except AppError as e:
+            raise GraphQLError(
+                e.detail, extensions={"code": e.code, "status": e.status, **e.extra}
+            ) from e
+
+
+def _masked(error: GraphQLError) -> bool:
+    if isinstance(error.original_error, AppError) or (error.extensions or {}).get("code"):
+        return False
+    if error.original_error is None:  # a validation error of the query itself: shown
+        return False
+    log.error("graphql_internal_error", error=repr(error.original_error), path=error.path)
+    return True
+
+
+@strawberry.type
+class Query:
+    @strawberry.field(description="The calling tenant")
+    def viewer(self, info: strawberry.Info[Context, None]) -> Viewer:
+        from app.tenants.models import Tenant
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read", allow_inactive=True)
+        t = info.context.session.get(Tenant, auth.tenant_id)
+        if t is None:
+            raise NotFound("The key's tenant is gone.")
+        return Viewer(
+            id=strawberry.ID(str(t.id)),
+            slug=t.slug,
+            name=t.name,
+            status=t.status,
+            isolation_policy=list(t.isolation_policy or []),
+        )
+
+    @strawberry.field(description="The caller's workloads, oldest first")
+    def workloads(
+        self,
+        info: strawberry.Info[Context, None],
+        first: int = 50,
+        after: str | None = None,
+        state: str | None = None,
+        kind: str | None = None,
+    ) -> WorkloadConnection:
+        from app.core.errors import ValidationFailed
+        from app.workloads import service
+        from app.workloads.lifecycle import State
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        if not 1 <= first <= MAX_PAGE:
+            raise ValidationFailed(f"first is 1 to {MAX_PAGE}.", code="validation_error")
+        try:
+            st = State(state) if state is not None else None
+        except ValueError:
+            raise ValidationFailed(
+                f"No workload state {state!r}.", code="validation_error"
+            ) from None
+        if kind is not None and kind not in ("instance", "vm", "job"):
+            raise ValidationFailed(f"No workload kind {kind!r}.", code="validation_error")
+        rows, nxt = service.list_workloads(
+            info.context.session, auth, PageParams(limit=first, cursor=after), state=st, kind=kind
+        )
+        return WorkloadConnection(
+            edges=[WorkloadEdge(cursor=edge_cursor(w), node=Workload.of(w)) for w in rows],
+            page_info=PageInfo(has_next_page=nxt is not None, end_cursor=nxt),
+        )
+
+    @strawberry.field(description="One of the caller's workloads")
+    def workload(self, info: strawberry.Info[Context, None], id: strawberry.ID) -> Workload:
+        from app.workloads.models import Workload as Row
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        wid: uuid.UUID | None = node_id(str(id))
+        if wid is None:
+            raise NotFound(f"No workload with id {id}.", code="workload_not_found")
+        return Workload.of(get_owned(info.context.session, auth, Row, str(wid), what="workload"))
+
+
+class Schema(strawberry.Schema):
+    def process_errors(self, errors: list[GraphQLError], execution_context: Any = None) -> None:
+        """Errors with a code are answers, not incidents; internal ones are logged (with the
+        request id) where they are masked."""
+
+
+def build_schema() -> strawberry.Schema:
+    s = get_settings()
+    # Factories: a fresh extension per request.
+    extensions: list[Any] = [
+        lambda: QueryDepthLimiter(max_depth=s.graphql_max_depth),
+        lambda: MaxAliasesLimiter(max_alias_count=s.graphql_max_aliases),
+        lambda: MaxTokensLimiter(max_token_count=s.graphql_max_tokens),
+        AppErrors,
+        lambda: MaskErrors(should_mask_error=_masked, error_message="Internal error"),
+    ]
+    if not s.graphql_introspection:
+        from strawberry.extensions import DisableIntrospection
+
+        extensions.append(DisableIntrospection)
+    return Schema(query=Query, extensions=extensions)
+
+
+schema = build_schema()
+
+
+def router() -> GraphQLRouter:
+    return GraphQLRouter(
+        schema,
+        context_getter=get_context,
+        graphql_ide="graphiql" if get_settings().is_sqlite else None,
+    )

@@ -1,0 +1,145 @@
+"""GraphQL types: what the portal reads. Each is built from the same rows REST returns."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import strawberry
+from strawberry.scalars import JSON
+
+
+@strawberry.type(description="One replica's place: region, rack, node, GPUs, MIG slot")
+class Placement:
+    replica: int
+    region: str | None
+    rack: str | None
+    node: str
+    gpu_indices: list[int]
+    mig_profile: str | None
+    mig_slot: int | None
+
+    @classmethod
+    def of(cls, p: dict[str, Any]) -> Placement:
+        return cls(
+            replica=int(p.get("replica", 0)),
+            region=p.get("region"),
+            rack=p.get("rack"),
+            node=p["node"],
+            gpu_indices=list(p.get("gpu_indices") or []),
+            mig_profile=p.get("mig_profile"),
+            mig_slot=p.get("mig_start"),
+        )
+
+
+@strawberry.type(description="A state change or a notice in a workload's life")
+class WorkloadEvent:
+    seq: int
+    kind: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    details: JSON
+    at: datetime
+
+
+@strawberry.type
+class Workload:
+    id: strawberry.ID
+    name: str | None
+    kind: str
+    state: str
+    tier: str
+    priority: str
+    replicas: int
+    gpu_milli: int
+    region: str | None
+    labels: JSON
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    interruptions: int
+    lost_work_gpu_s: float
+    _row: strawberry.Private[Any]
+
+    @strawberry.field(description="Per replica, where it runs (empty until placed)")
+    def placement(self) -> list[Placement]:
+        return [Placement.of(p) for p in self._row.placement or []]
+
+    @strawberry.field(description="Its newest events (at most 20), oldest first")
+    async def events(self, info: strawberry.Info) -> list[WorkloadEvent]:
+        rows = await info.context.events.load(self._row.id)
+        return [
+            WorkloadEvent(
+                seq=e.seq,
+                kind=e.kind,
+                from_state=e.from_state,
+                to_state=e.to_state,
+                reason=e.reason,
+                details=e.details or {},
+                at=e.at,
+            )
+            for e in rows
+        ]
+
+    @classmethod
+    def of(cls, w: Any) -> Workload:
+        return cls(
+            id=strawberry.ID(str(w.id)),
+            name=w.name,
+            kind=w.kind,
+            state=w.state,
+            tier=w.tier,
+            priority=w.priority,
+            replicas=w.replicas,
+            gpu_milli=w.gpu_milli,
+            region=w.region,
+            labels=dict(w.labels or {}),
+            created_at=w.created_at,
+            started_at=w.started_at,
+            finished_at=w.finished_at,
+            interruptions=w.interruptions or 0,
+            lost_work_gpu_s=float(w.lost_work_gpu_s or 0.0),
+            _row=w,
+        )
+
+
+@strawberry.type
+class PageInfo:
+    has_next_page: bool
+    end_cursor: str | None
+
+
+@strawberry.type
+class WorkloadEdge:
+    cursor: str
+    node: Workload
+
+
+@strawberry.type(description="A page of workloads (Relay connection), oldest first")
+class WorkloadConnection:
+    edges: list[WorkloadEdge]
+    page_info: PageInfo
+
+
+@strawberry.type(description="The calling tenant")
+class Viewer:
+    id: strawberry.ID
+    slug: str
+    name: str
+    status: str
+    isolation_policy: list[str]
+
+
+def edge_cursor(w: Any) -> str:
+    from app.core.schemas import _encode
+
+    return _encode(w.created_at, w.id)
+
+
+def node_id(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
