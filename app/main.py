@@ -100,7 +100,12 @@ def create_app() -> FastAPI:
         },
     )
     # Telemetry is data, not anyone's decision: what it causes is in the health history.
-    app.add_middleware(audit_service.AuditMiddleware, exempt=frozenset({"/v1/admin/telemetry"}))
+    # GraphQL's mutations write their entries where they commit; its queries are reads.
+    app.add_middleware(
+        audit_service.AuditMiddleware,
+        exempt=frozenset({"/v1/admin/telemetry"}),
+        commits_only=frozenset({"/graphql"}),
+    )
     app.add_middleware(
         ConcurrencyLimitMiddleware,
         limit=settings.api_max_in_flight,

@@ -125,3 +125,70 @@ def test_statements_do_not_grow_with_the_page(client, world, n, request):
     assert len(body["data"]["workloads"]["edges"]) == n
     # The page, the tenant and one statement for every workload's events, whatever n is.
     assert count[0] <= 4, count[0]
+
+
+SUBMIT = """
+mutation($input: JSON!) {
+  submitWorkload(input: $input) {
+    __typename
+    ... on Workload { id state kind events { toState } }
+    ... on Problem { code message }
+    ... on ValidationProblem { fields { path message } }
+  }
+}
+"""
+TERMINATE = """
+mutation($id: ID!) {
+  terminateWorkload(id: $id) { __typename ... on Workload { state } ... on Problem { code } }
+}
+"""
+
+
+def test_mutations_return_the_result_or_a_typed_error_with_rest_codes(client, world, session):
+    from sqlalchemy import text
+
+    world.fleet(fleet(1))
+    key = world.key(world.tenant("acme", policy=ALL))
+    other = world.key(world.tenant("globex", policy=ALL))
+    op = world.key(None)
+    r = gql(client, key, SUBMIT, input={"kind": "instance", "gpus": 1})["data"]["submitWorkload"]
+    assert r["__typename"] == "Workload" and r["state"] == "queued"
+    assert [e["toState"] for e in r["events"]] == ["pending", "queued"]
+    # Committed before the answer, and the same row REST reads.
+    got = client.get(f"/v1/workloads/{r['id']}", headers=auth(key)).json()
+    assert got["state"] == "queued" and got["kind"] == "instance"
+    bad = gql(client, key, SUBMIT, input={"kind": "instance", "gpus": 99})["data"]
+    bad = bad["submitWorkload"]
+    assert bad["__typename"] == "ValidationProblem" and bad["code"] == "validation_error"
+    assert ["input", "gpus"] in [f["path"] for f in bad["fields"]]
+    none = gql(client, op, SUBMIT, input={"kind": "instance", "gpus": 1})["data"]
+    assert none["submitWorkload"] == {
+        "__typename": "ForbiddenProblem",
+        "code": "tenant_key_required",
+        "message": none["submitWorkload"]["message"],
+    }
+    # Another tenant's workload is not found; one's own is terminated.
+    gone = gql(client, other, TERMINATE, id=r["id"])["data"]["terminateWorkload"]
+    assert gone == {"__typename": "NotFoundProblem", "code": "workload_not_found"}
+    done = gql(client, key, TERMINATE, id=r["id"])["data"]["terminateWorkload"]
+    assert done == {"__typename": "Workload", "state": "terminated"}
+    # Terminating again is idempotent, as on REST.
+    assert gql(client, key, TERMINATE, id=r["id"])["data"]["terminateWorkload"] == done
+    session.rollback()
+    n = session.execute(text("SELECT count(*) FROM workloads")).scalar()
+    assert n == 1  # nothing half-written by the refused ones
+
+
+def test_a_mutation_is_in_the_audit_log_like_its_rest_route(client, world, session):
+    from sqlalchemy import text
+
+    world.fleet(fleet(1))
+    key = world.key(world.tenant("acme", policy=ALL))
+    gql(client, key, PAGE, first=5)  # a read is not an action
+    r = gql(client, key, SUBMIT, input={"kind": "instance", "gpus": 1})["data"]["submitWorkload"]
+    session.rollback()
+    rows = session.execute(
+        text("SELECT action, target_id, status FROM audit_log WHERE action LIKE '%graphql%'")
+    ).all()
+    assert [(a, s) for a, _t, s in rows] == [("POST /graphql:submitWorkload", 200)], rows
+    assert r["__typename"] == "Workload"

@@ -197,9 +197,17 @@ def _write_alone(current: _Request, status: int, claimed_prefix: str | None) -> 
 class AuditMiddleware:
     """Records the mutating requests whose endpoint did not commit an entry (see the module)."""
 
-    def __init__(self, app: ASGIApp, exempt: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        app: ASGIApp,
+        exempt: frozenset[str] = frozenset(),
+        commits_only: frozenset[str] = frozenset(),
+    ):
         self.app = app
         self.exempt = exempt
+        # Paths whose requests are recorded only where they commit (GraphQL: a query is a
+        # read, a mutation writes its entry with its change).
+        self.commits_only = commits_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -222,7 +230,7 @@ class AuditMiddleware:
             await self.app(scope, receive, capture)
         finally:
             _CURRENT.reset(token)
-            if not current.written:
+            if not current.written and scope["path"] not in self.commits_only:
                 route = scope.get("route")
                 current.route = current.route or getattr(route, "path_format", None)
                 from app.tenancy.auth import extract_key, parse_prefix

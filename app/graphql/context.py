@@ -16,7 +16,7 @@ from strawberry.fastapi import BaseContext
 
 from app.core.db import session_dependency
 from app.core.errors import Unauthorized
-from app.tenancy.auth import AuthContext, extract_key, resolve_key
+from app.tenancy.auth import AuthContext, authenticate, extract_key
 from app.tenancy.scoping import restrict
 
 EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
@@ -61,6 +61,5 @@ class Context(BaseContext):
 async def get_context(request: Request, session: Session = Depends(session_dependency)) -> Context:
     """The caller from the same API keys as REST. Without a key the context has no caller:
     GraphiQL's page loads, and every field that needs one answers `missing_api_key`."""
-    raw = extract_key(request)
-    auth = await resolve_key(raw) if raw else None
+    auth = await authenticate(request) if extract_key(request) else None
     return Context(auth, session)

@@ -51,6 +51,17 @@ class AppErrors(SchemaExtension):
             ) from e
 
 
+class CloseSession(SchemaExtension):
+    """A mutation commits (and closes) the request's session where it runs; anything read after
+    it opens a new transaction, which ends with the operation."""
+
+    def on_operation(self):  # type: ignore[override]
+        yield
+        context = self.execution_context.context
+        if isinstance(context, Context):
+            context.session.close()
+
+
 def _masked(error: GraphQLError) -> bool:
     if isinstance(error.original_error, AppError) or (error.extensions or {}).get("code"):
         return False
@@ -138,13 +149,16 @@ def build_schema() -> strawberry.Schema:
         lambda: MaxAliasesLimiter(max_alias_count=s.graphql_max_aliases),
         lambda: MaxTokensLimiter(max_token_count=s.graphql_max_tokens),
         AppErrors,
+        CloseSession,
         lambda: MaskErrors(should_mask_error=_masked, error_message="Internal error"),
     ]
     if not s.graphql_introspection:
         from strawberry.extensions import DisableIntrospection
 
         extensions.append(DisableIntrospection)
-    return Schema(query=Query, extensions=extensions)
+    from app.graphql.mutations import Mutation
+
+    return Schema(query=Query, mutation=Mutation, extensions=extensions)
 
 
 schema = build_schema()
