@@ -192,3 +192,46 @@ def test_a_mutation_is_in_the_audit_log_like_its_rest_route(client, world, sessi
     ).all()
     assert [(a, s) for a, _t, s in rows] == [("POST /graphql:submitWorkload", 200)], rows
     assert r["__typename"] == "Workload"
+
+
+FLEET = """
+query($first: Int!) {
+  nodes(first: $first) {
+    edges { node { name rack region state health
+                   gpus { index health perf holders { tenantId tier milli } } } }
+    pageInfo { hasNextPage }
+  }
+}
+"""
+
+
+def _statements(client, key, query, **variables):
+    count = [0]
+
+    def on_execute(*_a, **_k):
+        count[0] += 1
+
+    engine = get_engine()
+    event.listen(engine, "before_cursor_execute", on_execute)
+    try:
+        body = gql(client, key, query, **variables)
+    finally:
+        event.remove(engine, "before_cursor_execute", on_execute)
+    return body, count[0]
+
+
+def test_operators_read_the_fleet_with_its_holders_in_constant_statements(client, world):
+    world.fleet(fleet(12))
+    op = world.key(None)
+    tenant = world.tenant("acme", policy=ALL)
+    key = world.key(tenant)
+    # Tenants may not.
+    assert codes(gql(client, key, FLEET, first=5)) == ["platform_scope_required"]
+    gql(client, op, FLEET, first=1)  # the key's lookup is cached after its first use
+    small, n_small = _statements(client, op, FLEET, first=3)
+    big, n_big = _statements(client, op, FLEET, first=12)
+    assert len(small["data"]["nodes"]["edges"]) == 3 and len(big["data"]["nodes"]["edges"]) == 12
+    assert n_small == n_big, (n_small, n_big)
+    first = big["data"]["nodes"]["edges"][0]["node"]
+    assert first["rack"] == "hgx-1" and first["region"] == "r1" and len(first["gpus"]) == 8
+    assert all(g["holders"] == [] for g in first["gpus"])

@@ -25,6 +25,7 @@ from app.fleet.schemas import (
     RegionOut,
 )
 from app.fleet.service import capacity, gpu_detail, holders, set_node_state
+from app.fleet.service import list_nodes as nodes_page
 from app.outbox.service import enqueue
 from app.tenancy.auth import AuthContext, platform, tenant_read
 
@@ -157,14 +158,9 @@ def list_nodes(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    stmt = select(Node)
-    if rack_id:
-        stmt = stmt.where(Node.rack_id == get_or_404(session, Rack, rack_id, what="rack").id)
-    if state is not None:
-        stmt = stmt.where(Node.state == state.value)
-    if gpu_model:
-        stmt = stmt.where(Node.gpu_model == gpu_model)
-    items, nxt = paginate(session, stmt, Node, page)
+    items, nxt = nodes_page(
+        session, page, rack_id=rack_id, state=state.value if state else None, gpu_model=gpu_model
+    )
     return {"items": items, "next_cursor": nxt}
 
 

@@ -267,3 +267,25 @@ def gpu_detail(gpu: Gpu, held: list[dict[str, Any]]) -> dict[str, Any]:
         "holders": held,
         "free_milli": max(0, 1000 - sum(h["milli"] for h in held)),
     }
+
+
+def list_nodes(
+    session: Session,
+    page: Any,
+    *,
+    rack_id: str | None = None,
+    state: str | None = None,
+    gpu_model: str | None = None,
+) -> tuple[list[Node], str | None]:
+    """Nodes, oldest first, a page at a time (operators: REST's list, GraphQL's connection)."""
+    from app.core.db import get_or_404
+    from app.core.schemas import paginate
+
+    stmt = select(Node)
+    if rack_id:
+        stmt = stmt.where(Node.rack_id == get_or_404(session, Rack, rack_id, what="rack").id)
+    if state is not None:
+        stmt = stmt.where(Node.state == state)
+    if gpu_model:
+        stmt = stmt.where(Node.gpu_model == gpu_model)
+    return paginate(session, stmt, Node, page)

@@ -28,6 +28,10 @@ class Context(BaseContext):
         self._auth = auth
         self.session = session
         self.events = DataLoader(self._load_events)
+        # Operators' fleet views (the fields check the platform scope before loading).
+        self.gpus = DataLoader(self._load_gpus)
+        self.holders = DataLoader(self._load_holders)
+        self.racks = DataLoader(self._load_racks)
 
     @property
     def auth(self) -> AuthContext:
@@ -56,6 +60,38 @@ class Context(BaseContext):
         for e in rows:
             by[e.workload_id].append(e)
         return [by.get(i, []) for i in ids]
+
+    async def _load_gpus(self, node_ids: list[uuid.UUID]) -> list[list[Any]]:
+        from app.fleet.models import Gpu
+
+        by: dict[uuid.UUID, list[Any]] = defaultdict(list)
+        for g in self.session.scalars(
+            select(Gpu).where(Gpu.node_id.in_(node_ids)).order_by(Gpu.node_id, Gpu.index)
+        ):
+            by[g.node_id].append(g)
+        return [by.get(i, []) for i in node_ids]
+
+    async def _load_holders(self, node_ids: list[uuid.UUID]) -> list[dict[int, list[dict]]]:
+        from app.fleet.service import holders
+
+        held = holders(self.session, node_ids)
+        by: dict[uuid.UUID, dict[int, list[dict]]] = defaultdict(dict)
+        for (node_id, index), hs in held.items():
+            by[node_id][index] = hs
+        return [by.get(i, {}) for i in node_ids]
+
+    async def _load_racks(self, rack_ids: list[uuid.UUID]) -> list[tuple[str, str]]:
+        from app.fleet.models import Rack, Region
+
+        names = {
+            rid: (rack, region)
+            for rid, rack, region in self.session.execute(
+                select(Rack.id, Rack.name, Region.name)
+                .join(Region, Rack.region_id == Region.id)
+                .where(Rack.id.in_(rack_ids))
+            )
+        }
+        return [names.get(i, ("", "")) for i in rack_ids]
 
 
 async def get_context(request: Request, session: Session = Depends(session_dependency)) -> Context:

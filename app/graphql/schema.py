@@ -23,6 +23,9 @@ from app.core.logging import get_logger
 from app.core.schemas import PageParams
 from app.graphql.context import Context, get_context
 from app.graphql.types import (
+    Node,
+    NodeConnection,
+    NodeEdge,
     PageInfo,
     Viewer,
     Workload,
@@ -31,7 +34,7 @@ from app.graphql.types import (
     edge_cursor,
     node_id,
 )
-from app.tenancy.auth import require_tenant_scope
+from app.tenancy.auth import require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned
 
 log = get_logger(__name__)
@@ -120,6 +123,33 @@ class Query:
         )
         return WorkloadConnection(
             edges=[WorkloadEdge(cursor=edge_cursor(w), node=Workload.of(w)) for w in rows],
+            page_info=PageInfo(has_next_page=nxt is not None, end_cursor=nxt),
+        )
+
+    @strawberry.field(description="Operators: the fleet's nodes, oldest first")
+    def nodes(
+        self,
+        info: strawberry.Info[Context, None],
+        first: int = 50,
+        after: str | None = None,
+        state: str | None = None,
+        gpu_model: str | None = None,
+    ) -> NodeConnection:
+        from app.core.errors import ValidationFailed
+        from app.fleet.service import list_nodes
+
+        auth = info.context.auth
+        require_platform(auth)
+        if not 1 <= first <= MAX_PAGE:
+            raise ValidationFailed(f"first is 1 to {MAX_PAGE}.", code="validation_error")
+        rows, nxt = list_nodes(
+            info.context.session,
+            PageParams(limit=first, cursor=after),
+            state=state,
+            gpu_model=gpu_model,
+        )
+        return NodeConnection(
+            edges=[NodeEdge(cursor=edge_cursor(n), node=Node.of(n)) for n in rows],
             page_info=PageInfo(has_next_page=nxt is not None, end_cursor=nxt),
         )
 

@@ -143,3 +143,99 @@ def node_id(text: str) -> uuid.UUID | None:
         return uuid.UUID(text)
     except ValueError:
         return None
+
+
+@strawberry.type(description="A live allocation on a GPU: whose, at which tier, how much")
+class Holder:
+    workload_id: strawberry.ID
+    tenant_id: strawberry.ID
+    replica: int
+    tier: str
+    milli: int
+    mig_profile: str | None
+    mig_slot: int | None
+
+
+@strawberry.type
+class Gpu:
+    index: int
+    model: str
+    health: str
+    health_reason: str | None
+    perf: float = strawberry.field(description="Measured speed over nominal")
+    _node: strawberry.Private[Any]
+
+    @strawberry.field(description="Who holds it now")
+    async def holders(self, info: strawberry.Info) -> list[Holder]:
+        held = await info.context.holders.load(self._node)
+        return [
+            Holder(
+                workload_id=strawberry.ID(str(h["workload_id"])),
+                tenant_id=strawberry.ID(str(h["tenant_id"])),
+                replica=h["replica"],
+                tier=h["tier"],
+                milli=h["milli"],
+                mig_profile=h["mig_profile"],
+                mig_slot=h["mig_slot"],
+            )
+            for h in held.get(self.index, [])
+        ]
+
+
+@strawberry.type
+class Node:
+    id: strawberry.ID
+    name: str
+    gpu_model: str
+    state: str
+    health: str
+    health_reason: str | None
+    nvlink_domain: str
+    _row: strawberry.Private[Any]
+
+    @strawberry.field
+    async def rack(self, info: strawberry.Info) -> str:
+        return (await info.context.racks.load(self._row.rack_id))[0]
+
+    @strawberry.field
+    async def region(self, info: strawberry.Info) -> str:
+        return (await info.context.racks.load(self._row.rack_id))[1]
+
+    @strawberry.field
+    async def gpus(self, info: strawberry.Info) -> list[Gpu]:
+        return [
+            Gpu(
+                index=g.index,
+                model=g.model,
+                health=g.health,
+                health_reason=g.health_reason,
+                perf=float(g.perf),
+                _node=self._row.id,
+            )
+            for g in await info.context.gpus.load(self._row.id)
+        ]
+
+    @classmethod
+    def of(cls, n: Any) -> Node:
+        return cls(
+            id=strawberry.ID(str(n.id)),
+            name=n.name,
+            gpu_model=n.gpu_model,
+            state=n.state,
+            health=n.health,
+            health_reason=n.health_reason,
+            nvlink_domain=n.nvlink_domain,
+            _row=n,
+        )
+
+
+@strawberry.type
+class NodeEdge:
+    cursor: str
+    node: Node
+
+
+@strawberry.type(description="A page of nodes (Relay connection), oldest first")
+class NodeConnection:
+    edges: list[NodeEdge]
+    page_info: PageInfo
