@@ -500,6 +500,21 @@ def bench_lifecycle(
         _emit(median_of(results), as_json)
 
 
+@bench_cli.command("graphql")
+def bench_graphql(
+    workloads: int = typer.Option(10_000, help="The tenant's workloads."),
+    gpus: int = typer.Option(10_000, help="Fleet size in GPUs (8 per node, two regions)."),
+    requests: int = typer.Option(300, help="Timed queries of each kind (after a warm-up)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The portal's dashboard query and the operator's fleet query against a real API
+    process on a scratch PostgreSQL database: p50/p99 latency and SQL statements per query
+    (see app/graphql/bench.py)."""
+    from app.graphql.bench import run
+
+    _emit(run(workloads, gpus, requests), as_json)
+
+
 @bench_cli.command("api")
 def bench_api(
     requests: int = typer.Option(1000, help="Requests per route and run."),
