@@ -9,7 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from fastapi import Depends, Request
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session, aliased
 from strawberry.dataloader import DataLoader
 from strawberry.fastapi import BaseContext
@@ -43,8 +43,32 @@ class Context(BaseContext):
 
     async def _load_events(self, ids: list[uuid.UUID]) -> list[list[Any]]:
         """The newest events of each workload, in one statement, through the tenant scope."""
-        from app.workloads.models import WorkloadEvent
+        from app.workloads.models import Workload, WorkloadEvent
 
+        if self.session.get_bind().dialect.name == "postgresql":
+            # Per workload, its newest events by the (workload, seq) index: a LATERAL join
+            # reads 20 rows a workload, however long its history.
+            owned = restrict(
+                self.auth, select(Workload.id).where(Workload.id.in_(ids)), Workload
+            ).subquery()
+            newest = (
+                select(WorkloadEvent)
+                .where(WorkloadEvent.workload_id == owned.c.id)
+                .order_by(WorkloadEvent.seq.desc())
+                .limit(EVENTS_PER_WORKLOAD)
+                .lateral()
+            )
+            lev = aliased(WorkloadEvent, newest)
+            found = self.session.scalars(
+                select(lev)
+                .select_from(owned)
+                .join(newest, true())
+                .order_by(lev.workload_id, lev.seq)
+            ).all()
+            grouped: dict[uuid.UUID, list[Any]] = defaultdict(list)
+            for e in found:
+                grouped[e.workload_id].append(e)
+            return [grouped.get(i, []) for i in ids]
         stmt = select(
             WorkloadEvent,
             func.row_number()
