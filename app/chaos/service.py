@@ -698,13 +698,9 @@ def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
             row["requeue_s"] = _since(at, max(queued)) if queued else None
             again = []
             for wid, e in stopped.items():
-                run = [
-                    x
-                    for x in events
-                    if x.workload_id == wid and x.to_state == "running" and x.seq > e.seq
-                ]
-                if run:
-                    again.append(as_aware(min(run, key=lambda x: x.seq).at))
+                ran = _ran_again(events, wid, e.seq)
+                if ran is not None:
+                    again.append(ran)
                 affected[wid] = as_aware(e.at)
                 row["lost_work_gpu_s"] += float((e.details or {}).get("lost_work_gpu_s") or 0)
             row["running_s"] = (
@@ -791,11 +787,9 @@ def _boot_failures(row: dict[str, Any], at: datetime, node: str, events) -> None
     again = []
     last = {wid: max(e.seq for e in failed if e.workload_id == wid) for wid in first}
     for wid, seq in last.items():
-        run = [
-            x for x in events if x.workload_id == wid and x.to_state == "running" and x.seq > seq
-        ]
-        if run:
-            again.append(as_aware(min(run, key=lambda x: x.seq).at))
+        ran = _ran_again(events, wid, seq)
+        if ran is not None:
+            again.append(ran)
     row["running_s"] = _since(at, max(again)) if again and len(again) == len(last) else None
     row["workloads"] = sorted(first)
 
@@ -830,13 +824,9 @@ def _noisy(session: Session, row: dict[str, Any], at: datetime, inj, events) -> 
         row["requeue_s"] = _since(at, max(as_aware(e.at) for e in moved))
         again = []
         for m in moved:
-            run = [
-                x
-                for x in events
-                if x.workload_id == m.workload_id and x.to_state == "running" and x.seq > m.seq
-            ]
-            if run:
-                again.append(as_aware(min(run, key=lambda x: x.seq).at))
+            ran = _ran_again(events, m.workload_id, m.seq)
+            if ran is not None:
+                again.append(ran)
         row["running_s"] = _since(at, max(again)) if len(again) == len(moved) else None
         row["lost_work_gpu_s"] = sum(
             float((e.details or {}).get("lost_work_gpu_s") or 0) for e in moved
@@ -924,6 +914,16 @@ def _breaker_exceeded(session: Session, since: datetime) -> int:
         ):
             exceeded += 1
     return exceeded
+
+
+def _ran_again(events, workload_id: uuid.UUID, after_seq: int) -> datetime | None:
+    """When the workload next ran after its event `after_seq`, if it did."""
+    run = [
+        e.at
+        for e in events
+        if e.workload_id == workload_id and e.to_state == "running" and e.seq > after_seq
+    ]
+    return as_aware(min(run)) if run else None
 
 
 def _since(a: datetime, b: datetime) -> float:
