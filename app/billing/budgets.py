@@ -204,3 +204,40 @@ def alerts_of(session: Session, tenant_id: uuid.UUID, period: str) -> list[Budge
             .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
         )
     )
+
+
+def view(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
+    """A tenant's budget with this month's use and alerts (NotFound without one)."""
+    from app.tenancy.scoping import get_owned, scoped_select
+
+    b = get_owned(session, auth, Budget, tenant_id, what="budget")
+    period = period_of(utcnow())
+    alerts = session.scalars(
+        scoped_select(auth, BudgetAlert)
+        .where(BudgetAlert.tenant_id == tenant_id, BudgetAlert.period == period)
+        .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
+    )
+    current = b.period == period
+    return {
+        "tenant_id": b.tenant_id,
+        "currency": b.currency,
+        "spend_limit": b.spend_limit,
+        "gpu_hour_limit": b.gpu_hour_limit,
+        "stop_preemptible": b.stop_preemptible,
+        "period": b.period,
+        "spent": b.spent if current else 0,
+        "gpu_hours_used": round(b.used_milli_gpu_ms / GPU_HOUR, 6) if current else 0.0,
+        "exhausted": b.exhausted_period == period,
+        "evaluated_at": b.evaluated_at,
+        "alerts": list(alerts),
+    }
+
+
+def remove(session: Session, auth: Any) -> None:
+    """The caller's tenant has no budget any more (NotFound if it had none)."""
+    from app.tenancy.scoping import get_owned
+    from app.tenants.models import Tenant
+
+    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
+    session.delete(get_owned(session, auth, Budget, tenant.id, what="budget"))
+    session.flush()

@@ -180,3 +180,15 @@ def cancel(session: Session, c: Commitment, now: datetime | None = None) -> None
         )
     session.delete(c)
     session.flush()
+
+
+def of_tenant(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
+    """A tenant's commitments, by start (scoped to what the caller may see)."""
+    from app.tenancy.scoping import scoped_select
+
+    stmt = (
+        scoped_select(auth, Commitment)
+        .where(Commitment.tenant_id == tenant_id)
+        .order_by(Commitment.starts_at, Commitment.gpu_model, Commitment.id)
+    )
+    return {"items": list(session.scalars(stmt))}

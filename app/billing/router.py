@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime
 from typing import Literal
 
 from fastapi import Depends, Query
@@ -12,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.billing import budgets, commitments, exports, service, stripe_export
-from app.billing.models import Budget, BudgetAlert, Commitment, Price
+from app.billing.models import Commitment, Price
 from app.billing.schemas import (
     BillingSummary,
     BudgetIn,
@@ -25,14 +23,13 @@ from app.billing.schemas import (
     PriceOut,
     Reconciliation,
 )
-from app.core.db import session_dependency, utcnow
+from app.core.db import session_dependency
 from app.core.errors import NotFound, ValidationFailed
 from app.core.routing import api_router
 from app.core.schemas import PERIOD_PATTERN
 from app.fleet.models import Region
-from app.metering.service import GPU_HOUR, visible_to
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
-from app.tenancy.scoping import get_owned, scoped_select
+from app.tenancy.scoping import get_owned
 from app.tenants.models import Tenant
 
 router = api_router(prefix="/v1", tags=["billing"])
@@ -40,25 +37,18 @@ PERIOD = Query(..., pattern=PERIOD_PATTERN, description="The month (UTC), e.g. 2
 admin = api_router(prefix="/v1/admin", tags=["admin: billing"])
 
 
-def _prices(session: Session) -> dict:
-    stmt = select(Price).order_by(
-        Price.gpu_model, Price.shape, Price.tier, Price.region, Price.plan, Price.version
-    )
-    return {"items": list(session.scalars(stmt))}
-
-
 @router.get("/prices", response_model=PriceList, summary="The price book, every version")
 def prices(
     auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
 ) -> dict:
-    return _prices(session)
+    return service.price_book(session)
 
 
 @admin.get("/prices", response_model=PriceList, summary="The price book, every version")
 def admin_prices(
     auth: AuthContext = Depends(platform), session: Session = Depends(session_dependency)
 ) -> dict:
-    return _prices(session)
+    return service.price_book(session)
 
 
 @admin.post(
@@ -75,22 +65,6 @@ def add_price(
     return service.create_price(session, **body.model_dump())
 
 
-def _summary(session: Session, auth: AuthContext, period: str, until: datetime | None) -> dict:
-    start, end = service.period_window(period)
-    now = utcnow()
-    accrued = min(end, until or now)
-    priced = service.price_usage(session, visible_to(auth), start, end, now=accrued)
-    return {
-        "period": period,
-        "start": start,
-        "end": end,
-        "accrued_until": accrued,
-        "lines": [service.line_out(ln) for ln in priced.lines],
-        "totals": priced.totals(),
-        "unpriced_milli_gpu_ms": priced.unpriced,
-    }
-
-
 @router.get(
     "/billing/summary",
     response_model=BillingSummary,
@@ -101,7 +75,7 @@ def summary(
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    return _summary(session, auth, period, None)
+    return service.bill(session, auth, period)
 
 
 @router.get(
@@ -112,32 +86,7 @@ def summary(
 def upcoming(
     auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
 ) -> dict:
-    now = utcnow()
-    return _summary(session, auth, f"{now:%Y-%m}", now)
-
-
-def _budget_out(session: Session, auth: AuthContext, tenant_id: uuid.UUID) -> dict:
-    b = get_owned(session, auth, Budget, tenant_id, what="budget")
-    period = budgets.period_of(utcnow())
-    alerts = session.scalars(
-        scoped_select(auth, BudgetAlert)
-        .where(BudgetAlert.tenant_id == tenant_id, BudgetAlert.period == period)
-        .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
-    )
-    current = b.period == period
-    return {
-        "tenant_id": b.tenant_id,
-        "currency": b.currency,
-        "spend_limit": b.spend_limit,
-        "gpu_hour_limit": b.gpu_hour_limit,
-        "stop_preemptible": b.stop_preemptible,
-        "period": b.period,
-        "spent": b.spent if current else 0,
-        "gpu_hours_used": round(b.used_milli_gpu_ms / GPU_HOUR, 6) if current else 0.0,
-        "exhausted": b.exhausted_period == period,
-        "evaluated_at": b.evaluated_at,
-        "alerts": list(alerts),
-    }
+    return service.upcoming_bill(session, auth)
 
 
 @router.get("/budget", response_model=BudgetOut, summary="Your budget, this month's use and alerts")
@@ -145,7 +94,7 @@ def my_budget(
     auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
-    return _budget_out(session, auth, tenant.id)
+    return budgets.view(session, auth, tenant.id)
 
 
 @router.put(
@@ -160,15 +109,14 @@ def put_my_budget(
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
     budgets.set_budget(session, tenant.id, **body.model_dump())
-    return _budget_out(session, auth, tenant.id)
+    return budgets.view(session, auth, tenant.id)
 
 
 @router.delete("/budget", status_code=204, summary="Remove your budget (no limits)")
 def delete_my_budget(
     auth: AuthContext = Depends(tenant_write), session: Session = Depends(session_dependency)
 ) -> None:
-    tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
-    session.delete(get_owned(session, auth, Budget, tenant.id, what="budget"))
+    budgets.remove(session, auth)
 
 
 @admin.get(
@@ -180,7 +128,7 @@ def tenant_budget(
     session: Session = Depends(session_dependency),
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
-    return _budget_out(session, auth, tenant.id)
+    return budgets.view(session, auth, tenant.id)
 
 
 @admin.put(
@@ -196,7 +144,7 @@ def put_tenant_budget(
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     budgets.set_budget(session, tenant.id, **body.model_dump())
-    return _budget_out(session, auth, tenant.id)
+    return budgets.view(session, auth, tenant.id)
 
 
 _EXPORT_MEDIA = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
@@ -263,15 +211,6 @@ def reconciliation(
     return stripe_export.reconcile(session, auth, period)
 
 
-def _commitments(session: Session, auth: AuthContext, tenant_id: uuid.UUID) -> dict:
-    stmt = (
-        scoped_select(auth, Commitment)
-        .where(Commitment.tenant_id == tenant_id)
-        .order_by(Commitment.starts_at, Commitment.gpu_model, Commitment.id)
-    )
-    return {"items": list(session.scalars(stmt))}
-
-
 @router.get(
     "/commitments",
     response_model=CommitmentList,
@@ -281,7 +220,7 @@ def my_commitments(
     auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
-    return _commitments(session, auth, tenant.id)
+    return commitments.of_tenant(session, auth, tenant.id)
 
 
 @admin.get(
@@ -295,7 +234,7 @@ def tenant_commitments(
     session: Session = Depends(session_dependency),
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
-    return _commitments(session, auth, tenant.id)
+    return commitments.of_tenant(session, auth, tenant.id)
 
 
 @admin.post(

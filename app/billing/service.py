@@ -198,3 +198,38 @@ def line_out(ln: Line) -> dict[str, Any]:
         "price_version": ln.price.version if ln.price else None,
         "amount": ln.amount,
     }
+
+
+def price_book(session: Session) -> dict[str, Any]:
+    """Every price version, in the book's order."""
+    stmt = select(Price).order_by(
+        Price.gpu_model, Price.shape, Price.tier, Price.region, Price.plan, Price.version
+    )
+    return {"items": list(session.scalars(stmt))}
+
+
+def bill(session: Session, auth: Any, period: str, until: datetime | None = None) -> dict:
+    """The caller's bill for a month (every tenant's for an operator): line items per SKU,
+    tier, region, plan and price version, running work accrued up to `until` or now."""
+    from app.core.db import utcnow
+
+    start, end = period_window(period)
+    accrued = min(end, until or utcnow())
+    priced = price_usage(session, metering.visible_to(auth), start, end, now=accrued)
+    return {
+        "period": period,
+        "start": start,
+        "end": end,
+        "accrued_until": accrued,
+        "lines": [line_out(ln) for ln in priced.lines],
+        "totals": priced.totals(),
+        "unpriced_milli_gpu_ms": priced.unpriced,
+    }
+
+
+def upcoming_bill(session: Session, auth: Any) -> dict:
+    """This month so far: the invoice preview."""
+    from app.core.db import utcnow
+
+    now = utcnow()
+    return bill(session, auth, f"{now:%Y-%m}", now)

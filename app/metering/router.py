@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Query
@@ -49,19 +48,6 @@ def _group_by(raw: str) -> list[str]:
     return [g.strip() for g in raw.split(",") if g.strip()]
 
 
-def _answer(rows: list[dict], start: datetime, end: datetime, granularity: str, group_by):
-    total = sum(r["milli_gpu_ms"] for r in rows)
-    return {
-        "from": start,
-        "to": end,
-        "granularity": granularity,
-        "group_by": group_by,
-        "rows": rows,
-        "total_milli_gpu_ms": total,
-        "total_gpu_hours": round(total / service.GPU_HOUR, 6),
-    }
-
-
 @router.get("/usage", response_model=UsageOut, summary="Your usage, by time bucket and dimension")
 def usage(
     start: From,
@@ -72,8 +58,7 @@ def usage(
     session: Session = Depends(session_dependency),
 ) -> dict:
     groups = _group_by(group_by)
-    rows = service.usage(session, service.visible_to(auth), start, end, granularity, groups)
-    return _answer(rows, start, end, granularity, groups)
+    return service.usage_report(session, service.visible_to(auth), start, end, granularity, groups)
 
 
 @admin.get("/usage", response_model=UsageOut, summary="Any tenant's usage, or everyone's")
@@ -88,8 +73,7 @@ def admin_usage(
 ) -> dict:
     groups = _group_by(group_by)
     scope = service.visible_to(auth, tenant_id)
-    rows = service.usage(session, scope, start, end, granularity, groups)
-    return _answer(rows, start, end, granularity, groups)
+    return service.usage_report(session, scope, start, end, granularity, groups)
 
 
 @admin.get(
@@ -104,8 +88,7 @@ def utilisation(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    rows, totals = service.utilisation(session, service.visible_to(auth), start, end, granularity)
-    return {"from": start, "to": end, "granularity": granularity, "rows": rows, **totals}
+    return service.utilisation_report(session, service.visible_to(auth), start, end, granularity)
 
 
 @admin.post(

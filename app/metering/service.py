@@ -387,3 +387,33 @@ def _split(capacity: int, allocated: int) -> dict[str, float]:
         "idle_gpu_hours": round((capacity - allocated) / GPU_HOUR, 6),
         "utilisation_pct": round(100 * allocated / capacity, 3) if capacity else 0.0,
     }
+
+
+def usage_report(
+    session: Session,
+    scope,
+    start: datetime,
+    end: datetime,
+    granularity: str,
+    group_by: Sequence[str],
+) -> dict[str, Any]:
+    """`usage` with its window and totals: the answer REST and GraphQL give."""
+    rows = usage(session, scope, start, end, granularity, group_by)
+    total = sum(r["milli_gpu_ms"] for r in rows)
+    return {
+        "from": start,
+        "to": end,
+        "granularity": granularity,
+        "group_by": list(group_by),
+        "rows": rows,
+        "total_milli_gpu_ms": total,
+        "total_gpu_hours": round(total / GPU_HOUR, 6),
+    }
+
+
+def utilisation_report(
+    session: Session, scope, start: datetime, end: datetime, granularity: str
+) -> dict[str, Any]:
+    """`utilisation` with its window: the answer REST and GraphQL give."""
+    rows, totals = utilisation(session, scope, start, end, granularity)
+    return {"from": start, "to": end, "granularity": granularity, "rows": rows, **totals}

@@ -28,7 +28,6 @@ from app.workloads.schemas import (
     ProgressIn,
     ProgressOut,
     QuotaList,
-    QuotaOut,
     QuotaSet,
     WorkloadCreate,
     WorkloadOut,
@@ -73,20 +72,7 @@ def dry_run(
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    from app.workloads.placement import dry_run as what_if
-
-    w = service.build(session, auth, body)
-    ans = what_if(session, w)
-    return {
-        "placeable_now": ans.placeable_now,
-        "tier": w.tier,
-        "region": w.region,
-        "placement": ans.placement,
-        "preempts": ans.preempts,
-        "preempts_others": ans.preempts_others,
-        "expected_start": ans.expected_start,
-        "reason": ans.reason,
-    }
+    return service.dry_run(session, auth, body)
 
 
 @router.get("/workloads", response_model=Page[WorkloadOut], summary="List workloads")
@@ -161,12 +147,7 @@ def events(
     session: Session = Depends(session_dependency),
 ) -> dict:
     w = get_owned(session, auth, Workload, workload_id, what="workload")
-    rows = session.scalars(
-        scoped_select(auth, WorkloadEvent)
-        .where(WorkloadEvent.workload_id == w.id)
-        .order_by(WorkloadEvent.seq)
-    )
-    return {"items": list(rows)}
+    return {"items": service.events_of(session, auth, w)}
 
 
 @router.post(
@@ -182,13 +163,7 @@ def checkpoint(
     session: Session = Depends(session_dependency),
 ) -> WorkloadEvent:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
-    service.report_checkpoint(session, w, body.completed_at, body.size_bytes)
-    return session.scalars(
-        select(WorkloadEvent)
-        .where(WorkloadEvent.workload_id == w.id)
-        .order_by(WorkloadEvent.seq.desc())
-        .limit(1)
-    ).one()
+    return service.report_checkpoint(session, w, body.completed_at, body.size_bytes)
 
 
 @admin.post(
@@ -259,23 +234,12 @@ def admin_list_workloads(
     return {"items": items, "next_cursor": nxt}
 
 
-def _quota_list(session: Session, tenant_id) -> dict:
-    held, queued = service.usage(session, tenant_id)
-    items = []
-    for q in sorted(service.quotas_of(session, tenant_id).values(), key=lambda q: q.gpu_model):
-        out = QuotaOut.model_validate(q)
-        out.used_milli = held.get(q.gpu_model, 0)
-        out.queued_milli = queued.get(q.gpu_model, 0)
-        items.append(out)
-    return {"items": items}
-
-
 @router.get("/quotas", response_model=QuotaList, summary="The tenant's quotas and current use")
 def my_quotas(
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    return _quota_list(session, auth.tenant_id)
+    return service.quota_list(session, auth.tenant_id)
 
 
 @admin.get(
@@ -287,7 +251,7 @@ def tenant_quotas(
     session: Session = Depends(session_dependency),
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
-    return _quota_list(session, tenant.id)
+    return service.quota_list(session, tenant.id)
 
 
 @admin.put(
@@ -303,7 +267,7 @@ def put_quotas(
 ) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     service.set_quotas(session, tenant.id, body.quotas)
-    return _quota_list(session, tenant.id)
+    return service.quota_list(session, tenant.id)
 
 
 @router.post(

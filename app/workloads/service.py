@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -20,7 +21,7 @@ from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select
 from app.workloads import lifecycle
 from app.workloads.lifecycle import HOLDING, TERMINAL, State
-from app.workloads.models import TenantQuota, Workload
+from app.workloads.models import TenantQuota, Workload, WorkloadEvent
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
 
@@ -630,7 +631,8 @@ class NotRunning(Conflict):
 
 def report_checkpoint(
     session: Session, w: Workload, completed_at: datetime | None, size_bytes: int
-) -> None:
+) -> WorkloadEvent:
+    """Record a completed checkpoint (the caller holds `w` locked); the event it added."""
     if State(w.state) not in (State.running, State.checkpointing):
         raise NotRunning(f"A {w.state} workload has no checkpoints to report.", state=w.state)
     at = completed_at or utcnow()
@@ -656,6 +658,55 @@ def report_checkpoint(
         reason="checkpoint reported",
         details={"completed_at": at.isoformat(), "size_bytes": size_bytes},
     )
+    return session.scalars(
+        select(WorkloadEvent)
+        .where(WorkloadEvent.workload_id == w.id)
+        .order_by(WorkloadEvent.seq.desc())
+        .limit(1)
+    ).one()
+
+
+def events_of(session: Session, auth: AuthContext, w: Workload) -> list[WorkloadEvent]:
+    """A workload's timeline, in order."""
+    return list(
+        session.scalars(
+            scoped_select(auth, WorkloadEvent)
+            .where(WorkloadEvent.workload_id == w.id)
+            .order_by(WorkloadEvent.seq)
+        )
+    )
+
+
+def quota_list(session: Session, tenant_id: uuid.UUID) -> dict[str, Any]:
+    """A tenant's quotas by GPU model, each with the GPU-equivalents held and queued."""
+    from app.workloads.schemas import QuotaOut
+
+    held, queued = usage(session, tenant_id)
+    items = []
+    for q in sorted(quotas_of(session, tenant_id).values(), key=lambda q: q.gpu_model):
+        out = QuotaOut.model_validate(q)
+        out.used_milli = held.get(q.gpu_model, 0)
+        out.queued_milli = queued.get(q.gpu_model, 0)
+        items.append(out)
+    return {"items": items}
+
+
+def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[str, Any]:
+    """What-if: where the workload would land now, whom it would preempt, or when it starts."""
+    from app.workloads.placement import dry_run as what_if
+
+    w = build(session, auth, body)
+    ans = what_if(session, w)
+    return {
+        "placeable_now": ans.placeable_now,
+        "tier": w.tier,
+        "region": w.region,
+        "placement": ans.placement,
+        "preempts": ans.preempts,
+        "preempts_others": ans.preempts_others,
+        "expected_start": ans.expected_start,
+        "reason": ans.reason,
+    }
 
 
 def set_quotas(session: Session, tenant_id: uuid.UUID, quotas: list[QuotaIn]) -> None:
