@@ -11,7 +11,7 @@ from app.core.errors import PayloadTooLarge, ValidationFailed
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate, text_query
 from app.fleet import document
-from app.fleet.models import FleetImport, Gpu, Node, NodeState, Rack, Region
+from app.fleet.models import FleetImport, Gpu, Node, NodeState, Rack
 from app.fleet.schemas import (
     Capacity,
     FleetImportOut,
@@ -24,8 +24,15 @@ from app.fleet.schemas import (
     RackOut,
     RegionOut,
 )
-from app.fleet.service import capacity, gpu_detail, holders, set_node_state
+from app.fleet.service import (
+    capacity,
+    change_node_state,
+    gpu_detail,
+    holders,
+)
 from app.fleet.service import list_nodes as nodes_page
+from app.fleet.service import list_racks as racks_page
+from app.fleet.service import list_regions as regions_page
 from app.outbox.service import enqueue
 from app.tenancy.auth import AuthContext, platform, tenant_read
 
@@ -120,7 +127,7 @@ def list_regions(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    items, nxt = paginate(session, select(Region), Region, page)
+    items, nxt = regions_page(session, page)
     return {"items": items, "next_cursor": nxt}
 
 
@@ -131,12 +138,7 @@ def list_racks(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    stmt = select(Rack)
-    if region_id:
-        stmt = stmt.where(
-            Rack.region_id == get_or_404(session, Region, region_id, what="region").id
-        )
-    items, nxt = paginate(session, stmt, Rack, page)
+    items, nxt = racks_page(session, page, region_id=region_id)
     return {"items": items, "next_cursor": nxt}
 
 
@@ -190,15 +192,8 @@ def change_node(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> Node:
-    from app.workloads.service import node_state_changed
-
     node = get_or_404(session, Node, node_id, what="node")
-    before = node.state
-    set_node_state(node, body.state.value, body.reason)
-    session.flush()
-    if node.state != before:  # what the new state does to the work on it
-        node_state_changed(session, node.id, node.name, node.state)
-    return node
+    return change_node_state(session, node, body.state.value, body.reason)
 
 
 @admin.get("/gpus", response_model=Page[GpuOut], summary="List GPUs")

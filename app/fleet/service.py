@@ -289,3 +289,37 @@ def list_nodes(
     if gpu_model:
         stmt = stmt.where(Node.gpu_model == gpu_model)
     return paginate(session, stmt, Node, page)
+
+
+def change_node_state(session: Session, node: Node, state: str, reason: str | None) -> Node:
+    """An operator's cordon, drain, down or return to ready, and what it does to the work on
+    the node."""
+    from app.workloads.service import node_state_changed
+
+    before = node.state
+    set_node_state(node, state, reason)
+    session.flush()
+    if node.state != before:
+        node_state_changed(session, node.id, node.name, node.state)
+    return node
+
+
+def list_regions(session: Session, page: Any) -> tuple[list[Region], str | None]:
+    from app.core.schemas import paginate
+
+    return paginate(session, select(Region), Region, page)
+
+
+def list_racks(
+    session: Session, page: Any, *, region_id: str | None = None
+) -> tuple[list[Rack], str | None]:
+    """Racks, oldest first; in one region (by id) if asked (NotFound if there is none)."""
+    from app.core.db import get_or_404
+    from app.core.schemas import paginate
+
+    stmt = select(Rack)
+    if region_id:
+        stmt = stmt.where(
+            Rack.region_id == get_or_404(session, Region, region_id, what="region").id
+        )
+    return paginate(session, stmt, Rack, page)

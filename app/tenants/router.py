@@ -6,12 +6,12 @@ from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency
 from app.core.routing import api_router
-from app.core.schemas import Page, PageParams, paginate
+from app.core.schemas import Page, PageParams
 from app.keys.schemas import SignupKey
 from app.keys.service import create_key
 from app.ratelimit import service as ratelimit
 from app.tenancy.auth import AuthContext, platform, tenant_read_any_status
-from app.tenancy.scoping import get_owned, scoped_select
+from app.tenancy.scoping import get_owned
 from app.tenants import service
 from app.tenants.models import Tenant, TenantStatus
 from app.tenants.schemas import SignupRequest, TenantCreate, TenantOut, TenantUpdate
@@ -86,10 +86,7 @@ def list_tenants(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    stmt = scoped_select(auth, Tenant)
-    if status is not None:
-        stmt = stmt.where(Tenant.status == status.value)
-    items, nxt = paginate(session, stmt, Tenant, page)
+    items, nxt = service.list_tenants(session, auth, page, status=status)
     return {"items": items, "next_cursor": nxt}
 
 

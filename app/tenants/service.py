@@ -45,3 +45,14 @@ def approve(tenant: Tenant) -> Tenant:
         )
     tenant.status = TenantStatus.active.value
     return tenant
+
+
+def list_tenants(session: Session, auth, page, *, status: TenantStatus | None = None):
+    """Tenants the caller may see (operators: all), oldest first, a page at a time."""
+    from app.core.schemas import paginate
+    from app.tenancy.scoping import scoped_select
+
+    stmt = scoped_select(auth, Tenant)
+    if status is not None:
+        stmt = stmt.where(Tenant.status == status.value)
+    return paginate(session, stmt, Tenant, page)

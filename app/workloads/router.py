@@ -3,19 +3,17 @@ from __future__ import annotations
 import uuid
 from typing import Literal
 
-from fastapi import Depends, Response
-from sqlalchemy import select
+from fastapi import Depends, Query, Response
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency, utcnow
-from app.core.errors import Conflict
 from app.core.routing import api_router
-from app.core.schemas import Page, PageParams, paginate, text_query
+from app.core.schemas import Page, PageParams, text_query
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
-from app.tenancy.scoping import get_owned, scoped_select
+from app.tenancy.scoping import get_owned
 from app.tenants.models import Tenant
 from app.workloads import service
-from app.workloads.lifecycle import HOLDING, State
+from app.workloads.lifecycle import State
 from app.workloads.models import Workload, WorkloadEvent
 from app.workloads.schemas import (
     AdminWorkloadOut,
@@ -34,14 +32,6 @@ from app.workloads.schemas import (
 )
 
 router = api_router(prefix="/v1", tags=["workloads"])
-PLACED = {s.value for s in HOLDING}
-
-
-class NotPlaced(Conflict):
-    code = "workload_not_placed"
-    title = "The workload is not placed"
-
-
 admin = api_router(prefix="/v1/admin", tags=["admin: quotas"])
 
 
@@ -79,11 +69,23 @@ def dry_run(
 def list_workloads(
     state: State | None = None,
     kind: Literal["instance", "vm", "job"] | None = None,
+    priority: Priority | None = None,
+    label: list[str] = Query(
+        [], description="`key=value`, repeatable: workloads carrying every one of these labels"
+    ),
     page: PageParams = Depends(),
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    items, nxt = service.list_workloads(session, auth, page, state=state, kind=kind)
+    items, nxt = service.list_workloads(
+        session,
+        auth,
+        page,
+        state=state,
+        kind=kind,
+        priority=priority,
+        labels=service.parse_labels(label),
+    )
     return {"items": items, "next_cursor": nxt}
 
 
@@ -119,21 +121,8 @@ def manifest(
     auth: AuthContext = Depends(tenant_read),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    from app.workloads import k8s
-
     w = get_owned(session, auth, Workload, workload_id, what="workload")
-    if not w.placement or w.state not in PLACED:
-        raise NotPlaced(
-            f"A {w.state} workload holds no GPUs, so it has no manifest.", state=w.state
-        )
-    from app.fleet.models import Node
-
-    tenant = session.get(Tenant, w.tenant_id)
-    names = {p["node"] for p in w.placement}
-    domains = dict(
-        session.execute(select(Node.name, Node.nvlink_domain).where(Node.name.in_(names))).all()
-    )
-    return k8s.manifest(w, tenant.slug, domains)
+    return service.manifest(session, w)
 
 
 @router.get(
@@ -209,28 +198,17 @@ def admin_list_workloads(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    from app.fleet.models import Node
-    from app.workloads.models import Allocation
-
-    stmt = scoped_select(auth, Workload)
-    for column, value in (
-        (Workload.tenant_id, tenant_id),
-        (Workload.state, state.value if state else None),
-        (Workload.kind, kind),
-        (Workload.priority, priority),
-        (Workload.region, region),
-    ):
-        if value is not None:
-            stmt = stmt.where(column == value)
-    if node is not None:
-        stmt = stmt.where(
-            Workload.id.in_(
-                select(Allocation.workload_id)
-                .join(Node, Node.id == Allocation.node_id)
-                .where(Node.name == node, Allocation.released_at.is_(None))
-            )
-        )
-    items, nxt = paginate(session, stmt, Workload, page)
+    items, nxt = service.list_workloads(
+        session,
+        auth,
+        page,
+        tenant_id=tenant_id,
+        state=state,
+        kind=kind,
+        priority=priority,
+        region=region,
+        node=node,
+    )
     return {"items": items, "next_cursor": nxt}
 
 

@@ -753,12 +753,74 @@ def list_workloads(
     *,
     state: State | None = None,
     kind: str | None = None,
+    priority: str | None = None,
+    labels: dict[str, str] | None = None,
+    tenant_id: uuid.UUID | None = None,
+    region: str | None = None,
+    node: str | None = None,
 ) -> tuple[list[Workload], str | None]:
     """The caller's workloads (every tenant's for operators), oldest first, a page at a time:
-    REST's list and GraphQL's connection."""
+    REST's list and GraphQL's connection; filtered by state, kind, priority and labels (each
+    `key: value` must be carried)."""
     stmt = scoped_select(auth, Workload)
     if state is not None:
         stmt = stmt.where(Workload.state == state.value)
     if kind is not None:
         stmt = stmt.where(Workload.kind == kind)
+    if priority is not None:
+        stmt = stmt.where(Workload.priority == str(priority))
+    for key, value in (labels or {}).items():
+        stmt = stmt.where(Workload.labels[key].as_string() == value)
+    if tenant_id is not None:
+        stmt = stmt.where(Workload.tenant_id == tenant_id)
+    if region is not None:
+        stmt = stmt.where(Workload.region == region)
+    if node is not None:  # the workloads holding GPUs on it
+        from app.workloads.models import Allocation
+
+        stmt = stmt.where(
+            Workload.id.in_(
+                select(Allocation.workload_id)
+                .join(Node, Node.id == Allocation.node_id)
+                .where(Node.name == node, Allocation.released_at.is_(None))
+            )
+        )
     return paginate(session, stmt, Workload, page)
+
+
+def parse_labels(pairs: list[str]) -> dict[str, str]:
+    """`["team=ml", "env=prod"]` -> a label filter; a pair without `=` is a 422."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValidationFailed(
+                f"A label filter is key=value, not {pair!r}.", code="validation_error"
+            )
+        out[key] = value
+    return out
+
+
+PLACED = {s.value for s in HOLDING}
+
+
+class NotPlaced(Conflict):
+    code = "workload_not_placed"
+    title = "The workload is not placed"
+
+
+def manifest(session: Session, w: Workload) -> dict[str, Any]:
+    """The Kubernetes manifest a real cluster would run for this placed workload."""
+    from app.tenants.models import Tenant
+    from app.workloads import k8s
+
+    if not w.placement or w.state not in PLACED:
+        raise NotPlaced(
+            f"A {w.state} workload holds no GPUs, so it has no manifest.", state=w.state
+        )
+    tenant = session.get(Tenant, w.tenant_id)
+    names = {p["node"] for p in w.placement}
+    domains = dict(
+        session.execute(select(Node.name, Node.nvlink_domain).where(Node.name.in_(names))).all()
+    )
+    return k8s.manifest(w, tenant.slug, domains)
