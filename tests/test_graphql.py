@@ -104,7 +104,30 @@ def test_limits_are_checked_before_execution(client, world):
     assert "errors" not in gql(client, key, deep)
     nested = "{ a: viewer { slug } " + " ".join(f"b{i}: viewer {{ slug }}" for i in range(20)) + "}"
     body = gql(client, key, nested)
-    assert body.get("data") is None and "aliases" in body["errors"][0]["message"]
+    assert body.get("data") is None and codes(body) == ["too_many_aliases"]
+    assert codes(gql(client, key, "{ viewer { slug }")) == ["graphql_syntax_error"]
+    assert codes(gql(client, key, "{ viewer { nope } }")) == ["graphql_validation_failed"]
+    # Cost: 500 workloads with their events and placements is past the budget, refused before
+    # a row is read; the same page without events fits.
+    big = "query($n: Int!) { workloads(first: $n) { edges { node { id events { seq reason at kind "
+    big += "toState details } "
+    big += "placement { node gpuIndices } } } } }"
+    body = gql(client, key, big, n=500)
+    assert codes(body) == ["query_too_costly"] and body.get("data") is None
+    assert body["errors"][0]["extensions"]["cost"] > body["errors"][0]["extensions"]["limit"]
+    assert "errors" not in gql(client, key, big, n=50)
+    assert "errors" not in gql(client, key, "{ workloads(first: 500) { edges { node { id } } } }")
+
+
+def test_the_depth_limit_refuses_before_execution(monkeypatch):
+    from app.core.config import get_settings
+    from app.graphql.schema import build_schema
+
+    # The schema's deepest path is 6 (the fleet's holders), under the default of 10.
+    monkeypatch.setattr(get_settings(), "graphql_max_depth", 3)
+    shallow = build_schema()
+    got = shallow.execute_sync("{ nodes { edges { node { gpus { index } } } } }")
+    assert [e.extensions["code"] for e in got.errors] == ["query_too_deep"] and got.data is None
 
 
 @pytest.mark.parametrize("n", [10, 60])
@@ -129,7 +152,7 @@ def test_statements_do_not_grow_with_the_page(client, world, n, request):
 
 
 SUBMIT = """
-mutation($input: JSON!) {
+mutation($input: WorkloadInput!) {
   submitWorkload(input: $input) {
     __typename
     ... on Workload { id state kind events { toState } }

@@ -14,22 +14,94 @@ from tests.test_placement_worker import ALL, fleet
 
 MISSING = "00000000-0000-4000-8000-000000000000"
 
-# Root field -> (who: tenant-read | tenant-write | platform, a query using it; {id} is filled
-# with a workload of the tenant that owns the row's object).
+# Root field -> (who, a query using it, the codes its owner may get besides success: a state
+# that refuses the act, not an access refusal). Who: tenant-read | tenant-write | tenant-admin
+# (a tenant key with that scope), reader (a tenant key with `read`, or an operator's), platform.
+# Placeholders are the owning tenant's objects: {id} a workload, {key} an API key, {tenant}
+# the tenant; {node} a node (operators only).
+P = "{ __typename ... on Problem { code } }"
+WINDOW = 'from: "2026-01-01T00:00:00Z", to: "2026-01-02T00:00:00Z"'
 MATRIX = {
-    "viewer": ("tenant-read", "{ viewer { slug } }"),
-    "workloads": ("tenant-read", "{ workloads { edges { node { id events { seq } } } } }"),
-    "workload": ("tenant-read", 'query { workload(id: "{id}") { id placement { node } } }'),
-    "nodes": ("platform", "{ nodes { edges { node { name gpus { holders { tenantId } } } } } }"),
+    "viewer": ("tenant-read", "{ viewer { slug } }", ()),
+    "workloads": (
+        "tenant-read",
+        '{ workloads(priority: "training", labels: {}) { edges { node { id events { seq } } } } }',
+        (),
+    ),
+    "workload": ("tenant-read", 'query { workload(id: "{id}") { id placement { node } } }', ()),
+    "apiKeys": ("tenant-read", "{ apiKeys { items { id name prefix } } }", ()),
+    "quotas": ("tenant-read", "{ quotas { gpuModel usedMilli } }", ()),
+    "capacity": ("reader", "{ capacity { region freeGpus freeMig } }", ()),
+    "usage": ("reader", f"{{ usage({WINDOW}, groupBy: [GPU_MODEL]) {{ totalMilliGpuMs }} }}", ()),
+    "bill": ("tenant-read", '{ bill(period: "2026-11") { totals lines { sku } } }', ()),
+    "upcomingBill": ("tenant-read", "{ upcomingBill { totals } }", ()),
+    "budget": ("tenant-read", "{ budget { spent alerts { metric } } }", ()),
+    "commitments": ("tenant-read", "{ commitments { id gpusMilli } }", ()),
+    "prices": ("reader", "{ prices { sku: shape unitAmount } }", ()),
+    "dryRun": (
+        "tenant-read",
+        '{ dryRun(input: {kind: "instance", gpus: 1}) { placeableNow placement { node } } }',
+        (),
+    ),
     "submitWorkload": (
         "tenant-write",
-        'mutation { submitWorkload(input: {kind: "instance", gpus: 1}) '
-        "{ __typename ... on Problem { code } } }",
+        f'mutation {{ submitWorkload(input: {{kind: "instance", gpus: 1}}) {P} }}',
+        (),
     ),
     "terminateWorkload": (
         "tenant-write",
-        'mutation { terminateWorkload(id: "{id}") { __typename ... on Problem { code } } }',
+        f'mutation {{ terminateWorkload(id: "{{id}}") {P} }}',
+        (),
     ),
+    "reportCheckpoint": (
+        "tenant-write",
+        f'mutation {{ reportCheckpoint(id: "{{id}}", input: {{sizeBytes: 1}}) {P} }}',
+        ("workload_not_running",),
+    ),
+    "createApiKey": ("tenant-admin", f'mutation {{ createApiKey(input: {{name: "ci"}}) {P} }}', ()),
+    "revokeApiKey": ("tenant-admin", f'mutation {{ revokeApiKey(id: "{{key}}") {P} }}', ()),
+    "setBudget": ("tenant-write", f"mutation {{ setBudget(input: {{spendLimit: 100}}) {P} }}", ()),
+    "removeBudget": ("tenant-write", f"mutation {{ removeBudget {P} }}", ("budget_not_found",)),
+    # Operators
+    "nodes": (
+        "platform",
+        "{ nodes { edges { node { name gpus { holders { tenantId } } } } } }",
+        (),
+    ),
+    "regions": ("platform", "{ regions { items { name } } }", ()),
+    "racks": ("platform", "{ racks { items { name kind } } }", ()),
+    "tenants": ("platform", '{ tenants(status: "active") { items { slug } } }', ()),
+    "tenantQuotas": ("platform", '{ tenantQuotas(tenantId: "{tenant}") { gpuModel } }', ()),
+    "utilisation": ("platform", f"{{ utilisation({WINDOW}) {{ utilisationPct }} }}", ()),
+    "fleetHealth": ("platform", "{ fleetHealth { __typename } }", ()),
+    "fleetImport": (
+        "platform",
+        f'{{ fleetImport(id: "{MISSING}") {{ status }} }}',
+        ("fleet_import_not_found",),
+    ),
+    "reconciliation": ("platform", '{ reconciliation(period: "2026-11") { differences } }', ()),
+    "setNodeState": (
+        "platform",
+        f'mutation {{ setNodeState(id: "{{node}}", input: {{state: "cordoned"}}) {P} }}',
+        (),
+    ),
+    "setTenantQuotas": (
+        "platform",
+        f'mutation {{ setTenantQuotas(tenantId: "{{tenant}}", input: {{quotas: []}}) {P} }}',
+        (),
+    ),
+    "approveTenant": (
+        "platform",
+        f'mutation {{ approveTenant(id: "{{tenant}}") {P} }}',
+        ("tenant_not_pending",),
+    ),
+    # Subscriptions (over graphql-transport-ws: `run` answers with the first message)
+    "workloadEvents": (
+        "reader",
+        'subscription { workloadEvents(after: "0", workloadId: "{id}") { cursor workloadId } }',
+        (),
+    ),
+    "fleetChanges": ("platform", 'subscription { fleetChanges(after: "0") { cursor } }', ()),
 }
 
 
@@ -49,24 +121,61 @@ def test_every_root_field_has_a_row():
 
 @pytest.fixture
 def callers(client, world):
+    from sqlalchemy import select
+
+    from app.core.db import session_scope
+    from app.fleet.models import Node
+    from app.keys.service import create_key
+
     world.fleet(fleet(1))
     acme = world.tenant("acme", policy=ALL)
     keys = {
         "acme": world.key(acme),
+        "acme-rw": world.key(acme, scopes=("read", "write")),
         "acme-read": world.key(acme, scopes=("read",)),
         "globex": world.key(world.tenant("globex", policy=ALL)),
         "operator": world.key(None),
     }
+    with session_scope() as s:
+        spare = create_key(s, tenant_id=acme.id, name="spare", scopes=["read"]).id
+        node = s.scalars(select(Node.id)).first()
+    for action in ("quarantine", "release"):  # a health change for fleetChanges to replay
+        client.post(
+            f"/v1/admin/nodes/{node}/health",
+            json={"action": action},
+            headers=auth(keys["operator"]),
+        ).raise_for_status()
     wid = client.post(
         "/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(keys["acme"])
     ).json()["id"]
-    return keys, wid
+    objects = {"{id}": wid, "{key}": str(spare), "{tenant}": str(acme.id), "{node}": str(node)}
+    return keys, objects
+
+
+def fill(query: str, objects: dict[str, str]) -> str:
+    for mark, value in objects.items():
+        query = query.replace(mark, value)
+    return query
 
 
 def run(client, key, query):
+    if query.startswith("subscription"):
+        return first_answer(client, key, query)
     r = client.post("/graphql", json={"query": query}, headers=auth(key) if key else {})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def first_answer(client, key, query):
+    """A subscription's first message over graphql-transport-ws, as a body: the error it was
+    refused with, or its first item (every caller allowed has one to replay: `after: "0"`)."""
+    with client.websocket_connect("/graphql", subprotocols=["graphql-transport-ws"]) as ws:
+        ws.send_json({"type": "connection_init", "payload": auth(key) if key else {}})
+        assert ws.receive_json()["type"] == "connection_ack"
+        ws.send_json({"id": "1", "type": "subscribe", "payload": {"query": query}})
+        msg = ws.receive_json()
+    assert msg["type"] in ("next", "error"), msg
+    return {"errors": msg["payload"]} if msg["type"] == "error" else msg["payload"]
 
 
 def refusal(body) -> str | None:
@@ -79,25 +188,35 @@ def refusal(body) -> str | None:
     return None
 
 
+NOT_FOUND = {"{id}": "workload_not_found", "{key}": "key_not_found", "{tenant}": "tenant_not_found"}
+
+
 @pytest.mark.parametrize("field", sorted(MATRIX))
 def test_who_may_use_each_field(client, callers, field):
-    keys, wid = callers
-    who, query = MATRIX[field]
-    q = query.replace("{id}", wid)
+    keys, objects = callers
+    who, query, fine = MATRIX[field]
+    q = fill(query, objects)
     assert refusal(run(client, None, q)) == "missing_api_key"
     if who == "platform":
         assert refusal(run(client, keys["acme"], q)) == "platform_scope_required"
-        assert refusal(run(client, keys["operator"], q)) is None
+        assert refusal(run(client, keys["operator"], q)) in (None, *fine)
         return
-    assert refusal(run(client, keys["operator"], q)) == "tenant_key_required"
-    if who == "tenant-write":
-        assert refusal(run(client, keys["acme-read"], q)) == "insufficient_scope"
-    # The owner may; another tenant gets nothing of the owner's.
-    if "{id}" in query:
-        assert refusal(run(client, keys["globex"], q)) == "workload_not_found"
-        missing = query.replace("{id}", MISSING)
-        assert refusal(run(client, keys["acme"], missing)) == "workload_not_found"
+    if who == "reader":
+        assert refusal(run(client, keys["operator"], q)) in (None, *fine)
     else:
+        assert refusal(run(client, keys["operator"], q)) == "tenant_key_required"
+    if who in ("tenant-write", "tenant-admin"):
+        assert refusal(run(client, keys["acme-read"], q)) == "insufficient_scope"
+    if who == "tenant-admin":
+        assert refusal(run(client, keys["acme-rw"], q)) == "insufficient_scope"
+    # The owner may; another tenant gets nothing of the owner's: the owner's objects named in
+    # an argument are not found for it, and no answer carries the owner's ids.
+    marks = [m for m in NOT_FOUND if m in query]
+    for mark in marks:
+        assert refusal(run(client, keys["globex"], q)) == NOT_FOUND[mark]
+        missing = query.replace(mark, MISSING)
+        assert refusal(run(client, keys["acme"], fill(missing, objects))) == NOT_FOUND[mark]
+    if not marks:
         body = run(client, keys["globex"], q)
-        assert wid not in str(body)
-    assert refusal(run(client, keys["acme"], q)) is None
+        assert objects["{id}"] not in str(body) and objects["{tenant}"] not in str(body)
+    assert refusal(run(client, keys["acme"], q)) in (None, *fine)

@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     graphql_max_depth: int = Field(default=10, ge=2, alias="RACKPLANE_GRAPHQL_MAX_DEPTH")
     graphql_max_aliases: int = Field(default=15, ge=1, alias="RACKPLANE_GRAPHQL_MAX_ALIASES")
     graphql_max_tokens: int = Field(default=2000, ge=50, alias="RACKPLANE_GRAPHQL_MAX_TOKENS")
+    # Upper bound of a query's work: fields x the page items they may return (app/graphql/limits).
+    graphql_max_cost: int = Field(default=50_000, ge=100, alias="RACKPLANE_GRAPHQL_MAX_COST")
     graphql_introspection: bool = Field(default=True, alias="RACKPLANE_GRAPHQL_INTROSPECTION")
     heartbeat_timeout_seconds: float = Field(
         default=90.0, gt=0, alias="RACKPLANE_HEARTBEAT_TIMEOUT"

@@ -81,7 +81,7 @@ register_url_convertor("segment", _Segment())
 REPLAY: ContextVar[tuple[int, dict[str, str], bytes] | None] = ContextVar("replay", default=None)
 
 
-def _stored(replay: tuple[int, dict[str, str], bytes]) -> Response:
+def stored_response(replay: tuple[int, dict[str, str], bytes]) -> Response:
     status, headers, body = replay
     return Response(body, status, headers={**headers, "Idempotent-Replayed": "true"})
 
@@ -92,14 +92,14 @@ def _replaying(endpoint: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(endpoint)
         async def run_async(*args: Any, **kwargs: Any) -> Any:
             replay = REPLAY.get()
-            return _stored(replay) if replay else await endpoint(*args, **kwargs)
+            return stored_response(replay) if replay else await endpoint(*args, **kwargs)
 
         return run_async
 
     @functools.wraps(endpoint)
     def run(*args: Any, **kwargs: Any) -> Any:
         replay = REPLAY.get()
-        return _stored(replay) if replay else endpoint(*args, **kwargs)
+        return stored_response(replay) if replay else endpoint(*args, **kwargs)
 
     return run
 

@@ -20,6 +20,9 @@ from app.workloads.bench import ROOT, ScratchDeployment, _pct
 DASHBOARD = """
 query Dashboard {
   viewer { slug status isolationPolicy }
+  quotas { gpuModel guaranteedMilli limitMilli usedMilli queuedMilli }
+  upcomingBill { accruedUntil totals unpricedMilliGpuMs
+                 lines { sku tier gpuHours amount currency } }
   workloads(first: 50) {
     edges { node { id name state kind tier gpuMilli createdAt
                    placement { region rack node gpuIndices migProfile migSlot }
@@ -49,20 +52,30 @@ from app.core.db import insert_objects, session_scope, utcnow
 from app.fleet.models import Node, Rack, Region
 from app.keys.service import create_key
 from app.tenants.models import Tenant
-from app.workloads.models import Workload, WorkloadEvent
+from app.billing.service import create_price
+from app.metering.models import UsageEvent
+from app.workloads.models import TenantQuota, Workload, WorkloadEvent
 
 n = int(sys.argv[1])
 with session_scope() as s:
     op = create_key(s, tenant_id=None, name="bench-op", scopes=["platform"]).key
     t = s.scalar(select(Tenant).where(Tenant.slug == "bench"))
     nodes = s.execute(
-        select(Node.name, Rack.name, Region.name)
+        select(Node.name, Rack.name, Region.name, Node.gpu_model)
         .join(Rack, Node.rack_id == Rack.id).join(Region, Rack.region_id == Region.id)
     ).all()
     now = utcnow()
-    ws, evs = [], []
+    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    model = nodes[0][3]
+    create_price(s, gpu_model=model, shape="whole", tier="*", region="*", plan="on_demand",
+                 currency="usd", unit_amount=250, effective_from=month - timedelta(days=31))
+    s.add(TenantQuota(tenant_id=t.id, gpu_model=model, guaranteed_milli=64_000,
+                      limit_milli=None, weight=1.0))
+    # This month's ledger: each workload's allocation starts as it starts to run (the running
+    # work the upcoming bill accrues up to now), after an earlier one of an hour that ended.
+    ws, evs, usage = [], [], []
     for i in range(n):
-        node, rack, region = nodes[i % len(nodes)]
+        node, rack, region, _ = nodes[i % len(nodes)]
         at = now - timedelta(seconds=n - i)
         wid = uuid.uuid4()
         ws.append(Workload(
@@ -70,7 +83,8 @@ with session_scope() as s:
             tier="dedicated", priority="training", shape={"gpus": 1}, replicas=1,
             gpu_milli=1000, region=region, max_runtime_s=86400, labels={"team": "a"},
             placement=[{"replica": 0, "region": region, "rack": rack, "node": node,
-                        "gpu_indices": [i % 8], "mig_profile": None, "mig_start": None}],
+                        "gpu_indices": [i % 8], "gpu_model": model, "mig_profile": None,
+                        "mig_start": None, "milli": None, "gpu_milli": 1000}],
             created_at=at, started_at=at, generation=1, changed_xid=0,
             last_event_seq=3,
         ))
@@ -81,9 +95,20 @@ with session_scope() as s:
                 workload_id=wid, tenant_id=t.id, seq=seq, kind="transition",
                 from_state=frm, to_state=to, reason=to, details={}, at=at,
             ))
+        early = month + max(at - month - timedelta(hours=1), timedelta(0)) * 0.5
+        for key, kind, when in ((f"early:{wid}:start", "start", early),
+                                (f"early:{wid}:stop", "stop", early + timedelta(hours=1)),
+                                (f"alloc:{wid}:start", "start", at)):
+            alloc = wid if key.startswith("alloc") else uuid.uuid5(wid, "early")
+            usage.append(UsageEvent(
+                event_key=key, kind=kind, allocation_id=alloc, workload_id=wid,
+                tenant_id=t.id, region=region, gpu_model=model, shape="whole",
+                tier="dedicated", priority="training", gpu_milli=1000, occurred_at=when,
+            ))
         if len(ws) >= 2000:
-            insert_objects(s, ws); insert_objects(s, evs); ws, evs = [], []
-    insert_objects(s, ws); insert_objects(s, evs)
+            insert_objects(s, ws); insert_objects(s, evs); insert_objects(s, usage)
+            ws, evs, usage = [], [], []
+    insert_objects(s, ws); insert_objects(s, evs); insert_objects(s, usage)
     print(json.dumps({"operator": op}))
 """
 

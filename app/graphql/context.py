@@ -8,14 +8,15 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from fastapi import Depends, Request
+from fastapi import Depends
 from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session, aliased
+from starlette.requests import HTTPConnection
 from strawberry.dataloader import DataLoader
 from strawberry.fastapi import BaseContext
 
 from app.core.db import session_dependency
-from app.core.errors import Unauthorized
+from app.core.errors import AppError, Unauthorized
 from app.tenancy.auth import AuthContext, authenticate, extract_key
 from app.tenancy.scoping import restrict
 
@@ -26,6 +27,7 @@ class Context(BaseContext):
     def __init__(self, auth: AuthContext | None, session: Session):
         super().__init__()
         self._auth = auth
+        self._auth_error: AppError | None = None  # a websocket's refused key, told on use
         self.session = session
         self.events = DataLoader(self._load_events)
         # Operators' fleet views (the fields check the platform scope before loading).
@@ -36,6 +38,8 @@ class Context(BaseContext):
     @property
     def auth(self) -> AuthContext:
         if self._auth is None:
+            if self._auth_error is not None:
+                raise self._auth_error
             raise Unauthorized(
                 "Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key"
             )
@@ -118,8 +122,21 @@ class Context(BaseContext):
         return [names.get(i, ("", "")) for i in rack_ids]
 
 
-async def get_context(request: Request, session: Session = Depends(session_dependency)) -> Context:
+async def get_context(
+    request: HTTPConnection, session: Session = Depends(session_dependency)
+) -> Context:
     """The caller from the same API keys as REST. Without a key the context has no caller:
-    GraphiQL's page loads, and every field that needs one answers `missing_api_key`."""
-    auth = await authenticate(request) if extract_key(request) else None
+    GraphiQL's page loads, and every field that needs one answers `missing_api_key`. A
+    websocket's key (its handshake's header, else its `connection_init` payload: see
+    app/graphql/subscriptions.py) is checked when it connects; a refused one is the error of
+    every operation on it, with REST's code, rather than a closed socket."""
+    if request.scope["type"] == "websocket":
+        from app.graphql.subscriptions import sign_in
+
+        context = Context(None, session)
+        raw = extract_key(request)  # type: ignore[arg-type]
+        if raw:
+            await sign_in(context, raw, request.scope)
+        return context
+    auth = await authenticate(request) if extract_key(request) else None  # type: ignore[arg-type]
     return Context(auth, session)

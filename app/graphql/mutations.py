@@ -4,17 +4,24 @@ carries REST's stable code."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, Union
 
 import strawberry
 from pydantic import ValidationError as PydanticError
-from strawberry.scalars import JSON
 
+from app.billing.schemas import BudgetIn, BudgetOut
 from app.core.db import finish_request_session
 from app.core.errors import AppError, Conflict, Forbidden, NotFound, ValidationFailed
+from app.graphql.account import WorkloadInput
 from app.graphql.context import Context
-from app.graphql.types import Workload
+from app.graphql.types import Workload, WorkloadEvent
+from app.graphql.views import input_view, parse, shape, view
+from app.keys.schemas import KeyCreate, KeyCreated, KeyOut
 from app.tenancy.auth import require_tenant_scope
+from app.tenancy.scoping import get_owned
+from app.tenants.models import Tenant
+from app.workloads.schemas import CheckpointIn
 
 
 @strawberry.type(description="A field of the input and what is wrong with it")
@@ -101,8 +108,13 @@ def problem(e: AppError) -> Any:
 
 
 def _invalid(exc: PydanticError) -> ValidationProblem:
+    from app.graphql.views import camel
+
     fields = [
-        FieldProblem(path=["input", *[str(p) for p in err["loc"]]], message=err["msg"])
+        FieldProblem(
+            path=["input", *[camel(p) if isinstance(p, str) else str(p) for p in err["loc"]]],
+            message=err["msg"],
+        )
         for err in exc.errors()
     ]
     return ValidationProblem(
@@ -124,44 +136,175 @@ def _commit(info: strawberry.Info[Context, None], name: str, params: dict, resul
         after()
 
 
+def _run(info: strawberry.Info[Context, None], name: str, act: Callable[[], Any]) -> Any:
+    """Run a mutation's service calls: committed with its audit entry when they succeed, rolled
+    back (nothing half-written) and answered with the typed error when they fail."""
+    session = info.context.session
+    try:
+        params, result, answer = act()
+    except PydanticError as e:
+        session.rollback()
+        return _invalid(e)
+    except AppError as e:
+        session.rollback()
+        return problem(e)
+    _commit(info, name, params, result)
+    return answer
+
+
+@strawberry.type(description="Done; nothing to return")
+class Done:
+    ok: bool = True
+
+
+def _results(name: str, *types: Any) -> Any:
+    return Annotated[
+        Union[  # noqa: UP007 - a union built from a tuple of types
+            (
+                *types,
+                ValidationProblem,
+                QuotaExceeded,
+                IsolationRuleViolated,
+                BudgetExhausted,
+                NotFoundProblem,
+                ConflictProblem,
+                ForbiddenProblem,
+            )
+        ],
+        strawberry.union(name),
+    ]
+
+
+NewApiKey = view(KeyCreated, "NewApiKey", "A new API key: `key` is its secret, shown only now")
+ApiKeyView = view(KeyOut, "ApiKey")
+BudgetView = view(BudgetOut, "Budget")
+BudgetInput = input_view(BudgetIn, "BudgetInput")
+KeyInput = input_view(KeyCreate, "ApiKeyInput")
+CheckpointInput = input_view(CheckpointIn, "CheckpointInput")
+CheckpointResult = _results("CheckpointResult", WorkloadEvent)
+NewApiKeyResult = _results("NewApiKeyResult", NewApiKey)
+ApiKeyResult = _results("ApiKeyResult", ApiKeyView)
+BudgetResult = _results("BudgetResult", BudgetView)
+DoneResult = _results("DoneResult", Done)
+
+
 @strawberry.type
-class Mutation:
-    @strawberry.mutation(
-        description="Submit a workload (REST: POST /v1/workloads; the same fields, as JSON)"
-    )
-    def submit_workload(self, info: strawberry.Info[Context, None], input: JSON) -> WorkloadResult:
+class AccountMutation:
+    @strawberry.mutation(description="Submit a workload (REST: POST /v1/workloads)")
+    def submit_workload(
+        self, info: strawberry.Info[Context, None], input: WorkloadInput
+    ) -> WorkloadResult:
         from app.workloads import service
         from app.workloads.schemas import WorkloadCreate
 
-        ctx = info.context
-        try:
+        def act():
+            ctx = info.context
             require_tenant_scope(ctx.auth, "write")
-            body = WorkloadCreate.model_validate(input)
+            body = parse(WorkloadCreate, input)
             w = service.submit(ctx.session, ctx.auth, body)
-        except PydanticError as e:
-            ctx.session.rollback()
-            return _invalid(e)
-        except AppError as e:
-            ctx.session.rollback()
-            return problem(e)
-        _commit(info, "submitWorkload", {"body": body}, w)
-        return Workload.of(w)
+            return {"body": body}, w, Workload.of(w)
+
+        return _run(info, "submitWorkload", act)
 
     @strawberry.mutation(description="Terminate a workload (REST: DELETE /v1/workloads/{id})")
     def terminate_workload(
         self, info: strawberry.Info[Context, None], id: strawberry.ID
     ) -> WorkloadResult:
-        from app.tenancy.scoping import get_owned
         from app.workloads import service
-        from app.workloads.models import Workload as Row
 
-        ctx = info.context
-        try:
+        def act():
+            ctx = info.context
             require_tenant_scope(ctx.auth, "write")
-            w = get_owned(ctx.session, ctx.auth, Row, str(id), what="workload", for_update=True)
+            w = _workload(ctx, id)
             service.terminate(ctx.session, w)
-        except AppError as e:
-            ctx.session.rollback()
-            return problem(e)
-        _commit(info, "terminateWorkload", {"workload_id": str(id)}, w)
-        return Workload.of(w)
+            return {"workload_id": str(id)}, w, Workload.of(w)
+
+        return _run(info, "terminateWorkload", act)
+
+    @strawberry.mutation(
+        description="Report a completed checkpoint: preemption or a fault then loses only later "
+        "work (REST: POST /v1/workloads/{id}/checkpoints)"
+    )
+    def report_checkpoint(
+        self, info: strawberry.Info[Context, None], id: strawberry.ID, input: CheckpointInput
+    ) -> CheckpointResult:
+        from app.workloads import service
+
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            body = parse(CheckpointIn, input)
+            w = _workload(ctx, id)
+            ev = service.report_checkpoint(ctx.session, w, body.completed_at, body.size_bytes)
+            return {"workload_id": str(id), "body": body}, ev, WorkloadEvent.of(ev)
+
+        return _run(info, "reportCheckpoint", act)
+
+    @strawberry.mutation(description="Create an API key; its secret is in this answer only")
+    def create_api_key(
+        self, info: strawberry.Info[Context, None], input: KeyInput
+    ) -> NewApiKeyResult:
+        from app.keys.service import create_key
+
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "admin")
+            body = parse(KeyCreate, input)
+            made = create_key(
+                ctx.session,
+                tenant_id=ctx.auth.tenant_id,
+                name=body.name,
+                scopes=list(body.scopes),
+                expires_at=body.expires_at,
+            )
+            return {"body": body}, made, shape(KeyCreated, made)
+
+        return _run(info, "createApiKey", act)
+
+    @strawberry.mutation(description="Revoke an API key (effective on its next request)")
+    def revoke_api_key(
+        self, info: strawberry.Info[Context, None], id: strawberry.ID
+    ) -> ApiKeyResult:
+        from app.keys.models import ApiKey
+        from app.keys.service import revoke
+
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "admin")
+            key = revoke(get_owned(ctx.session, ctx.auth, ApiKey, str(id), what="key"))
+            return {"key_id": str(id)}, key, shape(KeyOut, key)
+
+        return _run(info, "revokeApiKey", act)
+
+    @strawberry.mutation(description="Set your monthly budget (spend and/or GPU-hours)")
+    def set_budget(self, info: strawberry.Info[Context, None], input: BudgetInput) -> BudgetResult:
+        from app.billing import budgets
+
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            body = parse(BudgetIn, input)
+            tenant = get_owned(ctx.session, ctx.auth, Tenant, ctx.auth.tenant_id, what="tenant")
+            budgets.set_budget(ctx.session, tenant.id, **body.model_dump())
+            out = budgets.view(ctx.session, ctx.auth, tenant.id)
+            return {"body": body}, out, shape(BudgetOut, out)
+
+        return _run(info, "setBudget", act)
+
+    @strawberry.mutation(description="Remove your budget (no limits)")
+    def remove_budget(self, info: strawberry.Info[Context, None]) -> DoneResult:
+        from app.billing import budgets
+
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            budgets.remove(ctx.session, ctx.auth)
+            return {}, None, Done()
+
+        return _run(info, "removeBudget", act)
+
+
+def _workload(ctx: Context, id: Any) -> Any:
+    from app.workloads.models import Workload as Row
+
+    return get_owned(ctx.session, ctx.auth, Row, str(id), what="workload", for_update=True)

@@ -16,12 +16,19 @@ from strawberry.extensions import (
     SchemaExtension,
 )
 from strawberry.fastapi import GraphQLRouter
+from strawberry.scalars import JSON
+from strawberry.schema.config import StrawberryConfig
+from strawberry.tools import merge_types
+from strawberry.types.unset import UNSET
 
 from app.core.config import get_settings
 from app.core.errors import AppError, NotFound
 from app.core.logging import get_logger
 from app.core.schemas import PageParams
+from app.graphql.account import AccountQuery
 from app.graphql.context import Context, get_context
+from app.graphql.limits import LimitCodes, Variables, cost_limiter
+from app.graphql.operator import OperatorQuery
 from app.graphql.types import (
     Node,
     NodeConnection,
@@ -34,6 +41,7 @@ from app.graphql.types import (
     edge_cursor,
     node_id,
 )
+from app.graphql.views import BIG_INT, BigInt
 from app.tenancy.auth import require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned
 
@@ -74,8 +82,11 @@ def _masked(error: GraphQLError) -> bool:
     return True
 
 
+PRIORITIES = ("production", "training", "research", "preemptible")
+
+
 @strawberry.type
-class Query:
+class CoreQuery:
     @strawberry.field(description="The calling tenant")
     def viewer(self, info: strawberry.Info[Context, None]) -> Viewer:
         from app.tenants.models import Tenant
@@ -101,6 +112,8 @@ class Query:
         after: str | None = None,
         state: str | None = None,
         kind: str | None = None,
+        priority: str | None = None,
+        labels: JSON | None = strawberry.UNSET,
     ) -> WorkloadConnection:
         from app.core.errors import ValidationFailed
         from app.workloads import service
@@ -118,8 +131,23 @@ class Query:
             ) from None
         if kind is not None and kind not in ("instance", "vm", "job"):
             raise ValidationFailed(f"No workload kind {kind!r}.", code="validation_error")
+        if priority is not None and priority not in PRIORITIES:
+            raise ValidationFailed(f"No priority {priority!r}.", code="validation_error")
+        if labels and (
+            not isinstance(labels, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+        ):
+            raise ValidationFailed(
+                "labels is an object of strings: {key: value}.", code="validation_error"
+            )
         rows, nxt = service.list_workloads(
-            info.context.session, auth, PageParams(limit=first, cursor=after), state=st, kind=kind
+            info.context.session,
+            auth,
+            PageParams(limit=first, cursor=after),
+            state=st,
+            kind=kind,
+            priority=priority,
+            labels=labels or None,
         )
         return WorkloadConnection(
             edges=[WorkloadEdge(cursor=edge_cursor(w), node=Workload.of(w)) for w in rows],
@@ -175,9 +203,12 @@ def build_schema() -> strawberry.Schema:
     s = get_settings()
     # Factories: a fresh extension per request.
     extensions: list[Any] = [
+        Variables,
+        LimitCodes,
         lambda: QueryDepthLimiter(max_depth=s.graphql_max_depth),
         lambda: MaxAliasesLimiter(max_alias_count=s.graphql_max_aliases),
         lambda: MaxTokensLimiter(max_token_count=s.graphql_max_tokens),
+        lambda: cost_limiter(s.graphql_max_cost),
         AppErrors,
         CloseSession,
         lambda: MaskErrors(should_mask_error=_masked, error_message="Internal error"),
@@ -186,16 +217,48 @@ def build_schema() -> strawberry.Schema:
         from strawberry.extensions import DisableIntrospection
 
         extensions.append(DisableIntrospection)
-    from app.graphql.mutations import Mutation
+    from app.graphql.mutations import AccountMutation
+    from app.graphql.operator import OperatorMutation
+    from app.graphql.subscriptions import Subscription
 
-    return Schema(query=Query, mutation=Mutation, extensions=extensions)
+    Mutation = merge_types("Mutation", (AccountMutation, OperatorMutation))
+    return Schema(
+        query=Query,
+        mutation=Mutation,
+        subscription=Subscription,
+        extensions=extensions,
+        config=StrawberryConfig(scalar_map={BigInt: BIG_INT}),
+    )
+
+
+Query = merge_types("Query", (CoreQuery, AccountQuery, OperatorQuery))
 
 
 schema = build_schema()
 
 
+class Router(GraphQLRouter):
+    """Strawberry's router, and where an `Idempotency-Key` replay is handed back: the
+    idempotency middleware claims the key and finds the first answer (app/idempotency), REST's
+    routes replay it after their dependencies; here after the context authenticated the key.
+    A mutation sent again with the same key is not run again."""
+
+    async def run(self, request: Any, context: Any = UNSET, root_value: Any = UNSET) -> Any:
+        from app.core.routing import REPLAY, stored_response
+
+        replay = REPLAY.get()
+        if replay is not None and isinstance(context, Context) and context._auth is not None:
+            return stored_response(replay)
+        return await super().run(request, context=context, root_value=root_value)
+
+    async def on_ws_connect(self, context: Any) -> Any:
+        from app.graphql.subscriptions import on_ws_connect  # the connection_init payload's key
+
+        return await on_ws_connect(context)
+
+
 def router() -> GraphQLRouter:
-    return GraphQLRouter(
+    return Router(
         schema,
         context_getter=get_context,
         graphql_ide="graphiql" if get_settings().is_sqlite else None,

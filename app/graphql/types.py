@@ -43,6 +43,18 @@ class WorkloadEvent:
     details: JSON
     at: datetime
 
+    @classmethod
+    def of(cls, e: Any) -> WorkloadEvent:
+        return cls(
+            seq=e.seq,
+            kind=e.kind,
+            from_state=e.from_state,
+            to_state=e.to_state,
+            reason=e.reason,
+            details=e.details or {},
+            at=e.at,
+        )
+
 
 @strawberry.type
 class Workload:
@@ -70,18 +82,15 @@ class Workload:
     @strawberry.field(description="Its newest events (at most 20), oldest first")
     async def events(self, info: strawberry.Info) -> list[WorkloadEvent]:
         rows = await info.context.events.load(self._row.id)
-        return [
-            WorkloadEvent(
-                seq=e.seq,
-                kind=e.kind,
-                from_state=e.from_state,
-                to_state=e.to_state,
-                reason=e.reason,
-                details=e.details or {},
-                at=e.at,
-            )
-            for e in rows
-        ]
+        return [WorkloadEvent.of(e) for e in rows]
+
+    @strawberry.field(
+        description="The Kubernetes manifest a real cluster would run for it (placed workloads)"
+    )
+    def manifest(self, info: strawberry.Info) -> JSON:
+        from app.workloads.service import manifest
+
+        return manifest(info.context.session, self._row)
 
     @classmethod
     def of(cls, w: Any) -> Workload:

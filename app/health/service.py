@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.core import pubsub
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict
@@ -39,6 +40,7 @@ from app.health.states import Actor, Health
 from app.outbox.service import enqueue
 
 log = get_logger(__name__)
+FLEET_TOPIC = "health-events"  # the feed topic (app/core/pubsub.py) of health events
 H = Health
 MAX_KEPT_SIGNALS = 20
 
@@ -99,6 +101,7 @@ def move(
             at=now,
         )
     )
+    pubsub.mark(session, FLEET_TOPIC)  # operators' live fleet view reads again after the commit
 
 
 # --- classification ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from app.placement.catalog import GPU_MODELS
 from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select
 from app.workloads import lifecycle
-from app.workloads.lifecycle import HOLDING, TERMINAL, State
+from app.workloads.lifecycle import HOLDING, State
 from app.workloads.models import TenantQuota, Workload, WorkloadEvent
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
@@ -730,19 +730,21 @@ def usage(session: Session, tenant_id: uuid.UUID) -> tuple[dict[str, int], dict[
     queued: waiting workloads, counted against every model they accept."""
     held: dict[str, int] = {}
     queued: dict[str, int] = {}
-    rows = session.scalars(
-        select(Workload).where(
+    holding = {s.value for s in HOLDING}
+    # Columns, not objects: a tenant may have thousands of workloads running.
+    rows = session.execute(
+        select(Workload.state, Workload.placement, Workload.shape, Workload.gpu_milli).where(
             Workload.tenant_id == tenant_id,
-            Workload.state.in_([s.value for s in HOLDING | {State.queued, State.pending}]),
+            Workload.state.in_([*holding, State.queued.value, State.pending.value]),
         )
     )
-    for w in rows:
-        if State(w.state) in HOLDING:
-            for b in w.placement or []:
+    for state, placement, shape, gpu_milli in rows:
+        if state in holding:
+            for b in placement or []:
                 held[b["gpu_model"]] = held.get(b["gpu_model"], 0) + int(b["gpu_milli"])
-        elif State(w.state) not in TERMINAL:
-            for m in w.shape.get("gpu_models") or list(GPU_MODELS):
-                queued[m] = queued.get(m, 0) + w.gpu_milli
+        else:
+            for m in (shape or {}).get("gpu_models") or list(GPU_MODELS):
+                queued[m] = queued.get(m, 0) + gpu_milli
     return held, queued
 
 

@@ -1,0 +1,313 @@
+"""Wake-ups after commits: "the log under `topic` has new rows", from whichever process wrote
+them to whichever is waiting for them (GraphQL subscriptions).
+
+A writer marks the topics its transaction touches (`mark`); once the transaction commits, and
+never before nor after a rollback, the topics are published. A message says only that there is
+something new to read: the rows themselves are read from the database, which stays the one
+source of truth, so a lost, late or spurious message costs a reader a poll interval or a
+needless read, never an event (a savepoint rolled back after a mark publishes a spurious one).
+
+Across processes (API and workers) the messages go through Redis pub/sub on
+`<broker prefix>rackplane:feed:<topic>`: each process sends from one background thread (a
+commit costs a queue put, not a round trip; a burst of commits coalesces), and each API process
+listens from one background thread, forwarding to its local waiters. Without Redis (the
+embedded default) a commit wakes the waiters of its own process directly (the API's own
+writes, and everything with `RACKPLANE_CELERY_EAGER`); the worker process's commits are seen
+by a watcher of SQLite's `data_version` (it changes when another connection commits), polled
+every `SqliteWatcher.INTERVAL_S` while anyone waits, which wakes every waiter. PostgreSQL
+without Redis has neither: its readers rely on their poll. A waiter is an `asyncio.Event` woken
+thread-safely on its own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from app.core import redis
+from app.core.config import get_settings
+from app.core.logging import get_logger
+
+log = get_logger(__name__)
+_PENDING = "rackplane_feed_pending"
+RETRY_S = 1.0
+
+
+def mark(session: Session, *topics: str) -> None:
+    """Publish `topics` once the session's transaction commits."""
+    session.info.setdefault(_PENDING, set()).update(topics)
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    topics = session.info.pop(_PENDING, None)
+    if topics:
+        publish(topics)
+
+
+@event.listens_for(Session, "after_rollback")
+def _after_rollback(session: Session) -> None:
+    session.info.pop(_PENDING, None)
+
+
+def publish(topics: Iterable[str]) -> None:
+    """Tell every process's waiters on `topics` to read again (Redis), or this process's."""
+    topics = set(topics)
+    if get_settings().redis_url:
+        _sender().put(topics)
+    else:
+        hub.notify(topics)
+
+
+def channel_prefix() -> str:
+    return f"{get_settings().broker_key_prefix}rackplane:feed:"
+
+
+# --- waiters in this process ------------------------------------------------------------------
+
+
+class Waiter:
+    """One reader's wake-up: set (from any thread) when a topic it matches is published."""
+
+    def __init__(self, matches: Callable[[str], bool]):
+        self.matches = matches
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+        # When it was last woken (monotonic): after the commits that woke it, so a read that
+        # starts later sees them; waiters woken together share one read of the log's tail.
+        self.woken_at = 0.0
+
+    def clear(self) -> None:
+        self.event.clear()
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken, False when `timeout` passed first."""
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def wake(self) -> None:
+        self.woken_at = max(self.woken_at, time.monotonic())
+        try:
+            self.loop.call_soon_threadsafe(self.event.set)
+        except RuntimeError:  # its loop is closed: the hub forgets it on unregister
+            pass
+
+
+class Hub:
+    def __init__(self) -> None:
+        self._waiters: set[Waiter] = set()
+        self._lock = threading.Lock()
+
+    def register(self, matches: Callable[[str], bool]) -> Waiter:
+        w = Waiter(matches)
+        with self._lock:
+            self._waiters.add(w)
+        s = get_settings()
+        if s.redis_url:
+            _listener.ensure()
+        elif s.is_sqlite:
+            _watcher.ensure(s.sqlalchemy_url.split("///", 1)[-1])
+        return w
+
+    def unregister(self, w: Waiter) -> None:
+        with self._lock:
+            self._waiters.discard(w)
+
+    def notify(self, topics: Iterable[str]) -> None:
+        topics = list(topics)
+        with self._lock:
+            waiters = list(self._waiters)
+        for w in waiters:
+            if any(w.matches(t) for t in topics):
+                w.wake()
+
+    def notify_all(self) -> None:
+        with self._lock:
+            waiters = list(self._waiters)
+        for w in waiters:
+            w.wake()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+
+hub = Hub()
+
+
+# --- Redis: one sender and one listener thread per process -------------------------------------
+
+
+class _Sender:
+    """Publishes queued topics from a thread, coalescing what queued up meanwhile."""
+
+    def __init__(self) -> None:
+        self.q: queue.SimpleQueue[set[str]] = queue.SimpleQueue()
+        self.pid = os.getpid()
+        threading.Thread(target=self._run, daemon=True, name="feed-sender").start()
+
+    def put(self, topics: set[str]) -> None:
+        self.q.put(topics)
+
+    def _run(self) -> None:
+        while True:
+            topics = set(self.q.get())
+            while True:
+                try:
+                    topics |= self.q.get_nowait()
+                except queue.Empty:
+                    break
+            self.send(topics)
+
+    @staticmethod
+    def send(topics: set[str]) -> None:
+        client = redis.client()
+        try:
+            if client is None:
+                raise ConnectionError("redis breaker open")
+            prefix = channel_prefix()
+            pipe = client.pipeline(transaction=False)
+            for t in sorted(topics):
+                pipe.publish(prefix + t, b"")
+            pipe.execute()
+        except Exception as exc:
+            if client is not None:
+                redis.trip()
+            # Other processes' readers find the rows on their next poll; this one's now.
+            hub.notify(topics)
+            log.warning("feed_publish_failed", topics=sorted(topics)[:10], error=str(exc)[:300])
+
+
+_senders: dict[str, _Sender] = {}
+_senders_lock = threading.Lock()
+
+
+def _sender() -> _Sender:
+    s = _senders.get("s")
+    if s is None or s.pid != os.getpid():  # first use, or a forked child (threads don't fork)
+        with _senders_lock:
+            s = _senders.get("s")
+            if s is None or s.pid != os.getpid():
+                s = _senders["s"] = _Sender()
+    return s
+
+
+class _Listener:
+    """Forwards the feed's Redis messages to this process's waiters. Whenever it (re)subscribes
+    it wakes every waiter, since messages sent while it was away are lost."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.pid = 0
+        self.lock = threading.Lock()
+        self.live = False
+
+    def ensure(self) -> None:
+        if self.thread is not None and self.thread.is_alive() and self.pid == os.getpid():
+            return
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive() or self.pid != os.getpid():
+                self.pid = os.getpid()
+                self.thread = threading.Thread(
+                    target=self._run,
+                    args=(get_settings().redis_url, channel_prefix()),
+                    daemon=True,
+                    name="feed-listener",
+                )
+                self.thread.start()
+
+    def _run(self, url: str, prefix: str) -> None:
+        import redis as redis_lib
+
+        while True:
+            try:
+                client = redis_lib.Redis.from_url(
+                    url,
+                    socket_connect_timeout=redis.TIMEOUT_S,
+                    socket_keepalive=True,
+                    health_check_interval=10,
+                )
+                pubsub = client.pubsub()
+                pubsub.psubscribe(prefix + "*")
+                while True:
+                    msg: Any = pubsub.get_message(timeout=1.0)
+                    if msg is None:
+                        continue
+                    if msg["type"] == "psubscribe":
+                        self.live = True
+                        hub.notify_all()
+                    elif msg["type"] == "pmessage":
+                        ch = msg["channel"]
+                        ch = ch.decode() if isinstance(ch, bytes) else ch
+                        hub.notify([ch[len(prefix) :]])
+            except Exception as exc:
+                self.live = False
+                log.warning("feed_listener_down", error=str(exc)[:300])
+                time.sleep(RETRY_S)
+
+
+_listener = _Listener()
+
+
+class SqliteWatcher:
+    """Wakes every waiter when another connection (the worker process) committed to the SQLite
+    database: `PRAGMA data_version` on a connection of its own, while anyone waits."""
+
+    INTERVAL_S = 0.2
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.pid = 0
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def ensure(self, path: str) -> None:
+        if self.thread is not None and self.thread.is_alive() and self.pid == os.getpid():
+            return
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive() or self.pid != os.getpid():
+                self.pid = os.getpid()
+                self.thread = threading.Thread(
+                    target=self._run, args=(path,), daemon=True, name="feed-sqlite-watcher"
+                )
+                self.thread.start()
+
+    def _run(self, path: str) -> None:
+        import sqlite3
+
+        version = None
+        conn = None
+        while not self.stopped.is_set():
+            try:
+                if not len(hub):
+                    version = None  # nobody waits: look again once someone does
+                    time.sleep(self.INTERVAL_S)
+                    continue
+                if conn is None:
+                    conn = sqlite3.connect(path, timeout=5, check_same_thread=False)
+                now = conn.execute("PRAGMA data_version").fetchone()[0]
+                if version is not None and now != version:
+                    hub.notify_all()
+                version = now
+            except Exception as exc:
+                log.warning("feed_sqlite_watcher_failed", error=str(exc)[:300])
+                conn, version = None, None
+            time.sleep(self.INTERVAL_S)
+        if conn is not None:
+            conn.close()
+
+
+_watcher = SqliteWatcher()

@@ -1,0 +1,226 @@
+"""The customer's account: keys, quotas, capacity, usage, bills, budget, commitments, prices and
+what-if placement. Each field is a REST route's service call under the same scope check, its
+answer shaped by the same response model (app/graphql/views.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any
+
+import strawberry
+
+from app.billing.schemas import (
+    BillingSummary,
+    BudgetOut,
+    CommitmentList,
+    CommitmentOut,
+    PriceList,
+    PriceOut,
+)
+from app.core.errors import NotFound, ValidationFailed
+from app.core.schemas import PERIOD_PATTERN, PageParams
+from app.fleet.schemas import Capacity, CapacityRow
+from app.graphql.context import Context
+from app.graphql.views import input_view, parse, shape, view
+from app.keys.schemas import KeyOut
+from app.metering.schemas import UsageOut
+from app.tenancy.auth import AuthContext, require_tenant_scope
+from app.workloads.schemas import DryRunOut, QuotaList, QuotaOut, WorkloadCreate
+
+Info = strawberry.Info[Context, None]
+MAX_PAGE = 500  # as REST's limit
+
+ApiKey = view(KeyOut, "ApiKey", "An API key (its secret is shown only when it is created)")
+Quota = view(QuotaOut, "Quota", "A quota per GPU model and what the tenant holds and queues")
+CapacityRowView = view(CapacityRow, "CapacityRow")
+UsageView = view(UsageOut, "Usage", "GPU-time used, by time bucket and the asked dimensions")
+Bill = view(BillingSummary, "Bill", "A month's bill: line items and totals per currency")
+BudgetView = view(BudgetOut, "Budget")
+CommitmentView = view(CommitmentOut, "Commitment", "Reserved capacity for a term")
+PriceView = view(PriceOut, "Price", "A price version: minor units per GPU-hour")
+DryRun = view(DryRunOut, "DryRun", "Where a workload would land now, whom it would preempt")
+WorkloadInput = input_view(WorkloadCreate, "WorkloadInput")
+
+
+@strawberry.enum(description="Usage time buckets")
+class Granularity(Enum):
+    HOUR = "hour"
+    DAY = "day"
+
+
+@strawberry.enum(description="What usage can be grouped by (the ledger's dimensions)")
+class UsageDimension(Enum):
+    TENANT_ID = "tenant_id"
+    WORKLOAD_ID = "workload_id"
+    REGION = "region"
+    GPU_MODEL = "gpu_model"
+    SHAPE = "shape"
+    TIER = "tier"
+    PRIORITY = "priority"
+
+
+@strawberry.type(description="A page of API keys, oldest first")
+class ApiKeyPage:
+    items: list[ApiKey]  # type: ignore[valid-type]
+    next_cursor: str | None
+
+
+def page_params(first: int, after: str | None) -> PageParams:
+    if not 1 <= first <= MAX_PAGE:
+        raise ValidationFailed(f"first is 1 to {MAX_PAGE}.", code="validation_error")
+    return PageParams(limit=first, cursor=after)
+
+
+def reader(auth: AuthContext) -> None:
+    """A tenant key with `read`, or an operator's (fields both may read: prices, capacity)."""
+    if not auth.is_platform:
+        require_tenant_scope(auth, "read")
+
+
+def aware(name: str, value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValidationFailed(f"{name} needs a UTC offset (RFC 3339).", code="validation_error")
+    return value
+
+
+@strawberry.type
+class AccountQuery:
+    @strawberry.field(description="Your API keys (REST: GET /v1/keys)")
+    def api_keys(self, info: Info, first: int = 50, after: str | None = None) -> ApiKeyPage:
+        from app.core.schemas import paginate
+        from app.keys.models import ApiKey as Row
+        from app.tenancy.scoping import scoped_select
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        rows, nxt = paginate(
+            info.context.session, scoped_select(auth, Row), Row, page_params(first, after)
+        )
+        return ApiKeyPage(items=[shape(KeyOut, r) for r in rows], next_cursor=nxt)
+
+    @strawberry.field(description="Your quotas per GPU model with what you hold and queue")
+    def quotas(self, info: Info) -> list[Quota]:  # type: ignore[valid-type]
+        from app.workloads import service
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        return shape(QuotaList, service.quota_list(info.context.session, auth.tenant_id)).items
+
+    @strawberry.field(
+        description="Free capacity by region and GPU model: whole GPUs, milli-GPU, MIG slices"
+    )
+    def capacity(self, info: Info) -> list[CapacityRowView]:  # type: ignore[valid-type]
+        from app.fleet.service import capacity
+
+        reader(info.context.auth)
+        return shape(Capacity, {"items": capacity(info.context.session)}).items
+
+    @strawberry.field(description="Your usage by time bucket, grouped by ledger dimensions")
+    def usage(
+        self,
+        info: Info,
+        from_: Annotated[datetime, strawberry.argument(name="from")],
+        to: datetime,
+        granularity: Granularity = Granularity.DAY,
+        group_by: list[UsageDimension] | None = None,
+    ) -> UsageView:  # type: ignore[valid-type]
+        from app.metering import service
+
+        auth = info.context.auth
+        reader(auth)
+        groups = [g.value for g in group_by or []]
+        report = service.usage_report(
+            info.context.session,
+            service.visible_to(auth),
+            aware("from", from_),
+            aware("to", to),
+            granularity.value,
+            groups,
+        )
+        return shape(UsageOut, report)
+
+    @strawberry.field(description="Your bill for a month (YYYY-MM), line items per SKU")
+    def bill(self, info: Info, period: str) -> Bill:  # type: ignore[valid-type]
+        import re
+
+        from app.billing import service
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        if not re.fullmatch(PERIOD_PATTERN, period):
+            raise ValidationFailed("period is a month: YYYY-MM.", code="validation_error")
+        return shape(BillingSummary, service.bill(info.context.session, auth, period))
+
+    @strawberry.field(description="This month so far: the upcoming invoice, running work accrued")
+    def upcoming_bill(self, info: Info) -> Bill:  # type: ignore[valid-type]
+        from app.billing import service
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        return shape(BillingSummary, service.upcoming_bill(info.context.session, auth))
+
+    @strawberry.field(description="Your budget, this month's use and alerts; null without one")
+    def budget(self, info: Info) -> BudgetView | None:  # type: ignore[valid-type]
+        from app.billing import budgets
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        try:
+            return shape(BudgetOut, budgets.view(info.context.session, auth, auth.tenant_id))
+        except NotFound:
+            return None
+
+    @strawberry.field(description="Your reserved capacity (commitments)")
+    def commitments(self, info: Info) -> list[CommitmentView]:  # type: ignore[valid-type]
+        from app.billing import commitments
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        got = commitments.of_tenant(info.context.session, auth, auth.tenant_id)
+        return shape(CommitmentList, got).items
+
+    @strawberry.field(description="The price book, every version")
+    def prices(self, info: Info) -> list[PriceView]:  # type: ignore[valid-type]
+        from app.billing import service
+
+        reader(info.context.auth)
+        return shape(PriceList, service.price_book(info.context.session)).items
+
+    @strawberry.field(
+        description="What-if: where a workload would land now, whom it would preempt, or when "
+        "it would start (REST: POST /v1/workloads:dry-run)"
+    )
+    def dry_run(self, info: Info, input: WorkloadInput) -> DryRun:  # type: ignore[valid-type]
+        from app.workloads import service
+
+        auth = info.context.auth
+        require_tenant_scope(auth, "read")
+        body = parse_or_fail(WorkloadCreate, input)
+        return shape(DryRunOut, service.dry_run(info.context.session, auth, body))
+
+
+def parse_or_fail(model: Any, value: Any) -> Any:
+    """For a query (no result union): invalid input is a ValidationFailed with field paths."""
+    from pydantic import ValidationError
+
+    from app.graphql.views import camel
+
+    try:
+        return parse(model, value)
+    except ValidationError as e:
+        fields = [
+            {
+                "path": [
+                    "input",
+                    *[camel(p) if isinstance(p, str) else str(p) for p in err["loc"]],
+                ],
+                "message": err["msg"],
+            }
+            for err in e.errors()
+        ]
+        raise ValidationFailed(
+            "; ".join(f"{'.'.join(f['path'])}: {f['message']}" for f in fields),
+            code="validation_error",
+            fields=fields,
+        ) from None

@@ -1,0 +1,237 @@
+"""The operator's side (platform keys): regions, racks, tenants and their quotas, fleet
+utilisation and health, imports, reconciliation; and the mutations for node state, quotas and
+tenant approval. The same service calls as REST's admin routes, refused to tenant keys by the
+same check (`require_platform`)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated
+
+import strawberry
+
+from app.billing.schemas import Reconciliation
+from app.core.db import get_or_404
+from app.core.errors import ValidationFailed
+from app.core.schemas import PERIOD_PATTERN
+from app.fleet.schemas import FleetImportOut, NodeStateChange, RackOut, RegionOut
+from app.graphql.account import Granularity, Quota, aware, page_params
+from app.graphql.context import Context
+from app.graphql.mutations import _results, _run
+from app.graphql.types import Node
+from app.graphql.views import input_view, parse, shape, view
+from app.health.schemas import FleetHealth
+from app.metering.schemas import UtilisationOut
+from app.tenancy.auth import require_platform
+from app.tenants.schemas import TenantOut
+from app.workloads.schemas import QuotaList, QuotaSet
+
+Info = strawberry.Info[Context, None]
+
+RegionView = view(RegionOut, "Region")
+RackView = view(RackOut, "Rack")
+TenantView = view(TenantOut, "Tenant", "A tenant: status, isolation policy, billing link")
+UtilisationView = view(UtilisationOut, "Utilisation", "Allocated vs idle GPU-hours")
+ReconciliationView = view(Reconciliation, "Reconciliation")
+FleetImportView = view(FleetImportOut, "FleetImport")
+FleetHealthView = view(FleetHealth, "FleetHealth")
+QuotaSetInput = input_view(QuotaSet, "QuotaSetInput")
+NodeStateInput = input_view(NodeStateChange, "NodeStateInput")
+
+
+@strawberry.type(description="A page of regions")
+class RegionPage:
+    items: list[RegionView]  # type: ignore[valid-type]
+    next_cursor: str | None
+
+
+@strawberry.type(description="A page of racks")
+class RackPage:
+    items: list[RackView]  # type: ignore[valid-type]
+    next_cursor: str | None
+
+
+@strawberry.type(description="A page of tenants")
+class TenantPage:
+    items: list[TenantView]  # type: ignore[valid-type]
+    next_cursor: str | None
+
+
+@strawberry.type(description="A tenant's quotas, replaced")
+class QuotaSetDone:
+    tenant_id: strawberry.ID
+    quotas: list[Quota]  # type: ignore[valid-type]
+
+
+def _operator(info: Info):
+    auth = info.context.auth
+    require_platform(auth)
+    return auth
+
+
+@strawberry.type
+class OperatorQuery:
+    @strawberry.field(description="Operators: regions")
+    def regions(self, info: Info, first: int = 50, after: str | None = None) -> RegionPage:
+        from app.fleet.service import list_regions
+
+        _operator(info)
+        rows, nxt = list_regions(info.context.session, page_params(first, after))
+        return RegionPage(items=[shape(RegionOut, r) for r in rows], next_cursor=nxt)
+
+    @strawberry.field(description="Operators: racks, in one region if asked")
+    def racks(
+        self,
+        info: Info,
+        first: int = 50,
+        after: str | None = None,
+        region_id: strawberry.ID | None = None,
+    ) -> RackPage:
+        from app.fleet.service import list_racks
+
+        _operator(info)
+        rows, nxt = list_racks(
+            info.context.session,
+            page_params(first, after),
+            region_id=str(region_id) if region_id else None,
+        )
+        return RackPage(items=[shape(RackOut, r) for r in rows], next_cursor=nxt)
+
+    @strawberry.field(description="Operators: tenants, by status")
+    def tenants(
+        self,
+        info: Info,
+        first: int = 50,
+        after: str | None = None,
+        status: str | None = None,
+    ) -> TenantPage:
+        from app.tenants.models import TenantStatus
+        from app.tenants.service import list_tenants
+
+        auth = _operator(info)
+        try:
+            st = TenantStatus(status) if status is not None else None
+        except ValueError:
+            raise ValidationFailed(
+                f"No tenant status {status!r}.", code="validation_error"
+            ) from None
+        rows, nxt = list_tenants(info.context.session, auth, page_params(first, after), status=st)
+        return TenantPage(items=[shape(TenantOut, t) for t in rows], next_cursor=nxt)
+
+    @strawberry.field(description="Operators: a tenant's quotas and use")
+    def tenant_quotas(self, info: Info, tenant_id: strawberry.ID) -> list[Quota]:  # type: ignore[valid-type]
+        from app.tenancy.scoping import get_owned
+        from app.tenants.models import Tenant
+        from app.workloads import service
+
+        auth = _operator(info)
+        tenant = get_owned(info.context.session, auth, Tenant, str(tenant_id), what="tenant")
+        return shape(QuotaList, service.quota_list(info.context.session, tenant.id)).items
+
+    @strawberry.field(description="Operators: allocated vs idle GPU-hours by region and model")
+    def utilisation(
+        self,
+        info: Info,
+        from_: Annotated[datetime, strawberry.argument(name="from")],
+        to: datetime,
+        granularity: Granularity = Granularity.DAY,
+    ) -> UtilisationView:  # type: ignore[valid-type]
+        from app.metering import service
+
+        auth = _operator(info)
+        report = service.utilisation_report(
+            info.context.session,
+            service.visible_to(auth),
+            aware("from", from_),
+            aware("to", to),
+            granularity.value,
+        )
+        return shape(UtilisationOut, report)
+
+    @strawberry.field(description="Operators: the fleet's health, incidents and breaker state")
+    def fleet_health(self, info: Info) -> FleetHealthView:  # type: ignore[valid-type]
+        from app.health import service
+
+        _operator(info)
+        return shape(FleetHealth, service.summary(info.context.session))
+
+    @strawberry.field(description="Operators: a fleet import's progress and summary")
+    def fleet_import(self, info: Info, id: strawberry.ID) -> FleetImportView:  # type: ignore[valid-type]
+        from app.fleet.models import FleetImport
+
+        _operator(info)
+        row = get_or_404(info.context.session, FleetImport, str(id), what="fleet_import")
+        return shape(FleetImportOut, row)
+
+    @strawberry.field(description="Operators: ledger against what Stripe was sent, per tenant")
+    def reconciliation(self, info: Info, period: str) -> ReconciliationView:  # type: ignore[valid-type]
+        from app.billing import stripe_export
+
+        auth = _operator(info)
+        if not re.fullmatch(PERIOD_PATTERN, period):
+            raise ValidationFailed("period is a month: YYYY-MM.", code="validation_error")
+        return shape(Reconciliation, stripe_export.reconcile(info.context.session, auth, period))
+
+
+NodeResult = _results("NodeResult", Node)
+TenantResult = _results("TenantResult", TenantView)
+QuotaSetResult = _results("QuotaSetResult", QuotaSetDone)
+
+
+@strawberry.type
+class OperatorMutation:
+    @strawberry.mutation(description="Operators: cordon, drain, mark down or return a node")
+    def set_node_state(self, info: Info, id: strawberry.ID, input: NodeStateInput) -> NodeResult:  # type: ignore[valid-type]
+        from app.fleet.models import Node as Row
+        from app.fleet.service import change_node_state
+
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            body = parse(NodeStateChange, input)
+            node = get_or_404(ctx.session, Row, str(id), what="node")
+            change_node_state(ctx.session, node, body.state.value, body.reason)
+            return {"node_id": str(id), "body": body}, node, Node.of(node)
+
+        return _run(info, "setNodeState", act)
+
+    @strawberry.mutation(description="Operators: replace a tenant's quotas")
+    def set_tenant_quotas(
+        self,
+        info: Info,
+        tenant_id: strawberry.ID,
+        input: QuotaSetInput,  # type: ignore[valid-type]
+    ) -> QuotaSetResult:  # type: ignore[valid-type]
+        from app.tenancy.scoping import get_owned
+        from app.tenants.models import Tenant
+        from app.workloads import service
+
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            body = parse(QuotaSet, input)
+            tenant = get_owned(ctx.session, ctx.auth, Tenant, str(tenant_id), what="tenant")
+            service.set_quotas(ctx.session, tenant.id, body.quotas)
+            ctx.session.flush()
+            quotas = shape(QuotaList, service.quota_list(ctx.session, tenant.id)).items
+            done = QuotaSetDone(tenant_id=strawberry.ID(str(tenant.id)), quotas=quotas)
+            return {"tenant_id": str(tenant.id), "body": body}, None, done
+
+        return _run(info, "setTenantQuotas", act)
+
+    @strawberry.mutation(description="Operators: approve a pending (self-service) tenant")
+    def approve_tenant(self, info: Info, id: strawberry.ID) -> TenantResult:  # type: ignore[valid-type]
+        from app.tenancy.scoping import get_owned
+        from app.tenants import service
+        from app.tenants.models import Tenant
+
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            tenant = service.approve(
+                get_owned(ctx.session, ctx.auth, Tenant, str(id), what="tenant")
+            )
+            return {"tenant_id": str(id)}, tenant, shape(TenantOut, tenant)
+
+        return _run(info, "approveTenant", act)

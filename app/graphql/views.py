@@ -1,0 +1,149 @@
+"""GraphQL types made from REST's response models, so both APIs answer with one shape.
+
+A view is a Strawberry type generated from a pydantic model (`strawberry.experimental.pydantic`),
+with the few translations GraphQL needs: a `Literal` or an enum is a String, a free-form dict
+is JSON, and a ledger quantity or an amount of money, which outgrow GraphQL's 32-bit Int
+(a month of one GPU is 2.6e12 milli-GPU-ms), is a BigInt (sent as a decimal string). A resolver
+validates its service's answer with the REST model (`shape`) and converts it: a field REST
+adds appears here too, and a drift between the two cannot happen unnoticed (the SDL test).
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from datetime import datetime
+from typing import Any, NewType
+
+import strawberry
+from pydantic import BaseModel
+from strawberry.experimental.pydantic import type as pydantic_type
+from strawberry.scalars import JSON
+
+BigInt = NewType("BigInt", int)
+# The schema maps it (StrawberryConfig.scalar_map).
+BIG_INT = strawberry.scalar(
+    name="BigInt",
+    description="An integer past 32 bits (quantities, money in minor units): a decimal string",
+    serialize=str,
+    parse_value=int,
+)
+
+# Integer fields that count milli-GPU-milliseconds or money: BigInt wherever they appear.
+MONEY = frozenset({"amount", "spent", "spend_limit", "used", "limit"})
+
+
+def large(name: str) -> bool:
+    return name.endswith("milli_gpu_ms") or name in MONEY
+
+
+_VIEWS: dict[type[BaseModel], type] = {}
+# Nested models whose own name is taken by a hand-written type.
+_RENAMED = {"PlacementOut": "PlannedPlacement", "GpuOut": "GpuRow"}
+
+
+def _annotation(name: str, tp: Any, inputs: bool = False) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        inner = _annotation(name, args[0], inputs) if len(args) == 1 else JSON
+        return inner | None if len(args) < len(typing.get_args(tp)) else inner
+    if origin is typing.Literal:
+        return str
+    if origin is list:
+        return list[_annotation(name, typing.get_args(tp)[0], inputs)]  # type: ignore[misc]
+    if origin is dict or tp is dict or tp is Any:
+        return JSON
+    if typing.get_origin(tp) is typing.Annotated:
+        return _annotation(name, typing.get_args(tp)[0], inputs)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return input_view(tp) if inputs else view(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return str
+    if tp is int and large(name):
+        return BigInt
+    if tp in (str, int, float, bool, datetime) or isinstance(tp, type):
+        return tp
+    raise TypeError(f"No GraphQL type for {name}: {tp!r}")
+
+
+def view(model: type[BaseModel], name: str | None = None, description: str | None = None) -> Any:
+    """The Strawberry type for a REST response model (one per model, nested ones included)."""
+    if model in _VIEWS:
+        return _VIEWS[model]
+    gql_name = name or _RENAMED.get(model.__name__) or model.__name__.removesuffix("Out")
+    namespace: dict[str, Any] = {"__annotations__": {}}
+    for field, info in model.model_fields.items():
+        namespace["__annotations__"][field] = _annotation(field, info.annotation)
+        if info.alias and info.alias != field:
+            namespace[field] = strawberry.field(name=info.alias, description=info.description)
+    cls = type(gql_name, (), namespace)
+    made = pydantic_type(
+        model=model,
+        all_fields=True,
+        name=gql_name,
+        description=description or (model.__doc__ or "").strip() or None,
+    )(cls)
+    _VIEWS[model] = made
+    return made
+
+
+def shape(model: type[BaseModel], value: Any) -> Any:
+    """A service's answer (a dict or rows) as REST returns it, then as the GraphQL view."""
+    return view(model).from_pydantic(model.model_validate(value))
+
+
+_INPUTS: dict[type[BaseModel], type] = {}
+
+
+def input_view(model: type[BaseModel], name: str | None = None) -> Any:
+    """The Strawberry input type for a REST request model. Its fields are as loose as GraphQL
+    allows (a `Literal` is a String, an optional field may be left out): the pydantic model
+    validates (`parse`), so the rules, defaults and messages are REST's."""
+    if model in _INPUTS:
+        return _INPUTS[model]
+    gql_name = name or model.__name__.removesuffix("In").removesuffix("Create") + "Input"
+    namespace: dict[str, Any] = {"__annotations__": {}}
+    for field, info in model.model_fields.items():
+        tp = _annotation(field, info.annotation, inputs=True)
+        if not info.is_required():
+            tp = tp | None
+            namespace[field] = strawberry.field(
+                default=strawberry.UNSET, description=info.description
+            )
+        elif info.description:
+            namespace[field] = strawberry.field(description=info.description)
+        namespace["__annotations__"][field] = tp
+    made = strawberry.input(
+        type(gql_name, (), namespace),
+        name=gql_name,
+        description=(model.__doc__ or "").strip() or None,
+    )
+    _INPUTS[model] = made
+    return made
+
+
+def _plain(value: Any) -> Any:
+    """The input as REST's JSON body would carry it (instants as RFC 3339 text)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__strawberry_definition__"):
+        return {
+            k: _plain(v)
+            for k, v in vars(value).items()
+            if v is not strawberry.UNSET and not k.startswith("_")
+        }
+    return value
+
+
+def parse(model: type[BaseModel], value: Any) -> Any:
+    """The GraphQL input as the REST model (pydantic's ValidationError if it is not valid)."""
+    return model.model_validate(_plain(value))
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
