@@ -194,6 +194,13 @@ def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, cel
     assert (slot["node"], slot["gpu_indices"][0]) not in gang_gpus
     session.expire_all()
     assert session.scalar(select(func.sum(GpuUsage.milli_used))) == 8000 + 500
+    # The quotas' held GPUs (from live allocations) are what the placements hold.
+    from app.workloads.service import usage
+
+    placed: dict[str, int] = {}
+    for p in [*g["placement"], slot]:
+        placed[p["gpu_model"]] = placed.get(p["gpu_model"], 0) + p["gpu_milli"]
+    assert usage(session, t.id)[0] == placed and sum(placed.values()) == 8500
     _check_manifests(client, key, g, m)
     for wid in (gang, mig):
         r = client.delete(f"/v1/workloads/{wid}", headers=auth(key))

@@ -222,6 +222,73 @@ def read(
     return intervals, adjustments
 
 
+def read_since(
+    session: Session, scope, since: datetime, end: datetime
+) -> tuple[list[Interval], list[Interval], list[Adjustment]]:
+    """What the ledger holds from `since` to `end`, in three reads on its (tenant, instant)
+    index: intervals that start in [since, end) (with their stop, if any), intervals that
+    started before `since` and stop in [since, end), and adjustments in [since, end)."""
+    pg = session.get_bind().dialect.name == "postgresql"
+
+    def ms(column):
+        return cast(func.floor(extract("epoch", column) * 1000), BigInteger) if pg else column
+
+    conv = int if pg else to_ms
+    other = aliased(UsageEvent)
+    n = len(DIMENSIONS)
+    session.flush()
+    conn = session.connection()
+
+    def intervals(stmt) -> list[Interval]:
+        return [
+            Interval(
+                conv(row[0]),
+                None if row[1] is None else conv(row[1]),
+                row[2],
+                tuple(row[3 : 3 + n]),
+            )
+            for row in conn.execute(scope(stmt))
+        ]
+
+    pair = and_(other.allocation_id == UsageEvent.allocation_id)
+    started = intervals(
+        select(
+            ms(UsageEvent.occurred_at), ms(other.occurred_at), UsageEvent.gpu_milli, *_DIM_COLUMNS
+        )
+        .outerjoin(other, and_(pair, other.kind == UsageKind.stop.value))
+        .where(
+            UsageEvent.kind == UsageKind.start.value,
+            UsageEvent.occurred_at >= since,
+            UsageEvent.occurred_at < end,
+        )
+    )
+    # Read from the stop's side (its instant is the indexed one), with the start's columns.
+    stopped = intervals(
+        select(
+            ms(other.occurred_at),
+            ms(UsageEvent.occurred_at),
+            other.gpu_milli,
+            *[getattr(other, d) for d in DIMENSIONS],
+        )
+        .join(other, and_(pair, other.kind == UsageKind.start.value))
+        .where(
+            UsageEvent.kind == UsageKind.stop.value,
+            UsageEvent.occurred_at >= since,
+            UsageEvent.occurred_at < end,
+            other.occurred_at < since,
+        )
+    )
+    adj = select(ms(UsageEvent.occurred_at), UsageEvent.quantity, *_DIM_COLUMNS).where(
+        UsageEvent.kind == UsageKind.adjustment.value,
+        UsageEvent.occurred_at >= since,
+        UsageEvent.occurred_at < end,
+    )
+    adjustments = [
+        Adjustment(conv(row[0]), row[1] or 0, tuple(row[2:])) for row in conn.execute(scope(adj))
+    ]
+    return started, stopped, adjustments
+
+
 def _spans(intervals: Sequence[Interval], lo: int, hi: int, now: datetime | None, pick):
     """(start, end, milli, group) of each interval clipped to [lo, hi); open ones end at now."""
     now_ms = to_ms(now or utcnow())
@@ -270,16 +337,22 @@ def segmentize(
     lo, hi = cuts[0], cuts[-1]
     out: dict[tuple[int, tuple], int] = defaultdict(int)
     pick = picker(group_by)
-    for a, b, milli, group in _spans(intervals, lo, hi, now, pick):
-        i = bisect_right(cuts, a) - 1
-        while cuts[i] < b:
-            out[(cuts[i], group)] += milli * (min(b, cuts[i + 1]) - max(a, cuts[i]))
-            i += 1
+    spread(out, _spans(intervals, lo, hi, now, pick), cuts)
     for adj in adjustments:
         if lo <= adj.at_ms < hi:
             seg = cuts[bisect_right(cuts, adj.at_ms) - 1]
             out[(seg, pick(adj.dims))] += adj.quantity
     return out
+
+
+def spread(out: dict[tuple[int, tuple], int], spans, cuts: Sequence[int]) -> None:
+    """Add each span (start, end, milli, group), inside [cuts[0], cuts[-1]), to the segments
+    [cuts[i], cuts[i+1]) it covers."""
+    for a, b, milli, group in spans:
+        i = bisect_right(cuts, a) - 1
+        while cuts[i] < b:
+            out[(cuts[i], group)] += milli * (min(b, cuts[i + 1]) - max(a, cuts[i]))
+            i += 1
 
 
 def check_window(start: datetime, end: datetime, granularity: str) -> None:

@@ -182,6 +182,13 @@ class Allocation(TimestampMixin, Base):
             postgresql_where=text("released_at IS NULL"),
             sqlite_where=text("released_at IS NULL"),
         ),
+        # A tenant's live allocations: what its quotas show as held.
+        Index(
+            "ix_allocations_live_by_tenant",
+            "tenant_id",
+            postgresql_where=text("released_at IS NULL"),
+            sqlite_where=text("released_at IS NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)

@@ -726,25 +726,32 @@ def set_quotas(session: Session, tenant_id: uuid.UUID, quotas: list[QuotaIn]) ->
 
 
 def usage(session: Session, tenant_id: uuid.UUID) -> tuple[dict[str, int], dict[str, int]]:
-    """(held, queued) GPU-milli per model. Held: from the placement of workloads holding GPUs;
-    queued: waiting workloads, counted against every model they accept."""
-    held: dict[str, int] = {}
-    queued: dict[str, int] = {}
-    holding = {s.value for s in HOLDING}
-    # Columns, not objects: a tenant may have thousands of workloads running.
-    rows = session.execute(
-        select(Workload.state, Workload.placement, Workload.shape, Workload.gpu_milli).where(
-            Workload.tenant_id == tenant_id,
-            Workload.state.in_([*holding, State.queued.value, State.pending.value]),
+    """(held, queued) GPU-milli per model. Held: the tenant's live allocations (one aggregate on
+    their partial index: a tenant may hold thousands); queued: waiting workloads, counted
+    against every model they accept."""
+    from app.workloads.models import Allocation
+
+    held = {
+        model: int(total)
+        for model, total in session.execute(
+            select(
+                Node.gpu_model,
+                func.sum(Allocation.milli * func.json_array_length(Allocation.gpu_indices)),
+            )
+            .join(Node, Node.id == Allocation.node_id)
+            .where(Allocation.tenant_id == tenant_id, Allocation.released_at.is_(None))
+            .group_by(Node.gpu_model)
         )
-    )
-    for state, placement, shape, gpu_milli in rows:
-        if state in holding:
-            for b in placement or []:
-                held[b["gpu_model"]] = held.get(b["gpu_model"], 0) + int(b["gpu_milli"])
-        else:
-            for m in (shape or {}).get("gpu_models") or list(GPU_MODELS):
-                queued[m] = queued.get(m, 0) + gpu_milli
+    }
+    queued: dict[str, int] = {}
+    for shape, gpu_milli in session.execute(
+        select(Workload.shape, Workload.gpu_milli).where(
+            Workload.tenant_id == tenant_id,
+            Workload.state.in_([State.queued.value, State.pending.value]),
+        )
+    ):
+        for m in (shape or {}).get("gpu_models") or list(GPU_MODELS):
+            queued[m] = queued.get(m, 0) + gpu_milli
     return held, queued
 
 
