@@ -117,6 +117,16 @@ def test_limits_are_checked_before_execution(client, world):
     assert body["errors"][0]["extensions"]["cost"] > body["errors"][0]["extensions"]["limit"]
     assert "errors" not in gql(client, key, big, n=50)
     assert "errors" not in gql(client, key, "{ workloads(first: 500) { edges { node { id } } } }")
+    # A variable left out costs its default.
+    defaulted = big.replace("query($n: Int!)", "query($n: Int = 500)")
+    assert codes(gql(client, key, defaulted)) == ["query_too_costly"]
+    # The request's own mistakes are answers with a code, not internal errors.
+    assert codes(gql(client, key, big, n="many")) == ["invalid_variables"]
+    # (an over-large page is past the cost before its variable is coerced)
+    assert codes(gql(client, key, big, n=3_000_000_000)) == ["query_too_costly"]
+    assert codes(gql(client, key, "{ token }")) == ["graphql_validation_failed"]
+    nul = gql(client, key, '{ workloads(labels: {team: "a\\u0000"}) { edges { cursor } } }')
+    assert codes(nul) == ["validation_error"]
 
 
 def test_the_depth_limit_refuses_before_execution(monkeypatch):
@@ -126,7 +136,9 @@ def test_the_depth_limit_refuses_before_execution(monkeypatch):
     # The schema's deepest path is 6 (the fleet's holders), under the default of 10.
     monkeypatch.setattr(get_settings(), "graphql_max_depth", 3)
     shallow = build_schema()
-    got = shallow.execute_sync("{ nodes { edges { node { gpus { index } } } } }")
+    import asyncio
+
+    got = asyncio.run(shallow.execute("{ nodes { edges { node { gpus { index } } } } }"))
     assert [e.extensions["code"] for e in got.errors] == ["query_too_deep"] and got.data is None
 
 

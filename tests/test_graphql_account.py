@@ -149,6 +149,12 @@ def test_keys_budget_and_checkpoints_commit_or_answer_a_typed_error(client, worl
     }
     rest = client.get("/v1/budget", headers=auth(key)).json()
     assert rest["spend_limit"] == 50_000_000_000 and rest["stop_preemptible"] is True
+    # Money is an integer or its digits: never rounded on the way in.
+    for bad in ("1.5", '"12x"', "true"):
+        refused = gql(
+            client, key, f"mutation {{ setBudget(input: {{spendLimit: {bad}}}) {{ __typename }} }}"
+        )
+        assert refused["errors"][0]["extensions"]["code"] == "graphql_validation_failed", bad
     none = gql(
         client, key, "mutation { setBudget(input: {}) { ... on ValidationProblem { message } } }"
     )["data"]["setBudget"]
@@ -173,6 +179,14 @@ def test_keys_budget_and_checkpoints_commit_or_answer_a_typed_error(client, worl
     )["data"]["reportCheckpoint"]
     # Queued: not running; running (the suite's worker placed it): before it started.
     assert early["code"] in ("workload_not_running", "checkpoint_before_start")
+    naive = gql(
+        client,
+        key,
+        'mutation($id: ID!) { reportCheckpoint(id: $id, input: {sizeBytes: "5000000000", '
+        'completedAt: "2026-11-25T10:00:00"}) { ... on ValidationProblem { fields { path } } } }',
+        id=wid,
+    )["data"]["reportCheckpoint"]
+    assert naive == {"fields": [{"path": ["input", "completedAt"]}]}
 
 
 def test_a_mutation_sent_again_with_its_idempotency_key_is_not_run_again(client, world):
@@ -263,3 +277,27 @@ def test_operators_read_the_fleet_and_change_quotas_and_nodes(client, world):
         id=node["id"],
     )["data"]["setNodeState"]
     assert wrong == {"fields": [{"path": ["input", "state"]}]}
+
+
+def test_every_mutation_is_in_the_audit_log_once_refused_ones_too(client, world):
+    from app.audit.models import AuditEntry
+
+    acme = world.tenant("acme", policy=ALL)
+    key, reader = world.key(acme), world.key(acme, scopes=("read",))
+    two = """mutation { a: createApiKey(input: {name: "a"}) { ... on NewApiKey { id } }
+                        b: createApiKey(input: {name: "b"}) { ... on NewApiKey { id } } }"""
+    made = gql(client, key, two)["data"]
+    refused = gql(client, reader, 'mutation { createApiKey(input: {name: "c"}) { __typename } }')
+    assert refused["data"]["createApiKey"]["__typename"] == "ForbiddenProblem"
+    with session_scope() as s:
+        rows = s.scalars(
+            select(AuditEntry)
+            .where(AuditEntry.action == "POST /graphql:createApiKey")
+            .order_by(AuditEntry.created_at)
+        ).all()
+        got = [(r.status, r.target_type, r.target_id, r.tenant_id) for r in rows]
+    assert got == [
+        (200, "api_key", made["a"]["id"], acme.id),
+        (200, "api_key", made["b"]["id"], acme.id),
+        (403, None, None, acme.id),
+    ]

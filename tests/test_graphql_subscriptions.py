@@ -274,6 +274,9 @@ def test_a_key_revoked_while_subscribed_ends_the_subscription(client, world, mon
                 k.revoked_at = utcnow()
             s.commit()
         end = ws.receive_json()
+        if end["type"] == "error":  # revoked before the operation started: refused at once
+            assert [e["extensions"]["code"] for e in end["payload"]] == ["revoked_api_key"]
+            return
         assert end["type"] == "next", end
         assert [e["extensions"]["code"] for e in end["payload"]["errors"]] == ["revoked_api_key"]
         assert ws.receive_json() == {"id": "1", "type": "complete"}
@@ -432,3 +435,29 @@ def test_the_horizon_stops_below_a_lower_id_that_commits_after_a_higher_one(clie
         with get_sessionmaker()() as s:
             s.execute(table.delete().where(table.c.seq >= 1000))
             s.commit()
+
+
+def test_a_key_revoked_while_its_websocket_is_open_is_refused_on_the_next_operation(api, world):
+    """Queries and mutations on an open websocket are checked as REST requests are: a key
+    revoked (over REST) is refused from its next operation on, with REST's code."""
+    acme = world.tenant("acme", policy=ALL)
+    key = world.key(acme)
+    ws = Socket(api, key)
+    try:
+        ws.subscribe("{ viewer { slug } }", op="a")
+        first = ws.recv(20)
+        assert first["payload"]["data"] == {"viewer": {"slug": "acme"}}, first
+        keys = httpx.get(f"{api}/v1/keys", headers=auth(key), timeout=10).json()["items"]
+        mine = next(k for k in keys if key.startswith("rp_" + k["prefix"]))
+        r = httpx.delete(f"{api}/v1/keys/{mine['id']}", headers=auth(key), timeout=10)
+        assert r.status_code == 200
+        ws.recv(2)  # the first operation's `complete`
+        ws.subscribe('mutation { createApiKey(input: {name: "sneaky"}) { __typename } }', op="b")
+        got = ws.recv(20)
+        while got is not None and got.get("id") != "b":
+            got = ws.recv(20)
+        assert got is not None
+        errors = got["payload"] if got["type"] == "error" else got["payload"].get("errors")
+        assert errors and errors[0]["extensions"]["code"] == "revoked_api_key", got
+    finally:
+        ws.close()

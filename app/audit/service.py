@@ -242,3 +242,24 @@ class AuditMiddleware:
                         await anyio.to_thread.run_sync(_write_alone, current, status, prefix)
                 except Exception as exc:  # the answer is sent; the loss is logged loudly
                     log.error("audit_write_failed", error=str(exc)[:300], status=status)
+
+
+def record_operation(
+    session: Session | None,
+    auth: Any,
+    action: str,
+    status: int,
+    params: dict[str, Any] | None = None,
+    result: Any = None,
+    target: tuple[str | None, str | None] = (None, None),
+) -> None:
+    """One entry per GraphQL mutation (a request may carry several, a websocket many): in the
+    mutation's transaction (`session`) when it commits, else on its own (refused or failed)."""
+    params = params or {}
+    current = _Request("POST", action, auth=auth, route=action)
+    entry = _entry(current, _principal(auth), status, _tenant_of(auth, params, result), target)
+    if session is not None:
+        session.add(entry)
+        return
+    with session_scope() as alone:
+        alone.add(entry)

@@ -4,13 +4,16 @@ return another tenant's row)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends
 from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session, aliased
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 from strawberry.dataloader import DataLoader
 from strawberry.fastapi import BaseContext
@@ -24,16 +27,37 @@ EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
 
 
 class Context(BaseContext):
+    """Database work runs on the thread pool, never on the event loop (a slow bill must not
+    stall every other request of the process), one piece at a time per context: the session is
+    the context's, and sessions are not for two threads at once. `run` is that door."""
+
     def __init__(self, auth: AuthContext | None, session: Session):
         super().__init__()
         self._auth = auth
         self._auth_error: AppError | None = None  # a websocket's refused key, told on use
         self.session = session
-        self.events = DataLoader(self._load_events)
+        self.ws_scope: Any = None  # a websocket's ASGI scope (rate limits per operation)
+        self.lock = asyncio.Lock()
+        self.fresh_loaders()
+
+    def fresh_loaders(self) -> None:
+        """Loaders for one operation (a websocket's context lives for many: each operation
+        reads the database as it is now, and caches nothing past its end)."""
+        self.events = DataLoader(self._locked(self._load_events))
         # Operators' fleet views (the fields check the platform scope before loading).
-        self.gpus = DataLoader(self._load_gpus)
-        self.holders = DataLoader(self._load_holders)
-        self.racks = DataLoader(self._load_racks)
+        self.gpus = DataLoader(self._locked(self._load_gpus))
+        self.holders = DataLoader(self._locked(self._load_holders))
+        self.racks = DataLoader(self._locked(self._load_racks))
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self.lock:
+            return await run_in_threadpool(fn, *args)
+
+    def _locked(self, fn: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+        async def load(keys: list[Any]) -> Any:
+            return await self.run(fn, keys)
+
+        return load
 
     @property
     def auth(self) -> AuthContext:
@@ -45,7 +69,7 @@ class Context(BaseContext):
             )
         return self._auth
 
-    async def _load_events(self, ids: list[uuid.UUID]) -> list[list[Any]]:
+    def _load_events(self, ids: list[uuid.UUID]) -> list[list[Any]]:
         """The newest events of each workload, in one statement, through the tenant scope."""
         from app.workloads.models import Workload, WorkloadEvent
 
@@ -89,7 +113,7 @@ class Context(BaseContext):
             by[e.workload_id].append(e)
         return [by.get(i, []) for i in ids]
 
-    async def _load_gpus(self, node_ids: list[uuid.UUID]) -> list[list[Any]]:
+    def _load_gpus(self, node_ids: list[uuid.UUID]) -> list[list[Any]]:
         from app.fleet.models import Gpu
 
         by: dict[uuid.UUID, list[Any]] = defaultdict(list)
@@ -99,7 +123,7 @@ class Context(BaseContext):
             by[g.node_id].append(g)
         return [by.get(i, []) for i in node_ids]
 
-    async def _load_holders(self, node_ids: list[uuid.UUID]) -> list[dict[int, list[dict]]]:
+    def _load_holders(self, node_ids: list[uuid.UUID]) -> list[dict[int, list[dict]]]:
         from app.fleet.service import holders
 
         held = holders(self.session, node_ids)
@@ -108,7 +132,7 @@ class Context(BaseContext):
             by[node_id][index] = hs
         return [by.get(i, {}) for i in node_ids]
 
-    async def _load_racks(self, rack_ids: list[uuid.UUID]) -> list[tuple[str, str]]:
+    def _load_racks(self, rack_ids: list[uuid.UUID]) -> list[tuple[str, str]]:
         from app.fleet.models import Rack, Region
 
         names = {

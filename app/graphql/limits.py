@@ -33,13 +33,14 @@ PAGED = {"workloads": 50, "nodes": 50, "apiKeys": 50, "regions": 50, "racks": 50
 # app/graphql/context.py), a node's GPUs, a GPU's holders (MIG slots), a workload's replicas.
 BOUNDED = {"events": 20, "gpus": 8, "holders": 7, "placement": 8}
 
+MASKED = "Internal error"
 _VARIABLES: ContextVar[dict[str, Any] | None] = ContextVar("graphql_variables", default=None)
 
 # Strawberry's limiters report errors without a code: theirs, by what their message says.
 _CODES = (
-    ("exceeds maximum operation depth", "query_too_deep"),
-    ("aliases found", "too_many_aliases"),
-    ("token", "too_many_tokens"),
+    ("exceeds maximum operation depth of", "query_too_deep"),
+    ("aliases found. Allowed:", "too_many_aliases"),
+    ("Document contains more than", "too_many_tokens"),
 )
 
 
@@ -51,7 +52,14 @@ def cost_rule(limit: int) -> type[ValidationRule]:
                 for f in self.context.document.definitions
                 if f.__class__.__name__ == "FragmentDefinitionNode"
             }
-            total = _cost(node.selection_set, fragments, _VARIABLES.get() or {}, set())
+            # A variable left out takes its default: `query($n: Int = 500)` costs 500 items.
+            defaults = {
+                d.variable.name.value: getattr(d.default_value, "value", None)
+                for d in node.variable_definitions or ()
+                if d.default_value is not None
+            }
+            variables = {**defaults, **(_VARIABLES.get() or {})}
+            total = _cost(node.selection_set, fragments, variables, set())
             if total > limit:
                 self.report_error(
                     GraphQLError(
@@ -132,8 +140,15 @@ class LimitCodes(SchemaExtension):
         ctx = self.execution_context
         _coded(ctx.pre_execution_errors)
         for error in getattr(ctx.result, "errors", None) or []:
-            if not (error.extensions or {}).get("code"):  # masked: logged with the request id
-                error.extensions = {**(error.extensions or {}), "code": "internal_error"}
+            if (error.extensions or {}).get("code"):
+                continue
+            if error.message == MASKED:  # logged with the request id where it was masked
+                code = "internal_error"
+            elif error.message.startswith("Variable '$"):
+                code = "invalid_variables"
+            else:  # a value the schema's scalars refuse (a BigInt that is not an integer...)
+                code = "graphql_validation_failed"
+            error.extensions = {**(error.extensions or {}), "code": code}
 
 
 def _coded(errors: list[GraphQLError] | None) -> None:

@@ -13,6 +13,7 @@ from pydantic import ValidationError as PydanticError
 from app.billing.schemas import BudgetIn, BudgetOut
 from app.core.db import finish_request_session
 from app.core.errors import AppError, Conflict, Forbidden, NotFound, ValidationFailed
+from app.core.logging import get_logger
 from app.graphql.account import WorkloadInput
 from app.graphql.context import Context
 from app.graphql.types import Workload, WorkloadEvent
@@ -22,6 +23,8 @@ from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
 from app.tenants.models import Tenant
 from app.workloads.schemas import CheckpointIn
+
+log = get_logger(__name__)
 
 
 @strawberry.type(description="A field of the input and what is wrong with it")
@@ -71,6 +74,11 @@ class ForbiddenProblem(Problem):
     pass
 
 
+@strawberry.type(description="Something failed on our side; nothing was written (logged)")
+class InternalProblem(Problem):
+    pass
+
+
 WorkloadResult = Annotated[
     Workload
     | ValidationProblem
@@ -79,7 +87,8 @@ WorkloadResult = Annotated[
     | BudgetExhausted
     | NotFoundProblem
     | ConflictProblem
-    | ForbiddenProblem,
+    | ForbiddenProblem
+    | InternalProblem,
     strawberry.union("WorkloadResult"),
 ]
 
@@ -103,7 +112,12 @@ def problem(e: AppError) -> Any:
     if isinstance(e, Forbidden):
         return ForbiddenProblem(code=e.code, message=e.detail)
     if isinstance(e, ValidationFailed):
-        return ValidationProblem(code=e.code, message=e.detail, fields=[])
+        fields = [
+            FieldProblem(path=[str(p) for p in f.get("path", [])], message=f.get("message", ""))
+            for f in e.extra.get("fields") or []
+            if isinstance(f, dict)
+        ]
+        return ValidationProblem(code=e.code, message=e.detail, fields=fields)
     raise e
 
 
@@ -125,15 +139,34 @@ def _invalid(exc: PydanticError) -> ValidationProblem:
 
 
 def _commit(info: strawberry.Info[Context, None], name: str, params: dict, result: Any) -> None:
-    """Commit where the mutation ran, with the request's audit entry, as REST routes do."""
-    from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
+    """Commit where the mutation ran, with its own audit entry (as REST routes do: the change
+    and its entry in one transaction)."""
+    from app.audit.service import record_operation
 
     session = info.context.session
-    for hook in BEFORE_COMMIT:
-        hook(session, f"/graphql:{name}", 200, params, result)
+    action = f"/graphql:{name}"
+    record_operation(
+        session, info.context._auth, action, 200, params, result, _target(name, params, result)
+    )
     finish_request_session(session)
-    for after in AFTER_COMMIT:
-        after()
+
+
+def _target(name: str, params: dict, result: Any) -> tuple[str, str | None]:
+    """What a mutation acted on: `submitWorkload` -> ("workload", its id)."""
+    import re
+
+    noun = re.sub(r"(?<!^)([A-Z])", r"_\1", re.sub(r"^[a-z]+", "", name)).lower()
+    found = getattr(result, "id", None)
+    if found is None:
+        found = next((v for k, v in params.items() if k.endswith("_id")), None)
+    return noun, str(found) if found is not None else None
+
+
+def _refused(info: strawberry.Info[Context, None], name: str, status: int) -> None:
+    """A mutation refused (or failed) is in the audit log too, with REST's status."""
+    from app.audit.service import record_operation
+
+    record_operation(None, info.context._auth, f"/graphql:{name}", status)
 
 
 def _run(info: strawberry.Info[Context, None], name: str, act: Callable[[], Any]) -> Any:
@@ -144,10 +177,17 @@ def _run(info: strawberry.Info[Context, None], name: str, act: Callable[[], Any]
         params, result, answer = act()
     except PydanticError as e:
         session.rollback()
+        _refused(info, name, 422)
         return _invalid(e)
     except AppError as e:
         session.rollback()
+        _refused(info, name, e.status)
         return problem(e)
+    except Exception:  # a bug: nothing written, the next mutation of the document still runs
+        session.rollback()
+        log.exception("graphql_mutation_failed", mutation=name)
+        _refused(info, name, 500)
+        return InternalProblem(code="internal_error", message="Internal error")
     _commit(info, name, params, result)
     return answer
 
@@ -169,6 +209,7 @@ def _results(name: str, *types: Any) -> Any:
                 NotFoundProblem,
                 ConflictProblem,
                 ForbiddenProblem,
+                InternalProblem,
             )
         ],
         strawberry.union(name),

@@ -3,6 +3,7 @@ before execution, internal errors masked, and errors carrying REST's stable code
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from typing import Any
 
@@ -41,7 +42,7 @@ from app.graphql.types import (
     edge_cursor,
     node_id,
 )
-from app.graphql.views import BIG_INT, BigInt
+from app.graphql.views import BIG_INT, BigInt, text_args
 from app.tenancy.auth import require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned
 
@@ -55,28 +56,84 @@ class AppErrors(SchemaExtension):
 
     def resolve(self, _next, root, info, *args, **kwargs) -> Any:
         try:
-            return _next(root, info, *args, **kwargs)
+            result = _next(root, info, *args, **kwargs)
         except AppError as e:
-            raise GraphQLError(
-                e.detail, extensions={"code": e.code, "status": e.status, **e.extra}
-            ) from e
+            raise _coded(e) from e
+        if inspect.isawaitable(result):
+            return _awaited(result)
+        return result
+
+
+def _coded(e: AppError) -> GraphQLError:
+    return GraphQLError(e.detail, extensions={"code": e.code, "status": e.status, **e.extra})
+
+
+async def _awaited(result: Any) -> Any:
+    try:
+        return await result
+    except AppError as e:
+        raise _coded(e) from e
+
+
+class Offload(SchemaExtension):
+    """Root fields and mutations (where the database work is) run on the thread pool, through
+    the context's lock (app/graphql/context.py), not on the event loop."""
+
+    ROOTS = frozenset({"Query", "Mutation"})
+
+    def resolve(self, _next, root, info, *args, **kwargs) -> Any:
+        if info.parent_type.name not in self.ROOTS or info.field_name.startswith("__"):
+            return _next(root, info, *args, **kwargs)
+        context = info.context
+        if not isinstance(context, Context):
+            return _next(root, info, *args, **kwargs)
+        return context.run(lambda: _next(root, info, *args, **kwargs))
+
+
+class PerOperation(SchemaExtension):
+    """What each operation starts afresh. On a websocket (one context for many operations):
+    the key checked again, as a REST request would check it (revoked, expired, tenant
+    suspended: refused from then on), a token of the caller's rate limit taken, and loaders
+    that cache nothing from an earlier operation."""
+
+    async def on_execute(self):  # type: ignore[override]
+        from strawberry.types.graphql import OperationType
+
+        context = self.execution_context.context
+        raw = getattr(context, "_ws_key", None)
+        if isinstance(context, Context) and raw is not None:
+            from app.graphql.subscriptions import sign_in
+
+            context.fresh_loaders()
+            kind = self.execution_context.operation_type
+            await sign_in(
+                context,
+                raw,
+                context.ws_scope,
+                "write" if kind is OperationType.MUTATION else "read",
+            )
+        yield
 
 
 class CloseSession(SchemaExtension):
     """A mutation commits (and closes) the request's session where it runs; anything read after
     it opens a new transaction, which ends with the operation."""
 
-    def on_operation(self):  # type: ignore[override]
+    async def on_operation(self):  # type: ignore[override]
         yield
         context = self.execution_context.context
         if isinstance(context, Context):
-            context.session.close()
+            await context.run(context.session.close)
 
 
 def _masked(error: GraphQLError) -> bool:
     if isinstance(error.original_error, AppError) or (error.extensions or {}).get("code"):
         return False
     if error.original_error is None:  # a validation error of the query itself: shown
+        return False
+    # The request's own errors (variables that do not coerce, a scalar's value refused): no
+    # path, or a GraphQLError underneath. Shown, with a code (app/graphql/limits.py).
+    if error.path is None or isinstance(error.original_error, GraphQLError | ValueError):
         return False
     log.error("graphql_internal_error", error=repr(error.original_error), path=error.path)
     return True
@@ -140,6 +197,7 @@ class CoreQuery:
             raise ValidationFailed(
                 "labels is an object of strings: {key: value}.", code="validation_error"
             )
+        text_args(labels=labels or None)
         rows, nxt = service.list_workloads(
             info.context.session,
             auth,
@@ -170,6 +228,7 @@ class CoreQuery:
         require_platform(auth)
         if not 1 <= first <= MAX_PAGE:
             raise ValidationFailed(f"first is 1 to {MAX_PAGE}.", code="validation_error")
+        text_args(state=state, gpu_model=gpu_model)
         rows, nxt = list_nodes(
             info.context.session,
             PageParams(limit=first, cursor=after),
@@ -203,6 +262,7 @@ def build_schema() -> strawberry.Schema:
     s = get_settings()
     # Factories: a fresh extension per request.
     extensions: list[Any] = [
+        PerOperation,
         Variables,
         LimitCodes,
         lambda: QueryDepthLimiter(max_depth=s.graphql_max_depth),
@@ -210,6 +270,7 @@ def build_schema() -> strawberry.Schema:
         lambda: MaxTokensLimiter(max_token_count=s.graphql_max_tokens),
         lambda: cost_limiter(s.graphql_max_cost),
         AppErrors,
+        Offload,
         CloseSession,
         lambda: MaskErrors(should_mask_error=_masked, error_message="Internal error"),
     ]

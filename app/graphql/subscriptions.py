@@ -41,6 +41,7 @@ from app.core.db import as_aware, get_sessionmaker
 from app.core.errors import AppError, ValidationFailed
 from app.graphql.context import Context
 from app.graphql.types import WorkloadEvent
+from app.graphql.views import text_args
 from app.tenancy.auth import AuthContext, require_platform, require_tenant_scope, resolve_key
 from app.tenancy.scoping import get_owned, scoped_select
 
@@ -52,25 +53,27 @@ RECHECK_S = 30.0  # how often a subscription checks that its key is still live
 # --- authentication of a websocket --------------------------------------------------------------
 
 
-async def sign_in(context: Context, raw: str, scope: Any) -> None:
-    """Check a websocket's key as REST checks a request's (and take a token of the caller's
-    read rate limit per connection); a refusal is kept to answer every operation with."""
+async def sign_in(context: Context, raw: str, scope: Any, kind: str = "read") -> None:
+    """Check a websocket's key as REST checks a request's, and take a token of the caller's
+    `kind` rate limit: when it connects, and again for every operation on it
+    (app/graphql/schema.py `PerOperation`). A refusal is kept to answer the operation with."""
     from app.ratelimit import service as ratelimit
 
+    context._ws_key = raw  # type: ignore[attr-defined]
+    context.ws_scope = scope
     try:
         auth = await resolve_key(raw)
         ratelimit.check(
             scope,
-            "read",
+            kind,
             key=str(auth.key_id),
             tenant=str(auth.tenant_id),
             operator=auth.tenant_id is None,
         )
     except AppError as e:
-        context._auth_error = e
+        context._auth, context._auth_error = None, e
         return
-    context._auth = auth
-    context._ws_key = raw  # type: ignore[attr-defined]
+    context._auth, context._auth_error = auth, None
 
 
 def _payload_key(params: Any) -> str | None:
@@ -253,6 +256,8 @@ class Subscription:
             auth = info.context.auth
             _reader(auth)
             cursor = _start(after)
+            # One lookup by primary key, here rather than in the stream: a refusal is the
+            # protocol's `error` (the subscription never starts), not an item of it.
             wid = _owned_workload(auth, str(workload_id)) if workload_id is not None else None
         except AppError as e:
             raise _coded(e) from e
@@ -290,6 +295,7 @@ class Subscription:
         try:
             require_platform(info.context.auth)
             cursor = _start(after)
+            text_args(region=region)
         except AppError as e:
             raise _coded(e) from e
 

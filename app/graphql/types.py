@@ -87,10 +87,10 @@ class Workload:
     @strawberry.field(
         description="The Kubernetes manifest a real cluster would run for it (placed workloads)"
     )
-    def manifest(self, info: strawberry.Info) -> JSON:
+    async def manifest(self, info: strawberry.Info) -> JSON:
         from app.workloads.service import manifest
 
-        return manifest(info.context.session, self._row)
+        return await info.context.run(manifest, info.context.session, self._row)
 
     @classmethod
     def of(cls, w: Any) -> Workload:

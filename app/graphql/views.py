@@ -22,16 +22,37 @@ from strawberry.experimental.pydantic import type as pydantic_type
 from strawberry.scalars import JSON
 
 BigInt = NewType("BigInt", int)
+
+
 # The schema maps it (StrawberryConfig.scalar_map).
+def _big(value: Any) -> int:
+    """An integer, or its decimal text: never a float, a boolean or anything else (money is
+    not rounded on the way in)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit() and value.isascii():
+        return int(value)
+    raise ValueError(f"BigInt is an integer or its decimal text, not {value!r}.")
+
+
+def _big_literal(node: Any, _variables: Any = None) -> int:
+    from graphql import IntValueNode, StringValueNode
+
+    if isinstance(node, IntValueNode | StringValueNode):
+        return _big(int(node.value) if isinstance(node, IntValueNode) else node.value)
+    raise ValueError("BigInt is an integer or its decimal text.")
+
+
 BIG_INT = strawberry.scalar(
     name="BigInt",
     description="An integer past 32 bits (quantities, money in minor units): a decimal string",
     serialize=str,
-    parse_value=int,
+    parse_value=_big,
+    parse_literal=_big_literal,
 )
 
-# Integer fields that count milli-GPU-milliseconds or money: BigInt wherever they appear.
-MONEY = frozenset({"amount", "spent", "spend_limit", "used", "limit"})
+# Integer fields that count milli-GPU-milliseconds, money or bytes: BigInt wherever they are.
+MONEY = frozenset({"amount", "spent", "spend_limit", "used", "limit", "size_bytes"})
 
 
 def large(name: str) -> bool:
@@ -61,6 +82,8 @@ def _annotation(name: str, tp: Any, inputs: bool = False) -> Any:
         return input_view(tp) if inputs else view(tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return str
+    if getattr(tp, "__module__", "") == "pydantic.types" and "Datetime" in tp.__name__:
+        return datetime  # AwareDatetime...: the model checks the offset
     if tp is int and large(name):
         return BigInt
     if tp in (str, int, float, bool, datetime) or isinstance(tp, type):
@@ -147,3 +170,15 @@ def parse(model: type[BaseModel], value: Any) -> Any:
 def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def text_args(**values: Any) -> None:
+    """Free-text arguments as REST takes free text: no NUL, no blank at either end (a 422-like
+    `validation_error` naming the argument, never the database's refusal)."""
+    from app.core.errors import ValidationFailed
+    from app.core.schemas import _text_error
+
+    for name, value in values.items():
+        error = _text_error(value) if value is not None else None
+        if error:
+            raise ValidationFailed(f"{camel(name)}: {error}.", code="validation_error")

@@ -287,7 +287,7 @@ class ExitIn(StrictModel):
 
 
 class CheckpointIn(StrictModel):
-    completed_at: datetime | None = Field(None, description="Default: now. With an offset.")
+    completed_at: AwareDatetime | None = Field(None, description="Default: now. With an offset.")
     size_bytes: int = Field(..., ge=0, le=MAX_JSON_INT)
 
 
