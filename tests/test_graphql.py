@@ -271,3 +271,36 @@ def test_operators_read_the_fleet_with_its_holders_in_constant_statements(client
     first = big["data"]["nodes"]["edges"][0]["node"]
     assert first["rack"] == "hgx-1" and first["region"] == "r1" and len(first["gpus"]) == 8
     assert all(g["holders"] == [] for g in first["gpus"])
+
+
+def test_root_fields_run_on_the_thread_pool_not_the_event_loop(world, session, monkeypatch):
+    """A slow service call must not stall the process's other requests: root fields (and
+    loaders) do their database work off the event loop's thread, one at a time per context."""
+    import asyncio
+    import threading
+
+    from app.fleet import service as fleet
+    from app.graphql.context import Context
+    from app.tenancy.auth import AuthContext
+
+    seen: list[int] = []
+    real = fleet.capacity
+
+    def capacity(s):
+        seen.append(threading.get_ident())
+        return real(s)
+
+    monkeypatch.setattr(fleet, "capacity", capacity)
+    tenant = world.tenant("acme", policy=ALL)
+    auth = AuthContext(tenant.id, "x", tenant.id, frozenset({"read"}), "active")
+
+    async def main():
+        ctx = Context(auth, session)
+        got = await schema.execute(
+            "{ a: capacity { region } b: capacity { region } }", context_value=ctx
+        )
+        return got, threading.get_ident()
+
+    got, loop_thread = asyncio.run(main())
+    assert got.errors is None and len(seen) == 2
+    assert loop_thread not in seen

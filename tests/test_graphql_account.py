@@ -301,3 +301,35 @@ def test_every_mutation_is_in_the_audit_log_once_refused_ones_too(client, world)
         (200, "api_key", made["b"]["id"], acme.id),
         (403, None, None, acme.id),
     ]
+
+
+def test_workloads_filter_by_priority_and_labels_on_both_apis(client, world):
+    world.fleet(fleet(1))
+    key = world.key(world.tenant("acme", policy=ALL))
+    made = {}
+    for name, labels, priority in (
+        ("a", {"team": "ml", "env": "prod"}, "training"),
+        ("b", {"team": "ml"}, "research"),
+        ("c", {"team": "web", "env": "prod"}, "training"),
+    ):
+        body = {"kind": "instance", "gpus": 1, "name": name, "labels": labels, "priority": priority}
+        made[name] = client.post("/v1/workloads", json=body, headers=auth(key)).json()["id"]
+
+    def rest(**params):
+        r = client.get("/v1/workloads", params=params, headers=auth(key))
+        assert r.status_code == 200, r.text
+        return {w["name"] for w in r.json()["items"]}
+
+    def graphql(args: str):
+        q = f"{{ workloads({args}) {{ edges {{ node {{ name }} }} }} }}"
+        return {e["node"]["name"] for e in gql(client, key, q)["data"]["workloads"]["edges"]}
+
+    assert rest(label=["team=ml"]) == graphql('labels: {team: "ml"}') == {"a", "b"}
+    assert (
+        rest(label=["team=ml", "env=prod"]) == graphql('labels: {team: "ml", env: "prod"}') == {"a"}
+    )
+    assert rest(priority="training") == graphql('priority: "training"') == {"a", "c"}
+    assert rest(label=["env=prod"], priority="research") == set()
+    assert (
+        client.get("/v1/workloads", params={"label": "team"}, headers=auth(key)).status_code == 422
+    )

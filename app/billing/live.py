@@ -1,7 +1,7 @@
 """A month's usage segments for a bill that is read again and again (the portal's dashboard,
 the upcoming invoice), without reading the month's ledger each time.
 
-The segments up to the last whole minute `h` are kept, per tenant and month, with what was
+The segments up to a whole minute `h` two minutes ago are kept, per tenant and month, with what was
 still held at `h` (milli-GPU per group). They stay right while the ledger holds the same
 events before `h`: each request counts them (the ledger is append-only), and a late event (or
 a correction) dated before `h` has the month read again. When the minute turns they move on
@@ -37,7 +37,11 @@ from app.billing import commitments
 from app.metering import service as metering
 from app.metering.models import UsageEvent
 
-STEP_MS = 60_000  # the kept segments end at a whole minute
+STEP_MS = 60_000  # the kept segments end at a whole minute...
+# ...this long ago: usage events reach the ledger a little after their instant (a stop
+# recorded a second after the minute turned), and one dated before the kept end has the month
+# read again. Later ones still do, rarely.
+SETTLE_MS = 120_000
 # How far before its month an event may still arrive and change the month's bill unseen.
 LATE = timedelta(days=62)
 _KEPT = 1024
@@ -62,7 +66,8 @@ def usage_by_plan(
     the sum is linear (see the module)."""
     lo, hi = cuts[0], cuts[-1]
     now = metering.from_ms(now_ms)
-    h = max(lo, min(hi, now_ms - now_ms % STEP_MS))
+    settled = now_ms - SETTLE_MS
+    h = max(lo, min(hi, settled - settled % STEP_MS))
     if tenant_id is None or commitments.load(
         session, scope, metering.from_ms(lo), metering.from_ms(hi)
     ):

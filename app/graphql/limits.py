@@ -27,6 +27,8 @@ from graphql import (
 )
 from strawberry.extensions import AddValidationRules, SchemaExtension
 
+from app.core.errors import AppError
+
 # Fields that return a page: the default page size when `first` is not given.
 PAGED = {"workloads": 50, "nodes": 50, "apiKeys": 50, "regions": 50, "racks": 50, "tenants": 50}
 # Lists a field returns without paging, and their most: a workload's newest events (see
@@ -129,7 +131,8 @@ class Variables(SchemaExtension):
 
 
 class LimitCodes(SchemaExtension):
-    """Gives the limiters' refusals, and a query's own syntax or validation errors, a code."""
+    """Every error gets a code: a service's AppError REST's (and its status), the limiters'
+    refusals theirs, a query's own syntax, validation or variable errors theirs."""
 
     def on_validate(self):  # type: ignore[override]
         yield
@@ -140,6 +143,10 @@ class LimitCodes(SchemaExtension):
         ctx = self.execution_context
         _coded(ctx.pre_execution_errors)
         for error in getattr(ctx.result, "errors", None) or []:
+            if isinstance(error.original_error, AppError):  # a service's refusal: REST's code
+                e = error.original_error
+                error.extensions = {"code": e.code, "status": e.status, **e.extra}
+                continue
             if (error.extensions or {}).get("code"):
                 continue
             if error.message == MASKED:  # logged with the request id where it was masked

@@ -3,13 +3,13 @@ before execution, internal errors masked, and errors carrying REST's stable code
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from typing import Any
 
 import strawberry
 from graphql import GraphQLError
 from strawberry.extensions import (
+    FieldExtension,
     MaskErrors,
     MaxAliasesLimiter,
     MaxTokensLimiter,
@@ -50,44 +50,25 @@ log = get_logger(__name__)
 MAX_PAGE = 500  # as REST's limit
 
 
-class AppErrors(SchemaExtension):
-    """An AppError raised by a service becomes a GraphQL error with REST's stable code (and
-    status) in its extensions; anything else is masked by MaskErrors and logged."""
+class Offload(FieldExtension):
+    """On each root field and mutation (where the database work is): run it on the thread
+    pool, through the context's lock (app/graphql/context.py), not on the event loop. A field
+    extension on those fields only: a schema extension's `resolve` would wrap every field of
+    the answer (thousands in the fleet view) for nothing."""
 
-    def resolve(self, _next, root, info, *args, **kwargs) -> Any:
-        try:
-            result = _next(root, info, *args, **kwargs)
-        except AppError as e:
-            raise _coded(e) from e
-        if inspect.isawaitable(result):
-            return _awaited(result)
-        return result
-
-
-def _coded(e: AppError) -> GraphQLError:
-    return GraphQLError(e.detail, extensions={"code": e.code, "status": e.status, **e.extra})
-
-
-async def _awaited(result: Any) -> Any:
-    try:
-        return await result
-    except AppError as e:
-        raise _coded(e) from e
-
-
-class Offload(SchemaExtension):
-    """Root fields and mutations (where the database work is) run on the thread pool, through
-    the context's lock (app/graphql/context.py), not on the event loop."""
-
-    ROOTS = frozenset({"Query", "Mutation"})
-
-    def resolve(self, _next, root, info, *args, **kwargs) -> Any:
-        if info.parent_type.name not in self.ROOTS or info.field_name.startswith("__"):
-            return _next(root, info, *args, **kwargs)
+    def resolve(self, next_: Any, source: Any, info: Any, **kwargs: Any) -> Any:
         context = info.context
         if not isinstance(context, Context):
-            return _next(root, info, *args, **kwargs)
-        return context.run(lambda: _next(root, info, *args, **kwargs))
+            return next_(source, info, **kwargs)
+        return context.run(lambda: next_(source, info, **kwargs))
+
+
+def _offloaded(*types: Any) -> None:
+    for t in types:
+        for f in t.__strawberry_definition__.fields:
+            if f.base_resolver is not None and not f.is_async:
+                if not any(isinstance(x, Offload) for x in f.extensions):
+                    f.extensions.append(Offload())
 
 
 class PerOperation(SchemaExtension):
@@ -269,8 +250,6 @@ def build_schema() -> strawberry.Schema:
         lambda: MaxAliasesLimiter(max_alias_count=s.graphql_max_aliases),
         lambda: MaxTokensLimiter(max_token_count=s.graphql_max_tokens),
         lambda: cost_limiter(s.graphql_max_cost),
-        AppErrors,
-        Offload,
         CloseSession,
         lambda: MaskErrors(should_mask_error=_masked, error_message="Internal error"),
     ]
@@ -283,6 +262,7 @@ def build_schema() -> strawberry.Schema:
     from app.graphql.subscriptions import Subscription
 
     Mutation = merge_types("Mutation", (AccountMutation, OperatorMutation))
+    _offloaded(Query, Mutation)
     return Schema(
         query=Query,
         mutation=Mutation,

@@ -252,7 +252,7 @@ class Subscription:
         from app.workloads.lifecycle import events_topic
         from app.workloads.models import WorkloadEvent as Row
 
-        try:  # refusals as REST's (AppErrors does not reach a subscription's resolver)
+        try:  # refusals as REST's, raised here: a subscription's errors are its own
             auth = info.context.auth
             _reader(auth)
             cursor = _start(after)

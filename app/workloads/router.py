@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import Depends, Query, Response
+from pydantic import StringConstraints
 from sqlalchemy.orm import Session
 
 from app.core.db import session_dependency, utcnow
@@ -32,6 +33,8 @@ from app.workloads.schemas import (
 )
 
 router = api_router(prefix="/v1", tags=["workloads"])
+# A label filter: `key=value` (no NUL).
+LabelPair = Annotated[str, StringConstraints(pattern=r"^[^=\x00]{1,128}=[^\x00]{0,256}$")]
 admin = api_router(prefix="/v1/admin", tags=["admin: quotas"])
 
 
@@ -70,8 +73,10 @@ def list_workloads(
     state: State | None = None,
     kind: Literal["instance", "vm", "job"] | None = None,
     priority: Priority | None = None,
-    label: list[str] = Query(
-        [], description="`key=value`, repeatable: workloads carrying every one of these labels"
+    label: list[LabelPair] = Query(
+        [],
+        max_length=20,
+        description="`key=value`, repeatable: workloads carrying every one of these labels",
     ),
     page: PageParams = Depends(),
     auth: AuthContext = Depends(tenant_read),
