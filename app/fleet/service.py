@@ -238,10 +238,22 @@ def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]
     from app.workloads.models import Allocation
 
     out: dict[tuple, list[dict[str, Any]]] = {}
-    for a in session.scalars(
-        select(Allocation)
-        .where(Allocation.node_id.in_(node_ids), Allocation.released_at.is_(None))
-        .order_by(Allocation.created_at)
+    A = Allocation
+    for a in session.execute(  # rows, not objects: a page of nodes holds hundreds
+        select(
+            A.node_id,
+            A.gpu_indices,
+            A.workload_id,
+            A.tenant_id,
+            A.replica,
+            A.tier,
+            A.milli,
+            A.gpu_memory_mib,
+            A.mig_profile,
+            A.mig_start,
+        )
+        .where(A.node_id.in_(node_ids), A.released_at.is_(None))
+        .order_by(A.created_at)
     ):
         for g in a.gpu_indices:
             out.setdefault((a.node_id, g), []).append(
