@@ -125,17 +125,11 @@ class FleetChange:
 
 
 def _event(e: Any) -> WorkloadEventUpdate:
-    return WorkloadEventUpdate(
+    return WorkloadEventUpdate.of(
+        e,
         cursor=str(e.id),
         workload_id=strawberry.ID(str(e.workload_id)),
         tenant_id=strawberry.ID(str(e.tenant_id)),
-        seq=e.seq,
-        kind=e.kind,
-        from_state=e.from_state,
-        to_state=e.to_state,
-        reason=e.reason,
-        details=e.details or {},
-        at=as_aware(e.at),
     )
 
 

@@ -44,7 +44,9 @@ class WorkloadEvent:
     at: datetime
 
     @classmethod
-    def of(cls, e: Any) -> WorkloadEvent:
+    def of(cls, e: Any, **extra: Any) -> Any:
+        from app.core.db import as_aware
+
         return cls(
             seq=e.seq,
             kind=e.kind,
@@ -52,7 +54,8 @@ class WorkloadEvent:
             to_state=e.to_state,
             reason=e.reason,
             details=e.details or {},
-            at=e.at,
+            at=as_aware(e.at),
+            **extra,
         )
 
 

@@ -173,25 +173,65 @@ def picker(group_by: Sequence[str]):
 _DIM_COLUMNS = [getattr(UsageEvent, d) for d in DIMENSIONS]
 
 
+class _Reader:
+    """Plain rows of the ledger through `scope` (a callable that adds the tenancy filter to a
+    select of UsageEvent): columns, not ORM objects, since a month's export reads millions."""
+
+    def __init__(self, session: Session, scope):
+        # On PostgreSQL the database hands back instants as integer milliseconds: building and
+        # converting millions of datetime objects was most of a month's export.
+        self.pg = session.get_bind().dialect.name == "postgresql"
+        self.conv = int if self.pg else to_ms
+        self.scope = scope
+        session.flush()  # what the session holds is read too (Core execution does not autoflush)
+        self.conn = session.connection()
+
+    def ms(self, column):
+        return cast(func.floor(extract("epoch", column) * 1000), BigInteger) if self.pg else column
+
+    def intervals(self, stmt) -> list[Interval]:
+        """Intervals from a select of `columns`."""
+        conv, n = self.conv, len(DIMENSIONS)
+        return [
+            Interval(
+                conv(row[0]),
+                None if row[1] is None else conv(row[1]),
+                row[2],
+                tuple(row[3 : 3 + n]),
+            )
+            for row in self.conn.execute(self.scope(stmt))
+        ]
+
+    def columns(self, start_side, stop_side) -> list:
+        """A start's instant, its stop's, its milli-GPU and dimensions (of the start's row)."""
+        return [
+            self.ms(start_side.occurred_at),
+            self.ms(stop_side.occurred_at),
+            start_side.gpu_milli,
+            *[getattr(start_side, d) for d in DIMENSIONS],
+        ]
+
+    def adjustments(self, start: datetime, end: datetime) -> list[Adjustment]:
+        adj = select(self.ms(UsageEvent.occurred_at), UsageEvent.quantity, *_DIM_COLUMNS).where(
+            UsageEvent.kind == UsageKind.adjustment.value,
+            UsageEvent.occurred_at >= start,
+            UsageEvent.occurred_at < end,
+        )
+        return [
+            Adjustment(self.conv(row[0]), row[1] or 0, tuple(row[2:]))
+            for row in self.conn.execute(self.scope(adj))
+        ]
+
+
 def read(
     session: Session, scope, start: datetime, end: datetime
 ) -> tuple[list[Interval], list[Adjustment]]:
     """Every interval overlapping [start, end) and every adjustment inside it, restricted by
-    `scope` (a callable that adds the tenancy filter to a select of UsageEvent). Plain columns,
-    not ORM objects: a month's export reads millions of rows."""
-    # On PostgreSQL the database hands back instants as integer milliseconds: building and
-    # converting millions of datetime objects was most of a month's export.
-    pg = session.get_bind().dialect.name == "postgresql"
-
-    def ms(column):
-        return cast(func.floor(extract("epoch", column) * 1000), BigInteger) if pg else column
-
-    conv = int if pg else to_ms
+    `scope`."""
+    r = _Reader(session, scope)
     stop = aliased(UsageEvent)
     stmt = (
-        select(
-            ms(UsageEvent.occurred_at), ms(stop.occurred_at), UsageEvent.gpu_milli, *_DIM_COLUMNS
-        )
+        select(*r.columns(UsageEvent, stop))
         .outerjoin(
             stop,
             and_(stop.allocation_id == UsageEvent.allocation_id, stop.kind == UsageKind.stop.value),
@@ -202,24 +242,7 @@ def read(
             (stop.occurred_at.is_(None)) | (stop.occurred_at > start),
         )
     )
-    n = len(DIMENSIONS)
-    session.flush()  # what the session holds is read too (Core execution does not autoflush)
-    conn = session.connection()  # Core rows: no ORM result processing
-    intervals = [
-        Interval(
-            conv(row[0]), None if row[1] is None else conv(row[1]), row[2], tuple(row[3 : 3 + n])
-        )
-        for row in conn.execute(scope(stmt))
-    ]
-    adj = select(ms(UsageEvent.occurred_at), UsageEvent.quantity, *_DIM_COLUMNS).where(
-        UsageEvent.kind == UsageKind.adjustment.value,
-        UsageEvent.occurred_at >= start,
-        UsageEvent.occurred_at < end,
-    )
-    adjustments = [
-        Adjustment(conv(row[0]), row[1] or 0, tuple(row[2:])) for row in conn.execute(scope(adj))
-    ]
-    return intervals, adjustments
+    return r.intervals(stmt), r.adjustments(start, end)
 
 
 def read_since(
@@ -228,65 +251,30 @@ def read_since(
     """What the ledger holds from `since` to `end`, in three reads on its (tenant, instant)
     index: intervals that start in [since, end) (with their stop, if any), intervals that
     started before `since` and stop in [since, end), and adjustments in [since, end)."""
-    pg = session.get_bind().dialect.name == "postgresql"
-
-    def ms(column):
-        return cast(func.floor(extract("epoch", column) * 1000), BigInteger) if pg else column
-
-    conv = int if pg else to_ms
+    r = _Reader(session, scope)
     other = aliased(UsageEvent)
-    n = len(DIMENSIONS)
-    session.flush()
-    conn = session.connection()
-
-    def intervals(stmt) -> list[Interval]:
-        return [
-            Interval(
-                conv(row[0]),
-                None if row[1] is None else conv(row[1]),
-                row[2],
-                tuple(row[3 : 3 + n]),
-            )
-            for row in conn.execute(scope(stmt))
-        ]
-
-    pair = and_(other.allocation_id == UsageEvent.allocation_id)
-    started = intervals(
-        select(
-            ms(UsageEvent.occurred_at), ms(other.occurred_at), UsageEvent.gpu_milli, *_DIM_COLUMNS
-        )
+    pair = other.allocation_id == UsageEvent.allocation_id
+    started = r.intervals(
+        select(*r.columns(UsageEvent, other))
         .outerjoin(other, and_(pair, other.kind == UsageKind.stop.value))
         .where(
             UsageEvent.kind == UsageKind.start.value,
             UsageEvent.occurred_at >= since,
             UsageEvent.occurred_at < end,
-        )
+        ),
     )
     # Read from the stop's side (its instant is the indexed one), with the start's columns.
-    stopped = intervals(
-        select(
-            ms(other.occurred_at),
-            ms(UsageEvent.occurred_at),
-            other.gpu_milli,
-            *[getattr(other, d) for d in DIMENSIONS],
-        )
+    stopped = r.intervals(
+        select(*r.columns(other, UsageEvent))
         .join(other, and_(pair, other.kind == UsageKind.start.value))
         .where(
             UsageEvent.kind == UsageKind.stop.value,
             UsageEvent.occurred_at >= since,
             UsageEvent.occurred_at < end,
             other.occurred_at < since,
-        )
+        ),
     )
-    adj = select(ms(UsageEvent.occurred_at), UsageEvent.quantity, *_DIM_COLUMNS).where(
-        UsageEvent.kind == UsageKind.adjustment.value,
-        UsageEvent.occurred_at >= since,
-        UsageEvent.occurred_at < end,
-    )
-    adjustments = [
-        Adjustment(conv(row[0]), row[1] or 0, tuple(row[2:])) for row in conn.execute(scope(adj))
-    ]
-    return started, stopped, adjustments
+    return started, stopped, r.adjustments(since, end)
 
 
 def _spans(intervals: Sequence[Interval], lo: int, hi: int, now: datetime | None, pick):
