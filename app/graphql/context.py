@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends
+from graphql import GraphQLError
 from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session, aliased
 from starlette.concurrency import run_in_threadpool
@@ -50,8 +51,15 @@ class Context(BaseContext):
         self.racks = DataLoader(self._locked(self._load_racks))
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the thread pool, alone on this context's session; a service's
+        refusal (AppError) becomes the GraphQL error with REST's code (and status)."""
         async with self.lock:
-            return await run_in_threadpool(fn, *args)
+            try:
+                return await run_in_threadpool(fn, *args)
+            except AppError as e:
+                raise GraphQLError(
+                    e.detail, extensions={"code": e.code, "status": e.status, **e.extra}
+                ) from e
 
     def _locked(self, fn: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         async def load(keys: list[Any]) -> Any:
