@@ -76,6 +76,20 @@ def _events(rng: random.Random, tenant_id, n: int, lo: datetime, hi: datetime, t
     return out
 
 
+def _price(session, cents: int, since: datetime) -> None:
+    create_price(
+        session,
+        gpu_model="H100-80GB",
+        shape="whole",
+        tier="*",
+        region="*",
+        plan="on_demand",
+        currency="usd",
+        unit_amount=cents,
+        effective_from=since,
+    )
+
+
 def _lines(session, tenant_id, now, *, kept: bool):
     priced = price_usage(
         session,
@@ -98,29 +112,9 @@ def test_the_kept_bill_is_the_full_reading(world, seed, monkeypatch):
     now = datetime(2026, 11, 20, 14, 37, 12, tzinfo=UTC)
     h = now.replace(minute=0, second=0)
     with session_scope() as s:
-        create_price(
-            s,
-            gpu_model="H100-80GB",
-            shape="whole",
-            tier="*",
-            region="*",
-            plan="on_demand",
-            currency="usd",
-            unit_amount=250,
-            effective_from=datetime(2026, 10, 1, tzinfo=UTC),
-        )
+        _price(s, 250, datetime(2026, 10, 1, tzinfo=UTC))
         # A new version effective between the last whole hour and now.
-        create_price(
-            s,
-            gpu_model="H100-80GB",
-            shape="whole",
-            tier="*",
-            region="*",
-            plan="on_demand",
-            currency="usd",
-            unit_amount=300,
-            effective_from=h + timedelta(minutes=20),
-        )
+        _price(s, 300, h + timedelta(minutes=20))
         # Around the month's start, before the hour, and within it.
         ingest(s, _events(rng, tenant.id, 40, START - timedelta(days=3), h, "a"))
         ingest(s, _events(rng, tenant.id, 10, h - timedelta(hours=2), now, "b"))
@@ -176,17 +170,7 @@ def test_the_first_hour_of_a_month_and_a_month_gone_by(world):
     rng = random.Random(7)
     tenant = world.tenant("liveedge")
     with session_scope() as s:
-        create_price(
-            s,
-            gpu_model="H100-80GB",
-            shape="whole",
-            tier="*",
-            region="*",
-            plan="on_demand",
-            currency="usd",
-            unit_amount=250,
-            effective_from=datetime(2026, 10, 1, tzinfo=UTC),
-        )
+        _price(s, 250, datetime(2026, 10, 1, tzinfo=UTC))
         ingest(
             s,
             _events(

@@ -227,33 +227,20 @@ class _Listener:
                 self.thread.start()
 
     def _run(self, url: str, prefix: str) -> None:
-        import redis as redis_lib
+        def on_message(msg: Any) -> None:
+            if msg["type"] == "psubscribe":
+                self.live = True
+                hub.notify_all()
+            elif msg["type"] == "pmessage":
+                ch = msg["channel"]
+                ch = ch.decode() if isinstance(ch, bytes) else ch
+                hub.notify([ch[len(prefix) :]])
 
-        while True:
-            try:
-                client = redis_lib.Redis.from_url(
-                    url,
-                    socket_connect_timeout=redis.TIMEOUT_S,
-                    socket_keepalive=True,
-                    health_check_interval=10,
-                )
-                pubsub = client.pubsub()
-                pubsub.psubscribe(prefix + "*")
-                while True:
-                    msg: Any = pubsub.get_message(timeout=1.0)
-                    if msg is None:
-                        continue
-                    if msg["type"] == "psubscribe":
-                        self.live = True
-                        hub.notify_all()
-                    elif msg["type"] == "pmessage":
-                        ch = msg["channel"]
-                        ch = ch.decode() if isinstance(ch, bytes) else ch
-                        hub.notify([ch[len(prefix) :]])
-            except Exception as exc:
-                self.live = False
-                log.warning("feed_listener_down", error=str(exc)[:300])
-                time.sleep(RETRY_S)
+        def on_down(exc: Exception) -> None:
+            self.live = False
+            log.warning("feed_listener_down", error=str(exc)[:300])
+
+        redis.follow(url, lambda p: p.psubscribe(prefix + "*"), on_message, on_down, RETRY_S)
 
 
 _listener = _Listener()

@@ -32,3 +32,33 @@ def client():
 def trip() -> None:
     """A call failed: leave Redis alone for BREAKER_SECONDS."""
     _state["open_until"] = time.monotonic() + BREAKER_SECONDS
+
+
+def follow(
+    url: str,
+    subscribe: Any,
+    on_message: Any,
+    on_down: Any,
+    retry_s: float,
+) -> None:
+    """A listener thread's loop, for ever: connect, `subscribe(pubsub)`, hand every message to
+    `on_message(msg)`; on any failure `on_down(exc)`, wait `retry_s`, and connect again."""
+    import redis as redis_lib
+
+    while True:
+        try:
+            client = redis_lib.Redis.from_url(
+                url,
+                socket_connect_timeout=TIMEOUT_S,
+                socket_keepalive=True,
+                health_check_interval=10,
+            )
+            pubsub = client.pubsub()
+            subscribe(pubsub)
+            while True:
+                msg = pubsub.get_message(timeout=1.0)
+                if msg is not None:
+                    on_message(msg)
+        except Exception as exc:
+            on_down(exc)
+            time.sleep(retry_s)

@@ -27,6 +27,11 @@ from app.tenancy.scoping import restrict
 EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
 
 
+def coded(e: AppError) -> GraphQLError:
+    """A service's refusal as a GraphQL error: REST's code and status in its extensions."""
+    return GraphQLError(e.detail, extensions={"code": e.code, "status": e.status, **e.extra})
+
+
 class Context(BaseContext):
     """Database work runs on the thread pool, never on the event loop (a slow bill must not
     stall every other request of the process), one piece at a time per context: the session is
@@ -57,9 +62,7 @@ class Context(BaseContext):
             try:
                 return await run_in_threadpool(fn, *args)
             except AppError as e:
-                raise GraphQLError(
-                    e.detail, extensions={"code": e.code, "status": e.status, **e.extra}
-                ) from e
+                raise coded(e) from e
 
     def _locked(self, fn: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         async def load(keys: list[Any]) -> Any:

@@ -79,20 +79,6 @@ class InternalProblem(Problem):
     pass
 
 
-WorkloadResult = Annotated[
-    Workload
-    | ValidationProblem
-    | QuotaExceeded
-    | IsolationRuleViolated
-    | BudgetExhausted
-    | NotFoundProblem
-    | ConflictProblem
-    | ForbiddenProblem
-    | InternalProblem,
-    strawberry.union("WorkloadResult"),
-]
-
-
 def problem(e: AppError) -> Any:
     """The typed error for an AppError, by its class (and code)."""
     from app.billing.budgets import BudgetExhausted as Exhausted
@@ -227,6 +213,7 @@ NewApiKeyResult = _results("NewApiKeyResult", NewApiKey)
 ApiKeyResult = _results("ApiKeyResult", ApiKeyView)
 BudgetResult = _results("BudgetResult", BudgetView)
 DoneResult = _results("DoneResult", Done)
+WorkloadResult = _results("WorkloadResult", Workload)
 
 
 @strawberry.type

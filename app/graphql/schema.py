@@ -25,8 +25,7 @@ from strawberry.types.unset import UNSET
 from app.core.config import get_settings
 from app.core.errors import AppError, NotFound
 from app.core.logging import get_logger
-from app.core.schemas import PageParams
-from app.graphql.account import AccountQuery
+from app.graphql.account import AccountQuery, page_params
 from app.graphql.context import Context, get_context
 from app.graphql.limits import LimitCodes, Variables, cost_limiter
 from app.graphql.operator import OperatorQuery
@@ -47,7 +46,6 @@ from app.tenancy.auth import require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned
 
 log = get_logger(__name__)
-MAX_PAGE = 500  # as REST's limit
 
 
 class Offload(FieldExtension):
@@ -159,8 +157,7 @@ class CoreQuery:
 
         auth = info.context.auth
         require_tenant_scope(auth, "read")
-        if not 1 <= first <= MAX_PAGE:
-            raise ValidationFailed(f"first is 1 to {MAX_PAGE}.", code="validation_error")
+        page = page_params(first, after)
         try:
             st = State(state) if state is not None else None
         except ValueError:
@@ -182,7 +179,7 @@ class CoreQuery:
         rows, nxt = service.list_workloads(
             info.context.session,
             auth,
-            PageParams(limit=first, cursor=after),
+            page,
             state=st,
             kind=kind,
             priority=priority,
@@ -202,17 +199,15 @@ class CoreQuery:
         state: str | None = None,
         gpu_model: str | None = None,
     ) -> NodeConnection:
-        from app.core.errors import ValidationFailed
         from app.fleet.service import list_nodes
 
         auth = info.context.auth
         require_platform(auth)
-        if not 1 <= first <= MAX_PAGE:
-            raise ValidationFailed(f"first is 1 to {MAX_PAGE}.", code="validation_error")
+        page = page_params(first, after)
         text_args(state=state, gpu_model=gpu_model)
         rows, nxt = list_nodes(
             info.context.session,
-            PageParams(limit=first, cursor=after),
+            page,
             state=state,
             gpu_model=gpu_model,
         )

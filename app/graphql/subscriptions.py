@@ -31,7 +31,6 @@ from datetime import datetime
 from typing import Any
 
 import strawberry
-from graphql import GraphQLError
 from starlette.concurrency import run_in_threadpool
 from strawberry.scalars import JSON
 from strawberry.types.unset import UNSET
@@ -39,7 +38,7 @@ from strawberry.types.unset import UNSET
 from app.core import logtail, pubsub
 from app.core.db import as_aware, get_sessionmaker
 from app.core.errors import AppError, ValidationFailed
-from app.graphql.context import Context
+from app.graphql.context import Context, coded
 from app.graphql.types import WorkloadEvent
 from app.graphql.views import text_args
 from app.tenancy.auth import AuthContext, require_platform, require_tenant_scope, resolve_key
@@ -163,10 +162,6 @@ def _start(after: str | None) -> int | None:
     return int(after)
 
 
-def _coded(e: AppError) -> GraphQLError:
-    return GraphQLError(e.detail, extensions={"code": e.code, "status": e.status, **e.extra})
-
-
 async def _follow(
     context: Context,
     allowed: Callable[[AuthContext], None],
@@ -216,7 +211,7 @@ async def _still_allowed(context: Context, allowed: Callable[[AuthContext], None
     try:
         allowed(await resolve_key(raw))
     except AppError as e:
-        raise _coded(e) from e
+        raise coded(e) from e
 
 
 def _reader(auth: AuthContext) -> None:
@@ -254,7 +249,7 @@ class Subscription:
             # protocol's `error` (the subscription never starts), not an item of it.
             wid = _owned_workload(auth, str(workload_id)) if workload_id is not None else None
         except AppError as e:
-            raise _coded(e) from e
+            raise coded(e) from e
         if auth.is_platform:
             matches: Callable[[str], bool] = lambda t: t.startswith(events_topic(""))  # noqa: E731
         else:
@@ -291,7 +286,7 @@ class Subscription:
             cursor = _start(after)
             text_args(region=region)
         except AppError as e:
-            raise _coded(e) from e
+            raise coded(e) from e
 
         def read(lo: int, hi: int, limit: int) -> list[FleetChange]:
             stmt = (

@@ -258,30 +258,17 @@ class _AuthCache:
         self.entries.clear()
 
     def _listen(self, url: str) -> None:
-        import redis as redis_lib
+        def on_message(msg: dict) -> None:
+            self._invalidate()
+            if msg["type"] == "subscribe":
+                self.live = True
 
-        while True:
-            try:
-                client = redis_lib.Redis.from_url(
-                    url,
-                    socket_connect_timeout=redis.TIMEOUT_S,
-                    socket_keepalive=True,
-                    health_check_interval=10,
-                )
-                pubsub = client.pubsub()
-                pubsub.subscribe(self.channel())
-                while True:
-                    msg = pubsub.get_message(timeout=1.0)
-                    if msg is None:
-                        continue
-                    self._invalidate()
-                    if msg["type"] == "subscribe":
-                        self.live = True
-            except Exception as exc:
-                self.live = False
-                self._invalidate()
-                log.warning("auth_epoch_listener_down", error=str(exc)[:300])
-                time.sleep(self.RETRY_S)
+        def on_down(exc: Exception) -> None:
+            self.live = False
+            self._invalidate()
+            log.warning("auth_epoch_listener_down", error=str(exc)[:300])
+
+        redis.follow(url, lambda p: p.subscribe(self.channel()), on_message, on_down, self.RETRY_S)
 
     def get(self, digest: str, epoch: int | None) -> AuthContext | None:
         hit = self.entries.get(digest) if epoch is not None else None
