@@ -36,6 +36,7 @@ from app.keys import router as keys
 from app.metering import router as metering
 from app.probes import router as probes
 from app.ratelimit.service import RateLimitHeadersMiddleware
+from app.sessions import router as sessions
 from app.tenants import router as tenants
 from app.workloads import router as workloads
 
@@ -79,6 +80,7 @@ def create_app() -> FastAPI:
         audit,
         health,
         chaos,
+        sessions,
     ):
         if hasattr(module, "router"):
             app.include_router(module.router)

@@ -24,6 +24,7 @@ from app.idempotency.models import IdempotencyRecord
 from app.keys.models import ApiKey
 from app.metering.models import UsageEvent
 from app.outbox.models import OutboxMessage
+from app.sessions.models import BrowserSession
 from app.tenants.models import Tenant
 from app.workloads.models import (
     Allocation,
@@ -39,6 +40,7 @@ __all__ = [
     "Allocation",
     "AuditEntry",
     "BillingAdjustment",
+    "BrowserSession",
     "Budget",
     "BudgetAlert",
     "MeterExport",

@@ -13,7 +13,13 @@ import pytest
 
 from tests.conftest import SMALL_FLEET, auth
 
-PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("POST", "/v1/signup")}
+PUBLIC = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("POST", "/v1/signup"),
+    ("POST", "/v1/sessions"),
+}
 # Valid bodies for tenant routes that have both a path parameter and a body, so the 404 (not a
 # 422) is what the other tenant sees.
 BODIES: dict[tuple[str, str], dict] = {
@@ -201,7 +207,14 @@ def test_without_or_with_bad_keys_every_private_route_is_401(client, matrix):
             r = _call(client, method, url, headers)
             assert r.status_code == 401, f"{label}: {method} {path} -> {r.status_code} {r.text}"
             assert r.headers["content-type"].startswith("application/problem+json")
-            assert r.json()["code"] in {"missing_api_key", "invalid_api_key", "revoked_api_key"}
+            # A portal session's own routes want its cookie, whatever key is sent.
+            session_only = {"no_session"} if path.startswith("/v1/sessions/") else set()
+            assert r.json()["code"] in {
+                "missing_api_key",
+                "invalid_api_key",
+                "revoked_api_key",
+                *session_only,
+            }
 
 
 def test_tenant_keys_on_operator_routes_are_403(client, matrix):
@@ -217,7 +230,8 @@ def test_other_tenants_objects_are_404_and_never_leak(client, matrix):
     a_ids = {matrix["ids"][k] for k in ("tenant_id", "key_id", "workload_id")}
     checked = 0
     for method, path, op in _operations(client):
-        if (method, path) in PUBLIC or path.startswith("/v1/admin/"):
+        # A portal session's routes answer only for the cookie's own session (test_sessions).
+        if (method, path) in PUBLIC or path.startswith(("/v1/admin/", "/v1/sessions/")):
             continue
         body = BODIES.get((method, path))
         if "{" in path:

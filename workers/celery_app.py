@@ -15,6 +15,7 @@ celery_app.autodiscover_tasks(
         "app.fleet",
         "app.outbox",
         "app.idempotency",
+        "app.sessions",
         "app.workloads",
         "app.billing",
         "app.health",

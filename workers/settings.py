@@ -37,6 +37,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "fleet.*": {"queue": "fleet"},
             "outbox.*": {"queue": "default"},
             "idempotency.*": {"queue": "default"},
+            "sessions.*": {"queue": "default"},
             "placement.*": {"queue": "placement"},
             "workloads.*": {"queue": "provisioning"},
             "health.*": {"queue": "health"},
@@ -52,6 +53,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "beat_schedule": {
             "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
             "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
+            "sessions.purge": {"task": "sessions.purge", "schedule": 3600.0},
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
             "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},

@@ -48,7 +48,8 @@ class Settings(BaseSettings):
     # "off" limits nothing. A tenant's keys together get `tenant_factor` times one key's;
     # an operator key `operator_factor` times (0: operators are exempt).
     rate_limits: str = Field(
-        default="read=200/s,write=100/s,expensive=5/s,signup=20/m", alias="RACKPLANE_RATE_LIMITS"
+        default="read=200/s,write=100/s,expensive=5/s,signup=20/m,signin=30/m",
+        alias="RACKPLANE_RATE_LIMITS",
     )
     rate_limit_tenant_factor: float = Field(
         default=4.0, ge=1, alias="RACKPLANE_RATE_LIMIT_TENANT_FACTOR"
@@ -56,6 +57,10 @@ class Settings(BaseSettings):
     rate_limit_operator_factor: float = Field(
         default=10.0, ge=0, alias="RACKPLANE_RATE_LIMIT_OPERATOR_FACTOR"
     )
+    # Portal sign-ins (app/sessions): a session ends after this long unused, and this long after
+    # it began whatever its use.
+    session_idle_seconds: float = Field(default=1800.0, gt=0, alias="RACKPLANE_SESSION_IDLE")
+    session_max_seconds: float = Field(default=43200.0, gt=0, alias="RACKPLANE_SESSION_MAX")
     idempotency_ttl_hours: int = Field(default=24, alias="RACKPLANE_IDEMPOTENCY_TTL_HOURS")
     seed_demo: bool = Field(default=True, alias="RACKPLANE_SEED_DEMO")
     celery_always_eager: bool = Field(default=False, alias="RACKPLANE_CELERY_EAGER")

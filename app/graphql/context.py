@@ -21,7 +21,7 @@ from strawberry.fastapi import BaseContext
 
 from app.core.db import session_dependency
 from app.core.errors import AppError, Unauthorized
-from app.tenancy.auth import AuthContext, authenticate, extract_key
+from app.tenancy.auth import AuthContext, authenticate, credential_of
 from app.tenancy.scoping import restrict
 
 EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
@@ -171,9 +171,9 @@ async def get_context(
         from app.graphql.subscriptions import sign_in
 
         context = Context(None, session)
-        raw = extract_key(request)  # type: ignore[arg-type]
-        if raw:
-            await sign_in(context, raw, request.scope)
+        cred = credential_of(request)
+        if cred is not None:
+            await sign_in(context, cred, request.scope)
         return context
-    auth = await authenticate(request) if extract_key(request) else None  # type: ignore[arg-type]
+    auth = await authenticate(request) if credential_of(request) else None  # type: ignore[arg-type]
     return Context(auth, session)

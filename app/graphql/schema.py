@@ -79,15 +79,15 @@ class PerOperation(SchemaExtension):
         from strawberry.types.graphql import OperationType
 
         context = self.execution_context.context
-        raw = getattr(context, "_ws_key", None)
-        if isinstance(context, Context) and raw is not None:
+        cred = getattr(context, "_ws_cred", None)
+        if isinstance(context, Context) and cred is not None:
             from app.graphql.subscriptions import sign_in
 
             context.fresh_loaders()
             kind = self.execution_context.operation_type
             await sign_in(
                 context,
-                raw,
+                cred,
                 context.ws_scope,
                 "write" if kind is OperationType.MUTATION else "read",
             )

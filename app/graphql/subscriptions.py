@@ -29,6 +29,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import strawberry
 from starlette.concurrency import run_in_threadpool
@@ -37,11 +38,11 @@ from strawberry.types.unset import UNSET
 
 from app.core import logtail, pubsub
 from app.core.db import as_aware, get_sessionmaker
-from app.core.errors import AppError, ValidationFailed
+from app.core.errors import AppError, Forbidden, ValidationFailed
 from app.graphql.context import Context, coded
 from app.graphql.types import WorkloadEvent
 from app.graphql.views import text_args
-from app.tenancy.auth import AuthContext, require_platform, require_tenant_scope, resolve_key
+from app.tenancy.auth import AuthContext, Credential, require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned, scoped_select
 
 POLL_S = 3.0  # a read even without a wake-up (a lost message costs at most this)
@@ -52,16 +53,25 @@ RECHECK_S = 30.0  # how often a subscription checks that its key is still live
 # --- authentication of a websocket --------------------------------------------------------------
 
 
-async def sign_in(context: Context, raw: str, scope: Any, kind: str = "read") -> None:
-    """Check a websocket's key as REST checks a request's, and take a token of the caller's
-    `kind` rate limit: when it connects, and again for every operation on it
-    (app/graphql/schema.py `PerOperation`). A refusal is kept to answer the operation with."""
+async def sign_in(context: Context, cred: Credential, scope: Any, kind: str = "read") -> None:
+    """Check a websocket's credential as REST checks a request's, and take a token of the
+    caller's `kind` rate limit: when it connects, and again for every operation on it
+    (app/graphql/schema.py `PerOperation`). A refusal is kept to answer the operation with.
+
+    A portal session's cookie rides on the handshake of any page the browser opens, so it
+    counts only from a page of this origin (a websocket has no CSRF header: its Origin is the
+    check, as OWASP advises against cross-site websocket hijacking)."""
     from app.ratelimit import service as ratelimit
 
-    context._ws_key = raw  # type: ignore[attr-defined]
+    context._ws_cred = cred  # type: ignore[attr-defined]
     context.ws_scope = scope
     try:
-        auth = await resolve_key(raw)
+        if cred.kind == "session" and not _same_origin(scope):
+            raise Forbidden(
+                "A portal session's websocket must come from the portal's own origin.",
+                code="cross_origin_websocket",
+            )
+        auth = await cred.resolve()
         ratelimit.check(
             scope,
             kind,
@@ -73,6 +83,17 @@ async def sign_in(context: Context, raw: str, scope: Any, kind: str = "read") ->
         context._auth, context._auth_error = None, e
         return
     context._auth, context._auth_error = auth, None
+
+
+def _same_origin(scope: Any) -> bool:
+    headers = {
+        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
+    }
+    origin = headers.get("origin")
+    if not origin:  # browsers always send one; a cookie without it is no page's
+        return False
+    hosts = {headers.get("host"), headers.get("x-forwarded-host")} - {None}
+    return urlsplit(origin).netloc in hosts
 
 
 def _payload_key(params: Any) -> str | None:
@@ -93,7 +114,9 @@ async def on_ws_connect(context: Any) -> Any:
     if isinstance(context, Context) and context._auth is None and not context._auth_error:
         raw = _payload_key(context.connection_params)
         if raw:
-            await sign_in(context, raw, context.request.scope if context.request else {})
+            await sign_in(
+                context, Credential("key", raw), context.request.scope if context.request else {}
+            )
     return UNSET
 
 
@@ -205,11 +228,11 @@ async def _follow(
 
 async def _still_allowed(context: Context, allowed: Callable[[AuthContext], None]) -> None:
     """The key again, as it is now (revoked, expired, its tenant suspended: the end)."""
-    raw = getattr(context, "_ws_key", None)
-    if raw is None:
+    cred = getattr(context, "_ws_cred", None)
+    if cred is None:
         return
     try:
-        allowed(await resolve_key(raw))
+        allowed(await cred.resolve())
     except AppError as e:
         raise coded(e) from e
 

@@ -36,7 +36,7 @@ from app.core.middleware import replay_body, send_problem
 from app.core.routing import REPLAY
 from app.core.secrets import seal, unseal
 from app.idempotency.models import IdempotencyRecord
-from app.tenancy.auth import AUTH_STATE, AuthContext, extract_key, parse_prefix, resolve_key
+from app.tenancy.auth import AUTH_STATE, AuthContext, context_of, credential_of, parse_prefix
 
 # A first request still marked in flight after this long is presumed dead; its key may be reused.
 IN_FLIGHT_TIMEOUT = timedelta(seconds=60)
@@ -174,12 +174,16 @@ def _finish(principal: str, key: str, status: int, headers: dict, body: bytes) -
         s.commit()
 
 
+# A portal sign-in's answer is a cookie: never stored, never replayed (each is its own session).
+EXEMPT = frozenset({"/v1/sessions", "/v1/sessions/current"})
+
+
 class IdempotencyMiddleware:
     def __init__(self, app: ASGIApp):
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in METHODS:
+        if scope["type"] != "http" or scope["method"] not in METHODS or scope["path"] in EXEMPT:
             return await self.app(scope, receive, send)
         key_raw = dict(scope["headers"]).get(b"idempotency-key")
         if key_raw is None:
@@ -194,11 +198,10 @@ class IdempotencyMiddleware:
                 "Idempotency-Key must be 1 to 255 printable characters.",
                 instance=scope["path"],
             )
-        api_key = extract_key(Request(scope))
         ctx: AuthContext | None = None
-        if api_key:
+        if credential_of(Request(scope)) is not None:
             try:
-                ctx = await resolve_key(api_key)
+                ctx = await context_of(Request(scope))
             except AppError:  # not a live key: the route answers 401, nothing is claimed
                 return await self.app(scope, receive, send)
             scope.setdefault("state", {})[AUTH_STATE] = ctx

@@ -1,8 +1,9 @@
 """Rate limits: token buckets per API key and per tenant, by route class.
 
 - **Classes**: `read` (GET), `write` (POST, PUT, PATCH, DELETE), `expensive` (reads that scan
-  a month of the ledger: billing exports, reconciliation, usage), `signup` (per client
-  address, before any key exists).
+  a month of the ledger: billing exports, reconciliation, usage), `signup` and `signin` (per
+  client address, before any key is known: a portal sign-in is a guess at a key until it
+  succeeds).
 - **Buckets**: a request takes one token from its key's bucket and one from its tenant's
   (several keys of one tenant share the tenant's), atomically, or from neither. Operators have
   buckets of their own, `operator_factor` times a tenant key's (0: exempt).
@@ -35,7 +36,7 @@ from app.core.errors import AppError
 from app.core.logging import get_logger
 
 log = get_logger(__name__)
-CLASSES = ("read", "write", "expensive", "signup")
+CLASSES = ("read", "write", "expensive", "signup", "signin")
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 EXPENSIVE = frozenset(
     {
@@ -174,7 +175,7 @@ def _buckets(cls: str, *, key: str | None, tenant: str | None, operator: bool, a
     if base is None:
         return [], []
     prefix = f"{s.broker_key_prefix}rackplane:rl:{cls}:"
-    if cls == "signup":
+    if cls in ("signup", "signin"):
         return [f"{prefix}addr:{address}"], [base]
     if operator:
         if s.rate_limit_operator_factor <= 0:

@@ -19,6 +19,7 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.orm.attributes import get_history
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
 
 from app.audit.service import note_principal
 from app.core import redis
@@ -98,7 +99,7 @@ class AuthContext:
 SYSTEM = AuthContext(uuid.UUID(int=0), "system", None, frozenset({PLATFORM_SCOPE}))
 
 
-def extract_key(request: Request) -> str | None:
+def extract_key(request: HTTPConnection) -> str | None:
     auth = request.headers.get("authorization")
     if auth:
         scheme, _, value = auth.partition(" ")
@@ -108,21 +109,90 @@ def extract_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+# --- browser sessions ---------------------------------------------------------------------------
+# The portal trades an API key for a session once (app/sessions): the page never keeps the key.
+# The session's token lives in an HttpOnly cookie; a request it authenticates that may change
+# something (any method but GET/HEAD/OPTIONS, so every GraphQL POST) must also carry the
+# session's CSRF token in a header, which a page on another site can neither read nor forge.
+SESSION_COOKIE = "rp_session"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SESSION_PREFIX = "rps_"
+
+
+def session_hash(token: str) -> str:
+    return hmac.new(
+        server_secret("key_pepper"), b"session:" + token.encode(), hashlib.sha256
+    ).hexdigest()
+
+
+def csrf_token(token: str) -> str:
+    """The session's CSRF token: derived from its secret, so nothing more is stored."""
+    return hmac.new(
+        server_secret("key_pepper"), b"csrf:" + token.encode(), hashlib.sha256
+    ).hexdigest()
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What a request authenticates with: an API key, or a browser session's token."""
+
+    kind: str  # "key" | "session"
+    raw: str
+
+    async def resolve(self) -> AuthContext:
+        return await (resolve_key(self.raw) if self.kind == "key" else resolve_session(self.raw))
+
+
+def credential_of(conn: HTTPConnection) -> Credential | None:
+    """A request's credential: its API key header, else its session cookie."""
+    raw = extract_key(conn)
+    if raw:
+        return Credential("key", raw)
+    if conn.headers.get("authorization"):  # a malformed header is a key, never a cookie
+        return None
+    token = conn.cookies.get(SESSION_COOKIE)
+    return Credential("session", token) if token else None
+
+
+def check_csrf(conn: HTTPConnection, cred: Credential) -> None:
+    """A session-authenticated request that may change something must carry the CSRF token."""
+    if cred.kind != "session" or conn.scope.get("method", "GET") in SAFE_METHODS:
+        return
+    sent = conn.headers.get(CSRF_HEADER, "")
+    if not hmac.compare_digest(sent.encode(), csrf_token(cred.raw).encode()):
+        raise Forbidden(
+            f"A browser session's request must carry its `{CSRF_HEADER}` header.",
+            code="csrf_token_invalid",
+        )
+
+
+async def context_of(conn: HTTPConnection) -> AuthContext | None:
+    """The caller of a request (None without any credential): its key, or its session with the
+    CSRF check. The one place a request's credential is checked."""
+    cred = credential_of(conn)
+    if cred is None:
+        return None
+    ctx = await cred.resolve()
+    check_csrf(conn, cred)
+    return ctx
+
+
 async def authenticate(
     request: Request,
     _b: HTTPAuthorizationCredentials | None = Depends(_bearer),
     _h: str | None = Depends(_header),
 ) -> AuthContext:
-    """The caller's AuthContext (see `resolve_key`). A middleware that needed it first (the
+    """The caller's AuthContext (see `context_of`). A middleware that needed it first (the
     idempotency check) leaves it on the request, so the key is checked once per request."""
     ctx = request.scope.get("state", {}).get(AUTH_STATE)
     if ctx is None:
-        raw = extract_key(request)
-        if not raw:
+        ctx = await context_of(request)
+        if ctx is None:
             raise Unauthorized(
-                "Send an API key as `Authorization: Bearer rp_...`.", code="missing_api_key"
+                "Send an API key as `Authorization: Bearer rp_...` (or sign in to the portal).",
+                code="missing_api_key",
             )
-        ctx = await resolve_key(raw)
     note_principal(ctx)  # the request's audit entry names its caller
     route = request.scope.get("route")
     ratelimit.check(
@@ -154,10 +224,54 @@ async def resolve_key(raw: str) -> AuthContext:
     return ctx
 
 
+async def resolve_session(token: str) -> AuthContext:
+    """The AuthContext of a browser session's token (the key it was opened with, as that key is
+    now), cached as keys are. Unauthorized when the session is unknown, signed out or expired,
+    or its key no longer lives."""
+    if not token.startswith(SESSION_PREFIX) or len(token) > 100:
+        raise Unauthorized("The session is not valid; sign in again.", code="invalid_session")
+    digest = "s:" + session_hash(token)
+    epoch = _cache.epoch()
+    ctx = _cache.get(digest, epoch)
+    if ctx is None:
+        ctx, expires_at = await run_in_threadpool(_session_lookup, digest[2:])
+        _cache.put(digest, epoch, ctx, expires_at)
+    return ctx
+
+
+def _session_lookup(digest: str) -> tuple[AuthContext, datetime | None]:
+    from app.keys.models import ApiKey
+    from app.sessions.models import BrowserSession
+    from app.tenants.models import Tenant
+
+    with session_scope() as session:
+        row = session.execute(
+            select(BrowserSession, ApiKey, Tenant)
+            .join(ApiKey, ApiKey.id == BrowserSession.key_id)
+            .outerjoin(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(BrowserSession.token_hash == digest)
+        ).first()
+        if row is None:
+            raise Unauthorized("The session is not valid; sign in again.", code="invalid_session")
+        browser, key, tenant = row
+        now = utcnow()
+        if browser.revoked_at is not None:
+            raise Unauthorized("The session was signed out.", code="session_ended")
+        idle = timedelta(seconds=get_settings().session_idle_seconds)
+        ends = min(as_aware(browser.last_seen_at) + idle, as_aware(browser.expires_at))
+        if ends <= now:
+            raise Unauthorized("The session has expired; sign in again.", code="session_expired")
+        # Idle time counts from the last use seen to the minute (and the cache's lifetime),
+        # without a write on every request.
+        if now - as_aware(browser.last_seen_at) > timedelta(seconds=60):
+            browser.last_seen_at = now
+            ends = min(now + idle, as_aware(browser.expires_at))
+        ctx, key_ends = _key_context(session, key, tenant, now)
+        return ctx, min(ends, key_ends) if key_ends is not None else ends
+
+
 def _lookup(prefix: str, digest: str) -> tuple[AuthContext, datetime | None]:
-    """Check the key against the database: (its AuthContext, when it expires). The context
-    carries what the tenant may do, read in the same transaction: its status, isolation policy,
-    hard limits and budget mark, so a submission needs no query before its insert."""
+    """Check the key against the database: (its AuthContext, when it expires)."""
     from app.keys.models import ApiKey
     from app.tenants.models import Tenant
 
@@ -173,42 +287,48 @@ def _lookup(prefix: str, digest: str) -> tuple[AuthContext, datetime | None]:
         expected = key.secret_hash if key is not None else "0" * 64
         if not hmac.compare_digest(expected, digest) or key is None:
             raise Unauthorized("The API key is invalid.", code="invalid_api_key")
-        now = utcnow()
-        if key.revoked_at is not None:
-            raise Unauthorized("The API key has been revoked.", code="revoked_api_key")
-        expires_at = as_aware(key.expires_at) if key.expires_at is not None else None
-        if expires_at is not None and expires_at <= now:
-            raise Unauthorized("The API key has expired.", code="expired_api_key")
-        # Keep last_used_at fresh to the minute (plus the cache's lifetime) without writing on
-        # every request.
-        if key.last_used_at is None or now - as_aware(key.last_used_at) > timedelta(seconds=60):
-            key.last_used_at = now
-        if tenant is None:
-            ctx = AuthContext(key.id, key.prefix, None, frozenset(key.scopes))
-            return ctx, expires_at
-        from app.billing.models import Budget
-        from app.workloads.models import TenantQuota
+        return _key_context(session, key, tenant, utcnow())
 
-        limits = session.execute(
-            select(TenantQuota.gpu_model, TenantQuota.limit_milli)
-            .where(TenantQuota.tenant_id == tenant.id)
-            .order_by(TenantQuota.gpu_model)
-        ).all()
-        exhausted = session.scalar(
-            select(Budget.exhausted_period).where(Budget.tenant_id == tenant.id)
-        )
-        policy = tenant.isolation_policy
-        ctx = AuthContext(
-            key.id,
-            key.prefix,
-            key.tenant_id,
-            frozenset(key.scopes),
-            tenant.status,
-            tuple(policy) if policy is not None else None,
-            tuple((m, limit) for m, limit in limits),
-            exhausted,
-        )
+
+def _key_context(
+    session: Session, key, tenant, now: datetime
+) -> tuple[AuthContext, datetime | None]:
+    """A live key's AuthContext and when the key expires. The context carries what the tenant
+    may do, read in the same transaction: its status, isolation policy, hard limits and budget
+    mark, so a submission needs no query before its insert."""
+    if key.revoked_at is not None:
+        raise Unauthorized("The API key has been revoked.", code="revoked_api_key")
+    expires_at = as_aware(key.expires_at) if key.expires_at is not None else None
+    if expires_at is not None and expires_at <= now:
+        raise Unauthorized("The API key has expired.", code="expired_api_key")
+    # Keep last_used_at fresh to the minute (plus the cache's lifetime) without writing on
+    # every request.
+    if key.last_used_at is None or now - as_aware(key.last_used_at) > timedelta(seconds=60):
+        key.last_used_at = now
+    if tenant is None:
+        ctx = AuthContext(key.id, key.prefix, None, frozenset(key.scopes))
         return ctx, expires_at
+    from app.billing.models import Budget
+    from app.workloads.models import TenantQuota
+
+    limits = session.execute(
+        select(TenantQuota.gpu_model, TenantQuota.limit_milli)
+        .where(TenantQuota.tenant_id == tenant.id)
+        .order_by(TenantQuota.gpu_model)
+    ).all()
+    exhausted = session.scalar(select(Budget.exhausted_period).where(Budget.tenant_id == tenant.id))
+    policy = tenant.isolation_policy
+    ctx = AuthContext(
+        key.id,
+        key.prefix,
+        key.tenant_id,
+        frozenset(key.scopes),
+        tenant.status,
+        tuple(policy) if policy is not None else None,
+        tuple((m, limit) for m, limit in limits),
+        exhausted,
+    )
+    return ctx, expires_at
 
 
 class _AuthCache:
@@ -317,6 +437,7 @@ _WATCHED: dict[str, Callable[[set[str]], bool]] = {
     "Tenant": lambda cols: bool(cols - {"stripe_customer_id"}),
     "TenantQuota": lambda cols: True,
     "Budget": lambda cols: "exhausted_period" in cols,
+    "BrowserSession": lambda cols: bool(cols - {"last_seen_at"}),
 }
 
 
