@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test install services openapi lint clean
+.PHONY: run test install services openapi lint clean portal chromium
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,13 +14,27 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# The portal page: rebuilt when its sources or lock file change.
+PORTAL_SRC := $(shell find portal/src -type f 2>/dev/null) portal/index.html portal/vite.config.ts \
+	portal/tsconfig.json portal/package.json portal/package-lock.json
+PORTAL := app/portal/dist/index.html
+
+$(PORTAL): $(PORTAL_SRC)
+	bash scripts/build-portal.sh
+
+portal: $(PORTAL)
+
 run: install
+	@$(MAKE) --no-print-directory $(PORTAL) || bash scripts/build-portal.sh --optional
 	$(BIN)/rackplane up
 
 services:
 	bash scripts/ensure-services.sh
 
-test: install services lint
+chromium:
+	bash scripts/ensure-chromium.sh
+
+test: install services portal chromium lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 openapi: install

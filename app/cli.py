@@ -167,7 +167,15 @@ def up(
         f"[bold]Rackplane[/bold] on {'SQLite (embedded)' if settings.is_sqlite else 'PostgreSQL'}"
         f", broker {'SQLite (embedded)' if not settings.redis_url else 'Redis'}"
     )
+    from app.portal.router import DIST
+
+    portal = (
+        f"{base}/portal/  (sign in with a key below)"
+        if (DIST / "index.html").is_file()
+        else "not built (needs Node.js and npm: `make portal`)"
+    )
     console.print(
+        f"  portal     {portal}\n"
         f"  API        {base}/v1\n  API docs   {base}/docs\n  OpenAPI    {base}/openapi.json\n"
         f"  health     {base}/healthz  {base}/readyz\n  metrics    {base}/metrics"
     )

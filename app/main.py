@@ -91,6 +91,10 @@ def create_app() -> FastAPI:
     from app.graphql.schema import router as graphql_router
 
     app.include_router(graphql_router(), prefix="/graphql", include_in_schema=False)
+    # The portal's page and its assets (not API: not in the OpenAPI document).
+    from app.portal.router import router as portal_router
+
+    app.include_router(portal_router)
     # The audit entry of a request that commits is written in its transaction (routing hook).
     if audit_service.before_commit not in BEFORE_COMMIT:
         BEFORE_COMMIT.append(audit_service.before_commit)

@@ -4,7 +4,7 @@ before execution, internal errors masked, and errors carrying REST's stable code
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import strawberry
 from graphql import GraphQLError
@@ -150,6 +150,12 @@ class CoreQuery:
         kind: str | None = None,
         priority: str | None = None,
         labels: JSON | None = strawberry.UNSET,
+        active: Annotated[
+            bool | None,
+            strawberry.argument(
+                description="true: not yet ended (queued to running); false: ended"
+            ),
+        ] = None,
     ) -> WorkloadConnection:
         from app.core.errors import ValidationFailed
         from app.workloads import service
@@ -181,6 +187,7 @@ class CoreQuery:
             auth,
             page,
             state=st,
+            active=active,
             kind=kind,
             priority=priority,
             labels=labels or None,

@@ -76,6 +76,13 @@ class Workload:
     finished_at: datetime | None
     interruptions: int
     lost_work_gpu_s: float
+    shape: JSON = strawberry.field(
+        description="What each replica asks for: GPU models, whole GPUs, MIG profile or "
+        "fractional share, isolation (as REST's `shape`)"
+    )
+    topology: JSON | None = strawberry.field(description="A gang's topology constraint")
+    preemptions: int
+    last_checkpoint_at: datetime | None
     _row: strawberry.Private[Any]
 
     @strawberry.field(description="Per replica, where it runs (empty until placed)")
@@ -113,6 +120,10 @@ class Workload:
             finished_at=w.finished_at,
             interruptions=w.interruptions or 0,
             lost_work_gpu_s=float(w.lost_work_gpu_s or 0.0),
+            shape=dict(w.shape or {}),
+            topology=dict(w.topology) if w.topology else None,
+            preemptions=w.preemptions or 0,
+            last_checkpoint_at=w.last_checkpoint_at,
             _row=w,
         )
 

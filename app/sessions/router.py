@@ -24,6 +24,7 @@ from app.tenancy.auth import (
 )
 
 router = api_router(prefix="/v1", tags=["sessions"])
+SIGNED_IN_COOKIE = "rp_signed_in"
 
 
 def _signin_limit(request: Request) -> None:
@@ -34,6 +35,7 @@ def _signin_limit(request: Request) -> None:
 
 
 def _set_cookie(request: Request, response: Response, token: str, max_age: int) -> None:
+    secure = request.url.scheme == "https"
     response.set_cookie(
         SESSION_COOKIE,
         token,
@@ -41,7 +43,12 @@ def _set_cookie(request: Request, response: Response, token: str, max_age: int) 
         path="/",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=secure,
+    )
+    # No secret: it only tells the page, which cannot read the session cookie, that asking
+    # who is signed in is worth a request.
+    response.set_cookie(
+        SIGNED_IN_COOKIE, "1", max_age=max_age, path="/", samesite="strict", secure=secure
     )
 
 
@@ -127,11 +134,7 @@ async def sign_out(request: Request, token: str = Depends(_cookie)) -> Response:
 
         await run_in_threadpool(write)
     out = Response(status_code=204)
-    out.delete_cookie(
-        SESSION_COOKIE,
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
+    secure = request.url.scheme == "https"
+    out.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=secure)
+    out.delete_cookie(SIGNED_IN_COOKIE, path="/", samesite="strict", secure=secure)
     return out

@@ -71,6 +71,9 @@ def dry_run(
 @router.get("/workloads", response_model=Page[WorkloadOut], summary="List workloads")
 def list_workloads(
     state: State | None = None,
+    active: bool | None = Query(
+        None, description="true: not yet ended (queued to running); false: ended"
+    ),
     kind: Literal["instance", "vm", "job"] | None = None,
     priority: Priority | None = None,
     label: list[LabelPair] = Query(
@@ -87,6 +90,7 @@ def list_workloads(
         auth,
         page,
         state=state,
+        active=active,
         kind=kind,
         priority=priority,
         labels=service.parse_labels(label),

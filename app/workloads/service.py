@@ -761,6 +761,7 @@ def list_workloads(
     page: PageParams,
     *,
     state: State | None = None,
+    active: bool | None = None,
     kind: str | None = None,
     priority: str | None = None,
     labels: dict[str, str] | None = None,
@@ -769,11 +770,16 @@ def list_workloads(
     node: str | None = None,
 ) -> tuple[list[Workload], str | None]:
     """The caller's workloads (every tenant's for operators), oldest first, a page at a time:
-    REST's list and GraphQL's connection; filtered by state, kind, priority and labels (each
-    `key: value` must be carried)."""
+    REST's list and GraphQL's connection; filtered by state (or `active`: not yet ended, or
+    ended), kind, priority and labels (each `key: value` must be carried)."""
+    from app.workloads.lifecycle import TERMINAL
+
     stmt = scoped_select(auth, Workload)
     if state is not None:
         stmt = stmt.where(Workload.state == state.value)
+    if active is not None:
+        ended = Workload.state.in_([t.value for t in TERMINAL])
+        stmt = stmt.where(~ended if active else ended)
     if kind is not None:
         stmt = stmt.where(Workload.kind == kind)
     if priority is not None:

@@ -1,0 +1,93 @@
+import { LocationProvider, Route, Router, useLocation } from "preact-iso";
+import { useEffect, useState } from "preact/hooks";
+import { currentSession, signOut, whenSignedOut, type Session } from "./api";
+import { Dashboard } from "./pages/Dashboard";
+import { Fleet } from "./pages/Fleet";
+import { SignIn } from "./pages/SignIn";
+import { Submit } from "./pages/Submit";
+import { WorkloadPage } from "./pages/Workload";
+
+export function App() {
+  const [session, setSession] = useState<Session | null | undefined>(undefined);
+  const [notice, setNotice] = useState("");
+  useEffect(() => {
+    whenSignedOut((why) => {
+      setNotice(why);
+      setSession(null);
+    });
+    currentSession()
+      .then(setSession)
+      .catch(() => setSession(null));
+  }, []);
+  if (session === undefined) return <p class="loading">Loading…</p>;
+  if (session === null)
+    return (
+      <SignIn
+        notice={notice}
+        onSignedIn={(s) => {
+          setNotice("");
+          setSession(s);
+        }}
+      />
+    );
+  return (
+    <LocationProvider scope="/portal">
+      <Shell session={session} onSignedOut={() => setSession(null)} />
+    </LocationProvider>
+  );
+}
+
+function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => void }) {
+  const { url, route } = useLocation();
+  useEffect(() => {
+    if (url === "/portal" || url === "/portal/") route(session.operator ? "/portal/fleet" : "/portal/dashboard", true);
+  }, [url]);
+  const links = session.operator
+    ? [["/portal/fleet", "Fleet"]]
+    : [
+        ["/portal/dashboard", "Dashboard"],
+        ["/portal/submit", "Submit"],
+      ];
+  return (
+    <>
+      <a class="skip" href="#main">
+        Skip to content
+      </a>
+      <header>
+        <strong class="brand">Rackplane</strong>
+        <nav aria-label="Main">
+          {links.map(([href, text]) => (
+            <a href={href} aria-current={url.startsWith(href) ? "page" : undefined}>
+              {text}
+            </a>
+          ))}
+        </nav>
+        <span class="who">
+          {session.operator ? "Operator" : "Tenant"} · key rp_{session.key_prefix}…
+        </span>
+        <button
+          type="button"
+          onClick={async () => {
+            await signOut().catch(() => {});
+            onSignedOut();
+          }}
+        >
+          Sign out
+        </button>
+      </header>
+      <main id="main" tabIndex={-1}>
+        <Router>
+          <Route path="/portal/dashboard" component={Dashboard} />
+          <Route path="/portal/submit" component={Submit} />
+          <Route path="/portal/workloads/:id" component={WorkloadPage} />
+          <Route path="/portal/fleet" component={Fleet} />
+          <Route default component={NotFound} />
+        </Router>
+      </main>
+    </>
+  );
+}
+
+function NotFound() {
+  return <p>Nothing here. Pick a page above.</p>;
+}

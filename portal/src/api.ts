@@ -1,0 +1,190 @@
+// The portal speaks GraphQL (queries, mutations, subscriptions) and the session endpoints only.
+import { createClient, type Client } from "graphql-ws";
+
+export interface Session {
+  id: string;
+  tenant_id: string | null;
+  operator: boolean;
+  key_prefix: string;
+  scopes: string[];
+  expires_at: string;
+  idle_timeout_seconds: number;
+  csrf_token: string;
+}
+
+/** A refusal with REST's and GraphQL's shared code. */
+export class ApiError extends Error {
+  constructor(
+    public code: string,
+    message: string,
+    public status = 0,
+    public fields: { path: string[]; message: string }[] = [],
+  ) {
+    super(message);
+  }
+}
+
+let csrf = "";
+let onSignedOut: (why: string) => void = () => {};
+
+export function whenSignedOut(fn: (why: string) => void) {
+  onSignedOut = fn;
+}
+
+async function problem(r: Response): Promise<ApiError> {
+  try {
+    const body = await r.json();
+    return new ApiError(body.code ?? "error", body.detail ?? r.statusText, r.status, body.errors ?? []);
+  } catch {
+    return new ApiError("error", `${r.status} ${r.statusText}`, r.status);
+  }
+}
+
+export async function currentSession(): Promise<Session | null> {
+  // The session cookie is HttpOnly; its companion `rp_signed_in` (no secret) says whether
+  // asking is worth a request.
+  if (!document.cookie.split("; ").includes("rp_signed_in=1")) return null;
+  const r = await fetch("/v1/sessions/current", { credentials: "same-origin" });
+  if (r.status === 401) return null;
+  if (!r.ok) throw await problem(r);
+  const s: Session = await r.json();
+  csrf = s.csrf_token;
+  return s;
+}
+
+export async function signIn(apiKey: string): Promise<Session> {
+  const r = await fetch("/v1/sessions", {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ api_key: apiKey }),
+  });
+  if (!r.ok) throw await problem(r);
+  const s: Session = await r.json();
+  csrf = s.csrf_token;
+  return s;
+}
+
+export async function signOut(): Promise<void> {
+  const r = await fetch("/v1/sessions/current", {
+    method: "DELETE",
+    credentials: "same-origin",
+    headers: { "X-CSRF-Token": csrf },
+  });
+  csrf = "";
+  closeSocket();
+  if (!r.ok && r.status !== 401) throw await problem(r);
+}
+
+interface GqlError {
+  message: string;
+  extensions?: { code?: string; status?: number };
+}
+
+/** Run a query or mutation; the first error (with its code) is thrown. */
+export async function gql<T>(query: string, variables: Record<string, unknown> = {}): Promise<T> {
+  const r = await fetch("/graphql", {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "content-type": "application/json", "X-CSRF-Token": csrf },
+    body: JSON.stringify({ query, variables }),
+  });
+  if (r.status === 401) {
+    const e = await problem(r);
+    onSignedOut(e.message);
+    throw e;
+  }
+  if (!r.ok && !r.headers.get("content-type")?.includes("json")) throw await problem(r);
+  const body = await r.json();
+  if (!("data" in body) && body.code) throw new ApiError(body.code, body.detail, r.status);
+  const errors: GqlError[] = body.errors ?? [];
+  if (errors.length) {
+    const e = errors[0];
+    const code = e.extensions?.code ?? "error";
+    if (["invalid_session", "session_ended", "session_expired", "missing_api_key", "revoked_api_key"].includes(code)) {
+      onSignedOut(e.message);
+    }
+    throw new ApiError(code, e.message, e.extensions?.status ?? 0);
+  }
+  return body.data as T;
+}
+
+/** A mutation's typed problem (every mutation answers its result or one of these). */
+export interface Problem {
+  __typename: string;
+  code: string;
+  message: string;
+  fields?: { path: string[]; message: string }[];
+}
+
+export const PROBLEM_FIELDS = `... on Problem { code message } ... on ValidationProblem { fields { path message } }`;
+
+export function isProblem(x: { __typename: string }): x is Problem {
+  return x.__typename.endsWith("Problem") || ["QuotaExceeded", "IsolationRuleViolated", "BudgetExhausted"].includes(x.__typename);
+}
+
+// --- subscriptions: one socket per page, signed in by the session cookie ---------------------
+let socket: Client | null = null;
+
+function client(): Client {
+  if (!socket) {
+    const proto = location.protocol === "https:" ? "wss" : "ws";
+    socket = createClient({ url: `${proto}://${location.host}/graphql`, lazy: true, retryAttempts: 5 });
+  }
+  return socket;
+}
+
+function closeSocket() {
+  socket?.dispose();
+  socket = null;
+}
+
+export function subscribe<T>(
+  query: string,
+  variables: Record<string, unknown>,
+  next: (data: T) => void,
+  error: (e: ApiError) => void,
+): () => void {
+  return client().subscribe<T>(
+    { query, variables },
+    {
+      next: (msg) => {
+        if (msg.errors?.length) {
+          const e = msg.errors[0] as GqlError;
+          error(new ApiError(e.extensions?.code ?? "error", e.message));
+        } else if (msg.data) next(msg.data as T);
+      },
+      error: (e) => {
+        const first = Array.isArray(e) ? (e[0] as GqlError) : null;
+        error(new ApiError(first?.extensions?.code ?? "socket_error", first?.message ?? "The live feed was interrupted."));
+      },
+      complete: () => {},
+    },
+  );
+}
+
+// --- formatting ---------------------------------------------------------------------------------
+export function gpuShare(milli: number): string {
+  return milli % 1000 === 0 ? `${milli / 1000}` : (milli / 1000).toFixed(2);
+}
+
+export function money(minor: string | number, currency: string): string {
+  const n = Number(minor) / 100;
+  return new Intl.NumberFormat("en", { style: "currency", currency: currency.toUpperCase() }).format(n);
+}
+
+export function when(iso: string | null | undefined): string {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  return d.toISOString().replace("T", " ").slice(0, 19) + " UTC";
+}
+
+export function shapeText(shape: Record<string, unknown>, replicas: number): string {
+  const models = (shape.gpu_models as string[] | undefined)?.join("|") || "any GPU";
+  let what: string;
+  if (shape.mig_profile) what = `MIG ${shape.mig_profile}`;
+  else if (shape.milli) what = `${gpuShare(Number(shape.milli))} GPU share`;
+  else what = `${shape.gpus ?? 1}× GPU`;
+  const per = `${what} · ${models}`;
+  return replicas > 1 ? `${replicas} × (${per})` : per;
+}

@@ -1,0 +1,211 @@
+import { useLocation } from "preact-iso";
+import { useEffect, useState } from "preact/hooks";
+import { ApiError, gql, isProblem, PROBLEM_FIELDS, type Problem } from "../api";
+import { DRY_RUN_FIELDS, DryRunView, type DryRun } from "./DryRunView";
+
+type Shape = "gpus" | "mig" | "fraction";
+const ISOLATION = ["", "dedicated-gpu", "dedicated-mig", "shared-mig", "shared-fractional", "shared-timeslice", "vm", "confidential-vm"];
+const PRIORITIES = ["training", "production", "research", "preemptible"];
+
+interface Capacity {
+  region: string;
+  gpuModel: string;
+}
+
+/** The form's values as a WorkloadInput (only what the chosen shape uses). */
+function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
+  const v = (n: string) => (form.elements.namedItem(n) as HTMLInputElement | null)?.value.trim() ?? "";
+  const num = (n: string) => (v(n) === "" ? undefined : Number(v(n)));
+  const kind = v("kind");
+  const input: Record<string, unknown> = { kind, priority: v("priority") };
+  if (v("name")) input.name = v("name");
+  if (v("gpuModel")) input.gpuModels = [v("gpuModel")];
+  if (v("region")) input.region = v("region");
+  if (v("isolation")) input.isolation = v("isolation");
+  if (shape === "gpus") input.gpus = num("gpus");
+  if (shape === "mig") input.migProfile = v("migProfile");
+  if (shape === "fraction") {
+    input.milli = num("milli");
+    input.gpuMemoryMib = num("gpuMemoryMib");
+  }
+  if (kind === "job") {
+    input.replicas = num("replicas");
+    if (v("topology")) input.topology = { level: v("topology"), mode: v("topologyMode") };
+  }
+  if (v("runForS")) input.runForS = num("runForS");
+  return input;
+}
+
+export function Submit() {
+  const { route } = useLocation();
+  const [kind, setKind] = useState("job");
+  const [shape, setShape] = useState<Shape>("gpus");
+  const [capacity, setCapacity] = useState<Capacity[]>([]);
+  const [problem, setProblem] = useState<Problem | null>(null);
+  const [preview, setPreview] = useState<DryRun | null>(null);
+  const [busy, setBusy] = useState(false);
+  useEffect(() => {
+    gql<{ capacity: Capacity[] }>(`{ capacity { region gpuModel } }`).then((d) => setCapacity(d.capacity)).catch(() => {});
+  }, []);
+  const models = [...new Set(capacity.map((c) => c.gpuModel))].sort();
+  const regions = [...new Set(capacity.map((c) => c.region))].sort();
+  const bad = (name: string) => problem?.fields?.find((f) => f.path[f.path.length - 1] === name)?.message;
+
+  const run = async (form: HTMLFormElement, dry: boolean) => {
+    setBusy(true);
+    setProblem(null);
+    setPreview(null);
+    const input = inputOf(form, shape);
+    try {
+      if (dry) {
+        const d = await gql<{ dryRun: DryRun }>(`query($input: WorkloadInput!) { dryRun(input: $input) { ${DRY_RUN_FIELDS} } }`, { input });
+        setPreview(d.dryRun);
+      } else {
+        const d = await gql<{ submitWorkload: { __typename: string; id?: string } & Partial<Problem> }>(
+          `mutation($input: WorkloadInput!) { submitWorkload(input: $input) { __typename ... on Workload { id } ${PROBLEM_FIELDS} } }`,
+          { input },
+        );
+        const r = d.submitWorkload;
+        if (isProblem(r as any)) setProblem(r as Problem);
+        else route(`/portal/workloads/${r.id}`);
+      }
+    } catch (e) {
+      const err = e as ApiError;
+      setProblem({ __typename: "Error", code: err.code, message: err.message });
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <>
+      <h1>Submit a workload</h1>
+      <form
+        class="submit"
+        aria-describedby="form-problem"
+        noValidate
+        onSubmit={(e) => {
+          e.preventDefault();
+          const submitter = (e as SubmitEvent).submitter as HTMLButtonElement | null;
+          run(e.currentTarget as HTMLFormElement, submitter?.value === "dry");
+        }}
+      >
+        <div id="form-problem" role="alert" class="error">
+          {problem && (
+            <>
+              <p>
+                {problem.message} ({problem.code})
+              </p>
+              {problem.fields?.length ? (
+                <ul>
+                  {problem.fields.map((f) => (
+                    <li>
+                      <code>{f.path.join(".")}</code>: {f.message}
+                    </li>
+                  ))}
+                </ul>
+              ) : null}
+            </>
+          )}
+        </div>
+        <label for="name">Name</label>
+        <input id="name" name="name" maxLength={200} />
+        <label for="kind">Kind</label>
+        <select id="kind" name="kind" value={kind} onChange={(e) => setKind((e.target as HTMLSelectElement).value)}>
+          <option value="job">Gang job (all replicas or none)</option>
+          <option value="instance">Instance (container)</option>
+          <option value="vm">VM</option>
+        </select>
+        <fieldset>
+          <legend>Each replica gets</legend>
+          {(
+            [
+              ["gpus", "Whole GPUs"],
+              ["mig", "A MIG slice"],
+              ["fraction", "A fractional share"],
+            ] as [Shape, string][]
+          ).map(([s, text]) => (
+            <label class="inline">
+              <input type="radio" name="shape" value={s} checked={shape === s} onChange={() => setShape(s)} /> {text}
+            </label>
+          ))}
+        </fieldset>
+        {shape === "gpus" && (
+          <>
+            <label for="gpus">GPUs per replica</label>
+            <input id="gpus" name="gpus" type="number" min={1} max={72} value="8" aria-invalid={!!bad("gpus")} />
+          </>
+        )}
+        {shape === "mig" && (
+          <>
+            <label for="migProfile">MIG profile</label>
+            <input id="migProfile" name="migProfile" value="1g.10gb" aria-invalid={!!bad("migProfile")} />
+          </>
+        )}
+        {shape === "fraction" && (
+          <>
+            <label for="milli">Share of a GPU (milli-GPU, 1–999)</label>
+            <input id="milli" name="milli" type="number" min={1} max={999} value="500" aria-invalid={!!bad("milli")} />
+            <label for="gpuMemoryMib">GPU memory (MiB)</label>
+            <input id="gpuMemoryMib" name="gpuMemoryMib" type="number" min={1} value="20000" aria-invalid={!!bad("gpuMemoryMib")} />
+          </>
+        )}
+        {kind === "job" && (
+          <>
+            <label for="replicas">Replicas</label>
+            <input id="replicas" name="replicas" type="number" min={1} max={4096} value="2" aria-invalid={!!bad("replicas")} />
+            <label for="topology">Keep the replicas within</label>
+            <select id="topology" name="topology">
+              <option value="">anywhere</option>
+              <option value="nvlink_domain">one NVLink domain</option>
+              <option value="rack">one rack</option>
+              <option value="block">one network block</option>
+            </select>
+            <label for="topologyMode">That is</label>
+            <select id="topologyMode" name="topologyMode">
+              <option value="preferred">preferred</option>
+              <option value="required">required</option>
+            </select>
+          </>
+        )}
+        <label for="gpuModel">GPU model</label>
+        <select id="gpuModel" name="gpuModel">
+          <option value="">any</option>
+          {models.map((m) => (
+            <option value={m}>{m}</option>
+          ))}
+        </select>
+        <label for="region">Region</label>
+        <select id="region" name="region">
+          <option value="">any</option>
+          {regions.map((r) => (
+            <option value={r}>{r}</option>
+          ))}
+        </select>
+        <label for="isolation">Isolation</label>
+        <select id="isolation" name="isolation">
+          {ISOLATION.map((i) => (
+            <option value={i}>{i || "from my policy"}</option>
+          ))}
+        </select>
+        <label for="priority">Priority</label>
+        <select id="priority" name="priority">
+          {PRIORITIES.map((p) => (
+            <option value={p}>{p}</option>
+          ))}
+        </select>
+        <label for="runForS">Run for (seconds, simulated provider)</label>
+        <input id="runForS" name="runForS" type="number" min={1} aria-invalid={!!bad("runForS")} />
+        <div class="actions">
+          <button type="submit" name="action" value="dry" disabled={busy}>
+            Preview (dry run)
+          </button>
+          <button type="submit" name="action" value="submit" disabled={busy} class="primary">
+            Submit
+          </button>
+        </div>
+      </form>
+      {preview && <DryRunView d={preview} />}
+    </>
+  );
+}

@@ -1,0 +1,231 @@
+import { useEffect, useState } from "preact/hooks";
+import { ApiError, gql, isProblem, PROBLEM_FIELDS, shapeText, subscribe, when, type Problem } from "../api";
+import { DRY_RUN_FIELDS, DryRunView, type DryRun } from "./DryRunView";
+
+const QUERY = `query Workload($id: ID!) { workload(id: $id) {
+  id name kind state tier priority replicas gpuMilli region shape topology labels
+  createdAt startedAt finishedAt interruptions lostWorkGpuS preemptions lastCheckpointAt
+  placement { replica region rack node gpuIndices migProfile migSlot }
+} }`;
+
+const EVENTS = `subscription Timeline($id: ID!) { workloadEvents(after: "0", workloadId: $id) {
+  seq kind fromState toState reason details at cursor
+} }`;
+
+interface W {
+  id: string;
+  name: string | null;
+  kind: string;
+  state: string;
+  tier: string;
+  priority: string;
+  replicas: number;
+  gpuMilli: number;
+  region: string | null;
+  shape: Record<string, unknown>;
+  topology: { level: string; mode: string } | null;
+  labels: Record<string, string>;
+  createdAt: string;
+  startedAt: string | null;
+  finishedAt: string | null;
+  interruptions: number;
+  lostWorkGpuS: number;
+  preemptions: number;
+  lastCheckpointAt: string | null;
+  placement: { replica: number; region: string | null; rack: string | null; node: string; gpuIndices: number[]; migProfile: string | null; migSlot: number | null }[];
+}
+interface Ev {
+  seq: number;
+  kind: string;
+  fromState: string | null;
+  toState: string;
+  reason: string;
+  details: Record<string, unknown>;
+  at: string;
+}
+
+const ENDED = ["succeeded", "failed", "terminated"];
+
+/** The input that would submit the same workload again (for a dry run of a copy). */
+function copyOf(w: W): Record<string, unknown> {
+  const s = w.shape as Record<string, any>;
+  const input: Record<string, unknown> = {
+    kind: w.kind,
+    gpuModels: s.gpu_models ?? [],
+    replicas: w.replicas,
+    priority: w.priority,
+  };
+  if (s.gpus) input.gpus = s.gpus;
+  else if (s.mig_profile) input.migProfile = s.mig_profile;
+  else {
+    input.milli = s.milli;
+    input.gpuMemoryMib = s.gpu_memory_mib;
+  }
+  if (w.region) input.region = w.region;
+  if (w.topology) input.topology = { level: w.topology.level, mode: w.topology.mode };
+  return input;
+}
+
+export function WorkloadPage({ id }: { id: string }) {
+  const [w, setW] = useState<W | null>(null);
+  const [events, setEvents] = useState<Ev[]>([]);
+  const [error, setError] = useState("");
+  const [live, setLive] = useState(false);
+  const [preview, setPreview] = useState<DryRun | null>(null);
+  const [busy, setBusy] = useState(false);
+
+  const load = () =>
+    gql<{ workload: W }>(QUERY, { id })
+      .then((d) => setW(d.workload))
+      .catch((e: ApiError) => setError(`${e.message} (${e.code})`));
+
+  useEffect(() => {
+    load();
+    setEvents([]);
+    const stop = subscribe<{ workloadEvents: Ev }>(
+      EVENTS,
+      { id },
+      (d) => {
+        setLive(true);
+        setEvents((old) => (old.some((e) => e.seq === d.workloadEvents.seq) ? old : [...old, d.workloadEvents]));
+        load(); // its state and placement as they are now
+      },
+      (e) => setError(`Live timeline: ${e.message} (${e.code})`),
+    );
+    const t = setTimeout(() => setLive(true), 1500);
+    return () => {
+      stop();
+      clearTimeout(t);
+    };
+  }, [id]);
+
+  if (!w) return error ? <p class="error" role="alert">{error}</p> : <p class="loading">Loading…</p>;
+
+  const act = async (what: "terminate" | "dryrun") => {
+    setBusy(true);
+    setError("");
+    try {
+      if (what === "terminate") {
+        const r = await gql<{ terminateWorkload: { __typename: string } & Partial<Problem> }>(
+          `mutation($id: ID!) { terminateWorkload(id: $id) { __typename ... on Workload { state } ${PROBLEM_FIELDS} } }`,
+          { id },
+        );
+        if (isProblem(r.terminateWorkload as any)) setError(`${r.terminateWorkload.message} (${r.terminateWorkload.code})`);
+        else load();
+      } else {
+        const r = await gql<{ dryRun: DryRun }>(`query($input: WorkloadInput!) { dryRun(input: $input) { ${DRY_RUN_FIELDS} } }`, { input: copyOf(w) });
+        setPreview(r.dryRun);
+      }
+    } catch (e) {
+      setError(e instanceof ApiError ? `${e.message} (${e.code})` : String(e));
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <>
+      <h1>
+        {w.name ?? "Workload"} <span class={`state state-${w.state}`} data-testid="workload-state">{w.state}</span>
+      </h1>
+      <p class="muted">{w.id}</p>
+      {error && <p class="error" role="alert">{error}</p>}
+      <div class="actions">
+        <button type="button" disabled={busy || ENDED.includes(w.state)} onClick={() => act("terminate")}>
+          Terminate
+        </button>
+        <button type="button" disabled={busy} onClick={() => act("dryrun")}>
+          Dry-run a copy
+        </button>
+      </div>
+      {preview && <DryRunView d={preview} />}
+      <div class="grid">
+        <section aria-labelledby="d-h">
+          <h2 id="d-h">What it is</h2>
+          <dl>
+            <dt>Kind</dt>
+            <dd>{w.kind}</dd>
+            <dt>Shape</dt>
+            <dd>{shapeText(w.shape, w.replicas)}</dd>
+            <dt>Tier</dt>
+            <dd>{w.tier}</dd>
+            <dt>Priority</dt>
+            <dd>{w.priority}</dd>
+            <dt>Region</dt>
+            <dd>{w.region ?? "—"}</dd>
+            {w.topology && (
+              <>
+                <dt>Topology</dt>
+                <dd>
+                  {w.topology.level} ({w.topology.mode})
+                </dd>
+              </>
+            )}
+            <dt>Submitted</dt>
+            <dd>{when(w.createdAt)}</dd>
+            <dt>Started</dt>
+            <dd>{when(w.startedAt)}</dd>
+            <dt>Last checkpoint</dt>
+            <dd>{when(w.lastCheckpointAt)}</dd>
+            <dt>Preemptions / interruptions</dt>
+            <dd>
+              {w.preemptions} / {w.interruptions} (lost work {w.lostWorkGpuS.toFixed(0)} GPU-s)
+            </dd>
+          </dl>
+        </section>
+        <section aria-labelledby="p-h">
+          <h2 id="p-h">Where it runs</h2>
+          {w.placement.length ? (
+            <table class="compact" data-testid="placement">
+              <thead>
+                <tr>
+                  <th scope="col">Replica</th>
+                  <th scope="col">Rack</th>
+                  <th scope="col">Node</th>
+                  <th scope="col">GPUs</th>
+                  <th scope="col">MIG slot</th>
+                </tr>
+              </thead>
+              <tbody>
+                {w.placement.map((p) => (
+                  <tr>
+                    <td>{p.replica}</td>
+                    <td>{p.rack ?? "—"}</td>
+                    <td>{p.node}</td>
+                    <td>{p.gpuIndices.join(", ")}</td>
+                    <td>{p.migProfile ? `${p.migProfile} @ ${p.migSlot}` : "—"}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          ) : (
+            <p>Not placed {ENDED.includes(w.state) ? "(ended)" : "yet"}.</p>
+          )}
+        </section>
+        <section aria-labelledby="t-h" class="wide">
+          <h2 id="t-h">
+            Timeline <small data-testid="live">{live ? "● live" : "connecting…"}</small>
+          </h2>
+          <ol class="timeline" data-testid="timeline" aria-live="polite">
+            {events.map((e) => (
+              <li class={`ev ev-${e.kind}`} data-state={e.toState}>
+                <time dateTime={e.at}>{when(e.at)}</time>{" "}
+                <strong>
+                  {e.fromState ? `${e.fromState} → ` : ""}
+                  {e.toState}
+                </strong>{" "}
+                <span>{e.reason}</span>
+                {e.details?.resumes_from ? (
+                  <span class="tag">
+                    resumes from {String(e.details.resumes_from)}
+                    {e.details.last_checkpoint_at ? ` (${when(String(e.details.last_checkpoint_at))})` : ""}
+                  </span>
+                ) : null}
+              </li>
+            ))}
+          </ol>
+        </section>
+      </div>
+    </>
+  );
+}
