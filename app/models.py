@@ -18,6 +18,7 @@ from app.health.models import (
     HealthIncident,
     HealthRepair,
     IdleIron,
+    IdleTime,
     NodeHeartbeat,
 )
 from app.idempotency.models import IdempotencyRecord
@@ -58,6 +59,7 @@ __all__ = [
     "HealthIncident",
     "HealthRepair",
     "IdleIron",
+    "IdleTime",
     "NodeHeartbeat",
     "IdempotencyRecord",
     "Node",

@@ -63,8 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_SECRET_KEY": f"test-secret-{RUN_ID}-{secrets.token_hex(8)}",
             # Limits far above what any test sends; tests/test_ratelimit.py sets its own.
             "RACKPLANE_RATE_LIMITS": (
-                "read=100000/s,write=100000/s,expensive=100000/s,signup=100000/s,"
-                "signin=100000/s"
+                "read=100000/s,write=100000/s,expensive=100000/s,signup=100000/s,signin=100000/s"
             ),
             # Quick machines and short grace periods, so lifecycles finish within a test.
             "RACKPLANE_SIM_BOOT_SECONDS": "0.3",
@@ -122,6 +121,7 @@ TABLES = [
     "node_heartbeats",
     "gpu_telemetry",
     "idle_iron",
+    "idle_time",
     "placement_cycle_stats",
     "budget_alerts",
     "budgets",

@@ -49,9 +49,11 @@ class Console:
     def attach(self, page) -> None:
         page.on(
             "console",
-            lambda m: self.errors.append(f"console.{m.type}: {m.text}")
-            if m.type in ("error", "assert")
-            else None,
+            lambda m: (
+                self.errors.append(f"console.{m.type}: {m.text}")
+                if m.type in ("error", "assert")
+                else None
+            ),
         )
         page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
 

@@ -74,6 +74,8 @@ MATRIX = {
     "tenantQuotas": ("platform", '{ tenantQuotas(tenantId: "{tenant}") { gpuModel } }', ()),
     "utilisation": ("platform", f"{{ utilisation({WINDOW}) {{ utilisationPct }} }}", ()),
     "fleetHealth": ("platform", "{ fleetHealth { __typename } }", ()),
+    "idleTime": ("platform", f"{{ idleTime({WINDOW}) {{ totals {{ cause }} }} }}", ()),
+    "fleetMap": ("platform", "{ fleetMap { gpus nodes racks { name } } }", ()),
     "fleetImport": (
         "platform",
         f'{{ fleetImport(id: "{MISSING}") {{ status }} }}',

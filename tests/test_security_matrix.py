@@ -39,6 +39,7 @@ QUERIES: dict[tuple[str, str], dict] = {
 WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z"}
 QUERIES[("GET", "/v1/admin/usage")] = WINDOW
 QUERIES[("GET", "/v1/admin/utilisation")] = WINDOW
+QUERIES[("GET", "/v1/admin/idle-time")] = WINDOW
 QUERIES[("GET", "/v1/billing/summary")] = {"period": "2026-06"}  # A's usage starts then
 QUERIES[("GET", "/v1/billing/exports")] = {"period": "2026-06", "format": "csv"}
 QUERIES[("GET", "/v1/admin/billing/exports")] = {"period": "2026-06"}

@@ -156,12 +156,18 @@ def list_nodes(
     rack_id: str | None = text_query(),
     state: NodeState | None = None,
     gpu_model: str | None = text_query(max_length=32),
+    name: str | None = text_query(max_length=63, description="Node name"),
     page: PageParams = Depends(),
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
     items, nxt = nodes_page(
-        session, page, rack_id=rack_id, state=state.value if state else None, gpu_model=gpu_model
+        session,
+        page,
+        rack_id=rack_id,
+        state=state.value if state else None,
+        gpu_model=gpu_model,
+        name=name,
     )
     return {"items": items, "next_cursor": nxt}
 

@@ -288,6 +288,7 @@ def list_nodes(
     rack_id: str | None = None,
     state: str | None = None,
     gpu_model: str | None = None,
+    name: str | None = None,
 ) -> tuple[list[Node], str | None]:
     """Nodes, oldest first, a page at a time (operators: REST's list, GraphQL's connection)."""
     from app.core.db import get_or_404
@@ -300,6 +301,8 @@ def list_nodes(
         stmt = stmt.where(Node.state == state)
     if gpu_model:
         stmt = stmt.where(Node.gpu_model == gpu_model)
+    if name:
+        stmt = stmt.where(Node.name == name)
     return paginate(session, stmt, Node, page)
 
 

@@ -20,8 +20,8 @@ from app.graphql.account import Granularity, Quota, aware, page_params
 from app.graphql.context import Context
 from app.graphql.mutations import _results, _run
 from app.graphql.types import Node
-from app.graphql.views import input_view, parse, shape, view
-from app.health.schemas import FleetHealth
+from app.graphql.views import input_view, parse, shape, text_args, view
+from app.health.schemas import FleetHealth, IdleTimeOut
 from app.metering.schemas import UtilisationOut
 from app.tenancy.auth import require_platform
 from app.tenants.schemas import TenantOut
@@ -36,8 +36,51 @@ UtilisationView = view(UtilisationOut, "Utilisation", "Allocated vs idle GPU-hou
 ReconciliationView = view(Reconciliation, "Reconciliation")
 FleetImportView = view(FleetImportOut, "FleetImport")
 FleetHealthView = view(FleetHealth, "FleetHealth")
+IdleTimeView = view(IdleTimeOut, "IdleTime", "Idle GPU-hours by cause over time")
 QuotaSetInput = input_view(QuotaSet, "QuotaSetInput")
 NodeStateInput = input_view(NodeStateChange, "NodeStateInput")
+
+
+@strawberry.type(description="A rack on the map: its nodes are the next `nodes` of the map's")
+class MapRack:
+    name: str
+    region: int = strawberry.field(description="Index into the map's `regions`")
+    kind: str = strawberry.field(description="hgx, nvl72, ...: how the page draws it")
+    block: str
+    nodes: int
+
+
+@strawberry.type(description="A GPU in MIG mode and the slices held on it")
+class MapMig:
+    gpu: int = strawberry.field(description="Index into the map's `gpus`")
+    layout: str = strawberry.field(description="`profile@slot`, comma-separated; empty: none")
+
+
+@strawberry.type(description="What a GPU cell's character means")
+class MapState:
+    code: str
+    name: str
+    description: str
+
+
+@strawberry.type(
+    description="The whole fleet as cells, in one answer: regions, racks in region order, "
+    "their nodes in rack order, and one character per GPU in node order (see `legend`)"
+)
+class FleetMap:
+    generated_at: datetime
+    regions: list[str]
+    racks: list[MapRack]
+    models: list[str]
+    nodes: list[str] = strawberry.field(description="Node names, in map order")
+    node_states: str = strawberry.field(
+        description="One character per node: r ready, c cordoned, d draining, x down, t retired"
+    )
+    node_models: list[int] = strawberry.field(description="Per node: index into `models`")
+    gpu_counts: list[int] = strawberry.field(description="Per node: how many of `gpus` are its")
+    gpus: str = strawberry.field(description="One character per GPU (see `legend`)")
+    mig: list[MapMig]
+    legend: list[MapState]
 
 
 @strawberry.type(description="A page of regions")
@@ -149,12 +192,47 @@ class OperatorQuery:
         )
         return shape(UtilisationOut, report)
 
+    @strawberry.field(
+        description="Operators: idle GPU-hours by cause (no demand, stranded, unhealthy, "
+        "cordoned) over time"
+    )
+    def idle_time(
+        self,
+        info: Info,
+        from_: Annotated[datetime, strawberry.argument(name="from")],
+        to: datetime,
+        granularity: Granularity = Granularity.HOUR,
+    ) -> IdleTimeView:  # type: ignore[valid-type]
+        from app.health import idle
+
+        _operator(info)
+        report = idle.report(
+            info.context.session, aware("from", from_), aware("to", to), granularity.value
+        )
+        return shape(IdleTimeOut, report)
+
     @strawberry.field(description="Operators: the fleet's health, incidents and breaker state")
     def fleet_health(self, info: Info) -> FleetHealthView:  # type: ignore[valid-type]
         from app.health import service
 
         _operator(info)
         return shape(FleetHealth, service.summary(info.context.session))
+
+    @strawberry.field(
+        description="Operators: every GPU's state as one compact map, for the fleet heatmap"
+    )
+    def fleet_map(self, info: Info, region: str | None = None) -> FleetMap:
+        from app.fleet.fleetmap import fleet_map
+
+        _operator(info)
+        text_args(region=region)
+        m = fleet_map(info.context.session, region)
+        return FleetMap(
+            **{k: v for k, v in m.items() if k not in ("racks", "mig", "legend")},
+            racks=[MapRack(**r) for r in m["racks"]],
+            mig=[MapMig(**x) for x in m["mig"]],
+            legend=[MapState(**x) for x in m["legend"]],
+        )
 
     @strawberry.field(description="Operators: a fleet import's progress and summary")
     def fleet_import(self, info: Info, id: strawberry.ID) -> FleetImportView:  # type: ignore[valid-type]

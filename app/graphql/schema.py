@@ -205,18 +205,20 @@ class CoreQuery:
         after: str | None = None,
         state: str | None = None,
         gpu_model: str | None = None,
+        name: str | None = None,
     ) -> NodeConnection:
         from app.fleet.service import list_nodes
 
         auth = info.context.auth
         require_platform(auth)
         page = page_params(first, after)
-        text_args(state=state, gpu_model=gpu_model)
+        text_args(state=state, gpu_model=gpu_model, name=name)
         rows, nxt = list_nodes(
             info.context.session,
             page,
             state=state,
             gpu_model=gpu_model,
+            name=name,
         )
         return NodeConnection(
             edges=[NodeEdge(cursor=edge_cursor(n), node=Node.of(n)) for n in rows],

@@ -163,3 +163,20 @@ class IdleIron(Base):
     gpu_model: Mapped[str] = mapped_column(String(32), primary_key=True)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     updated_at: Mapped[datetime] = mapped_column()
+
+
+class IdleTime(Base):
+    """GPU-seconds that GPUs spent with nothing on them, by hour, region, model and why: added
+    up by the health sweep. Causes: `no_demand` (ready and healthy, nothing waits for it),
+    `stranded` (ready and healthy while work that could use its model waits: quotas, topology,
+    fragmentation), `unhealthy` (out of the pool by the health loop), `cordoned` (an operator's
+    cordon, drain or down)."""
+
+    __tablename__ = "idle_time"
+
+    bucket: Mapped[datetime] = mapped_column(primary_key=True)  # the hour it began
+    region: Mapped[str] = mapped_column(String(63), primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(32), primary_key=True)
+    cause: Mapped[str] = mapped_column(String(16), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[datetime] = mapped_column(index=True)

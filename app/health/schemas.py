@@ -173,3 +173,36 @@ class FleetHealth(BaseModel):
     incidents: list[IncidentOut] = Field(
         description="Open incidents, and those of the circuit breaker's window, newest first"
     )
+
+
+IdleCause = Literal["no_demand", "stranded", "unhealthy", "cordoned"]
+
+
+class IdleRow(OutModel):
+    start: datetime
+    end: datetime
+    region: str
+    gpu_model: str
+    cause: IdleCause = Field(
+        description="no_demand: nothing waits for it; stranded: work that could use its model "
+        "waits (quota, topology, fragmentation); unhealthy: out of the pool by the health "
+        "loop; cordoned: an operator's cordon, drain or down"
+    )
+    gpu_hours: float
+
+
+class IdleTotal(OutModel):
+    cause: IdleCause
+    gpu_hours: float
+
+
+class IdleTimeOut(OutModel):
+    """Idle GPU-hours by cause over time (recorded by the health sweep)."""
+
+    from_: datetime = Field(..., alias="from")
+    to: datetime
+    granularity: Literal["hour", "day"]
+    rows: list[IdleRow]
+    totals: list[IdleTotal]
+
+    model_config = ConfigDict(populate_by_name=True)

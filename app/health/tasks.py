@@ -192,6 +192,9 @@ def sweep() -> dict:
             )
             out["cleared"] += 1
         out["idle_gpus"] = add_idle_iron(session, now)
+        from app.health import idle
+
+        idle.record(session, now)
     if any(v for k, v in out.items() if k != "idle_gpus"):
         log.info("health_sweep", **out)
     return out

@@ -13,6 +13,7 @@ from app.core.db import session_dependency
 from app.core.errors import ValidationFailed
 from app.core.routing import api_router
 from app.core.schemas import QueryDatetime
+from app.health.schemas import IdleTimeOut
 from app.metering import service
 from app.metering.schemas import (
     IngestOut,
@@ -89,6 +90,23 @@ def utilisation(
     session: Session = Depends(session_dependency),
 ) -> dict:
     return service.utilisation_report(session, service.visible_to(auth), start, end, granularity)
+
+
+@admin.get(
+    "/idle-time",
+    response_model=IdleTimeOut,
+    summary="Idle GPU-hours by cause (no demand, stranded, unhealthy, cordoned) over time",
+)
+def idle_time(
+    start: From,
+    end: To,
+    granularity: str = GRANULARITY,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    from app.health import idle
+
+    return idle.report(session, start, end, granularity)
 
 
 @admin.post(

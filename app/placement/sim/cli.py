@@ -515,6 +515,20 @@ def bench_graphql(
     _emit(run(workloads, gpus, requests), as_json)
 
 
+@bench_cli.command("portal")
+def bench_portal(
+    runs: int = typer.Option(7, min=1, help="Page loads timed (after a warm-up)."),
+    frames: int = typer.Option(60, min=2, help="Zoom and pan frames timed."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The operators' fleet heatmap of 100,000 GPUs in headless Chromium against a real API on
+    a scratch PostgreSQL database: request to full first frame, and frame time while zooming
+    and panning (see app/portal/bench.py)."""
+    from app.portal.bench import run
+
+    _emit(run(runs, frames), as_json)
+
+
 @bench_cli.command("api")
 def bench_api(
     requests: int = typer.Option(1000, help="Requests per route and run."),

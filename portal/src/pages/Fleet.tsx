@@ -1,6 +1,30 @@
-import { useEffect, useState } from "preact/hooks";
+import { select } from "d3-selection";
+import { zoom, zoomIdentity, type ZoomBehavior, type ZoomTransform } from "d3-zoom";
+import { useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, gql } from "../api";
 import { ChartBox, PALETTE } from "../chart";
+import { COLOURS, layout, type FleetMapData, type Layout } from "../heatmap";
+
+const MAP = `query FleetMap { fleetMap {
+  generatedAt regions models nodes nodeStates nodeModels gpuCounts gpus
+  racks { name region kind block nodes }
+  mig { gpu layout }
+  legend { code name description }
+} }`;
+
+const NODE = `query Node($name: String!) { nodes(first: 1, name: $name) { edges { node {
+  name state health healthReason gpuModel rack region nvlinkDomain
+  gpus { index model health healthReason perf holders { workloadId tenantId tier milli migProfile migSlot } }
+} } } }`;
+
+const AGGREGATE_BELOW = 3; // zoom (screen pixels per GPU) under which racks draw aggregated
+
+interface Point {
+  gpu: number; // -1: none (or zoomed out)
+  rack: number; // -1: none
+}
+
+const NODE_STATES: Record<string, string> = { r: "ready", c: "cordoned", d: "draining", x: "down", t: "retired" };
 
 const UTILISATION = `query Util($from: DateTime!, $to: DateTime!) {
   utilisation(from: $from, to: $to, granularity: HOUR) {
@@ -15,11 +39,290 @@ interface Util {
 }
 
 export function Fleet() {
+  // The charts load once the map is drawn: the map's one request goes first, alone.
+  const [drawn, setDrawn] = useState(false);
   return (
     <>
       <h1>Fleet</h1>
-      <Utilisation />
+      <Heatmap onDrawn={() => setDrawn(true)} />
+      {drawn && (
+        <div class="grid">
+          <IdleByCause />
+          <Utilisation />
+        </div>
+      )}
     </>
+  );
+}
+
+interface Detail {
+  name: string;
+  state: string;
+  health: string;
+  healthReason: string | null;
+  gpuModel: string;
+  rack: string;
+  region: string;
+  nvlinkDomain: string;
+  gpus: { index: number; model: string; health: string; healthReason: string | null; perf: number; holders: { workloadId: string; tenantId: string; tier: string; milli: number; migProfile: string | null; migSlot: number | null }[] }[];
+}
+
+function Heatmap({ onDrawn }: { onDrawn: () => void }) {
+  const box = useRef<HTMLDivElement>(null);
+  const canvas = useRef<HTMLCanvasElement>(null);
+  const [map, setMap] = useState<FleetMapData | null>(null);
+  const [lay, setLay] = useState<Layout | null>(null);
+  const [error, setError] = useState("");
+  const [renderMs, setRenderMs] = useState<number | null>(null);
+  const [hover, setHover] = useState<(Point & { x: number; y: number }) | null>(null);
+  const [detail, setDetail] = useState<Detail | null>(null);
+  const transform = useRef<ZoomTransform>(zoomIdentity);
+  const behaviour = useRef<ZoomBehavior<HTMLCanvasElement, unknown> | null>(null);
+  const started = useRef(performance.now());
+
+  useEffect(() => {
+    started.current = performance.now();
+    gql<{ fleetMap: FleetMapData }>(MAP)
+      .then((d) => setMap(d.fleetMap))
+      .catch((e: ApiError) => setError(`${e.message} (${e.code})`));
+  }, []);
+
+  // The zoom behaviour outlives renders: what it draws is read from refs, never a stale closure.
+  const drawn = useRef<{ map: FleetMapData | null; lay: Layout | null }>({ map: null, lay: null });
+  drawn.current = { map, lay };
+  const frameMs = useRef(0);
+  const draw = () => {
+    const c = canvas.current;
+    const { map, lay } = drawn.current;
+    if (!c || !map || !lay) return;
+    const began = performance.now();
+    const ctx = c.getContext("2d")!;
+    const dpr = window.devicePixelRatio || 1;
+    const t = transform.current;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.fillStyle = "#ffffff";
+    ctx.fillRect(0, 0, c.width, c.height);
+    ctx.setTransform(dpr * t.k, 0, 0, dpr * t.k, dpr * t.x, dpr * t.y);
+    // Zoomed out: each rack as the shares of its states; zoomed in: every GPU where it sits.
+    const aggregated = t.k < AGGREGATE_BELOW;
+    ctx.imageSmoothingEnabled = aggregated;
+    ctx.drawImage(aggregated ? lay.sorted : lay.exact, 0, 0);
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    labels(ctx, map, lay, t, { w: c.width / dpr, h: c.height / dpr });
+    frameMs.current = performance.now() - began;
+    box.current?.setAttribute("data-frame-ms", frameMs.current.toFixed(1));
+    box.current?.setAttribute("data-zoom", t.k.toFixed(3));
+  };
+
+  // Lay out once the map arrives, then fit it to the view and draw: the render time is from
+  // the request to the first frame with every GPU on it.
+  useEffect(() => {
+    if (!map || !box.current || !canvas.current) return;
+    const c = canvas.current;
+    const w = box.current.clientWidth;
+    const h = 560;
+    const dpr = window.devicePixelRatio || 1;
+    c.width = Math.round(w * dpr);
+    c.height = Math.round(h * dpr);
+    c.style.width = `${w}px`;
+    c.style.height = `${h}px`;
+    const l = layout(map, w / h);
+    setLay(l);
+    const k = Math.min(w / l.width, h / l.height) * 0.98;
+    const fit = zoomIdentity.translate((w - l.width * k) / 2, 16).scale(k);
+    const b = zoom<HTMLCanvasElement, unknown>()
+      .scaleExtent([k / 2, 64])
+      .on("zoom", (e) => {
+        transform.current = e.transform;
+        requestAnimationFrame(draw);
+      });
+    behaviour.current = b;
+    select(c).call(b).call(b.transform, fit);
+    transform.current = fit;
+  }, [map]);
+
+  useEffect(() => {
+    if (!lay) return;
+    draw();
+    requestAnimationFrame(() => {
+      setRenderMs(Math.round(performance.now() - started.current));
+      onDrawn();
+    });
+  }, [lay]);
+
+  // What is under the pointer: zoomed out, a rack (its summary); zoomed in, a GPU.
+  const pointAt = (clientX: number, clientY: number): Point => {
+    const none = { gpu: -1, rack: -1 };
+    if (!lay || !canvas.current) return none;
+    const r = canvas.current.getBoundingClientRect();
+    const t = transform.current;
+    const x = Math.floor((clientX - r.left - t.x) / t.k);
+    const y = Math.floor((clientY - r.top - t.y) / t.k);
+    if (x < 0 || y < 0 || x >= lay.width || y >= lay.height) return none;
+    const px = y * lay.width + x;
+    return { gpu: t.k < AGGREGATE_BELOW ? -1 : lay.at[px], rack: lay.rackAt[px] };
+  };
+
+  const open = async (p: Point) => {
+    const b = behaviour.current;
+    if (!map || !lay || !b || !canvas.current) return;
+    if (p.gpu < 0 && p.rack >= 0) {
+      // Drill down: the rack, zoomed until its GPUs show one by one.
+      const box = lay.rackBoxes[p.rack];
+      const k = 24;
+      const w = canvas.current.clientWidth;
+      const h = canvas.current.clientHeight;
+      const to = zoomIdentity.translate(w / 2 - k * (box.x + box.w / 2), h / 2 - k * (box.y + box.h / 2)).scale(k);
+      select(canvas.current).call(b.transform, to);
+      return;
+    }
+    if (p.gpu < 0) return;
+    const name = map.nodes[lay.cells[p.gpu].node];
+    try {
+      const d = await gql<{ nodes: { edges: { node: Detail }[] } }>(NODE, { name });
+      setDetail(d.nodes.edges[0]?.node ?? null);
+    } catch (e) {
+      setError(`${(e as ApiError).message}`);
+    }
+  };
+
+  const keys = (e: KeyboardEvent) => {
+    const b = behaviour.current;
+    if (!b || !canvas.current) return;
+    const sel = select(canvas.current);
+    const step = 60;
+    const moves: Record<string, () => void> = {
+      ArrowLeft: () => b.translateBy(sel, step / transform.current.k, 0),
+      ArrowRight: () => b.translateBy(sel, -step / transform.current.k, 0),
+      ArrowUp: () => b.translateBy(sel, 0, step / transform.current.k),
+      ArrowDown: () => b.translateBy(sel, 0, -step / transform.current.k),
+      "+": () => b.scaleBy(sel, 1.5),
+      "=": () => b.scaleBy(sel, 1.5),
+      "-": () => b.scaleBy(sel, 1 / 1.5),
+    };
+    if (moves[e.key]) {
+      e.preventDefault();
+      moves[e.key]();
+    }
+  };
+
+  const cell = hover && map && lay && hover.gpu >= 0 ? lay.cells[hover.gpu] : null;
+  const rack = hover && map && lay && !cell && hover.rack >= 0 ? hover.rack : null;
+  const legendName = (code: string) => map?.legend.find((l) => l.code === code)?.name ?? code;
+  const mig = (gpu: number) => map?.mig.find((x) => x.gpu === gpu);
+  return (
+    <section aria-labelledby="map-h" class="wide heatmap">
+      <h2 id="map-h">
+        GPUs by state{" "}
+        {map && (
+          <small data-testid="map-summary">
+            {map.gpus.length.toLocaleString("en")} GPUs · {map.nodes.length.toLocaleString("en")} nodes · {map.racks.length.toLocaleString("en")} racks
+            {renderMs != null && ` · drawn in ${renderMs} ms`}
+          </small>
+        )}
+      </h2>
+      {error && <p class="error" role="alert">{error}</p>}
+      <p class="muted" id="map-help">
+        Drag to pan, wheel or +/− to zoom, arrow keys to move. Zoomed out, each rack shows the shares of its states: hover it for its counts, click
+        to zoom into it. Zoomed in, hover a GPU for its state, click it for its node.
+      </p>
+      <div class="map" ref={box} data-testid="heatmap" data-render-ms={renderMs ?? undefined} data-gpus={map?.gpus.length}>
+        <canvas
+          ref={canvas}
+          tabIndex={0}
+          role="img"
+          aria-label="Fleet heatmap: racks as columns of nodes, nodes as rows of GPUs, coloured by state"
+          aria-describedby="map-help"
+          onKeyDown={keys}
+          onMouseMove={(e) => setHover({ x: e.offsetX, y: e.offsetY, ...pointAt(e.clientX, e.clientY) })}
+          onMouseLeave={() => setHover(null)}
+          onClick={(e) => open(pointAt(e.clientX, e.clientY))}
+        />
+        {rack != null && map && lay && hover && (
+          <div class="tip" role="tooltip" data-testid="map-tip" data-kind="rack" style={{ left: `${hover.x + 14}px`, top: `${hover.y + 14}px` }}>
+            <strong>{map.racks[rack].name}</strong> ({map.racks[rack].kind}, {map.regions[map.racks[rack].region]}) · click to zoom in
+            {map.legend
+              .filter((l) => lay.rackCounts[rack][l.code])
+              .map((l) => (
+                <>
+                  <br />
+                  {l.name}: {lay.rackCounts[rack][l.code]}
+                </>
+              ))}
+          </div>
+        )}
+        {cell && map && hover && (
+          <div class="tip" role="tooltip" data-testid="map-tip" data-kind="gpu" style={{ left: `${hover.x + 14}px`, top: `${hover.y + 14}px` }}>
+            <strong>{map.nodes[cell.node]}</strong> GPU {cell.index}
+            <br />
+            {map.regions[map.racks[cell.rack].region]} / {map.racks[cell.rack].name} ({map.racks[cell.rack].kind})
+            <br />
+            {map.models[map.nodeModels[cell.node]]} · {legendName(map.gpus[cell.gpu])} · node {NODE_STATES[map.nodeStates[cell.node]]}
+            {mig(cell.gpu) && (
+              <>
+                <br />
+                MIG: {mig(cell.gpu)!.layout || "no slice held"}
+              </>
+            )}
+          </div>
+        )}
+      </div>
+      {map && lay && (
+        <ul class="legend" aria-label="Legend">
+          {map.legend.map((l) => (
+            <li title={l.description}>
+              <span class="swatch" style={{ background: COLOURS[l.code] }} aria-hidden="true">
+                {l.code}
+              </span>
+              {l.name} <span class="muted">{(lay.counts[l.code] ?? 0).toLocaleString("en")}</span>
+            </li>
+          ))}
+        </ul>
+      )}
+      {detail && (
+        <div class="detail" data-testid="node-detail" role="region" aria-label={`Node ${detail.name}`}>
+          <h3>
+            {detail.name}{" "}
+            <button type="button" onClick={() => setDetail(null)} aria-label="Close node details">
+              ×
+            </button>
+          </h3>
+          <p>
+            {detail.region} / {detail.rack} · NVLink domain {detail.nvlinkDomain} · {detail.gpuModel} · {detail.state} · {detail.health}
+            {detail.healthReason ? ` (${detail.healthReason})` : ""}
+          </p>
+          <table class="compact">
+            <thead>
+              <tr>
+                <th scope="col">GPU</th>
+                <th scope="col">Health</th>
+                <th scope="col">Speed</th>
+                <th scope="col">Held by</th>
+              </tr>
+            </thead>
+            <tbody>
+              {detail.gpus.map((g) => (
+                <tr>
+                  <td>{g.index}</td>
+                  <td>
+                    {g.health}
+                    {g.healthReason ? ` (${g.healthReason})` : ""}
+                  </td>
+                  <td>{(g.perf * 100).toFixed(0)}%</td>
+                  <td>
+                    {g.holders.length
+                      ? g.holders
+                          .map((h) => `${h.workloadId.slice(0, 8)} (${h.tier}${h.migProfile ? ` ${h.migProfile}@${h.migSlot}` : ""}${h.milli < 1000 && !h.migProfile ? ` ${h.milli / 1000} GPU` : ""})`)
+                          .join(", ")
+                      : "—"}
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </section>
   );
 }
 
@@ -52,6 +355,100 @@ function Utilisation() {
           options: { indexAxis: "y", scales: { x: { min: 0, max: 100, title: { display: true, text: "% of GPU-hours allocated" } } } },
         }}
       />
+    </section>
+  );
+}
+
+/** Region names; zoomed in, rack names; closer still, each GPU's state letter (not colour alone). */
+function labels(ctx: CanvasRenderingContext2D, map: FleetMapData, lay: Layout, t: ZoomTransform, size: { w: number; h: number }) {
+  const font = (px: number, family = "system-ui, sans-serif") => (ctx.font = `${px}px ${family}`);
+  ctx.fillStyle = "#1b1f24";
+  font(12);
+  for (const r of lay.regionY) ctx.fillText(map.regions[r.region], t.x, t.y + t.k * r.y - 3);
+  if (t.k < 6) return;
+  const view = { x0: -t.x / t.k, y0: -t.y / t.k, x1: (size.w - t.x) / t.k, y1: (size.h - t.y) / t.k };
+  for (const b of lay.rackBoxes) {
+    if (b.x > view.x1 || b.x + b.w < view.x0 || b.y > view.y1 || b.y + b.h < view.y0) continue;
+    ctx.fillStyle = "#1b1f24";
+    font(Math.min(12, t.k));
+    ctx.fillText(map.racks[b.rack].name, t.x + t.k * b.x, t.y + t.k * b.y - 2);
+    if (t.k < 14) continue;
+    font(Math.floor(t.k * 0.6), "monospace");
+    for (let k = 0; k < b.h; k++)
+      for (let i = 0; i < b.w; i++) {
+        const gpu = lay.at[(b.y + k) * lay.width + b.x + i];
+        if (gpu < 0) continue;
+        const code = map.gpus[gpu];
+        ctx.fillStyle = DARK.has(code) ? "#fff" : "#1b1f24";
+        ctx.fillText(code, t.x + t.k * (b.x + i + 0.25), t.y + t.k * (b.y + k + 0.75));
+      }
+  }
+}
+
+const DARK = new Set(["D", "C", "X", "T", "M"]); // cells whose letter is drawn in white
+
+const IDLE = `query Idle($from: DateTime!, $to: DateTime!) {
+  idleTime(from: $from, to: $to, granularity: HOUR) { rows { start cause gpuHours } totals { cause gpuHours } }
+}`;
+
+const CAUSES: [string, string, string][] = [
+  ["stranded", "Stranded: work waits that could use it", PALETTE[5]],
+  ["no_demand", "No demand", PALETTE[7]],
+  ["unhealthy", "Unhealthy", PALETTE[1]],
+  ["cordoned", "Cordoned or down", PALETTE[0]],
+];
+
+interface Idle {
+  rows: { start: string; cause: string; gpuHours: number }[];
+  totals: { cause: string; gpuHours: number }[];
+}
+
+function IdleByCause() {
+  const [idle, setIdle] = useState<Idle | null>(null);
+  const [from, setFrom] = useState(0);
+  const [error, setError] = useState("");
+  useEffect(() => {
+    const to = Math.ceil(Date.now() / 3600e3) * 3600e3;
+    const start = to - 24 * 3600e3;
+    gql<{ idleTime: Idle }>(IDLE, { from: new Date(start).toISOString(), to: new Date(to).toISOString() })
+      .then((d) => {
+        setFrom(start);
+        setIdle(d.idleTime);
+      })
+      .catch((e: ApiError) => setError(`${e.message} (${e.code})`));
+  }, []);
+  if (!idle) return error ? <p class="error" role="alert">{error}</p> : <p class="loading">Loading idle time…</p>;
+  const hours = Array.from({ length: 24 }, (_, i) => from + i * 3600e3);
+  const total = (c: string) => idle.totals.find((t) => t.cause === c)?.gpuHours ?? 0;
+  return (
+    <section aria-labelledby="idle-h">
+      <h2 id="idle-h">Idle GPU-hours by cause, last 24 h</h2>
+      <ChartBox
+        label="Idle GPU-hours per hour by cause: stranded, no demand, unhealthy, cordoned"
+        testid="idle-chart"
+        config={{
+          type: "bar",
+          data: {
+            labels: hours.map((h) => new Date(h).toISOString().slice(11, 16)),
+            datasets: CAUSES.map(([cause, label, colour]) => ({
+              label,
+              backgroundColor: colour,
+              data: hours.map((h) => idle.rows.filter((r) => r.cause === cause && Date.parse(r.start) === h).reduce((n, r) => n + r.gpuHours, 0)),
+            })),
+          },
+          options: { scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, title: { display: true, text: "GPU-hours" } } } },
+        }}
+      />
+      <table class="compact" data-testid="idle-totals">
+        <tbody>
+          {CAUSES.map(([cause, label]) => (
+            <tr>
+              <th scope="row">{label}</th>
+              <td data-cause={cause}>{total(cause).toFixed(2)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
     </section>
   );
 }
