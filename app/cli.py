@@ -141,7 +141,97 @@ def seed_demo() -> dict | None:
 
         now = utcnow()
         seed_demo_prices(session, now.replace(day=1, hour=0, minute=0, second=0, microsecond=0))
+        _seed_demo_work(session, tenant, tkey)
         return {"tenant_key": tkey.key, "operator_key": okey.key}
+
+
+# The demo tenant's quotas, budget and work, so the portal has something to show from the first
+# start: gangs on the NVL72 rack and the H200s, a MIG notebook, a fractional inference share, a
+# VM, and a gang that waits. None of it touches the H100s (the README's walkthrough uses them).
+DEMO_QUOTAS = [
+    {"gpu_model": "GB200", "guaranteed_milli": 36_000, "limit_milli": 72_000},
+    {"gpu_model": "H200-141GB", "guaranteed_milli": 8_000, "limit_milli": 32_000},
+    {"gpu_model": "B200", "guaranteed_milli": 4_000, "limit_milli": 16_000},
+    {"gpu_model": "A100-80GB", "guaranteed_milli": 2_000},
+]
+DEMO_WORK = [
+    {
+        "name": "llm-pretrain",
+        "kind": "job",
+        "replicas": 4,
+        "gpus": 4,
+        "gpu_models": ["GB200"],
+        "topology": {"level": "nvlink_domain", "mode": "required"},
+        "run_for_s": 8 * 3600,
+        "checkpoint": {"interval_s": 900, "cost_s": 30},
+    },
+    {
+        "name": "finetune-h200",
+        "kind": "job",
+        "replicas": 2,
+        "gpus": 8,
+        "gpu_models": ["H200-141GB"],
+        "topology": {"level": "rack", "mode": "preferred"},
+        "run_for_s": 4 * 3600,
+    },
+    {
+        "name": "notebook",
+        "kind": "instance",
+        "mig_profile": "1g.10gb",
+        "gpu_models": ["A100-80GB"],
+        "run_for_s": 2 * 3600,
+        "priority": "research",
+    },
+    {
+        "name": "inference",
+        "kind": "instance",
+        "milli": 500,
+        "gpu_memory_mib": 20_000,
+        "gpu_models": ["B200"],
+        "run_for_s": 6 * 3600,
+        "priority": "production",
+    },
+    {
+        "name": "batch-vm",
+        "kind": "vm",
+        "gpus": 2,
+        "gpu_models": ["B200"],
+        "run_for_s": 3 * 3600,
+        "priority": "research",
+    },
+    {
+        "name": "eval-h200",
+        "kind": "job",
+        "replicas": 2,
+        "gpus": 8,
+        "gpu_models": ["H200-141GB"],
+        "run_for_s": 3600,
+        "priority": "research",
+    },
+]
+
+
+def _seed_demo_work(session, tenant, key) -> None:
+    """Through the service, as the tenant's own requests would go (refusals are logged, not
+    fatal: the demo starts whatever the catalogue says)."""
+    from app.billing.budgets import set_budget
+    from app.core.errors import AppError
+    from app.tenancy.auth import key_context
+    from app.workloads import service
+    from app.workloads.schemas import QuotaIn, WorkloadCreate
+
+    service.set_quotas(session, tenant.id, [QuotaIn(**q) for q in DEMO_QUOTAS])
+    set_budget(session, tenant.id, currency="usd", spend_limit=2_000_000)  # $20,000 a month
+    from app.core.db import utcnow
+    from app.keys.models import ApiKey
+
+    auth, _ = key_context(session, session.get(ApiKey, key.id), tenant, utcnow())
+    for spec in DEMO_WORK:
+        try:
+            with session.begin_nested():
+                service.submit(session, auth, WorkloadCreate(**spec))
+        except (AppError, ValueError) as e:
+            err.print(f"[yellow]demo workload {spec['name']} not submitted:[/yellow] {e}")
 
 
 @cli.command()

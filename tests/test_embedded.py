@@ -88,6 +88,27 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
             if p["gpu_model"] == "H100-80GB"
         }
         assert h100[("whole", "on_demand")] == 616 and h100[("whole", "preemptible")] == 246
+        # The portal: printed, served, and the demo key signs in to see the demo's work, which
+        # the worker has placed (a browser session on SQLite: cookie, CSRF, GraphQL).
+        assert f"portal     {base}/portal/" in log()
+        page = httpx.get(f"{base}/portal/")
+        assert (
+            page.status_code == 200
+            and "default-src 'self'" in page.headers["content-security-policy"]
+        )
+        with httpx.Client(base_url=base) as browser:
+            csrf = browser.post("/v1/sessions", json={"api_key": tenant_key}).json()["csrf_token"]
+            q = "{ workloads(first: 20, active: true) { edges { node { name state } } } }"
+
+            def demo_running():
+                data = browser.post(
+                    "/graphql", json={"query": q}, headers={"X-CSRF-Token": csrf}
+                ).json()["data"]
+                states = {e["node"]["name"]: e["node"]["state"] for e in data["workloads"]["edges"]}
+                return states if states.get("llm-pretrain") == "running" else None
+
+            states = wait_until(demo_running, timeout=60, interval=1)
+        assert states["eval-h200"] == "queued" and len(states) == 6, states
         # The try-line is printed whole, so it can be pasted.
         assert re.search(r"try: curl -H 'Authorization: Bearer rp_\w+' http\S+/v1/capacity", log())
         # A fleet import goes through the embedded broker to the worker process and back.

@@ -266,7 +266,7 @@ def _session_lookup(digest: str) -> tuple[AuthContext, datetime | None]:
         if now - as_aware(browser.last_seen_at) > timedelta(seconds=60):
             browser.last_seen_at = now
             ends = min(now + idle, as_aware(browser.expires_at))
-        ctx, key_ends = _key_context(session, key, tenant, now)
+        ctx, key_ends = key_context(session, key, tenant, now)
         return ctx, min(ends, key_ends) if key_ends is not None else ends
 
 
@@ -287,10 +287,10 @@ def _lookup(prefix: str, digest: str) -> tuple[AuthContext, datetime | None]:
         expected = key.secret_hash if key is not None else "0" * 64
         if not hmac.compare_digest(expected, digest) or key is None:
             raise Unauthorized("The API key is invalid.", code="invalid_api_key")
-        return _key_context(session, key, tenant, utcnow())
+        return key_context(session, key, tenant, utcnow())
 
 
-def _key_context(
+def key_context(
     session: Session, key, tenant, now: datetime
 ) -> tuple[AuthContext, datetime | None]:
     """A live key's AuthContext and when the key expires. The context carries what the tenant

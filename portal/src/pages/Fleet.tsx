@@ -364,8 +364,9 @@ function labels(ctx: CanvasRenderingContext2D, map: FleetMapData, lay: Layout, t
   const font = (px: number, family = "system-ui, sans-serif") => (ctx.font = `${px}px ${family}`);
   ctx.fillStyle = "#1b1f24";
   font(12);
-  for (const r of lay.regionY) ctx.fillText(map.regions[r.region], t.x, t.y + t.k * r.y - 3);
-  if (t.k < 6) return;
+  const named = t.k >= 6; // rack names sit right above the racks: the region's goes higher
+  for (const r of lay.regionY) ctx.fillText(map.regions[r.region], t.x, t.y + t.k * r.y - (named ? 18 : 3));
+  if (!named) return;
   const view = { x0: -t.x / t.k, y0: -t.y / t.k, x1: (size.w - t.x) / t.k, y1: (size.h - t.y) / t.k };
   for (const b of lay.rackBoxes) {
     if (b.x > view.x1 || b.x + b.w < view.x0 || b.y > view.y1 || b.y + b.h < view.y0) continue;
