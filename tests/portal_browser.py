@@ -11,21 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from app.portal.bench import CHROMIUM as BENCH_CHROMIUM
+from app.portal.bench import FLAGS
 from tests.conftest import ROOT
 
-CHROMIUM = os.environ.get("RACKPLANE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("RACKPLANE_CHROMIUM", BENCH_CHROMIUM)
 ARTIFACTS = Path(os.environ.get("RACKPLANE_TEST_ARTIFACTS", ROOT / "artifacts")) / "portal"
-# As the machine's probe runs it: no sandbox as root, and nothing that reaches for the network.
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
 
 
 @pytest.fixture(scope="module")

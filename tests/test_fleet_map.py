@@ -40,5 +40,12 @@ def test_the_map_is_for_operators_and_can_be_narrowed_to_a_region(client, world)
     world.fleet(SMALL_FLEET)
     tenant = world.key(world.tenant("acme"))
     assert codes(gql(client, tenant, MAP)) == ["platform_scope_required"]
-    m = gql(client, world.key(), '{ fleetMap(region: "nowhere") { gpus racks { name } } }')
+    op = world.key()
+    m = gql(client, op, '{ fleetMap(region: "nowhere") { gpus racks { name } } }')
     assert m["data"]["fleetMap"] == {"gpus": "", "racks": []}
+    world.fleet("regions: [{name: r2, racks: [{name: nvl-2, kind: nvl72}]}]")
+    both = gql(client, op, "{ fleetMap { gpus nodes regions } }")["data"]["fleetMap"]
+    r1 = gql(client, op, '{ fleetMap(region: "r1") { gpus nodes regions } }')["data"]["fleetMap"]
+    assert both["regions"] == ["r1", "r2"] and r1["regions"] == ["r1"]
+    assert len(both["gpus"]) == 16 + 72 + 72 and both["gpus"].startswith(r1["gpus"])
+    assert r1["nodes"] == both["nodes"][: len(r1["nodes"])] and len(r1["nodes"]) == 20

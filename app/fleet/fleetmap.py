@@ -38,7 +38,20 @@ _OUT = {"quarantined", "repairing", "validating", "out_of_service", "draining"}
 NODE_CODES = {"ready": "r", "cordoned": "c", "draining": "d", "down": "x", "retired": "t"}
 
 
-def _gpu_codes(session: Session, node_ids: list[Any] | None) -> dict[Any, str]:
+def _in_region(stmt: Any, node_id: Any, region: str | None) -> Any:
+    """`stmt` narrowed to the nodes of `region` (by joins, not a list of ids)."""
+    if region is None:
+        return stmt
+    if node_id is not Node.id:
+        stmt = stmt.join(Node, Node.id == node_id)
+    return (
+        stmt.join(Rack, Rack.id == Node.rack_id)
+        .join(Region, Region.id == Rack.region_id)
+        .where(Region.name == region)
+    )
+
+
+def _gpu_codes(session: Session, region: str | None) -> dict[Any, str]:
     """Per node, one character per GPU in index order from its health and MIG mode alone
     (`Q`, `S`, `P` or `.`). Most GPUs are healthy and whole: the database counts each node's
     GPUs and returns only the others (two index-friendly reads, not 100,000 rows)."""
@@ -52,9 +65,7 @@ def _gpu_codes(session: Session, node_ids: list[Any] | None) -> dict[Any, str]:
     odd = select(Gpu.node_id, Gpu.index, code).where(
         or_(Gpu.health != "healthy", Gpu.mig_mode.is_(True))
     )
-    if node_ids is not None:
-        counts = counts.where(Gpu.node_id.in_(node_ids))
-        odd = odd.where(Gpu.node_id.in_(node_ids))
+    counts, odd = _in_region(counts, Gpu.node_id, region), _in_region(odd, Gpu.node_id, region)
     conn = session.connection()
     cells = {node_id: ["."] * n for node_id, n in conn.execute(counts).all()}
     for node_id, index, c in conn.execute(odd).all():
@@ -93,27 +104,23 @@ def fleet_map(session: Session, region: str | None = None) -> dict[str, Any]:
         rack_stmt = rack_stmt.where(Region.name == region)
     conn = session.connection()  # rows through Core: no ORM row processing
     racks = conn.execute(rack_stmt).all()
-    rack_ids = [r.id for r in racks]
-    node_stmt = select(
-        Node.id, Node.rack_id, Node.name, Node.state, Node.health, Node.gpu_model
+    node_stmt = _in_region(
+        select(Node.id, Node.rack_id, Node.name, Node.state, Node.health, Node.gpu_model),
+        Node.id,
+        region,
     ).order_by(Node.rack_id, Node.name)
-    if region is not None:
-        node_stmt = node_stmt.where(Node.rack_id.in_(rack_ids))
     by_rack: dict[Any, list[Any]] = {}
     for n in conn.execute(node_stmt).all():  # one fetch, not a round of fetchone per row
         by_rack.setdefault(n.rack_id, []).append(n)
-    gpus = _gpu_codes(
-        session, None if region is None else [n.id for ns in by_rack.values() for n in ns]
-    )
+    gpus = _gpu_codes(session, region)
     from app.workloads.models import Allocation as A
 
     held: dict[Any, dict[int, str]] = {}  # node -> GPU index -> the first holder's tier
     mig: dict[tuple[Any, int], list[str]] = {}
-    for a in conn.execute(
-        select(A.node_id, A.gpu_indices, A.tier, A.mig_profile, A.mig_start)
-        .where(A.released_at.is_(None))
-        .order_by(A.created_at)
-    ):
+    live = select(A.node_id, A.gpu_indices, A.tier, A.mig_profile, A.mig_start).where(
+        A.released_at.is_(None)
+    )
+    for a in conn.execute(_in_region(live, A.node_id, region).order_by(A.created_at)):
         for i in a.gpu_indices:
             held.setdefault(a.node_id, {}).setdefault(i, _TIER.get(a.tier, "D"))
             if a.mig_profile:

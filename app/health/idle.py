@@ -18,6 +18,7 @@ from app.health.models import IdleTime
 from app.health.states import Health as H
 
 CAUSES = ("no_demand", "stranded", "unhealthy", "cordoned")
+AVAILABLE = ("no_demand", "stranded")  # idle with nothing wrong: placement could use them now
 _USABLE = [H.healthy.value, H.suspect.value]
 
 
@@ -77,10 +78,12 @@ def idle_now(session: Session) -> dict[tuple[str, str, str], int]:
     return out
 
 
-def record(session: Session, now: datetime) -> int:
+def record(
+    session: Session, now: datetime, idle: dict[tuple[str, str, str], int] | None = None
+) -> int:
     """Add the GPU-seconds since the previous record to this hour's rows (at most two sweep
     periods: a stopped beat does not turn into a burst of idle time). Returns idle GPUs now."""
-    idle = idle_now(session)
+    idle = idle_now(session) if idle is None else idle
     last = session.scalar(select(func.max(IdleTime.updated_at)))
     cap = 2 * get_settings().health_sweep_seconds
     dt = 0.0 if last is None else min(cap, max(0.0, (now - as_aware(last)).total_seconds()))

@@ -191,44 +191,30 @@ def sweep() -> dict:
                 "no new fault evidence within the watch window",
             )
             out["cleared"] += 1
-        out["idle_gpus"] = add_idle_iron(session, now)
         from app.health import idle
 
-        idle.record(session, now)
+        # One look at why each GPU is idle serves both records: idle iron and idle by cause.
+        idle_now = idle.idle_now(session)
+        out["idle_gpus"] = add_idle_iron(session, now, idle_now)
+        idle.record(session, now, idle_now)
     if any(v for k, v in out.items() if k != "idle_gpus"):
         log.info("health_sweep", **out)
     return out
 
 
-def add_idle_iron(session, now) -> int:
+def add_idle_iron(session, now, idle_now: dict | None = None) -> int:
     """Add the GPU-seconds since the last sweep that ready, healthy GPUs spent idle, per
-    region and model (idle iron). Returns the GPUs idle now."""
-    from sqlalchemy import func
-
-    from app.fleet.models import Rack, Region
+    region and model (idle iron): the idle GPUs `app.health.idle` finds with nothing wrong
+    with them (no demand, or stranded). Returns the GPUs idle now."""
+    from app.health import idle as why
     from app.health.models import IdleIron
-    from app.workloads.models import GpuUsage
 
-    idle = {
-        (region, model): n
-        for region, model, n in session.execute(
-            select(Region.name, Gpu.model, func.count())
-            .select_from(Gpu)
-            .join(Node, Gpu.node_id == Node.id)
-            .join(Rack, Node.rack_id == Rack.id)
-            .join(Region, Rack.region_id == Region.id)
-            .outerjoin(
-                GpuUsage, (GpuUsage.node_id == Gpu.node_id) & (GpuUsage.gpu_index == Gpu.index)
-            )
-            .where(
-                Node.state == "ready",
-                Node.health.in_([H.healthy.value, H.suspect.value]),
-                Gpu.health.in_([H.healthy.value, H.suspect.value]),
-                func.coalesce(GpuUsage.milli_used, 0) == 0,
-            )
-            .group_by(Region.name, Gpu.model)
-        )
-    }
+    if idle_now is None:
+        idle_now = why.idle_now(session)
+    idle: dict[tuple[str, str], int] = {}
+    for (region, model, cause), n in idle_now.items():
+        if cause in why.AVAILABLE:
+            idle[(region, model)] = idle.get((region, model), 0) + n
     rows = {(r.region, r.gpu_model): r for r in session.scalars(select(IdleIron).with_for_update())}
     # Each sweep counts the idle GPUs it sees for the time since the previous one (at most
     # two sweep periods: a stopped beat does not turn into a burst of idle time).

@@ -199,9 +199,10 @@ class IdempotencyMiddleware:
                 instance=scope["path"],
             )
         ctx: AuthContext | None = None
-        if credential_of(Request(scope)) is not None:
+        request = Request(scope)
+        if credential_of(request) is not None:
             try:
-                ctx = await context_of(Request(scope))
+                ctx = await context_of(request)
             except AppError:  # not a live key: the route answers 401, nothing is claimed
                 return await self.app(scope, receive, send)
             scope.setdefault("state", {})[AUTH_STATE] = ctx

@@ -13,7 +13,8 @@ from typing import Any
 
 from app.workloads.bench import ROOT, ScratchDeployment, _pct
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = "/usr/bin/chromium"  # Debian's (scripts/ensure-chromium.sh), never a downloaded one
+# As the machine's probe runs it: no sandbox as root, and nothing that reaches for the network.
 FLAGS = [
     "--no-sandbox",
     "--disable-gpu",

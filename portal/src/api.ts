@@ -163,6 +163,21 @@ export function subscribe<T>(
   );
 }
 
+/** A workload as the dashboard lists it (the workload page asks for more of it). */
+export interface WorkloadSummary {
+  id: string;
+  name: string | null;
+  kind: string;
+  state: string;
+  tier: string;
+  priority: string;
+  replicas: number;
+  gpuMilli: number;
+  region: string | null;
+  shape: Record<string, unknown>;
+  createdAt: string;
+}
+
 // --- formatting ---------------------------------------------------------------------------------
 export function gpuShare(milli: number): string {
   return milli % 1000 === 0 ? `${milli / 1000}` : (milli / 1000).toFixed(2);

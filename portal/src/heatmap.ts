@@ -58,6 +58,7 @@ export interface Layout {
   rackBoxes: { x: number; y: number; w: number; h: number; rack: number }[];
   regionY: { y: number; region: number }[];
   counts: Record<string, number>;
+  mig: Map<number, string>; // GPU index -> its MIG layout (GPUs in MIG mode)
 }
 
 function rgb(hex: string): [number, number, number] {
@@ -168,5 +169,6 @@ export function layout(m: FleetMapData, aspect: number): Layout {
   }
   ex.putImageData(a, 0, 0);
   so.putImageData(b, 0, 0);
-  return { width, height, exact, sorted, at, rackAt, rackCounts, cells, rackBoxes: boxes, regionY, counts };
+  const mig = new Map(m.mig.map((x) => [x.gpu, x.layout]));
+  return { width, height, exact, sorted, at, rackAt, rackCounts, cells, rackBoxes: boxes, regionY, counts, mig };
 }

@@ -1,5 +1,5 @@
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, gpuShare, gql, money, shapeText, when } from "../api";
+import { ApiError, gpuShare, gql, money, shapeText, when, type WorkloadSummary } from "../api";
 import { ChartBox, PALETTE } from "../chart";
 
 const QUERY = `query Dashboard($from: DateTime!, $to: DateTime!, $granularity: Granularity!) {
@@ -17,19 +17,7 @@ const QUERY = `query Dashboard($from: DateTime!, $to: DateTime!, $granularity: G
   budget { currency spendLimit gpuHourLimit spent gpuHoursUsed exhausted alerts { metric thresholdPct createdAt } }
 }`;
 
-interface Workload {
-  id: string;
-  name: string | null;
-  kind: string;
-  state: string;
-  tier: string;
-  priority: string;
-  replicas: number;
-  gpuMilli: number;
-  region: string | null;
-  shape: Record<string, unknown>;
-  createdAt: string;
-}
+type Workload = WorkloadSummary;
 interface Data {
   viewer: { name: string; slug: string; status: string };
   workloads: { edges: { node: Workload }[]; pageInfo: { hasNextPage: boolean } };

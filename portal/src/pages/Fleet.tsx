@@ -209,7 +209,6 @@ function Heatmap({ onDrawn }: { onDrawn: () => void }) {
   const cell = hover && map && lay && hover.gpu >= 0 ? lay.cells[hover.gpu] : null;
   const rack = hover && map && lay && !cell && hover.rack >= 0 ? hover.rack : null;
   const legendName = (code: string) => map?.legend.find((l) => l.code === code)?.name ?? code;
-  const mig = (gpu: number) => map?.mig.find((x) => x.gpu === gpu);
   return (
     <section aria-labelledby="map-h" class="wide heatmap">
       <h2 id="map-h">
@@ -251,17 +250,17 @@ function Heatmap({ onDrawn }: { onDrawn: () => void }) {
               ))}
           </div>
         )}
-        {cell && map && hover && (
+        {cell && map && lay && hover && (
           <div class="tip" role="tooltip" data-testid="map-tip" data-kind="gpu" style={{ left: `${hover.x + 14}px`, top: `${hover.y + 14}px` }}>
             <strong>{map.nodes[cell.node]}</strong> GPU {cell.index}
             <br />
             {map.regions[map.racks[cell.rack].region]} / {map.racks[cell.rack].name} ({map.racks[cell.rack].kind})
             <br />
             {map.models[map.nodeModels[cell.node]]} · {legendName(map.gpus[cell.gpu])} · node {NODE_STATES[map.nodeStates[cell.node]]}
-            {mig(cell.gpu) && (
+            {lay.mig.has(cell.gpu) && (
               <>
                 <br />
-                MIG: {mig(cell.gpu)!.layout || "no slice held"}
+                MIG: {lay.mig.get(cell.gpu) || "no slice held"}
               </>
             )}
           </div>

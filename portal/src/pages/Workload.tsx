@@ -1,5 +1,5 @@
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, gql, isProblem, PROBLEM_FIELDS, shapeText, subscribe, when, type Problem } from "../api";
+import { ApiError, gql, isProblem, PROBLEM_FIELDS, shapeText, subscribe, when, type Problem, type WorkloadSummary } from "../api";
 import { DRY_RUN_FIELDS, DryRunView, type DryRun } from "./DryRunView";
 
 const QUERY = `query Workload($id: ID!) { workload(id: $id) {
@@ -12,20 +12,9 @@ const EVENTS = `subscription Timeline($id: ID!) { workloadEvents(after: "0", wor
   seq kind fromState toState reason details at cursor
 } }`;
 
-interface W {
-  id: string;
-  name: string | null;
-  kind: string;
-  state: string;
-  tier: string;
-  priority: string;
-  replicas: number;
-  gpuMilli: number;
-  region: string | null;
-  shape: Record<string, unknown>;
+interface W extends WorkloadSummary {
   topology: { level: string; mode: string } | null;
   labels: Record<string, string>;
-  createdAt: string;
   startedAt: string | null;
   finishedAt: string | null;
   interruptions: number;
