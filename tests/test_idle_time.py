@@ -3,7 +3,7 @@ report operators read over REST and GraphQL (the portal's chart beside the heatm
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
@@ -26,7 +26,8 @@ def _seed(client, world):
             ),
             {"n": node},
         )
-    # Work that waits for an H100 (nothing places it: no worker here).
+    # Work that waits for an H100 and cannot start, even with the suite's worker about: h100-1
+    # has a quarantined GPU, h100-2 is cordoned.
     r = client.post(
         "/v1/workloads",
         json={"kind": "instance", "gpus": 8, "gpu_models": ["H100-80GB"]},
@@ -49,7 +50,8 @@ def test_each_idle_gpu_is_counted_once_under_its_cause(client, world):
 
 def test_the_sweep_adds_time_and_rest_and_graphql_report_it_alike(client, world):
     _seed(client, world)
-    t0 = utcnow().replace(minute=10, second=0, microsecond=0)
+    # An hour of its own, long past: the suite's worker sweeps (and records) the present.
+    t0 = datetime(2026, 1, 5, 10, 10, tzinfo=UTC)
     with session_scope() as s:
         idle.record(s, t0)  # the first record only starts the clock
     with session_scope() as s:

@@ -81,21 +81,28 @@ def idle_now(session: Session) -> dict[tuple[str, str, str], int]:
 def record(
     session: Session, now: datetime, idle: dict[tuple[str, str, str], int] | None = None
 ) -> int:
-    """Add the GPU-seconds since the previous record to this hour's rows (at most two sweep
-    periods: a stopped beat does not turn into a burst of idle time). Returns idle GPUs now."""
+    """Add to this hour's rows the GPU-seconds since each (region, model, cause) was last
+    recorded, this hour or the one before (at most two sweep periods: a stopped beat does not
+    turn into a burst of idle time; a cause seen for the first time starts its clock).
+    Returns the GPUs idle now."""
     idle = idle_now(session) if idle is None else idle
-    last = session.scalar(select(func.max(IdleTime.updated_at)))
     cap = 2 * get_settings().health_sweep_seconds
-    dt = 0.0 if last is None else min(cap, max(0.0, (now - as_aware(last)).total_seconds()))
     bucket = _hour(now)
-    rows = {
-        (r.region, r.gpu_model, r.cause): r
-        for r in session.scalars(
-            select(IdleTime).where(IdleTime.bucket == bucket).with_for_update()
-        )
-    }
+    last: dict[tuple[str, str, str], datetime] = {}
+    current: dict[tuple[str, str, str], IdleTime] = {}
+    for r in session.scalars(
+        select(IdleTime)
+        .where(IdleTime.bucket.in_([bucket - timedelta(hours=1), bucket]))
+        .with_for_update()
+    ):
+        key = (r.region, r.gpu_model, r.cause)
+        last[key] = max(last.get(key, as_aware(r.updated_at)), as_aware(r.updated_at))
+        if as_aware(r.bucket) == bucket:
+            current[key] = r
     for key, n in idle.items():
-        row = rows.get(key)
+        seen = last.get(key)
+        dt = 0.0 if seen is None else min(cap, max(0.0, (now - seen).total_seconds()))
+        row = current.get(key)
         if row is None:
             row = IdleTime(
                 bucket=bucket, region=key[0], gpu_model=key[1], cause=key[2], gpu_seconds=0.0
