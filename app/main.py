@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
@@ -57,6 +58,8 @@ async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
     gc.collect()
     gc.freeze()
     yield
+    # Anonymous refusals counted in windows still open are written before the process ends.
+    await anyio.to_thread.run_sync(audit_service.flush_refusals)
 
 
 def create_app() -> FastAPI:

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from app.core.db import session_scope
+from app.tenants.models import Tenant
 from tests.conftest import CORDONED_H100, ROOT, TEST_DB, auth, db_url
 
 FLEET = CORDONED_H100
@@ -54,25 +56,63 @@ def test_a_revoked_key_cannot_replay(client, world):
     assert replay.status_code == 401 and replay.json()["code"] == "revoked_api_key"
 
 
-def test_a_replay_needs_the_routes_scope_now(client, world):
+def test_a_replay_goes_only_to_the_key_that_sent_it(client, world):
+    """A read key of the same tenant sending an admin key's request gets no stored answer (it
+    would carry the new admin secret): 409, never the secret, on REST and GraphQL alike."""
     t = world.tenant("acme")
     admin, reader = world.key(t), world.key(t, scopes=("read",), name="reader")
-    body = {"name": "ci", "scopes": ["read", "write"]}
+    second_admin = world.key(t, name="second admin")
+    body = {"name": "ci", "scopes": ["read", "write", "admin"]}
     first = client.post("/v1/keys", json=body, headers=_h(admin, "k-3"))
     assert first.status_code == 201
-    denied = client.post("/v1/keys", json=body, headers=_h(reader, "k-3"))
-    assert denied.status_code == 403 and first.json()["key"] not in denied.text
+    secret = first.json()["key"]
+    for other in (reader, second_admin):
+        denied = client.post("/v1/keys", json=body, headers=_h(other, "k-3"))
+        assert denied.status_code == 409 and secret not in denied.text
+        assert denied.json()["code"] == "idempotency_key_reused"
+    q = (
+        'mutation { createApiKey(input: {name: "ci", scopes: ["admin"]}) '
+        "{ ... on NewApiKey { key } } }"
+    )
+    made = client.post("/graphql", json={"query": q}, headers=_h(admin, "g-1"))
+    assert made.status_code == 200, made.text
+    new_secret = made.json()["data"]["createApiKey"]["key"]
+    assert new_secret.startswith("rp_")
+    stolen = client.post("/graphql", json={"query": q}, headers=_h(reader, "g-1"))
+    assert stolen.status_code == 409 and new_secret not in stolen.text
+    # The owner's retry is still the first answer, and only one key was made.
+    again = client.post("/graphql", json={"query": q}, headers=_h(admin, "g-1"))
+    assert again.json() == made.json() and again.headers["idempotent-replayed"] == "true"
+    names = [k["name"] for k in client.get("/v1/keys", headers=auth(admin)).json()["items"]]
+    assert names.count("ci") == 2  # one by REST, one by GraphQL
+    assert client.get("/v1/keys", headers=auth(new_secret)).status_code == 200
 
 
-def test_records_are_per_account_not_per_key(client, world):
+def test_a_replay_needs_the_standing_the_first_request_had(client, world):
+    """Suspended since: the same key's replay is refused, as the request itself would be."""
+    t = world.tenant("acme")
+    admin = world.key(t)
+    body = {"name": "ci", "scopes": ["read"]}
+    q = 'mutation { createApiKey(input: {name: "ci", scopes: ["read"]}) { __typename } }'
+    assert client.post("/graphql", json={"query": q}, headers=_h(admin, "g-2")).status_code == 200
+    assert client.post("/v1/keys", json=body, headers=_h(admin, "k-4")).status_code == 201
+    with session_scope() as s:
+        s.get(Tenant, t.id).status = "suspended"
+    refused = client.post("/v1/keys", json=body, headers=_h(admin, "k-4"))
+    assert refused.status_code == 409 and "rp_" not in refused.text
+    replay = client.post("/graphql", json={"query": q}, headers=_h(admin, "g-2"))
+    assert replay.status_code == 409 and "rp_" not in replay.text
+
+
+def test_records_are_claimed_per_account_and_replayed_per_key(client, world):
     world.fleet(FLEET)
     t = world.tenant("acme", policy=POLICY)
     a, b = world.key(t, name="a"), world.key(t, name="b")
     body = {"kind": "instance", "gpus": 1}
     one = client.post("/v1/workloads", json=body, headers=_h(a, "submit-1"))
     two = client.post("/v1/workloads", json=body, headers=_h(b, "submit-1"))
-    assert one.status_code == two.status_code == 201
-    assert one.json()["id"] == two.json()["id"]
+    assert one.status_code == 201 and two.status_code == 409
+    assert two.json()["code"] == "idempotency_key_reused"
     assert len(client.get("/v1/workloads", headers=auth(a)).json()["items"]) == 1
     # Another tenant's identical request is its own.
     other = world.tenant("other", policy=POLICY)
@@ -86,7 +126,9 @@ def test_operators_share_one_namespace(client, world):
     body = {"name": "Acme", "slug": "acme", "contact_email": "ops@acme.io"}
     a = client.post("/v1/admin/tenants", json=body, headers=_h(op1, "t-1"))
     b = client.post("/v1/admin/tenants", json=body, headers=_h(op2, "t-1"))
-    assert a.status_code == b.status_code == 201 and a.json()["id"] == b.json()["id"]
+    assert a.status_code == 201 and b.status_code == 409
+    again = client.post("/v1/admin/tenants", json=body, headers=_h(op1, "t-1"))
+    assert again.status_code == 201 and again.json()["id"] == a.json()["id"]
 
 
 def test_bodies_compare_canonically(client, world):

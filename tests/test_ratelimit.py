@@ -6,6 +6,7 @@ and this one draw from the same Redis); the embedded default keeps them in the p
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import time
 
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import CORDONED_H100, ROOT, auth, wait_until
+from tests.test_graphql import codes, gql
 
 POLICY = ["shared-fractional", "shared-mig", "dedicated-gpu", "vm"]
 FLEET = CORDONED_H100
@@ -184,3 +186,97 @@ def test_a_bad_limit_is_a_refusal_to_start(spec):
 
     with pytest.raises(ValueError):
         parse(spec)
+
+
+def _usage_fields(n: int) -> str:
+    window = 'from: "2026-11-01T00:00:00Z", to: "2026-11-02T00:00:00Z"'
+    return "{ " + " ".join(f"u{i}: usage({window}) {{ __typename }}" for i in range(n)) + " }"
+
+
+def test_graphql_pays_for_each_expensive_field_from_rests_bucket(client, world, limits):
+    """Aliased `usage` fields are usage scans each: they draw on the `expensive` bucket REST's
+    GET /v1/usage draws on, all at once or not at all."""
+    limits("write=100/m,read=100/m,expensive=5/m")
+    key = world.key(world.tenant("acme", policy=POLICY))
+    window = {"from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"}
+    too_many = gql(client, key, _usage_fields(6))
+    assert codes(too_many) == ["request_too_costly"] and too_many.get("data") is None
+    three = gql(client, key, _usage_fields(3))
+    assert "errors" not in three and len(three["data"]) == 3
+    refused = gql(client, key, _usage_fields(3))  # 2 tokens left: none is taken
+    assert codes(refused) == ["rate_limited"] and refused.get("data") is None
+    statuses = [client.get("/v1/usage", params=window, headers=auth(key)).status_code]
+    statuses.append(client.get("/v1/usage", params=window, headers=auth(key)).status_code)
+    statuses.append(client.get("/v1/usage", params=window, headers=auth(key)).status_code)
+    assert statuses == [200, 200, 429]
+    # Cheap fields are not expensive ones.
+    assert "errors" not in gql(client, key, "{ viewer { slug } quotas { gpuModel } }")
+
+
+def test_anonymous_and_failed_auth_traffic_has_its_own_budget_per_address(
+    client, world, limits, monkeypatch
+):
+    """Guessed keys: 401 while the address's `anonymous` bucket lasts, then 429 without asking
+    the database; the audit log keeps one row for the first and one that counts the rest."""
+    from sqlalchemy import select
+
+    from app.audit import service as audit
+    from app.audit.models import AuditEntry
+    from app.core.db import session_scope
+    from app.tenancy import auth as auth_module
+
+    limits("read=100/m,write=100/m,anonymous=5/m")
+    world.fleet(FLEET)
+    good = world.key(world.tenant("acme", policy=POLICY))
+    assert client.get("/v1/workloads", headers=auth(good)).status_code == 200  # now cached
+    lookups = []
+    real_lookup = auth_module._lookup
+    monkeypatch.setattr(auth_module, "_lookup", lambda *a: lookups.append(a) or real_lookup(*a))
+    guessed = [
+        client.post(
+            "/v1/workloads",
+            json={"kind": "instance", "gpus": 1},
+            headers=auth("rp_" + secrets.token_hex(24)),
+        )
+        for _ in range(12)
+    ]
+    assert [r.status_code for r in guessed] == [401] * 5 + [429] * 7
+    assert guessed[-1].json()["limit_class"] == "anonymous" and "retry-after" in guessed[-1].headers
+    assert len(lookups) == 5  # spent: no further key is looked up
+    # No key at all draws on the same bucket; a cached live key of that address still works.
+    assert client.post("/graphql", json={"query": "{ __typename }"}).status_code == 429
+    assert client.get("/v1/workloads", headers=auth(good)).status_code == 200
+    with session_scope() as s:
+        rows = s.scalars(select(AuditEntry).where(AuditEntry.principal == "anonymous")).all()
+        assert len(rows) == 3  # the first 401, the first 429, the first anonymous GraphQL 429
+        assert {r.status for r in rows} == {401, 429}
+    audit.flush_refusals()
+    with session_scope() as s:
+        repeated = s.scalars(
+            select(AuditEntry).where(AuditEntry.details["repeated"].is_not(None))
+        ).all()
+        assert sorted(r.details["repeated"] for r in repeated) == [4, 6]
+        assert all(r.internal["address"] == "testclient" for r in repeated)
+
+
+def test_anonymous_graphql_gets_no_schema_walk_and_no_deep_variables(client, world, limits):
+    limits("read=100/m,write=100/m,anonymous=100/m")
+    key = world.key(world.tenant("acme", policy=POLICY))
+    walk = '{ a: __schema { types { name fields { name } } } b: __type(name: "Query") { name } }'
+    anon = client.post("/graphql", json={"query": walk})
+    assert anon.status_code == 200
+    assert codes(anon.json()) == ["introspection_requires_key"] and anon.json().get("data") is None
+    twice = gql(
+        client, key, walk.replace("b: __type", "b: __schema { queryType { name } } c: __type")
+    )
+    assert codes(twice) == ["too_many_introspections"]
+    once = gql(client, key, walk)
+    assert "errors" not in once and once["data"]["b"]["name"] == "Query"
+    # Variables nested a thousand deep: a 400 problem, not a recursion.
+    deep = '{"query": "query($x: JSON) { __typename }", "variables": {"x": ' + '{"a":' * 1000
+    deep += "1" + "}" * 1000 + "}}"
+    for body in (deep, deep.replace('{"a":', "[").replace("}" * 1000, "]" * 1000)):
+        r = client.post("/graphql", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["code"] == "json_too_deep"
+    r = client.post("/graphql", content=b'{"query": ', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/problem+json")

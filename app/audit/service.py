@@ -5,6 +5,10 @@
   just before the commit), so no change is ever committed without its entry. A request that
   commits nothing (refused: 401, 403, 404, 409, 422, 429 ...; or failed) is recorded on its own
   by `AuditMiddleware` after the answer, with its status.
+- **Anonymous refusals** (no credential, or one that failed) are tallied per client address,
+  action and status over a minute: the first of each is written at once, the rest as one row
+  that says how many (`details.repeated`) when the minute closes, so a flood of guessed keys
+  writes two rows a minute, not one each.
 - **Automatic actions** (preemption, requeue, budget stop) are recorded by the code that takes
   them, in its transaction, as the `system` principal, on the tenant whose work they touch.
 
@@ -14,6 +18,8 @@ No request body and no secret is kept: the principal is the key's id and public 
 from __future__ import annotations
 
 import re
+import threading
+import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -194,6 +200,94 @@ def _write_alone(current: _Request, status: int, claimed_prefix: str | None) -> 
         session.add(_entry(current, principal, status, tenant))
 
 
+@dataclass
+class _Tally:
+    """Anonymous refusals of one (address, action, status) in one window."""
+
+    opened: float
+    count: int = 1
+    prefixes: list[str] = field(default_factory=list)
+
+
+class _Refusals:
+    """The open windows of anonymous refusals in this process (see the module)."""
+
+    WINDOW_S = 60.0
+    MAX_OPEN = 10_000  # past this many addresses × actions, every window closes early
+    MAX_PREFIXES = 10  # claimed key prefixes kept per window, for operators
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str, int], _Tally] = {}
+        self.lock = threading.Lock()
+
+    def note(
+        self, key: tuple[str, str, int], prefix: str | None, now: float
+    ) -> tuple[bool, list[tuple[tuple[str, str, int], _Tally]]]:
+        """Count one refusal: (whether it opens its window, the windows that have closed)."""
+        with self.lock:
+            stale = len(self.open) >= self.MAX_OPEN
+            closed = [
+                (k, t) for k, t in self.open.items() if stale or now - t.opened >= self.WINDOW_S
+            ]
+            for k, _ in closed:
+                del self.open[k]
+            tally = self.open.get(key)
+            if tally is None:
+                self.open[key] = _Tally(now, prefixes=[prefix] if prefix else [])
+                return True, closed
+            tally.count += 1
+            if prefix and len(tally.prefixes) < self.MAX_PREFIXES:
+                tally.prefixes.append(prefix)
+            return False, closed
+
+    def drain(self) -> list[tuple[tuple[str, str, int], _Tally]]:
+        with self.lock:
+            closed, self.open = list(self.open.items()), {}
+            return closed
+
+
+_refusals = _Refusals()
+
+
+def _summaries(closed: list[tuple[tuple[str, str, int], _Tally]]) -> list[AuditEntry]:
+    """One row per closed window that saw more than its first refusal."""
+    return [
+        AuditEntry(
+            principal="anonymous",
+            action=action,
+            status=status,
+            request_id=None,
+            details={"repeated": tally.count - 1, "window_seconds": int(_Refusals.WINDOW_S)},
+            internal={"address": address, "key_prefixes": tally.prefixes},
+            created_at=utcnow(),
+        )
+        for (address, action, status), tally in closed
+        if tally.count > 1
+    ]
+
+
+def _note_refusal(current: _Request, status: int, address: str, prefix: str | None) -> None:
+    action = f"{current.method} {current.route or '(no route)'}"
+    first, closed = _refusals.note((address, action, status), prefix, time.monotonic())
+    rows = _summaries(closed)
+    if first:
+        current.route = current.route or "(no route)"
+        entry = _entry(current, {"principal": "anonymous", "key_prefix": prefix}, status, None)
+        entry.internal = {"address": address}
+        rows.append(entry)
+    if rows:
+        with session_scope() as session:
+            session.add_all(rows)
+
+
+def flush_refusals() -> None:
+    """Write what the open windows have counted (at shutdown)."""
+    rows = _summaries(_refusals.drain())
+    if rows:
+        with session_scope() as session:
+            session.add_all(rows)
+
+
 class AuditMiddleware:
     """Records the mutating requests whose endpoint did not commit an entry (see the module)."""
 
@@ -230,16 +324,26 @@ class AuditMiddleware:
             await self.app(scope, receive, capture)
         finally:
             _CURRENT.reset(token)
-            if not current.written and scope["path"] not in self.commits_only:
+            refused_anonymously = current.auth is None and status >= 400
+            if not current.written and (
+                refused_anonymously or scope["path"] not in self.commits_only
+            ):
                 route = scope.get("route")
                 current.route = current.route or getattr(route, "path_format", None)
                 from app.tenancy.auth import extract_key, parse_prefix
 
-                raw = extract_key(Request(scope))
+                request = Request(scope)
+                raw = extract_key(request)
                 prefix = parse_prefix(raw) if raw else None
                 try:
                     with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(_write_alone, current, status, prefix)
+                        if refused_anonymously:
+                            address = request.client.host if request.client else "unknown"
+                            await anyio.to_thread.run_sync(
+                                _note_refusal, current, status, address, prefix
+                            )
+                        else:
+                            await anyio.to_thread.run_sync(_write_alone, current, status, prefix)
                 except Exception as exc:  # the answer is sent; the loss is logged loudly
                     log.error("audit_write_failed", error=str(exc)[:300], status=status)
 

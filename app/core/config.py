@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     # "off" limits nothing. A tenant's keys together get `tenant_factor` times one key's;
     # an operator key `operator_factor` times (0: operators are exempt).
     rate_limits: str = Field(
-        default="read=200/s,write=100/s,expensive=5/s,signup=20/m,signin=30/m",
+        default="read=200/s,write=100/s,expensive=5/s,signup=20/m,signin=30/m,anonymous=60/m",
         alias="RACKPLANE_RATE_LIMITS",
     )
     rate_limit_tenant_factor: float = Field(

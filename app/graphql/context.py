@@ -21,7 +21,7 @@ from strawberry.fastapi import BaseContext
 
 from app.core.db import session_dependency
 from app.core.errors import AppError, Unauthorized
-from app.tenancy.auth import AuthContext, authenticate, credential_of
+from app.tenancy.auth import AuthContext, authenticate, charge_anonymous, credential_of
 from app.tenancy.scoping import restrict
 
 EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
@@ -69,6 +69,11 @@ class Context(BaseContext):
             return await self.run(fn, keys)
 
         return load
+
+    @property
+    def caller(self) -> AuthContext | None:
+        """The authenticated caller, or None (anonymous, or a websocket whose key was refused)."""
+        return self._auth
 
     @property
     def auth(self) -> AuthContext:
@@ -175,5 +180,8 @@ async def get_context(
         if cred is not None:
             await sign_in(context, cred, request.scope)
         return context
-    auth = await authenticate(request) if credential_of(request) else None  # type: ignore[arg-type]
-    return Context(auth, session)
+    if credential_of(request) is None:
+        # Anonymous: its address pays for the request before anything is parsed or run.
+        charge_anonymous(request)
+        return Context(None, session)
+    return Context(await authenticate(request), session)  # type: ignore[arg-type]

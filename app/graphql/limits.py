@@ -7,11 +7,21 @@ costs what 500 workloads with their events cost, however few the tenant has. The
 an upper bound from the query alone, as GitHub's and Shopify's are: the same query always gets
 the same answer, before any row is read.
 
+Who may ask what, also before it runs:
+- **Introspection** (`__schema`, `__type`) answers only a caller with a key, once per
+  operation: an anonymous schema walk costs a page of answer for a few bytes of question.
+- **Expensive fields** (REST's `expensive` class: usage, utilisation, reconciliation) take one
+  token of that class each, aliases included, as REST's routes do: fifteen aliased `usage`
+  fields are fifteen usage scans, not one request.
+- **The body** is parsed with its nesting bounded (`MAX_JSON_DEPTH`): a thousand nested
+  variables are a 400, not a recursion.
+
 Every limit's refusal carries a code in its extensions, as every other error does.
 """
 
 from __future__ import annotations
 
+import json
 from contextvars import ContextVar
 from typing import Any
 
@@ -28,6 +38,7 @@ from graphql import (
 from strawberry.extensions import AddValidationRules, SchemaExtension
 
 from app.core.errors import AppError
+from app.ratelimit import service as ratelimit
 
 # Fields that return a page: the default page size when `first` is not given.
 PAGED = {"workloads": 50, "nodes": 50, "apiKeys": 50, "regions": 50, "racks": 50, "tenants": 50}
@@ -35,8 +46,16 @@ PAGED = {"workloads": 50, "nodes": 50, "apiKeys": 50, "regions": 50, "racks": 50
 # app/graphql/context.py), a node's GPUs, a GPU's holders (MIG slots), a workload's replicas.
 BOUNDED = {"events": 20, "gpus": 8, "holders": 7, "placement": 8}
 
+# Root fields that cost what REST's `expensive` routes cost (app/ratelimit), one token each.
+EXPENSIVE = frozenset({"usage", "utilisation", "reconciliation"})
+INTROSPECTION = frozenset({"__schema", "__type"})
+# No input of the schema nests near this deep; a body that does is refused before it is read.
+MAX_JSON_DEPTH = 32
+
 MASKED = "Internal error"
 _VARIABLES: ContextVar[dict[str, Any] | None] = ContextVar("graphql_variables", default=None)
+# The operation's context (app/graphql/context.Context): who asks, for the rules that care.
+_CONTEXT: ContextVar[Any] = ContextVar("graphql_context", default=None)
 
 # Strawberry's limiters report errors without a code: theirs, by what their message says.
 _CODES = (
@@ -119,15 +138,143 @@ def _cost(
     return total
 
 
+def _root_fields(
+    selections: SelectionSetNode, fragments: dict[str, Any], seen: frozenset[str] = frozenset()
+) -> list[FieldNode]:
+    """The operation's root fields, through fragments (aliases are fields of their own)."""
+    out: list[FieldNode] = []
+    for sel in selections.selections:
+        if isinstance(sel, FieldNode):
+            out.append(sel)
+        elif isinstance(sel, InlineFragmentNode):
+            out += _root_fields(sel.selection_set, fragments, seen)
+        elif isinstance(sel, FragmentSpreadNode):
+            name = sel.name.value
+            if name not in seen and name in fragments:
+                out += _root_fields(fragments[name].selection_set, fragments, seen | {name})
+    return out
+
+
+class Introspection(ValidationRule):
+    """`__schema` and `__type` answer a caller with a key, and `__schema` once per operation."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.schemas = 0
+        self.refused = False
+
+    def enter_field(self, node: FieldNode, *_: Any) -> None:
+        name = node.name.value
+        if name not in INTROSPECTION:
+            return
+        if getattr(_CONTEXT.get(), "caller", None) is None:
+            if not self.refused:
+                self.refused = True
+                self.report_error(
+                    GraphQLError(
+                        "The schema is described to callers with an API key: send "
+                        "`Authorization: Bearer rp_...` (or read sdl/schema.graphql).",
+                        node,
+                        extensions={"code": "introspection_requires_key", "status": 401},
+                    )
+                )
+            return
+        if name == "__schema":
+            self.schemas += 1
+            if self.schemas == 2:
+                self.report_error(
+                    GraphQLError(
+                        "Ask for `__schema` once per operation.",
+                        node,
+                        extensions={"code": "too_many_introspections"},
+                    )
+                )
+
+
+class ExpensiveFields(ValidationRule):
+    """Each expensive root field takes a token of REST's `expensive` class from the caller's
+    buckets, all of them at once or none (app/ratelimit), before anything runs."""
+
+    def enter_operation_definition(self, node: OperationDefinitionNode, *_: Any) -> None:
+        context = _CONTEXT.get()
+        auth = getattr(context, "caller", None)
+        if auth is None:  # anonymous: the fields themselves refuse
+            return
+        fragments = {
+            f.name.value: f
+            for f in self.context.document.definitions
+            if f.__class__.__name__ == "FragmentDefinitionNode"
+        }
+        cost = sum(f.name.value in EXPENSIVE for f in _root_fields(node.selection_set, fragments))
+        if not cost:
+            return
+        conn = getattr(context, "request", None)
+        scope = getattr(context, "ws_scope", None) or getattr(conn, "scope", None) or {}
+        try:
+            ratelimit.check(
+                scope,
+                "expensive",
+                key=str(auth.key_id),
+                tenant=str(auth.tenant_id),
+                operator=auth.tenant_id is None,
+                cost=cost,
+            )
+        except AppError as e:
+            self.report_error(
+                GraphQLError(
+                    e.detail,
+                    node,
+                    extensions={"code": e.code, "status": e.status, **e.extra, **e.headers},
+                )
+            )
+
+
 class Variables(SchemaExtension):
-    """Hands the operation's variables to the cost rule (validation rules do not see them)."""
+    """Hands the operation's variables (to the cost rule) and its context (to the rules that
+    ask who is calling) to validation, which sees neither."""
 
     def on_operation(self):  # type: ignore[override]
         token = _VARIABLES.set(self.execution_context.variables or {})
+        caller = _CONTEXT.set(self.execution_context.context)
         try:
             yield
         finally:
             _VARIABLES.reset(token)
+            _CONTEXT.reset(caller)
+
+
+class TooDeep(json.JSONDecodeError):
+    """A body nested past MAX_JSON_DEPTH (or past what the parser's recursion allows). A kind
+    of JSONDecodeError, so a websocket's message that nests too deep closes it as any message
+    that is not JSON does (4400)."""
+
+    def __init__(self, data: str | bytes) -> None:
+        text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+        super().__init__(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", text, 0)
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deep `value` nests, counted without recursion, up to `limit + 1`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def load_body(data: str | bytes) -> Any:
+    """A request body (or query-string part) as JSON, refusing what nests too deep."""
+    try:
+        value = json.loads(data)
+    except RecursionError as e:
+        raise TooDeep(data) from e
+    if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise TooDeep(data)
+    return value
 
 
 class LimitCodes(SchemaExtension):
@@ -169,4 +316,4 @@ def _coded(errors: list[GraphQLError] | None) -> None:
 
 
 def cost_limiter(limit: int) -> AddValidationRules:
-    return AddValidationRules([cost_rule(limit)])
+    return AddValidationRules([cost_rule(limit), Introspection, ExpensiveFields])

@@ -3,10 +3,12 @@ before execution, internal errors masked, and errors carrying REST's stable code
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Annotated, Any
 
 import strawberry
+from cross_web import HTTPException
 from graphql import GraphQLError
 from strawberry.extensions import (
     FieldExtension,
@@ -27,7 +29,14 @@ from app.core.errors import AppError, NotFound
 from app.core.logging import get_logger
 from app.graphql.account import AccountQuery, page_params
 from app.graphql.context import Context, get_context
-from app.graphql.limits import LimitCodes, Variables, cost_limiter
+from app.graphql.limits import (
+    MAX_JSON_DEPTH,
+    LimitCodes,
+    TooDeep,
+    Variables,
+    cost_limiter,
+    load_body,
+)
 from app.graphql.operator import OperatorQuery
 from app.graphql.types import (
     Node,
@@ -294,7 +303,22 @@ class Router(GraphQLRouter):
         replay = REPLAY.get()
         if replay is not None and isinstance(context, Context) and context._auth is not None:
             return stored_response(replay)
-        return await super().run(request, context=context, root_value=root_value)
+        try:
+            return await super().run(request, context=context, root_value=root_value)
+        except HTTPException as e:  # Strawberry's own refusals, as problem+json with a code
+            if isinstance(e.__cause__, TooDeep):
+                raise AppError(
+                    f"The request nests deeper than {MAX_JSON_DEPTH} levels.",
+                    code="json_too_deep",
+                ) from e
+            if isinstance(e.__cause__, json.JSONDecodeError):
+                raise AppError("The request body is not valid JSON.", code="invalid_json") from e
+            refusal = AppError(e.reason, code="bad_graphql_request")
+            refusal.status = e.status_code
+            raise refusal from e
+
+    def decode_json(self, data: str | bytes) -> object:
+        return load_body(data)
 
     async def on_ws_connect(self, context: Any) -> Any:
         from app.graphql.subscriptions import on_ws_connect  # the connection_init payload's key

@@ -5,8 +5,12 @@ response; the same key with another request is a 409.
   stored response is handed back only by the route itself, after its own authentication and
   scope checks have passed (`app.core.routing.REPLAY`). A malformed, unknown, revoked or expired
   key gets no idempotency at all: the route answers 401 as it would without the header.
-- **Scoped per account, as Stripe does**: a tenant's keys share one namespace (the same
-  Idempotency-Key sent with two keys of one tenant is one request), operators share another.
+- **Claimed per account, replayed per key**: a tenant's keys share one namespace, as Stripe's
+  account does (the same Idempotency-Key sent with two keys of one tenant is one request, run
+  once), operators share another. The stored answer is handed back only to the key that made
+  the request, and only while its standing (tenant status) is what it was then: any other key
+  gets 409 `idempotency_key_reused`, never the answer. An answer may carry a secret (a new API
+  key) that the other key's own scopes would never let it see.
 - **Anonymous requests** (signup) are keyed by their content, and their replays never carry
   a secret: nothing proves that the caller replaying a signup is the one who sent it (the body
   and an Idempotency-Key are no credential; keys turn up in logs and proxies), so the API key
@@ -101,13 +105,21 @@ def withhold_secrets(body: bytes) -> bytes:
     return json.dumps(walk(value)).encode()
 
 
+def owner_of(ctx: AuthContext) -> str:
+    """Who a stored answer belongs to: the key (whose scopes never change) and its tenant's
+    status. A replay needs both unchanged, so it is authorized exactly as the first request
+    was; a GraphQL replay has no route of its own to re-check it."""
+    return f"{ctx.key_id}:{ctx.tenant_status or 'platform'}"
+
+
 def _context(principal: str, key: str) -> bytes:
     return f"{principal}\x00{key}".encode()
 
 
-def _claim(principal: str, key: str, req_hash: str):
+def _claim(principal: str, key: str, req_hash: str, owner: str | None):
     """Insert the in-flight record, or return what stands in the way: ('replay', stored),
-    ('mismatch', None), ('in_flight', None). Returns ('claimed', None) on success."""
+    ('mismatch', None), ('not_yours', None), ('in_flight', None). Returns ('claimed', None) on
+    success."""
     ttl = timedelta(hours=get_settings().idempotency_ttl_hours)
     with get_sessionmaker()() as s:
         now = utcnow()
@@ -115,7 +127,11 @@ def _claim(principal: str, key: str, req_hash: str):
             try:
                 s.add(
                     IdempotencyRecord(
-                        principal=principal, key=key, request_hash=req_hash, created_at=now
+                        principal=principal,
+                        key=key,
+                        request_hash=req_hash,
+                        owner=owner,
+                        created_at=now,
                     )
                 )
                 s.commit()
@@ -147,6 +163,8 @@ def _claim(principal: str, key: str, req_hash: str):
                 continue
             if rec.request_hash != req_hash:
                 return "mismatch", None
+            if owner is not None and rec.owner != owner:
+                return "not_yours", None
             if rec.completed_at is None:
                 return "in_flight", None
             return "replay", (rec.status_code, rec.response_headers or {}, body)
@@ -217,7 +235,19 @@ class IdempotencyMiddleware:
         body = b"".join(chunks)
         req_hash = request_hash(scope, body)
         principal = namespace(ctx, req_hash)
-        outcome, rec = await anyio.to_thread.run_sync(_claim, principal, key, req_hash)
+        owner = owner_of(ctx) if ctx is not None else None
+        outcome, rec = await anyio.to_thread.run_sync(_claim, principal, key, req_hash, owner)
+        if outcome == "not_yours":
+            return await send_problem(
+                send,
+                409,
+                "idempotency_key_reused",
+                "Idempotency-Key reused",
+                "This Idempotency-Key was already used by another API key of this account (or "
+                "before the account's status changed); its answer goes only to the key that "
+                "sent it. Use a new Idempotency-Key.",
+                instance=scope["path"],
+            )
         if outcome == "mismatch":
             return await send_problem(
                 send,

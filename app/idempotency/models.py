@@ -9,7 +9,8 @@ from app.core.db import Base, TimestampMixin
 
 
 class IdempotencyRecord(TimestampMixin, Base):
-    """The stored outcome of a POST sent with an Idempotency-Key, per API key (principal)."""
+    """The stored outcome of a POST sent with an Idempotency-Key, per account (tenant or
+    operators), handed back only to the key that made it."""
 
     __tablename__ = "idempotency_records"
     __table_args__ = (UniqueConstraint("principal", "key"),)
@@ -18,6 +19,9 @@ class IdempotencyRecord(TimestampMixin, Base):
     principal: Mapped[str] = mapped_column(String(64))
     key: Mapped[str] = mapped_column(String(255))
     request_hash: Mapped[str] = mapped_column(String(64))
+    # Who may be handed the stored answer: the API key that made the request and the standing
+    # its tenant had then (`owner_of`); NULL for anonymous requests.
+    owner: Mapped[str | None] = mapped_column(String(64), default=None)
     # NULL while the first request is still being handled.
     status_code: Mapped[int | None] = mapped_column(Integer, default=None)
     response_headers: Mapped[dict | None] = mapped_column(JSON, default=None)

@@ -1,9 +1,12 @@
 """Rate limits: token buckets per API key and per tenant, by route class.
 
 - **Classes**: `read` (GET), `write` (POST, PUT, PATCH, DELETE), `expensive` (reads that scan
-  a month of the ledger: billing exports, reconciliation, usage), `signup` and `signin` (per
-  client address, before any key is known: a portal sign-in is a guess at a key until it
-  succeeds).
+  a month of the ledger: billing exports, reconciliation, usage; a GraphQL operation pays one
+  token per such field it asks for, aliases included), `signup` and `signin` (per client
+  address, before any key is known: a portal sign-in is a guess at a key until it succeeds),
+  and `anonymous` (per client address: every request without a credential and every failed
+  authentication; once it is spent, a key this process has not seen lately is not even looked
+  up, so guessing keys costs the database nothing).
 - **Buckets**: a request takes one token from its key's bucket and one from its tenant's
   (several keys of one tenant share the tenant's), atomically, or from neither. Operators have
   buckets of their own, `operator_factor` times a tenant key's (0: exempt).
@@ -36,7 +39,7 @@ from app.core.errors import AppError
 from app.core.logging import get_logger
 
 log = get_logger(__name__)
-CLASSES = ("read", "write", "expensive", "signup", "signin")
+CLASSES = ("read", "write", "expensive", "signup", "signin", "anonymous")
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 EXPENSIVE = frozenset(
     {
@@ -95,26 +98,29 @@ def route_class(method: str, template: str) -> str:
     return "write"
 
 
-# KEYS: the buckets. ARGV: now, then capacity and rate per bucket. Takes a token from every
-# bucket or from none. Returns {allowed, remaining (tokens left in the tightest bucket, floor),
-# wait (s until the tightest has a token), full (s until it is full), its capacity}.
+# KEYS: the buckets. ARGV: now, cost, then capacity and rate per bucket. Takes `cost` tokens
+# from every bucket or from none (a cost of 0 only asks whether a token is there). Returns
+# {allowed, remaining (tokens left in the tightest bucket, floor), wait (s until the tightest
+# has what was asked), full (s until it is full), its capacity}.
 _SCRIPT = """
 local now = tonumber(ARGV[1])
+local cost = tonumber(ARGV[2])
+local need = math.max(cost, 1)
 local n = #KEYS
 local tokens, caps, rates = {}, {}, {}
 local allowed = 1
 for i = 1, n do
-  local cap, rate = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local cap, rate = tonumber(ARGV[2 * i + 1]), tonumber(ARGV[2 * i + 2])
   local b = redis.call('HMGET', KEYS[i], 't', 'at')
   local t, at = tonumber(b[1]), tonumber(b[2])
   if t == nil then t, at = cap, now end
   t = math.min(cap, t + math.max(0, now - at) * rate)
   tokens[i], caps[i], rates[i] = t, cap, rate
-  if t < 1 then allowed = 0 end
+  if t < need then allowed = 0 end
 end
 local tight, tight_left = 1, nil
 for i = 1, n do
-  if allowed == 1 then tokens[i] = tokens[i] - 1 end
+  if allowed == 1 then tokens[i] = tokens[i] - cost end
   redis.call('HSET', KEYS[i], 't', tostring(tokens[i]), 'at', tostring(now))
   redis.call('PEXPIRE', KEYS[i], math.ceil((caps[i] / rates[i]) * 1000) + 1000)
   if tight_left == nil or tokens[i] / caps[i] < tight_left then
@@ -123,7 +129,7 @@ for i = 1, n do
 end
 local t, cap, rate = tokens[tight], caps[tight], rates[tight]
 local wait = 0
-if t < 1 then wait = (1 - t) / rate end
+if t < need then wait = (need - t) / rate end
 return {allowed, tostring(math.floor(t)), tostring(wait), tostring((cap - t) / rate), tostring(cap)}
 """
 
@@ -135,20 +141,21 @@ class _Local:
         self.buckets: dict[str, tuple[float, float]] = {}
         self.lock = threading.Lock()
 
-    def take(self, keys: list[str], limits: list[Limit], now: float) -> tuple:
+    def take(self, keys: list[str], limits: list[Limit], now: float, cost: int = 1) -> tuple:
+        need = max(cost, 1)
         with self.lock:
             state = []
             for k, lim in zip(keys, limits, strict=True):
                 t, at = self.buckets.get(k, (lim.capacity, now))
                 state.append(min(lim.capacity, t + max(0.0, now - at) * lim.rate))
-            allowed = all(t >= 1 for t in state)
+            allowed = all(t >= need for t in state)
             if allowed:
-                state = [t - 1 for t in state]
+                state = [t - cost for t in state]
             for k, t in zip(keys, state, strict=True):
                 self.buckets[k] = (t, now)
             i = min(range(len(keys)), key=lambda j: state[j] / limits[j].capacity)
             t, lim = state[i], limits[i]
-            wait = (1 - t) / lim.rate if t < 1 else 0.0
+            wait = (need - t) / lim.rate if t < need else 0.0
             return allowed, math.floor(t), wait, (lim.capacity - t) / lim.rate, lim.capacity
 
 
@@ -157,12 +164,12 @@ _script_lock = threading.Lock()
 _scripts: dict[int, Any] = {}
 
 
-def _redis_take(client, keys: list[str], limits: list[Limit], now: float) -> tuple:
+def _redis_take(client, keys: list[str], limits: list[Limit], now: float, cost: int) -> tuple:
     with _script_lock:
         script = _scripts.get(id(client))
         if script is None:
             script = _scripts[id(client)] = client.register_script(_SCRIPT)
-    args: list[float] = [now]
+    args: list[float] = [now, cost]
     for lim in limits:
         args += [lim.capacity, lim.rate]
     allowed, left, wait, full, cap = script(keys=keys, args=args)
@@ -175,7 +182,7 @@ def _buckets(cls: str, *, key: str | None, tenant: str | None, operator: bool, a
     if base is None:
         return [], []
     prefix = f"{s.broker_key_prefix}rackplane:rl:{cls}:"
-    if cls in ("signup", "signin"):
+    if cls in ("signup", "signin", "anonymous"):
         return [f"{prefix}addr:{address}"], [base]
     if operator:
         if s.rate_limit_operator_factor <= 0:
@@ -195,9 +202,10 @@ def check(
     tenant: str | None = None,
     operator: bool = False,
     address: str | None = None,
+    cost: int = 1,
 ) -> None:
-    """Take a token for this request, or raise RateLimited. Leaves the RateLimit-* headers
-    for the response in the request's state."""
+    """Take `cost` tokens for this request (0: only check that one is left), or raise
+    RateLimited. Leaves the RateLimit-* headers for the response in the request's state."""
     keys, limits = _buckets(cls, key=key, tenant=tenant, operator=operator, address=address)
     if not keys:
         return
@@ -205,11 +213,11 @@ def check(
     client = redis.client() if get_settings().redis_url else None
     try:
         if client is not None:
-            allowed, left, wait, full, cap = _redis_take(client, keys, limits, now)
+            allowed, left, wait, full, cap = _redis_take(client, keys, limits, now, cost)
         elif get_settings().redis_url:  # Redis configured but its breaker is open
             return
         else:
-            allowed, left, wait, full, cap = _local.take(keys, limits, now)
+            allowed, left, wait, full, cap = _local.take(keys, limits, now, cost)
     except Exception as exc:  # fail open: the limiter must not take the API down
         redis.trip()
         log.warning("rate_limit_unavailable", error=str(exc)[:300])
@@ -221,12 +229,28 @@ def check(
     }
     scope.setdefault("state", {})[HEADERS_STATE] = headers
     if not allowed:
+        if cost > cap:
+            raise RateLimited(
+                f"This request costs {cost} {cls} tokens and the bucket holds {int(cap)}: ask "
+                "for fewer of them per request.",
+                code="request_too_costly",
+                limit_class=cls,
+                cost=cost,
+                capacity=int(cap),
+                headers=headers,
+            )
         retry = max(1, math.ceil(wait))
         raise RateLimited(
             f"Too many {cls} requests; retry in {retry} s.",
             limit_class=cls,
             headers={**headers, "Retry-After": str(retry)},
         )
+
+
+def client_address(conn: Any) -> str:
+    """The caller's address, as the `signup`, `signin` and `anonymous` buckets know it."""
+    client = getattr(conn, "client", None)
+    return client.host if client else "unknown"
 
 
 class RateLimitHeadersMiddleware:

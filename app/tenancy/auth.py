@@ -25,7 +25,7 @@ from app.audit.service import note_principal
 from app.core import redis
 from app.core.config import get_settings
 from app.core.db import as_aware, session_scope, utcnow
-from app.core.errors import Forbidden, Unauthorized
+from app.core.errors import AppError, Forbidden, Unauthorized
 from app.core.logging import get_logger
 from app.core.secrets import server_secret
 from app.ratelimit import service as ratelimit
@@ -140,8 +140,11 @@ class Credential:
     kind: str  # "key" | "session"
     raw: str
 
-    async def resolve(self) -> AuthContext:
-        return await (resolve_key(self.raw) if self.kind == "key" else resolve_session(self.raw))
+    async def resolve(self, before_lookup: Callable[[], None] | None = None) -> AuthContext:
+        """Its AuthContext; `before_lookup` runs first when the database must be asked."""
+        if self.kind == "key":
+            return await resolve_key(self.raw, before_lookup)
+        return await resolve_session(self.raw, before_lookup)
 
 
 def credential_of(conn: HTTPConnection) -> Credential | None:
@@ -167,14 +170,39 @@ def check_csrf(conn: HTTPConnection, cred: Credential) -> None:
         )
 
 
+AUTH_ERROR = "auth_error"
+
+
+def charge_anonymous(conn: HTTPConnection, cost: int = 1) -> None:
+    """Take from the caller's address's `anonymous` bucket (cost 0: only check one is left):
+    a request with no credential, or one whose credential failed, is paid for here."""
+    ratelimit.check(conn.scope, "anonymous", address=ratelimit.client_address(conn), cost=cost)
+
+
 async def context_of(conn: HTTPConnection) -> AuthContext | None:
     """The caller of a request (None without any credential): its key, or its session with the
-    CSRF check. The one place a request's credential is checked."""
+    CSRF check. The one place a request's credential is checked, once per request (a refusal
+    is kept and raised again to whoever asks next).
+
+    A credential that fails costs its address a token of the `anonymous` class; once the
+    address has none left, a credential this process has not cached is refused (429) before
+    the database is asked."""
+    state = conn.scope.setdefault("state", {})
+    if AUTH_ERROR in state:
+        raise state[AUTH_ERROR]
     cred = credential_of(conn)
     if cred is None:
         return None
-    ctx = await cred.resolve()
-    check_csrf(conn, cred)
+    try:
+        try:
+            ctx = await cred.resolve(lambda: charge_anonymous(conn, cost=0))
+        except Unauthorized:
+            charge_anonymous(conn)
+            raise
+        check_csrf(conn, cred)
+    except AppError as e:
+        state[AUTH_ERROR] = e
+        raise
     return ctx
 
 
@@ -189,6 +217,7 @@ async def authenticate(
     if ctx is None:
         ctx = await context_of(request)
         if ctx is None:
+            charge_anonymous(request)
             raise Unauthorized(
                 "Send an API key as `Authorization: Bearer rp_...` (or sign in to the portal).",
                 code="missing_api_key",
@@ -208,7 +237,7 @@ async def authenticate(
 AUTH_STATE = "auth_context"
 
 
-async def resolve_key(raw: str) -> AuthContext:
+async def resolve_key(raw: str, before_lookup: Callable[[], None] | None = None) -> AuthContext:
     """The AuthContext of an API key: from this process's cache when the key was checked in the
     last `auth_cache_seconds` and none of the rows it is read from has changed since (no I/O),
     else from the database (on a worker thread). Unauthorized when it is not a live key."""
@@ -219,12 +248,16 @@ async def resolve_key(raw: str) -> AuthContext:
     epoch = _cache.epoch()
     ctx = _cache.get(digest, epoch)
     if ctx is None:
+        if before_lookup is not None:
+            before_lookup()
         ctx, expires_at = await run_in_threadpool(_lookup, prefix, digest)
         _cache.put(digest, epoch, ctx, expires_at)
     return ctx
 
 
-async def resolve_session(token: str) -> AuthContext:
+async def resolve_session(
+    token: str, before_lookup: Callable[[], None] | None = None
+) -> AuthContext:
     """The AuthContext of a browser session's token (the key it was opened with, as that key is
     now), cached as keys are. Unauthorized when the session is unknown, signed out or expired,
     or its key no longer lives."""
@@ -234,6 +267,8 @@ async def resolve_session(token: str) -> AuthContext:
     epoch = _cache.epoch()
     ctx = _cache.get(digest, epoch)
     if ctx is None:
+        if before_lookup is not None:
+            before_lookup()
         ctx, expires_at = await run_in_threadpool(_session_lookup, digest[2:])
         _cache.put(digest, epoch, ctx, expires_at)
     return ctx
