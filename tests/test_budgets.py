@@ -95,6 +95,8 @@ def test_alerts_once_per_threshold_then_refusal_at_the_limit_until_raised(client
     assert r.headers["content-type"].startswith("application/problem+json")
     assert problem["code"] == "budget_exhausted" and problem["spent"] == 600
     assert problem["spend_limit"] == 500
+    # Said in the currency, with what to change.
+    assert "($6.00 spent of $5.00)" in problem["detail"] and "PUT /v1/budget" in problem["detail"]
 
     # Raising the limit lifts the refusal at once; a GPU-hour limit alerts on its own.
     r = client.put("/v1/budget", json={"spend_limit": 1000, "gpu_hour_limit": 3}, headers=auth(key))
@@ -205,3 +207,13 @@ def test_an_unused_commitment_is_spend_but_not_gpu_hours(client, world):
         # Two committed GPU-hours at 200 are owed in full (one GPU-minute of them used); the
         # other 59 GPU-minutes are on demand, and no on-demand price exists.
         assert b.spent == 400
+
+
+def test_money_is_said_in_its_currency():
+    from app.billing.money import format_money
+
+    assert format_money(3813784, "usd") == "$38,137.84"
+    assert format_money(500000, "usd") == "$5,000.00"
+    assert format_money(-1250, "eur") == "-€12.50"
+    assert format_money(1500, "jpy") == "¥1,500"
+    assert format_money(123450, "chf") == "1,234.50 CHF"

@@ -64,7 +64,7 @@ def test_capacity_subtracts_every_live_allocation(client, world, celery_worker_p
     [mig] = [h for g in h3["gpus"] if g["mig_mode"] for h in g["holders"]]
     assert (mig["workload_id"], mig["mig_profile"], mig["mig_slot"]) == (
         ids[2],
-        "3g",
+        "3g.40gb",
         mig["mig_slot"],
     )
     assert mig["mig_slot"] is not None

@@ -128,10 +128,15 @@ def test_import_runs_on_a_real_worker_and_is_visible_through_the_api(
     assert r2["summary"]["created_gpus"] == 0 and r2["summary"]["created_nodes"] == 0
 
 
-def test_conflicting_import_fails_whole(client, world, session, celery_worker_process):
+def test_a_conflicting_import_is_refused_whole_dry_run_or_not(client, world, session):
+    """A dry run checks the file against the fleet as it is (the README's file once said
+    `valid` and then failed on a node of another rack); every conflict is named at its field."""
     from sqlalchemy import func, select
 
-    from app.fleet.models import Node
+    from app.core.errors import AppError
+    from app.fleet import document
+    from app.fleet.models import FleetImport, Node
+    from app.fleet.service import apply_document
 
     world.fleet(SMALL_FLEET)
     before = session.scalar(select(func.count()).select_from(Node))
@@ -144,19 +149,40 @@ regions:
         kind: hgx
         gpu_model: H100-80GB
         nodes: [{name: fresh-1}]
+      - name: hgx-9
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes: [{name: h100-1}]
 """
     op = world.key(None)
-    r = client.post("/v1/admin/fleet:import", headers=_yaml(op), content=conflicting)
-    result = wait_until(
-        lambda: (
-            (b := client.get(r.headers["location"], headers=auth(op)).json())["status"]
-            in ("succeeded", "failed")
-            and b
-        ),
-        timeout=60,
-    )
-    assert result["status"] == "failed" and "exists as nvl72" in result["error"]
-    assert session.scalar(select(func.count()).select_from(Node)) == before  # nvl-2 not written
+    for params in ({"dry_run": True}, {}):
+        r = client.post(
+            "/v1/admin/fleet:import", headers=_yaml(op), content=conflicting, params=params
+        )
+        assert r.status_code == 409, r.text
+        problem = r.json()
+        assert problem["code"] == "fleet_conflict"
+        by_field = {e["field"]: e["message"] for e in problem["errors"]}
+        assert "exists as nvl72" in by_field["regions[0].racks[1].kind"]
+        assert "already exists in rack r1/" in by_field["regions[0].racks[2].nodes[0].name"]
+    assert session.scalar(select(func.count()).select_from(Node)) == before
+    assert session.scalar(select(func.count()).select_from(FleetImport)) == 0
+    # The worker asks the same question when it applies (the fleet may have changed since).
+    try:
+        apply_document(session, document.load(conflicting))
+        raise AssertionError("applied a conflicting file")
+    except AppError as e:
+        assert e.code == "fleet_conflict" and len(e.extra["errors"]) == 2
+    session.rollback()
+
+
+def test_a_racks_bad_gpu_model_is_named_at_its_field(client, world):
+    bad = "regions:\n  - name: r1\n    racks:\n      - name: h\n        kind: hgx\n"
+    bad += "        gpu_model: H100-80G\n        nodes: [{name: a}, {name: b}]\n"
+    r = client.post("/v1/admin/fleet:import", headers=_yaml(world.key(None)), content=bad)
+    assert r.status_code == 422
+    [error] = r.json()["errors"]  # once, at the field: not once per node, not at the rack
+    assert (error["field"], error["line"]) == ("regions[0].racks[0].gpu_model", 6)
 
 
 def test_node_state_transitions(client, world, session):
@@ -228,3 +254,21 @@ def test_cli_import_reports_lines_and_applies(tmp_path, session):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["created_gpus"] == 88
     assert session.scalar(select(func.count()).select_from(Gpu)) == 88
+
+
+def test_the_readmes_fleet_file_imports_beside_the_demo_fleet(client, world):
+    import re
+
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text().split("## Fleet files", 1)[1]
+    example = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
+    world.fleet((ROOT / "app" / "fleet" / "demo_fleet.yaml").read_text())
+    op = world.key(None)
+    dry = client.post(
+        "/v1/admin/fleet:import", headers=_yaml(op), content=example, params={"dry_run": True}
+    )
+    assert dry.status_code == 200 and dry.json()["valid"], dry.text
+    assert (
+        client.post("/v1/admin/fleet:import", headers=_yaml(op), content=example).status_code == 202
+    )

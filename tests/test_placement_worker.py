@@ -188,7 +188,8 @@ def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, cel
     assert all(p["rack"] == "hgx-1" and p["region"] == "r1" for p in g["placement"])
     assert sum(len(p["gpu_indices"]) for p in g["placement"]) == 8
     [slot] = m["placement"]
-    assert (slot["mig_profile"], slot["gpu_milli"]) == ("3g", 500)
+    # The slice by the name the request used (and capacity and prices use), not its key.
+    assert (slot["mig_profile"], slot["gpu_milli"]) == ("3g.40gb", 500)
     assert slot["mig_slot"] in (0, 4)
     gang_gpus = {(p["node"], i) for p in g["placement"] for i in p["gpu_indices"]}
     assert (slot["node"], slot["gpu_indices"][0]) not in gang_gpus

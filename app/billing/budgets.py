@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from app.audit import service as audit
 from app.billing.commitments import UNUSED
 from app.billing.models import Budget, BudgetAlert
+from app.billing.money import format_money
 from app.billing.service import period_window, price_usage
 from app.core.db import dialect_insert, utcnow
 from app.core.errors import AppError
@@ -55,7 +56,8 @@ def check_submission(
         return
     raise BudgetExhausted(
         f"The budget for {b.exhausted_period} is reached ({describe(b)}); new workloads are "
-        "refused until the limit is raised or the month ends.",
+        "refused until the month ends or the limit is raised (PUT /v1/budget, `setBudget`, or "
+        "the portal's budget page) or the budget is removed (DELETE /v1/budget).",
         period=b.exhausted_period,
         spent=b.spent,
         spend_limit=b.spend_limit,
@@ -68,7 +70,8 @@ def check_submission(
 def describe(b: Budget) -> str:
     parts = []
     if b.spend_limit is not None:
-        parts.append(f"spent {b.spent} of {b.spend_limit} {b.currency} minor units")
+        spent, limit = format_money(b.spent, b.currency), format_money(b.spend_limit, b.currency)
+        parts.append(f"{spent} spent of {limit}")
     if b.gpu_hour_limit is not None:
         parts.append(f"{b.used_milli_gpu_ms / GPU_HOUR:.3f} of {b.gpu_hour_limit} GPU-hours")
     return "; ".join(parts)

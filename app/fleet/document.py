@@ -63,12 +63,7 @@ class RackSpec(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> RackSpec:
-        spec = RACK_KINDS[self.kind]
-        if self.gpu_model is not None and self.gpu_model not in spec.gpu_models:
-            raise ValueError(
-                f"gpu_model {self.gpu_model!r} is not sold in {self.kind} racks "
-                f"(allowed: {', '.join(spec.gpu_models)})"
-            )
+        # A rack's gpu_model is checked in `validate`, where the error can name that field.
         if self.nodes is not None and self.node_template is not None:
             raise ValueError("give either nodes or node_template, not both")
         if self.kind == "hgx" and self.nodes is None and self.node_template is None:
@@ -285,6 +280,13 @@ def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> di
             racks_seen.add(rack.name)
             spec = RACK_KINDS[rack.kind]
             rack_model = rack.gpu_model or spec.gpu_models[0]
+            rack_model_ok = rack_model in spec.gpu_models
+            if not rack_model_ok:
+                err(
+                    rloc + ("gpu_model",),
+                    f"gpu_model {rack_model!r} is not sold in {rack.kind} racks "
+                    f"(allowed: {', '.join(spec.gpu_models)})",
+                )
             nodes: list[tuple[tuple, dict[str, Any]]] = []
             if rack.node_template is not None:
                 t = rack.node_template
@@ -332,7 +334,9 @@ def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> di
             for nloc, n in nodes:
                 model = n["gpu_model"] or rack_model
                 gpus = n["gpus"] or spec.gpus_per_node
-                if model not in GPU_MODELS:
+                if n["gpu_model"] is None and not rack_model_ok:
+                    pass  # the rack's gpu_model is wrong, and said so once, at the rack's field
+                elif model not in GPU_MODELS:
                     err(
                         nloc + ("gpu_model",),
                         f"unknown GPU model {model!r} (known: {', '.join(GPU_MODELS)})",

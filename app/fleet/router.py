@@ -29,6 +29,7 @@ from app.fleet.service import (
     change_node_state,
     gpu_detail,
     holders,
+    refuse_conflicts,
 )
 from app.fleet.service import list_nodes as nodes_page
 from app.fleet.service import list_racks as racks_page
@@ -98,6 +99,9 @@ def import_fleet(
             code="invalid_fleet_file",
             errors=exc.errors,
         ) from None
+    # Checked against the fleet as it is now, dry run or not: a file the import would refuse
+    # is refused here, with every conflict named (the worker checks again when it applies).
+    refuse_conflicts(session, doc)
     if dry_run:
         return JSONResponse(
             FleetValidation(valid=True, totals=document.summarize(doc)).model_dump()

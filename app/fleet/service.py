@@ -12,6 +12,7 @@ from app.core.errors import Conflict
 from app.fleet.models import Gpu, Node, NodeState, Rack, Region
 from app.health.states import PLACEABLE, Health
 from app.placement.catalog import RACK_KINDS
+from app.placement.mig import profile_name
 
 # Allowed operator transitions of a node's state.
 NODE_TRANSITIONS: dict[str, set[str]] = {
@@ -27,20 +28,87 @@ class FleetConflict(Conflict):
     code = "fleet_conflict"
 
 
+def _existing_nodes(session: Session, doc: dict[str, Any]) -> dict[str, Node]:
+    names = [n["name"] for reg in doc["regions"] for r in reg["racks"] for n in r["nodes"]]
+    existing: dict[str, Node] = {}
+    for chunk in range(0, len(names), 1000):
+        for node in session.scalars(select(Node).where(Node.name.in_(names[chunk : chunk + 1000]))):
+            existing[node.name] = node
+    return existing
+
+
+def conflicts(session: Session, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """What applying a valid document would refuse, against the fleet as it is now: a rack
+    that exists as another kind, a node that exists in another rack or with another GPU model.
+    Each problem names its field as validation does (`regions[0].racks[1].nodes[0].name`).
+    The dry run, the import request and the import itself all ask this one question."""
+    existing = _existing_nodes(session, doc)
+    racks = {
+        (region, rack): (rack_id, kind)
+        for rack_id, kind, rack, region in session.execute(
+            select(Rack.id, Rack.kind, Rack.name, Region.name).join(
+                Region, Rack.region_id == Region.id
+            )
+        )
+    }
+    where = {rack_id: f"{region}/{rack}" for (region, rack), (rack_id, _) in racks.items()}
+    found: list[dict[str, Any]] = []
+
+    def problem(field: str, message: str) -> None:
+        found.append({"field": field, "line": None, "column": None, "message": message})
+
+    for ri, reg in enumerate(doc["regions"]):
+        for ki, rk in enumerate(reg["racks"]):
+            at = f"regions[{ri}].racks[{ki}]"
+            rack_id, kind = racks.get((reg["name"], rk["name"]), (None, None))
+            if kind is not None and kind != rk["kind"]:
+                problem(
+                    f"{at}.kind",
+                    f"rack {reg['name']}/{rk['name']} exists as {kind}, the file says {rk['kind']}",
+                )
+            for ni, nd in enumerate(rk["nodes"]):
+                node = existing.get(nd["name"])
+                if node is None:
+                    continue
+                if node.rack_id != rack_id:
+                    problem(
+                        f"{at}.nodes[{ni}].name",
+                        f"node {nd['name']} already exists in rack {where.get(node.rack_id)}",
+                    )
+                elif node.gpu_model != nd["gpu_model"]:
+                    problem(
+                        f"{at}.nodes[{ni}].gpu_model",
+                        f"node {nd['name']} exists with {node.gpu_model} GPUs, the file says "
+                        f"{nd['gpu_model']}",
+                    )
+    return found
+
+
+def refuse_conflicts(session: Session, doc: dict[str, Any]) -> None:
+    """FleetConflict listing every conflict (see `conflicts`), if there is any."""
+    found = conflicts(session, doc)
+    if found:
+        raise FleetConflict(
+            f"The fleet file conflicts with the fleet in {len(found)} place(s): "
+            + "; ".join(f"{p['field']}: {p['message']}" for p in found[:5])
+            + ("; …" if len(found) > 5 else "")
+            + ". Nothing was imported.",
+            errors=found,
+        )
+
+
 def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
     """Apply a validated, normalised fleet document (see `app.fleet.document`).
 
     Additive and idempotent: objects matched by name are kept (CPU/memory updated); new ones
-    are created. A conflict with what exists (a rack of another kind, a node in another rack)
-    raises FleetConflict and the caller's transaction writes nothing.
+    are created. A conflict with what exists (a rack of another kind, a node in another rack
+    or of another model: `conflicts`) raises FleetConflict and the caller's transaction
+    writes nothing.
     """
+    refuse_conflicts(session, doc)
     created = {"regions": 0, "racks": 0, "nodes": 0, "gpus": 0}
     updated = 0
-    names = [n["name"] for reg in doc["regions"] for r in reg["racks"] for n in r["nodes"]]
-    existing_nodes: dict[str, Node] = {}
-    for chunk in range(0, len(names), 1000):
-        for node in session.scalars(select(Node).where(Node.name.in_(names[chunk : chunk + 1000]))):
-            existing_nodes[node.name] = node
+    existing_nodes = _existing_nodes(session, doc)
     regions = {r.name: r for r in session.scalars(select(Region))}
     now = utcnow()
     new_gpus: list[dict[str, Any]] = []
@@ -68,22 +136,10 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
                 session.add(rack)
                 session.flush()
                 created["racks"] += 1
-            elif rack.kind != rk["kind"]:
-                raise FleetConflict(
-                    f"rack {reg['name']}/{rk['name']} exists as {rack.kind}, "
-                    f"the file says {rk['kind']}"
-                )
             domain_of_rack = RACK_KINDS[rk["kind"]].rack_is_nvlink_domain
             for nd in rk["nodes"]:
                 node = existing_nodes.get(nd["name"])
-                if node is not None:
-                    if node.rack_id != rack.id:
-                        raise FleetConflict(f"node {nd['name']} already exists in another rack")
-                    if node.gpu_model != nd["gpu_model"]:
-                        raise FleetConflict(
-                            f"node {nd['name']} exists with {node.gpu_model} GPUs, "
-                            f"the file says {nd['gpu_model']}"
-                        )
+                if node is not None:  # in this rack with this model: `conflicts` checked
                     if (node.cpu_milli, node.memory_mib) != (nd["cpu_milli"], nd["memory_mib"]):
                         node.cpu_milli, node.memory_mib = nd["cpu_milli"], nd["memory_mib"]
                         node.generation += 1
@@ -251,7 +307,9 @@ def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]
             A.gpu_memory_mib,
             A.mig_profile,
             A.mig_start,
+            Node.gpu_model,
         )
+        .join(Node, Node.id == A.node_id)
         .where(A.node_id.in_(node_ids), A.released_at.is_(None))
         .order_by(A.created_at)
     ):
@@ -264,7 +322,9 @@ def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]
                     "tier": a.tier,
                     "milli": a.milli,
                     "gpu_memory_mib": a.gpu_memory_mib,
-                    "mig_profile": a.mig_profile,
+                    "mig_profile": profile_name(a.gpu_model, a.mig_profile)
+                    if a.mig_profile
+                    else None,
                     "mig_slot": a.mig_start,
                 }
             )

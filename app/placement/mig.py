@@ -71,7 +71,11 @@ def profile_names() -> dict[str, frozenset[str]]:
 
 
 def profile_name(model: str, profile: str) -> str:
-    """The name NVIDIA uses for `profile` on `model`, e.g. ("H200-141GB", "3g") -> "3g.71gb"."""
+    """The name NVIDIA uses for `profile` on `model`, e.g. ("H200-141GB", "3g") -> "3g.71gb"
+    (a name already is one)."""
+    if profile not in PROFILES:
+        profile_by_name(model, profile)  # KeyError unless it is one of the model's names
+        return profile
     return _NAMES[model][_ORDER.index(profile)]
 
 

@@ -31,7 +31,7 @@ from app.metering.models import UsageKind
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
-from app.placement.mig import MEMORY_SLICES, PROFILES
+from app.placement.mig import MEMORY_SLICES, PROFILES, profile_name
 from app.placement.model import Level, Request, Shape, Topology
 from app.placement.queueing import (
     QueueConfig,
@@ -688,7 +688,10 @@ def describe(world: _World, b) -> dict:
         "node": b.node,
         "gpu_indices": list(b.gpu_indices),
         "gpu_model": world.node_model[b.node],
-        "mig_profile": b.mig_profile,
+        # The model's name for the slice ("3g.40gb"), as requests, capacity and prices say it.
+        "mig_profile": profile_name(world.node_model[b.node], b.mig_profile)
+        if b.mig_profile
+        else None,
         "mig_slot": b.mig_start,
         "milli": b.milli or None,
         "gpu_milli": per_gpu * len(b.gpu_indices),
