@@ -44,8 +44,9 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.provisioning: frozenset({S.running, S.queued, S.failed, S.terminated}),
     # Straight to preempted when its hardware is gone (a node down): no grace to give.
     S.running: frozenset({S.checkpointing, S.preempted, S.succeeded, S.failed, S.terminated}),
-    # Preemption: checkpoint within the grace period, then release the GPUs.
-    S.checkpointing: frozenset({S.preempted, S.running, S.failed, S.terminated}),
+    # Preemption: checkpoint within the grace period, then stop (preempted). A process that
+    # exits by itself during its grace ends as any run does: exit 0 is a success.
+    S.checkpointing: frozenset({S.preempted, S.running, S.succeeded, S.failed, S.terminated}),
     S.preempted: frozenset({S.queued, S.terminated}),
     S.succeeded: frozenset(),
     S.failed: frozenset(),

@@ -822,11 +822,16 @@ def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1)
     session.flush()
 
 
-def grace_left(session: Session, ws: list[Workload], now: datetime) -> dict[uuid.UUID, float]:
+def unstopped_holders(
+    session: Session, ws: list[Workload]
+) -> dict[uuid.UUID, dict[uuid.UUID, datetime | None]]:
     """The invariant no provider call may break: nothing starts on a GPU before every earlier
-    holder of that GPU has stopped or passed its stop deadline. For each of `ws` (about to be
-    provisioned) that would, the seconds until it may: the latest deadline among evicted
-    workloads still checkpointing whose released allocations share one of its GPUs."""
+    holder of that GPU has stopped. An evicted holder gives its allocations up at once (they are
+    promised to its preemptor) but runs on through its grace period until it is stopped (or
+    ends by itself): what counts is its state in the database, never its deadline, which a lost
+    stop (a worker killed during the grace) would leave behind. For each of `ws` (about to be
+    provisioned) that would start too soon: the evicted workloads still checkpointing whose
+    released allocations share one of its GPUs, with their stop deadlines."""
     if not ws:
         return {}
     mine = session.execute(
@@ -836,26 +841,67 @@ def grace_left(session: Session, ws: list[Workload], now: datetime) -> dict[uuid
     ).all()
     if not mine:
         return {}
-    held: dict[tuple[uuid.UUID, int], datetime] = {}
-    for node, gpus, deadline in session.execute(
-        select(Allocation.node_id, Allocation.gpu_indices, Workload.stop_deadline)
+    held: dict[tuple[uuid.UUID, int], dict[uuid.UUID, datetime | None]] = {}
+    for victim, node, gpus, deadline in session.execute(
+        select(
+            Allocation.workload_id,
+            Allocation.node_id,
+            Allocation.gpu_indices,
+            Workload.stop_deadline,
+        )
         .join(Workload, Workload.id == Allocation.workload_id)
         .where(
             Workload.state == State.checkpointing.value,  # not stopped yet: few rows, indexed
-            Workload.stop_deadline > now,
             Allocation.node_id.in_({node for _, node, _ in mine}),
             Allocation.released_at >= Workload.evicted_at,  # what it held until its eviction
         )
     ):
         for g in gpus:
-            held[(node, g)] = max(held.get((node, g), deadline), deadline)
-    out: dict[uuid.UUID, float] = {}
+            held.setdefault((node, g), {})[victim] = deadline
+    out: dict[uuid.UUID, dict[uuid.UUID, datetime | None]] = {}
     for wid, node, gpus in mine:
         for g in gpus:
             if (node, g) in held:
-                left = (as_aware(held[(node, g)]) - now).total_seconds()
-                out[wid] = max(out.get(wid, 0.0), left)
+                out.setdefault(wid, {}).update(held[(node, g)])
     return out
+
+
+def waiting_for(session: Session, w: Workload) -> list[uuid.UUID]:
+    """The workloads placed (still `placing`) on GPUs that `w` held until its eviction: those
+    whose start waits for `w` to stop."""
+    if w.evicted_at is None:
+        return []
+    gave = session.execute(
+        select(Allocation.node_id, Allocation.gpu_indices).where(
+            Allocation.workload_id == w.id, Allocation.released_at >= w.evicted_at
+        )
+    ).all()
+    if not gave:
+        return []
+    gpus = {(node, g) for node, indices in gave for g in indices}
+    rows = session.execute(
+        select(Allocation.workload_id, Allocation.node_id, Allocation.gpu_indices)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(
+            Workload.state == State.placing.value,
+            Allocation.node_id.in_({node for node, _ in gave}),
+            Allocation.released_at.is_(None),
+        )
+    )
+    return sorted({wid for wid, node, indices in rows if any((node, g) in gpus for g in indices)})
+
+
+def stopped(session: Session, w: Workload) -> None:
+    """`w`, evicted, has just stopped (in the caller's transaction): its GPUs are free, so the
+    workloads waiting to start on them are provisioned now, not at its deadline."""
+    ids = waiting_for(session, w)
+    if ids:
+        enqueue(
+            session,
+            "workloads.provision",
+            queue="provisioning",
+            workload_ids=[str(i) for i in ids],
+        )
 
 
 def release(

@@ -22,6 +22,7 @@ from app.tenancy.scoping import scoped_select
 from app.workloads import lifecycle
 from app.workloads.lifecycle import HOLDING, State
 from app.workloads.models import TenantQuota, Workload, WorkloadEvent
+from app.workloads.placement import release, stopped
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
 
@@ -286,15 +287,17 @@ def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workloa
 
 
 def terminate(session: Session, w: Workload, reason: str = "terminated by the customer") -> None:
-    from app.workloads.placement import release
-
     if w.state == State.terminated.value:  # DELETE is idempotent: a repeat answers as the first
         return
     held = State(w.state) in HOLDING
+    evicted = w.state == State.checkpointing.value  # its GPUs already went to its preemptor
     lifecycle.transition(session, w, State.terminated, reason)
     if held and release(session, w, reason="terminated"):
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
         kick_placement(session, w.region)
+    elif evicted:
+        enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+        stopped(session, w)
 
 
 def finish(
@@ -307,21 +310,30 @@ def finish(
     details: dict,
 ) -> None:
     """The workload's process ended (it exited, or was stopped at its deadline): a terminal
-    state at `at`, its allocations and their usage ending then, not when this runs."""
-    from app.workloads.placement import release
-
+    state at `at`, its allocations and their usage ending then, not when this runs. During a
+    grace period (checkpointing) too: an exit ends the run as it would have without the
+    preemption, its allocations (and usage) already ended at the eviction, and its preemptor
+    starts now on the GPUs it left."""
     if State(w.state) not in (State.running, State.checkpointing):
         raise NotRunning(f"A {w.state} workload has no process to end.", state=w.state)
     at = min(at, utcnow())
     if w.run_started_at is not None and at < as_aware(w.run_started_at):
         raise ValidationFailed("The exit is before the run started.", code="exit_before_start")
+    evicted = w.state == State.checkpointing.value
+    if evicted and w.evicted_at is not None:
+        # Exited before the eviction, reported after it: its timeline ends once it is evicted
+        # (its usage ended there).
+        at = max(at, as_aware(w.evicted_at))
     held = release(session, w, at, reason=details.get("cause", "exited"))
     lifecycle.transition(
         session, w, State.succeeded if succeeded else State.failed, reason, details, at=at
     )
-    if held:
+    if held or evicted:
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+    if held:
         kick_placement(session, w.region)
+    if evicted:
+        stopped(session, w)
 
 
 def requeue_reason(w: Workload) -> tuple[str, dict]:
@@ -359,7 +371,6 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
     from app.audit import service as audit
     from app.core.config import get_settings
     from app.workloads.models import Allocation
-    from app.workloads.placement import release
 
     effect = NODE_STATE_EFFECT[state]
     if effect == "none":
@@ -478,7 +489,6 @@ def interrupt_on_fault(
     since its last checkpoint is recorded as lost; it goes back to the queue ahead of its
     priority peers, to resume from its last checkpoint. Returns how many were stopped."""
     from app.audit import service as audit
-    from app.workloads.placement import release
 
     now = utcnow()
     regions, entries = set(), []
@@ -536,8 +546,6 @@ def move_off_suspect(
 ) -> None:
     """A running workload on a suspect GPU just checkpointed and healthy capacity exists: stop
     it now and requeue it ahead of its peers, to resume from that checkpoint elsewhere."""
-    from app.workloads.placement import release
-
     now = utcnow()
     ckpt = as_aware(w.last_checkpoint_at) if w.last_checkpoint_at else now
     lost = round(w.gpu_milli / 1000 * max(0.0, (now - ckpt).total_seconds()), 3)
@@ -678,12 +686,17 @@ def events_of(session: Session, auth: AuthContext, w: Workload) -> list[Workload
 
 
 def quota_list(session: Session, tenant_id: uuid.UUID) -> dict[str, Any]:
-    """A tenant's quotas by GPU model, each with the GPU-equivalents held and queued."""
+    """A tenant's quotas by GPU model, each with the GPU-equivalents held and queued; a model
+    the tenant holds GPUs of without a quota row is listed too, as it stands for it (nothing
+    guaranteed, no limit)."""
     from app.workloads.schemas import QuotaOut
 
     held, queued = usage(session, tenant_id)
+    quotas: dict[str, Any] = dict(quotas_of(session, tenant_id))
+    for model in held.keys() - quotas.keys():
+        quotas[model] = QuotaOut(gpu_model=model, guaranteed_milli=0, limit_milli=None, weight=1.0)
     items = []
-    for q in sorted(quotas_of(session, tenant_id).values(), key=lambda q: q.gpu_model):
+    for q in sorted(quotas.values(), key=lambda q: q.gpu_model):
         out = QuotaOut.model_validate(q)
         out.used_milli = held.get(q.gpu_model, 0)
         out.queued_milli = queued.get(q.gpu_model, 0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from celery import shared_task
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -21,12 +21,16 @@ from app.outbox.service import enqueue, publish
 from app.workloads import lifecycle
 from app.workloads.lifecycle import State
 from app.workloads.models import Workload, WorkloadEvent
-from app.workloads.placement import PlanConflict, grace_left, release, run_cycle
-from app.workloads.providers import get_provider
-from app.workloads.service import kick_placement, requeue_reason
+from app.workloads.placement import PlanConflict, release, run_cycle, stopped, unstopped_holders
+from app.workloads.providers import Provider, get_provider
+from app.workloads.service import finish, kick_placement, requeue_reason
 
 log = get_logger(__name__)
 POLL_SECONDS = 0.5
+# A victim still checkpointing this long after its stop deadline lost its
+# `workloads.finish_preemption` (a worker killed during the grace): whoever waits for it (its
+# preemptor's provisioning, the reconciler) sends it again. Its preemptor looks again this often.
+OVERDUE_SECONDS = 1.0
 
 
 def _task(name: str):
@@ -167,6 +171,11 @@ def _provisioning_since(session, ws: list[Workload]) -> dict[uuid.UUID, datetime
     return {wid: as_aware(at) for wid, at in rows}
 
 
+def _until(deadline: datetime | None, now: datetime) -> float:
+    """Seconds from `now` to a victim's stop deadline (0 without one)."""
+    return 0.0 if deadline is None else (as_aware(deadline) - now).total_seconds()
+
+
 def _check_later(session, delays: dict[str, float]) -> None:
     """One `workloads.check` per poll step for the workloads due then, not one each."""
     due: dict[float, list[str]] = {}
@@ -186,18 +195,32 @@ def provision(workload_ids: list[str] | None = None, workload_id: str | None = N
             _ids(workload_ids, workload_id),
             {State.placing.value, State.provisioning.value},
         )
-        now = utcnow()
         # Whoever sent this (the cycle, a reconcile, a redelivery), the GPUs' previous holders
-        # keep them until they stop or their grace ends: come back then.
-        wait = grace_left(session, [w for w in ws if w.state == State.placing.value], now)
-        for wid, left in wait.items():
-            log.info("provision_waits_for_grace", workload=str(wid), seconds=round(left, 1))
+        # keep them until they have stopped: come back at their deadline (their stop sends this
+        # again at once), or, past it, stop them and look again shortly.
+        wait = unstopped_holders(session, [w for w in ws if w.state == State.placing.value])
+        now = utcnow()  # after the holders were read: later than any stop they saw
+        overdue: set[uuid.UUID] = set()
+        for wid, holders in wait.items():
+            left = max(_until(deadline, now) for deadline in holders.values())
+            if left <= 0:
+                overdue |= {v for v, d in holders.items() if _until(d, now) <= -OVERDUE_SECONDS}
+                left = OVERDUE_SECONDS
+            log.info("provision_waits_for_holders", workload=str(wid), seconds=round(left, 1))
             enqueue(
                 session,
                 "workloads.provision",
                 queue="provisioning",
                 countdown=round(left + 0.05, 2),
                 workload_ids=[str(wid)],
+            )
+        for victim in sorted(overdue):
+            log.warning("victim_overdue", workload=str(victim))
+            enqueue(
+                session,
+                "workloads.finish_preemption",
+                queue="provisioning",
+                workload_id=str(victim),
             )
         ws = [w for w in ws if w.id not in wait]
         moved = [w for w in ws if w.state == State.placing.value]
@@ -270,8 +293,6 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
 def run_deadline(w: Workload, start: datetime, provider) -> datetime:
     """When the run that starts at `start` ends at the latest: its max_runtime_s, or sooner
     when the provider knows its process exits by itself (the simulated run)."""
-    from datetime import timedelta
-
     seconds = float(w.max_runtime_s)
     exits = provider.run_for(w)
     if exits is not None:
@@ -291,12 +312,8 @@ def _expire_later(session, deadlines: dict[str, datetime], now: datetime) -> Non
 
 @_task("workloads.expire")
 def expire(workload_ids: list[str] | None = None, workload_id: str | None = None) -> dict:
-    """Runs at their deadline end: a simulated run that reached its declared length exits 0
-    (succeeded); any other run past max_runtime_s is stopped (failed, max_runtime_exceeded).
-    Usage stops at the deadline, not when this task runs. A workload whose run changed since
+    """Runs at their deadline end (see `end_run`). A workload whose run changed since
     (preempted and running again) has a later deadline and is left alone."""
-    from app.workloads.service import finish
-
     out = {"succeeded": 0, "failed": 0}
     with session_scope() as session:
         ws = _locked_in(
@@ -306,50 +323,77 @@ def expire(workload_ids: list[str] | None = None, workload_id: str | None = None
         )
         now, provider = utcnow(), get_provider()
         for w in ws:
-            if w.run_deadline_at is None or as_aware(w.run_deadline_at) > now:
-                continue
-            deadline, started = as_aware(w.run_deadline_at), as_aware(w.run_started_at)
-            ran = (deadline - started).total_seconds()
-            exits = provider.run_for(w)
-            if exits is not None and exits <= w.max_runtime_s:
-                finish(
-                    session,
-                    w,
-                    succeeded=True,
-                    reason=f"the process exited with code 0 after {ran:g} s",
-                    at=deadline,
-                    details={"exit_code": 0, "cause": "exited"},
-                )
-                out["succeeded"] += 1
-            else:
-                finish(
-                    session,
-                    w,
-                    succeeded=False,
-                    reason=f"stopped: ran past its max_runtime_s ({w.max_runtime_s} s)",
-                    at=deadline,
-                    details={"cause": "max_runtime_exceeded", "max_runtime_s": w.max_runtime_s},
-                )
-                out["failed"] += 1
+            ended = end_run(session, w, provider, now)
+            if ended is not None:
+                out[ended] += 1
         return out
+
+
+def end_run(session, w: Workload, provider: Provider, now: datetime) -> str | None:
+    """End `w`'s run (running, or checkpointing in its grace) if its deadline is past: a
+    simulated run that reached its declared length exits 0 (succeeded), any other run past
+    max_runtime_s is stopped (failed, max_runtime_exceeded). Usage stops at the deadline, not
+    when this runs. Returns the state it ended in, or None when its run goes on."""
+    if w.run_deadline_at is None or as_aware(w.run_deadline_at) > now:
+        return None
+    deadline, started = as_aware(w.run_deadline_at), as_aware(w.run_started_at)
+    ran = (deadline - started).total_seconds()
+    exits = provider.run_for(w)
+    if exits is not None and exits <= w.max_runtime_s:
+        finish(
+            session,
+            w,
+            succeeded=True,
+            reason=f"the process exited with code 0 after {ran:g} s",
+            at=deadline,
+            details={"exit_code": 0, "cause": "exited"},
+        )
+        return "succeeded"
+    finish(
+        session,
+        w,
+        succeeded=False,
+        reason=f"stopped: ran past its max_runtime_s ({w.max_runtime_s} s)",
+        at=deadline,
+        details={"cause": "max_runtime_exceeded", "max_runtime_s": w.max_runtime_s},
+    )
+    return "failed"
 
 
 @_task("workloads.finish_preemption")
 def finish_preemption(workload_id: str) -> str:
-    """The grace period is over: the victim has stopped; it waits again, from its checkpoint."""
+    """The grace period is over: the victim stops and waits again, from its checkpoint; its
+    preemptor may start now. A run that ended by itself during the grace (a simulated run of
+    declared length) ended as any run does, not preempted. Sent early (a reconcile), it comes
+    back at the deadline."""
     with session_scope() as session:
         w = _locked(session, workload_id)
         if w is None or w.state != State.checkpointing.value:
             return "skipped"
-        get_provider().deprovision(w)
+        now, provider = utcnow(), get_provider()
+        left = _until(w.stop_deadline, now)
+        if left > 0:
+            enqueue(
+                session,
+                "workloads.finish_preemption",
+                queue="provisioning",
+                countdown=round(left, 2),
+                workload_id=workload_id,
+            )
+            return "early"
+        ended = end_run(session, w, provider, now)
+        if ended is not None:
+            return ended
+        provider.deprovision(w)
         audit.record_system(
             session,
             "workload.requeue",
             [(w.tenant_id, "workload", w.id, {"reason": "preempted"}, {})],
         )
-        lifecycle.transition(session, w, State.preempted, "grace period over: stopped")
+        lifecycle.transition(session, w, State.preempted, "grace period over: stopped", at=now)
         reason, details = requeue_reason(w)  # the checkpoint, or the start: said truly
-        lifecycle.transition(session, w, State.queued, reason, details)
+        lifecycle.transition(session, w, State.queued, reason, details, at=now)
+        stopped(session, w)
         kick_placement(session, w.region)
         return "requeued"
 
@@ -374,18 +418,13 @@ LATE_AFTER_SECONDS = 5.0
 def reconcile() -> int:
     """Beat: nudge workloads whose follow-up task was lost (a message dropped with a crashed
     worker, a broker outage). The tasks are idempotent, so a spurious nudge does nothing."""
-    from datetime import timedelta
-
-    from app.core.config import get_settings
-
-    grace = get_settings().preemption_grace_seconds
     # How long each state may sit without an event before its task is sent again.
     patience = {
         State.placing.value: ("workloads.provision", STUCK_AFTER_SECONDS),
         State.provisioning.value: ("workloads.check", STUCK_AFTER_SECONDS),
-        State.checkpointing.value: ("workloads.finish_preemption", grace + STUCK_AFTER_SECONDS),
     }
     now = utcnow()
+    late_by = now - timedelta(seconds=LATE_AFTER_SECONDS)
     nudged = 0
     with session_scope() as session:
         last = (  # per workload, through the (workload_id, seq) index: no scan of the timeline
@@ -406,11 +445,22 @@ def reconcile() -> int:
             due.setdefault(task, []).append(str(wid))
             nudged += 1
         for task, ids in due.items():
-            if task == "workloads.finish_preemption":  # one grace period each
-                for wid in ids:
-                    enqueue(session, task, queue="provisioning", workload_id=wid)
-            else:
-                enqueue(session, task, queue="provisioning", workload_ids=ids)
+            enqueue(session, task, queue="provisioning", workload_ids=ids)
+        # Victims past their own stop deadline (a grace may be stretched for a long checkpoint)
+        # whose stop was lost: their preemptors wait for them. One grace period each.
+        overdue = session.scalars(
+            select(Workload.id)
+            .where(
+                Workload.state == State.checkpointing.value,
+                or_(Workload.stop_deadline < late_by, Workload.stop_deadline.is_(None)),
+            )
+            .limit(1000)
+        ).all()
+        for wid in overdue:
+            enqueue(
+                session, "workloads.finish_preemption", queue="provisioning", workload_id=str(wid)
+            )
+        nudged += len(overdue)
         # Runs past their deadline whose expire message was lost (indexed: running only).
         late = [
             str(wid)
@@ -418,7 +468,7 @@ def reconcile() -> int:
                 select(Workload.id)
                 .where(
                     Workload.state == State.running.value,
-                    Workload.run_deadline_at < now - timedelta(seconds=LATE_AFTER_SECONDS),
+                    Workload.run_deadline_at < late_by,
                 )
                 .limit(1000)
             )
