@@ -3,6 +3,8 @@
 The health loop runs in workers and the API in several processes: counters kept in one
 process's memory would show a fraction of the truth. These are read from the rows that record
 it (GPU states, incidents, repairs, workloads) at each scrape, a handful of grouped queries.
+The exception is what leaves no row: telemetry samples rejected on arrival are counted per
+process, as the API's request counters are (app/core/middleware.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from prometheus_client import Counter
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,6 +28,11 @@ from app.core.logging import get_logger
 log = get_logger(__name__)
 DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600)
+TELEMETRY_REJECTED = Counter(
+    "rackplane_telemetry_rejected_samples",
+    "Telemetry samples rejected on arrival (never acted on), by reason (app/health/telemetry.py)",
+    ["reason"],
+)
 
 
 def _histogram(name: str, doc: str, label: str, rows: dict[str, list[float]], buckets) -> Any:

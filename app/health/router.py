@@ -63,8 +63,10 @@ async def _raw_body(request: Request) -> bytes:
     summary="Push GPU telemetry (DCGM samples; dcgm-exporter text as it is)",
     description=(
         "Node agents push what DCGM reads. Samples of GPUs the fleet does not know are listed "
-        "back (the first 100, and a count) and the rest are taken in; a malformed batch is a "
-        "422 naming the sample, and nothing of it is kept. Each pushing node counts as alive "
+        "back (the first 100, and a count) and the rest are taken in; so are samples rejected "
+        "for bad data (a value outside its field's domain, a timestamp far ahead, a malformed "
+        "label, a UUID that is another GPU's), which are never acted on. A malformed batch is "
+        "a 422 naming the sample, and nothing of it is kept. Each pushing node counts as alive "
         "(a heartbeat); fault signals (Xids, ECC and NVLink errors, the driver's recovery "
         "action...) go to the health loop at once."
     ),
@@ -96,6 +98,9 @@ def push_telemetry(
         "ignored": result.ignored,
         "unknown": result.unknown,
         "unknown_count": result.unknown_count,
+        "rejected": result.rejected,
+        "rejected_by_reason": result.rejected_by_reason,
+        "rejections": result.rejections,
         "nodes": result.nodes,
         "signals": result.signals,
     }

@@ -79,6 +79,31 @@ class TelemetryProblem(BaseModel):
     problem: str = Field(description="unknown_node | unknown_gpu")
 
 
+RejectReason = Literal[
+    "out_of_range", "not_finite", "future_timestamp", "bad_label", "uuid_conflict"
+]
+
+
+class TelemetryRejection(BaseModel):
+    sample: int | None = Field(
+        description="The sample's position in `samples` (JSON) or its line (Prometheus text)"
+    )
+    node: str | None = Field(description="null for a malformed label")
+    gpu: str | None
+    uuid: str | None
+    field: str = Field(description="The DCGM field name")
+    reason: RejectReason = Field(
+        description=(
+            "out_of_range: outside the field's domain (a negative counter, an Xid below 0 or "
+            "past int32, a temperature no GPU reaches, a fraction where a whole number is "
+            "read); not_finite: Inf, or NaN where a reading cannot be missing; "
+            "future_timestamp: stamped more than 120 s ahead of the server's clock; bad_label: "
+            "a control character in a label, or a malformed Hostname, gpu or UUID; "
+            "uuid_conflict: the UUID is another GPU's"
+        )
+    )
+
+
 class TelemetryResult(BaseModel):
     accepted: int = Field(description="Samples of fleet GPUs taken in")
     ignored: int = Field(description="Samples of fields the health loop does not use")
@@ -86,6 +111,9 @@ class TelemetryResult(BaseModel):
         description="Samples naming no fleet GPU (the first 100); the rest were still taken in"
     )
     unknown_count: int
+    rejected: int = Field(description="Samples rejected: never acted on; the rest were taken in")
+    rejected_by_reason: dict[RejectReason, int] = Field(description="`rejected`, by reason")
+    rejections: list[TelemetryRejection] = Field(description="The rejected samples (the first 100)")
     nodes: int = Field(description="Nodes that reported (a heartbeat each)")
     signals: int = Field(description="Fault signals raised, for the health loop to classify")
 

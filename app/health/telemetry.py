@@ -13,13 +13,20 @@ All batched: one statement per kind of write per request.
 
 Several API processes each keep the GPUs they are sent; a GPU's state is read from the
 database the first time a process sees it, so baselines carry across processes and restarts.
-If the request's transaction rolls back, the nodes it raised signals for are forgotten, so the
-next report raises them again.
+If the request's transaction rolls back, the nodes it raised signals for (or learned a GPU's
+UUID for) are forgotten, so the next report raises them again.
+
+Nothing is taken on trust: a sample outside its field's domain (`DOMAINS`: an Xid of -1, a
+negative counter, Inf, a temperature of 5000 C), stamped more than MAX_SKEW_S ahead of the
+server's clock, with a malformed label, or claiming the UUID of another GPU is rejected on its
+own (counted, with its reason, never acted on) and the rest of the batch still applies. A UUID
+resolves only to the GPU whose record holds it, or to nothing.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 import uuid
@@ -37,7 +44,9 @@ from app.core.errors import ValidationFailed
 from app.fleet.models import Gpu, Node
 from app.health import perf
 from app.health.actions import HW_SLOWDOWN_BITS, SIGNALS, THROTTLED_BITS
+from app.health.metrics import TELEMETRY_REJECTED
 from app.health.models import GpuTelemetry, NodeHeartbeat
+from app.health.schemas import HOST_PATTERN, UUID_PATTERN
 from app.placement.catalog import GPU_MODELS
 
 # What each DCGM field is to the health loop (anything else is counted and ignored).
@@ -63,10 +72,52 @@ FIELDS: dict[str, tuple[int, str]] = {
     "DCGM_FI_DEV_POWER_USAGE": (GAUGE, "power_w"),
     "DCGM_FI_DEV_FB_USED": (GAUGE, "fb_used_mib"),
 }
+# What each field's value may be: (lowest, highest, whole numbers only). Outside it, a sample is
+# rejected. DCGM marks a value it has not got (blank, not found, not supported, no permission)
+# with the top of its type's range: 0x7ffffff0 and up (int32 fields), 0x7ffffffffffffff0 and up
+# (int64 fields); those are never a reading either. NaN is a gauge's "no reading" (taken in,
+# nothing learned) and no value at all for an event-like field; Inf is never a value.
+INT32_BLANK = 0x7FFFFFF0
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+_COUNT = (0.0, float(INT64_BLANK - 1), True)
+DOMAINS: dict[str, tuple[float, float, bool]] = {
+    "xid": (0.0, float(INT32_BLANK - 1), True),  # 0: no Xid; NVIDIA's codes are small
+    "recovery_action": (0.0, float(INT32_BLANK - 1), True),  # 0: none (NVML's values: 0-4)
+    "ecc_dbe": _COUNT,
+    "ecc_sbe": _COUNT,
+    "uncorrectable_remapped_rows": _COUNT,
+    "retired_dbe": _COUNT,
+    "nvlink_crc_flit": _COUNT,
+    "nvlink_replay": _COUNT,
+    "nvlink_recovery": _COUNT,
+    "pcie_replay": _COUNT,
+    "row_remap_failure": (0.0, 1.0, True),  # a flag
+    "throttle": _COUNT,  # bit flags
+    "util": (0.0, 100.0, False),  # %
+    "sm_clock": (0.0, 10_000.0, False),  # MHz
+    "gpu_temp": (-50.0, 200.0, False),  # C
+    "memory_temp": (-50.0, 200.0, False),
+    "power_w": (0.0, 10_000.0, False),  # W (a GB200 superchip draws under 3 kW)
+    "fb_used_mib": (0.0, float(1 << 24), False),  # MiB (16 TiB)
+}
+_NAN_IS_NO_READING = frozenset({UTIL, CLOCK, GAUGE})
+# Why a sample is rejected (each counted in the answer and on /metrics).
+OUT_OF_RANGE = "out_of_range"  # outside its field's domain (or not a whole number where one is)
+NOT_FINITE = "not_finite"  # Inf, or NaN where a reading cannot be missing
+FUTURE_TIMESTAMP = "future_timestamp"  # stamped more than MAX_SKEW_S ahead of the server
+BAD_LABEL = "bad_label"  # a control character in a label, or a malformed Hostname, gpu or UUID
+UUID_CONFLICT = "uuid_conflict"  # a UUID another GPU's record holds, or on another node
+_REJECTED_TARGETS = frozenset({BAD_LABEL, UUID_CONFLICT})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_HOST = re.compile(HOST_PATTERN)
+_UUID = re.compile(UUID_PATTERN)
+_INDEX = re.compile(r"[0-9]|[1-5][0-9]|6[0-3]")  # as the fleet numbers GPUs: 0..63
+_MIN_MS, _MAX_MS = -(1 << 63), (1 << 63) - 1  # a sample's timestamp: int64 milliseconds
 # Counters whose signal is a rate (a rise of `threshold` within RATE_WINDOW_S), not any rise.
 RATE_WINDOW_S = 60.0
 # A sample's own timestamp is trusted within this much of the server's clock (agents' clocks
-# drift): a fault is dated by it, and so is the end of the usage it interrupts.
+# drift): a fault is dated by it, and so is the end of the usage it interrupts. One stamped
+# further ahead is rejected.
 MAX_SKEW_S = 120.0
 # Node names not in the fleet are not looked up again for this long.
 MISSING_TTL_S = 30.0
@@ -152,15 +203,26 @@ class GpuState:
 
 
 class NodeState:
-    __slots__ = ("node_id", "name", "gpus", "written_at", "loaded_at", "ts", "out", "partitioned")
+    __slots__ = (
+        "node_id",
+        "name",
+        "gpus",
+        "written_at",
+        "beat_ts",
+        "loaded_at",
+        "ts",
+        "out",
+        "partitioned",
+    )
 
     def __init__(self, node_id: uuid.UUID, name: str, loaded_at: float):
         self.node_id = node_id
         self.name = name
         self.gpus: dict[str, GpuState] = {}  # by index, as a string (dcgm-exporter's label)
-        self.written_at = 0.0  # heartbeat last written (epoch s)
+        self.written_at = 0.0  # heartbeat last written (epoch s, the server's clock)
+        self.beat_ts = 0.0  # `ts` when it was (the agent's clock)
         self.loaded_at = loaded_at
-        self.ts = 0.0
+        self.ts = 0.0  # the latest sample's time (the agent's clock, else arrival)
         # Out of the pool (being repaired, unreachable...): its heartbeats are written at
         # every report, since they say when it came back.
         self.out = False
@@ -173,6 +235,9 @@ class IngestResult:
     ignored: int = 0
     unknown: list[dict[str, Any]] = field(default_factory=list)
     unknown_count: int = 0
+    rejected: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    rejections: list[dict[str, Any]] = field(default_factory=list)
     nodes: int = 0
     signals: int = 0
     db_writes: int = 0
@@ -194,9 +259,25 @@ class Telemetry:
             for name in names:
                 node = self.nodes.pop(name, None)
                 if node is not None:
-                    for g in node.gpus.values():
-                        if g.uuid:
-                            self.by_uuid.pop(g.uuid, None)
+                    self._unmap(node)
+
+    def _unmap(self, node: NodeState) -> None:
+        """Drop the UUIDs that name this node's GPUs (the node is forgotten or read again)."""
+        for g in node.gpus.values():
+            if g.uuid and self.by_uuid.get(g.uuid) is g:
+                del self.by_uuid[g.uuid]
+
+    def holder(self, uuid_: str) -> GpuState | None:
+        """The GPU whose record holds `uuid_`, as this process last read or wrote it; None if
+        unknown here (an entry left by a node read again since is dropped)."""
+        g = self.by_uuid.get(uuid_)
+        if g is None:
+            return None
+        node = self.nodes.get(g.host)
+        if g.uuid != uuid_ or node is None or node.gpus.get(str(g.index)) is not g:
+            del self.by_uuid[uuid_]
+            return None
+        return g
 
     # --- reading what the database knows -------------------------------------------------------
 
@@ -220,18 +301,23 @@ class Telemetry:
             .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
             .where(Node.name.in_(sorted(names)))
         ).all()
+        for name in names:
+            if name in self.nodes:
+                self._unmap(self.nodes[name])  # the records say again which UUID is whose
         fresh: dict[str, NodeState] = {}
         for node_id, name, health, gpu_id, index, model, uuid_, perf_, tel, seen, cut in rows:
             node = fresh.get(name)
             if node is None:
                 node = fresh[name] = NodeState(node_id, name, now)
-                node.written_at = seen.timestamp() if seen else 0.0
+                # The server's clock until the agent's is known (see `ingest`'s heartbeats).
+                node.written_at = node.beat_ts = seen.timestamp() if seen else 0.0
                 node.out = health not in _IN_POOL
                 node.partitioned = bool(cut)
             old = self.nodes.get(name)
             kept = old.gpus.get(str(index)) if old is not None else None
             if kept is not None and kept.gpu_id == gpu_id:
                 g = kept  # same GPU: keep what this process measured
+                g.uuid = uuid_  # ... but its UUID is the record's (another process may learn it)
             else:
                 g = GpuState(gpu_id, name, index, model, uuid_)
                 g.perf = float(perf_)
@@ -264,22 +350,40 @@ class Telemetry:
         )
 
     def resolve(
-        self, session: Session, targets: dict[Any, tuple[str | None, str | None, str | None]]
+        self, session: Session, targets: dict[Any, tuple[str | None, str | None, str | None] | str]
     ) -> dict[Any, GpuState | str]:
-        """Each target (hostname, GPU index, UUID) -> its GPU's state, or what is wrong."""
+        """Each target (hostname, GPU index, UUID) -> its GPU's state, or what is wrong: a
+        target's labels are checked before anything is looked up (BAD_LABEL), a UUID names the
+        GPU whose record holds it or nothing, and a target naming a GPU by its node and index
+        with the UUID of another GPU is refused (UUID_CONFLICT), its UUID not learned."""
         now = time.time()
         need: set[str] = set()
         uuids: set[str] = set()
         cached: set[str] = set()
-        for host, _index, uuid_ in targets.values():
+        out: dict[Any, GpuState | str] = {}
+        good: dict[Any, tuple[str | None, str | None, str | None]] = {}
+        for key, target in targets.items():
+            if isinstance(target, str) or not _well_formed(*target):
+                out[key] = BAD_LABEL  # never looked up: its text does not reach the database
+            else:
+                good[key] = target
+
+        def read(host: str) -> None:
+            node = self.nodes.get(host)
+            if node is not None and now - node.loaded_at <= RELOAD_S:
+                cached.add(host)
+            elif not self.missing.get(host, 0.0) > now:
+                need.add(host)
+
+        for host, _index, uuid_ in good.values():
             if host is not None:
-                node = self.nodes.get(host)
-                if node is not None and now - node.loaded_at <= RELOAD_S:
-                    cached.add(host)
-                elif not self.missing.get(host, 0.0) > now:
-                    need.add(host)
-            elif uuid_ is not None and uuid_ not in self.by_uuid:
-                uuids.add(uuid_)
+                read(host)
+            elif uuid_ is not None:
+                g = self.holder(uuid_)
+                if g is None:
+                    uuids.add(uuid_)
+                else:
+                    read(g.host)  # checked as any other node (replaced, cut off)
         if cached:
             # One indexed read per batch: a node replaced under the same name (a fleet
             # re-import) is read again rather than written to under its old id.
@@ -297,11 +401,11 @@ class Telemetry:
             need |= self._hosts_of_uuids(session, uuids)
         if need:
             self._load(session, need, now)
-        out: dict[Any, GpuState | str] = {}
-        for key, (host, index, uuid_) in targets.items():
+        claims: dict[str, list[tuple[Any, GpuState]]] = {}
+        for key, (host, index, uuid_) in good.items():
             if host is None:
-                g = self.by_uuid.get(uuid_) if uuid_ else None
-                cut = g is not None and g.host in self.nodes and self.nodes[g.host].partitioned
+                g = self.holder(uuid_) if uuid_ else None
+                cut = g is not None and self.nodes[g.host].partitioned
                 out[key] = PARTITIONED if cut else g if g is not None else "unknown_gpu"
                 continue
             node = self.nodes.get(host)
@@ -313,9 +417,34 @@ class Telemetry:
                 continue
             g = node.gpus.get(index) if index is not None else None
             if g is None and uuid_:
-                g = self.by_uuid.get(uuid_)
+                g = self.holder(uuid_)
+                if g is not None and g.host != host:
+                    out[key] = UUID_CONFLICT  # the UUID is another node's GPU's
+                    continue
+            elif g is not None and uuid_ and uuid_ != g.uuid:
+                claims.setdefault(uuid_, []).append((key, g))  # to learn, if no GPU holds it
             out[key] = g if g is not None else "unknown_gpu"
+        if claims:
+            # The records decide (another process may have learned a UUID since this one read
+            # it); of GPUs in this batch claiming a UUID no record holds, the first takes it.
+            held = dict(
+                session.execute(select(Gpu.uuid, Gpu.id).where(Gpu.uuid.in_(sorted(claims)))).all()
+            )
+            for uuid_, claimants in claims.items():
+                owner = held.get(uuid_, claimants[0][1].gpu_id)
+                for key, g in claimants:
+                    if g.gpu_id != owner:
+                        out[key] = UUID_CONFLICT
         return out
+
+
+def _well_formed(host: str | None, index: str | None, uuid_: str | None) -> bool:
+    """Whether a target's labels can name a fleet GPU (the REST schema's patterns)."""
+    return (
+        (host is None or _HOST.fullmatch(host) is not None)
+        and (index is None or _INDEX.fullmatch(index) is not None)
+        and (uuid_ is None or len(uuid_) <= 64 and _UUID.fullmatch(uuid_) is not None)
+    )
 
 
 _STATE: dict[str, Telemetry] = {}
@@ -346,14 +475,15 @@ def _signals_committed(session: Session) -> None:
 # --- parsing -------------------------------------------------------------------------------------
 
 
-def parse_exposition(text: str) -> tuple[list[tuple], dict[str, tuple]]:
+def parse_exposition(text: str) -> tuple[list[tuple], dict[str, tuple | str]]:
     """dcgm-exporter's Prometheus text -> (samples, targets): samples as (line number, label
     text, metric name, value, timestamp in epoch seconds or None), targets as label text ->
-    (Hostname, gpu, UUID). The label sets are parsed by prometheus-client's parser, once per
-    distinct set: dcgm-exporter repeats each GPU's set once per field. Raises
-    ValidationFailed naming the first malformed line."""
+    (Hostname, gpu, UUID), or BAD_LABEL for a set with a control character (its samples are
+    rejected). The label sets are parsed by prometheus-client's parser, once per distinct set:
+    dcgm-exporter repeats each GPU's set once per field. Raises ValidationFailed naming the
+    first malformed line."""
     samples: list[tuple] = []
-    targets: dict[str, tuple] = {}
+    targets: dict[str, tuple | str] = {}
     append = samples.append
     lineno = 0
     for line in text.split("\n"):
@@ -370,9 +500,9 @@ def parse_exposition(text: str) -> tuple[list[tuple], dict[str, tuple]]:
                 if labels not in targets:
                     parsed = parse_labels(labels, False)
                     targets[labels] = (
-                        parsed.get("Hostname"),
-                        parsed.get("gpu"),
-                        parsed.get("UUID"),
+                        BAD_LABEL
+                        if _CONTROL.search(labels)
+                        else (parsed.get("Hostname"), parsed.get("gpu"), parsed.get("UUID"))
                     )
             else:
                 parts = line.split()
@@ -381,7 +511,12 @@ def parse_exposition(text: str) -> tuple[list[tuple], dict[str, tuple]]:
             if not 1 <= len(rest) <= 2 or not name.isidentifier() and ":" not in name:
                 raise ValueError("expected: name{labels} value [timestamp]")
             value = float(rest[0])
-            ts = int(rest[1]) / 1000.0 if len(rest) == 2 else None
+            ts = None
+            if len(rest) == 2:
+                ms = int(rest[1])
+                if not _MIN_MS <= ms <= _MAX_MS:
+                    raise ValueError("the timestamp is not a 64-bit integer (milliseconds)")
+                ts = ms / 1000.0
         except ValueError as exc:
             raise ValidationFailed(
                 f"Line {lineno} is not a Prometheus sample: {exc}.",
@@ -404,12 +539,14 @@ def ingest(
     heartbeat_nodes: list[str] | None = None,
 ) -> IngestResult:
     """Apply a parsed batch: samples as (reference, target key, field, value, timestamp);
-    targets as key -> (hostname, GPU index, UUID). Returns what was accepted, what names no
-    fleet GPU (per sample, the first MAX_PROBLEMS), and the writes made."""
+    targets as key -> (hostname, GPU index, UUID), or BAD_LABEL. Returns what was accepted,
+    what names no fleet GPU and what was rejected and why (per sample, the first MAX_PROBLEMS
+    of each), and the writes made."""
     settings = get_settings()
     tel = state_for(session)
     res = IngestResult()
     now = time.time()
+    horizon = now + MAX_SKEW_S
     with tel.lock:
         if heartbeat_nodes:
             for host in heartbeat_nodes:
@@ -422,7 +559,7 @@ def ingest(
         signals: dict[str, list[Signal]] = {}
         learned: list[tuple[GpuState, str]] = []
         raised: list[GpuState] = []
-        fields = FIELDS
+        fields, domains = FIELDS, DOMAINS
         for ref, tkey, name, value, ts in samples:
             f = fields.get(name)
             if f is None:
@@ -432,12 +569,27 @@ def ingest(
             if isinstance(g, str):
                 if g is PARTITIONED:  # never arrived
                     continue
+                if g in _REJECTED_TARGETS:
+                    _reject(res, ref, targets[tkey], name, g)
+                    continue
                 res.unknown_count += 1
                 if len(res.unknown) < MAX_PROBLEMS:
                     host, index, uuid_ = targets[tkey]
                     res.unknown.append(
                         {"sample": ref, "node": host, "gpu": index, "uuid": uuid_, "problem": g}
                     )
+                continue
+            # Checked before anything is learned from it: a rejected sample is not acted on.
+            kind, key = f
+            lo, hi, whole = domains[key]
+            if ts is not None and ts > horizon:
+                why = FUTURE_TIMESTAMP
+            elif lo <= value <= hi and not (whole and value % 1):
+                why = None  # the common case, inline (this loop is the hot path)
+            else:
+                why = _invalid(kind, value)
+            if why is not None:
+                _reject(res, ref, targets[tkey], name, why)
                 continue
             res.accepted += 1
             t = ts if ts is not None else now
@@ -449,9 +601,8 @@ def ingest(
                 uuid_ = targets[tkey][2]
                 if uuid_ and uuid_ != g.uuid:
                     learned.append((g, uuid_))
-            if value != value:  # NaN: nothing to learn
+            if value != value:  # NaN: a gauge's "no reading", nothing to learn
                 continue
-            kind, key = f
             if kind == GAUGE:
                 g.latest[key] = value
             elif kind == UTIL:
@@ -517,21 +668,36 @@ def ingest(
                 flush.append(g)
         for g in flush:
             g.flushed_at = max(g.ts, g.flushed_at)
+        # A heartbeat says when the server last heard from the node: it is written at most every
+        # `beat_every` of the server's clock, or of the node's samples' (a replay faster than
+        # real time writes as many as the fleet would). Neither clock is compared with the
+        # other, so no stamp an agent sends can hold its heartbeats back.
         beat_every = settings.heartbeat_timeout_seconds / 3
         beats = []
         for node in nodes.values():
-            if node.out or node.ts - node.written_at >= beat_every:
-                node.written_at = node.ts
+            if (
+                node.out
+                or now - node.written_at >= beat_every
+                or node.ts - node.beat_ts >= beat_every
+            ):
+                node.written_at, node.beat_ts = now, node.ts
                 beats.append(node)
         res.nodes = len(nodes)
         rows_flush = [_telemetry_row(g, now) for g in flush]
         perf_rows = [{"g_id": g.gpu_id, "g_perf": g.perf} for g in perf_moves]
         uuid_rows = [{"g_id": g.gpu_id, "g_uuid": u} for g, u in learned]
         for g, u in learned:
-            if g.uuid:
-                tel.by_uuid.pop(g.uuid, None)
+            if g.uuid and tel.by_uuid.get(g.uuid) is g:
+                del tel.by_uuid[g.uuid]
             g.uuid = u
             tel.by_uuid[u] = g
+    for why, n in res.rejected_by_reason.items():
+        TELEMETRY_REJECTED.labels(why).inc(n)
+    # What this process now believes of these nodes is undone if the transaction rolls back
+    # (`_forget_signalled`): told before the writes, any of which may fail.
+    touched_hosts = set(signals) | {g.host for g, _u in learned}
+    if touched_hosts:
+        session.info.setdefault(_TOUCHED, set()).update(touched_hosts)
     # The writes, outside the lock: one statement each.
     writes = 0
     if beats:
@@ -584,9 +750,29 @@ def ingest(
             )
             writes += 1
             res.signals += len(ss)
-        session.info.setdefault(_TOUCHED, set()).update(signals)
     res.db_writes = writes
     return res
+
+
+def _invalid(kind: int, value: float) -> str | None:
+    """Why a value outside its field's domain (`DOMAINS`) is rejected; None for NaN where it is
+    a gauge's "no reading"."""
+    if value != value:
+        return None if kind in _NAN_IS_NO_READING else NOT_FINITE
+    if value in (math.inf, -math.inf):
+        return NOT_FINITE
+    return OUT_OF_RANGE
+
+
+def _reject(res: IngestResult, ref: Any, target: tuple | str, name: str, why: str) -> None:
+    res.rejected += 1
+    res.rejected_by_reason[why] = res.rejected_by_reason.get(why, 0) + 1
+    if len(res.rejections) < MAX_PROBLEMS:
+        # A malformed label is not sent back: the sample's reference says where it is.
+        host, index, uuid_ = (None, None, None) if why == BAD_LABEL else target
+        res.rejections.append(
+            {"sample": ref, "node": host, "gpu": index, "uuid": uuid_, "field": name, "reason": why}
+        )
 
 
 def _when(ts: float | None, now: float) -> float:
