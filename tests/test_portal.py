@@ -29,10 +29,45 @@ def sign_in(page, key: str) -> None:
     assert "rp_session" not in page.evaluate("document.cookie")
 
 
+# A dry run's outcome, in words and in a colour that means it (the box's left border).
+VERDICT_COLOUR = {
+    "now": "rgb(46, 125, 50)",  # green: it starts now
+    "preempts": "rgb(179, 89, 0)",  # amber: it starts once the workloads it preempts stop
+    "waits": "rgb(0, 114, 178)",  # blue: it queues, to start when running work ends
+    "never": "rgb(164, 0, 0)",  # red: it does not fit the fleet
+}
+
+
+def state_of(api: str, key: str, wid: str) -> str:
+    return httpx.get(f"{api}/v1/workloads/{wid}", headers=auth(key)).json()["state"]
+
+
+def previewed(page, verdict: str) -> str:
+    """The dry run's box once it shows `verdict`: its colour checked, its text returned."""
+    box = page.locator(f"[data-testid=dry-run][data-verdict={verdict}]")
+    box.wait_for()
+    colour = box.evaluate("e => getComputedStyle(e).borderLeftColor")
+    assert colour == VERDICT_COLOUR[verdict], (verdict, colour)
+    return box.inner_text()
+
+
 def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world, browser):  # noqa: F811
     world.fleet(fleet(2))
     tenant = world.tenant("acme", policy=ALL)
     key = world.key(tenant)
+    # A quota row for A100s only: the tenant's H100s (no row) must be on its quota chart too.
+    r = httpx.put(
+        f"{api}/v1/admin/tenants/{tenant.id}/quotas",
+        json={"quotas": [{"gpu_model": "A100-80GB", "limit_milli": 8000}]},
+        headers=auth(world.key()),
+    )
+    assert r.status_code == 200, r.text
+    # Higher-priority work holds one of the two 8-GPU nodes all along.
+    serving = httpx.post(
+        f"{api}/v1/workloads",
+        json={"name": "serving", "kind": "instance", "gpus": 8, "priority": "production"},
+        headers=auth(key),
+    ).json()["id"]
     refused = "the server responded with a status of 401"  # the browser's line for the 401
     with portal_page(browser, api, "sign-in", expected=(refused,)) as page:
         page.goto("/portal/")
@@ -43,31 +78,46 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
     with portal_page(browser, api, "workload") as page:
         sign_in(page, key)
         page.get_by_role("heading", name=re.compile("Acme")).wait_for()
+        wait_until(lambda: state_of(api, key, serving) == "running", timeout=60)
         page.get_by_role("navigation").get_by_role("link", name="Submit").click()
-        # A gang of two 8-GPU replicas; the preview says where it would land first.
+        # A gang; the preview says whether, when and where it would start, as the API does.
         page.get_by_label("Name").fill("train-llm")
         page.get_by_label("Kind").select_option("job")
-        page.get_by_label("GPUs per replica").fill("8")
-        page.get_by_label("Replicas", exact=True).fill("2")
         page.get_by_label("Keep the replicas within").select_option("rack")
         page.get_by_label("GPU model", exact=True).select_option("H100-80GB")
+        page.get_by_label("Priority").select_option("preemptible")
+        gpus = page.get_by_label("GPUs per replica")
+        replicas = page.get_by_label("Replicas", exact=True)
+        gpus.fill("8")
+        replicas.fill("3")  # three 8-GPU replicas: the fleet has two such nodes
         page.get_by_role("button", name="Preview (dry run)").click()
+        assert "does not fit the fleet" in previewed(page, "never")
+        replicas.fill("2")  # both nodes: one waits for the production work to end
+        page.get_by_role("button", name="Preview (dry run)").click()
+        assert "It would queue, expected to start at" in previewed(page, "waits")
+        gpus.fill("4")  # two of 4: the free node holds both
+        page.get_by_role("button", name="Preview (dry run)").click()
+        assert "It would start now" in previewed(page, "now")
         preview = page.get_by_test_id("dry-run")
-        preview.wait_for()
-        assert "It would start now" in preview.inner_text()
         assert preview.locator("tbody tr").count() == 2
+        # The form still holds what was previewed.
+        assert (gpus.input_value(), replicas.input_value()) == ("4", "2")
         shot(page, "submit")
         # The API's own validation message, shown as it gives it.
-        page.get_by_label("Replicas", exact=True).fill("5000")
+        replicas.fill("5000")
         page.get_by_role("button", name="Submit", exact=True).click()
         problem = page.locator("#form-problem")
         problem.filter(has_text="validation_error").wait_for()
         assert "replicas" in problem.inner_text()
-        page.get_by_label("Replicas", exact=True).fill("2")
+        replicas.fill("2")
         page.evaluate("window.__sameDocument = true")  # gone if the page reloads
         page.get_by_role("button", name="Submit", exact=True).click()
         page.wait_for_url(re.compile(r"/portal/workloads/[0-9a-f-]{36}$"))
         wid = page.url.rsplit("/", 1)[1]
+        # What was submitted is what was previewed.
+        created = httpx.get(f"{api}/v1/workloads/{wid}", headers=auth(key)).json()
+        assert (created["replicas"], created["shape"]["gpus"]) == (2, 4), created
+        assert created["shape"]["gpu_models"] == ["H100-80GB"]
         # Its states arrive over the subscription as they change: no reload.
         state = page.get_by_test_id("workload-state")
         timeline = page.get_by_test_id("timeline")
@@ -80,12 +130,31 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         assert placement.locator("tbody tr").count() == 2
         assert "hgx-1" in placement.inner_text()
         shot(page, "workload-running")
+        # The fleet is full now: a copy of it would be accepted and queue, not "fit now".
+        page.get_by_role("button", name="Dry-run a copy").click()
+        assert "It would queue, expected to start at" in previewed(page, "waits")
+
+        # Production work would start by preempting it (preemptible): the preview names it.
+        page.get_by_role("navigation").get_by_role("link", name="Submit").click()
+        page.get_by_label("GPUs per replica").fill("4")
+        page.get_by_label("GPU model", exact=True).select_option("H100-80GB")
+        page.get_by_label("Priority").select_option("production")
+        page.get_by_role("button", name="Preview (dry run)").click()
+        text = previewed(page, "preempts")
+        assert "It would start after preempting others" in text
+        victims = page.get_by_test_id("dry-run-victims")
+        assert victims.get_by_role("link", name=wid[:8]).get_attribute("href").endswith(wid)
 
         # The dashboard lists it and its usage reaches the chart.
         page.get_by_role("navigation").get_by_role("link", name="Dashboard").click()
         row = page.get_by_test_id("workloads").locator("tr", has_text="train-llm")
         row.wait_for()
-        assert "running" in row.inner_text() and "2 × (8× GPU" in row.inner_text()
+        assert "running" in row.inner_text() and "2 × (4× GPU" in row.inner_text()
+        # Its quota chart has every model it has a quota for or runs on.
+        quota_chart = page.get_by_test_id("quota-chart")
+        assert quota_chart.get_attribute("data-labels") == "A100-80GB|H100-80GB"
+        h100 = page.locator("tr", has=page.get_by_role("rowheader", name="H100-80GB"))
+        assert h100.locator("td").first.inner_text() == "16"  # serving's 8 and train-llm's 8
 
         def charted() -> bool:
             page.get_by_label("Daily, last 30 days").check()
@@ -97,14 +166,30 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         assert int(page.get_by_test_id("usage-chart").get_attribute("data-points")) >= 1
         shot(page, "dashboard")
 
-        # Terminate it from its page.
+        # Terminate it from its page: it asks first; cancelled, nothing happens.
         page.get_by_role("link", name="train-llm").click()
         page.get_by_role("button", name="Terminate").click()
+        dialog = page.get_by_role("dialog", name="Terminate train-llm?")
+        dialog.wait_for()
+        cancel = dialog.get_by_role("button", name="Cancel")
+        assert cancel.evaluate("e => e === document.activeElement")  # the safe choice first
+        shot(page, "terminate-confirm")
+        cancel.click()
+        dialog.wait_for(state="hidden")
+        page.wait_for_timeout(1000)  # time enough for a terminate to land, had one been sent
+        assert state_of(api, key, wid) == "running" and state.inner_text() == "running"
+        # Escape closes it too; then confirmed, it terminates.
+        page.get_by_role("button", name="Terminate").click()
+        dialog.wait_for()
+        page.keyboard.press("Escape")
+        dialog.wait_for(state="hidden")
+        page.get_by_role("button", name="Terminate").click()
+        dialog.get_by_role("button", name="Terminate it").click()
         timeline.locator("li[data-state=terminated]").wait_for(timeout=30_000)
         wait_until(lambda: state.inner_text() == "terminated", timeout=20)
         assert page.evaluate("window.__sameDocument") is True
-        r = httpx.get(f"{api}/v1/workloads/{wid}", headers=auth(key))
-        assert r.json()["state"] == "terminated"
+        assert state_of(api, key, wid) == "terminated"
+        assert state_of(api, key, serving) == "running"
 
         # Sign out: back to the sign-in page, and the old session's cookie is refused.
         cookie = next(c for c in page.context.cookies() if c["name"] == "rp_session")
@@ -133,12 +218,15 @@ def test_the_operator_heatmap_draws_100k_gpus(api, world, browser):  # noqa: F81
             text("UPDATE gpus SET health = 'quarantined' WHERE index = 3 AND random() < 0.02")
         )
         s.execute(text("UPDATE gpus SET health = 'suspect' WHERE index = 5 AND random() < 0.02"))
+        s.execute(text("UPDATE gpus SET health = 'validating' WHERE index = 6 AND random() < 0.02"))
         s.execute(text("UPDATE nodes SET state = 'cordoned' WHERE name LIKE 'h000%'"))
         s.execute(text("UPDATE gpus SET mig_mode = true WHERE index = 0 AND random() < 0.05"))
         quarantined = s.execute(text("SELECT count(*) FROM gpus WHERE health = 'quarantined'"))
         quarantined = quarantined.scalar_one()
+        validating = s.execute(text("SELECT count(*) FROM gpus WHERE health = 'validating'"))
+        validating = validating.scalar_one()
         total = s.execute(text("SELECT count(*) FROM gpus")).scalar_one()
-    assert total == 100_000 and quarantined > 0
+    assert total == 100_000 and quarantined > 0 and validating > 0
     with portal_page(browser, api, "fleet-100k") as page:
         sign_in(page, world.key())
         page.wait_for_url(re.compile(r"/portal/fleet$"))  # operators land on the fleet
@@ -154,7 +242,13 @@ def test_the_operator_heatmap_draws_100k_gpus(api, world, browser):  # noqa: F81
         summary = page.get_by_test_id("map-summary").inner_text()
         assert "100,000 GPUs" in summary and "1,320 racks" in summary
         legend = page.get_by_role("list", name="Legend")
+        # Validating GPUs (repaired, on their way back) are told apart from quarantined ones.
         assert f"quarantined {quarantined:,}" in legend.inner_text()
+        assert f"validating {validating:,}" in legend.inner_text()
+        swatch = legend.locator("li", has_text="validating").locator(".swatch")
+        quarantine_swatch = legend.locator("li", has_text="quarantined").locator(".swatch")
+        colour = "e => getComputedStyle(e).backgroundColor"
+        assert swatch.evaluate(colour) != quarantine_swatch.evaluate(colour)
         shot(page, "fleet")
         # Zoomed out, a rack tells its counts; a click zooms into it; then a GPU, and its node.
         canvas = page.locator("[data-testid=heatmap] canvas")

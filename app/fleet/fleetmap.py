@@ -18,8 +18,9 @@ LEGEND: list[tuple[str, str, str]] = [
     (
         "Q",
         "quarantined",
-        "Out of the pool by the health loop: quarantined, repairing, validating or out of service",
+        "Out of the pool by the health loop: quarantined, draining, repairing or out of service",
     ),
+    ("A", "validating", "Repaired and being validated before it returns to the pool: no new work"),
     ("S", "suspect", "Healthy enough to run, kept last for new work and away from gangs"),
     ("X", "down", "Its node is down, retired or unreachable"),
     ("D", "dedicated", "Allocated: a whole GPU (container)"),
@@ -34,7 +35,8 @@ LEGEND: list[tuple[str, str, str]] = [
     (".", "idle", "Ready, healthy, nothing on it"),
 ]
 _TIER = {name: code for code, name, _ in LEGEND}
-_OUT = {"quarantined", "repairing", "validating", "out_of_service", "draining"}
+_OUT = {"quarantined", "repairing", "out_of_service", "draining"}
+_HEALTH = {"Q", "A"}  # health codes: shown whatever the node's state or the work on the GPU
 NODE_CODES = {"ready": "r", "cordoned": "c", "draining": "d", "down": "x", "retired": "t"}
 
 
@@ -53,9 +55,10 @@ def _in_region(stmt: Any, node_id: Any, region: str | None) -> Any:
 
 def _gpu_codes(session: Session, region: str | None) -> dict[Any, str]:
     """Per node, one character per GPU in index order from its health and MIG mode alone
-    (`Q`, `S`, `P` or `.`). Most GPUs are healthy and whole: the database counts each node's
+    (`Q`, `A`, `S`, `P` or `.`). Most GPUs are healthy and whole: the database counts each node's
     GPUs and returns only the others (two index-friendly reads, not 100,000 rows)."""
     code = case(
+        (Gpu.health == "validating", "A"),
         (Gpu.health.in_(sorted(_OUT)), "Q"),
         (Gpu.health == "suspect", "S"),
         (Gpu.mig_mode.is_(True), "P"),
@@ -81,7 +84,7 @@ def _node_codes(codes: str, state: str, health: str, held: dict[int, str]) -> st
         return codes
     out = list(codes)
     for i, c in enumerate(out):
-        if c == "Q":
+        if c in _HEALTH:
             continue
         if down:
             out[i] = "X"

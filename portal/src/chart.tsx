@@ -35,7 +35,7 @@ export function ChartBox({ config, label, testid }: { config: ChartConfiguration
   }, [JSON.stringify(config.data), config.type]);
   const points = config.data.datasets.reduce((n, d) => n + d.data.filter((v) => Number(v) > 0).length, 0);
   return (
-    <div class="chart" data-testid={testid} data-points={points}>
+    <div class="chart" data-testid={testid} data-points={points} data-labels={(config.data.labels ?? []).join("|")}>
       <canvas ref={canvas} role="img" aria-label={label} />
     </div>
   );

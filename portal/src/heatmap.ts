@@ -33,6 +33,7 @@ export const COLOURS: Record<string, string> = {
   K: "#8c8c8c",
   S: "#F0E442",
   Q: "#E69F00",
+  A: "#999933",
   X: "#000000",
 };
 

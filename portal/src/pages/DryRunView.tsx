@@ -15,13 +15,57 @@ export const DRY_RUN_FIELDS = `placeableNow tier region reason expectedStart pre
   preemptsOthers { priority count }
   placement { replica rack node gpuIndices gpuModel migProfile migSlot milli }`;
 
+/** The API's answer as one of four outcomes (app/placement/queueing.py `what_if`):
+ * - now: placeable now, nobody preempted;
+ * - preempts: placeable once the workloads it preempts have stopped (after their grace);
+ * - waits: not placeable now, but it would queue and start later: when running work ends
+ *   (`expectedStart`), or when the tenant's own use falls under its limit or fair share;
+ * - never: no start under the fleet as it is ("does not fit the fleet", "the region has no
+ *   nodes"): submitted, it would wait in the queue indefinitely. */
+export type Verdict = "now" | "preempts" | "waits" | "never";
+
+// The scheduler's reasons for "not now, no estimate" that still clear by themselves: the
+// tenant's own running work ending (its hard limit) or other tenants' demand (fair share).
+const QUOTA_WAITS = ["over its tenant's limit", "at its fair share while other tenants wait"];
+
+export function verdictOf(d: DryRun): Verdict {
+  if (d.placeableNow) return d.preempts.length || d.preemptsOthers.length ? "preempts" : "now";
+  if (d.expectedStart || QUOTA_WAITS.includes(d.reason)) return "waits";
+  return "never";
+}
+
+const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+
 export function DryRunView({ d }: { d: DryRun }) {
+  const verdict = verdictOf(d);
+  let headline: string;
+  if (verdict === "now") headline = "It would start now";
+  else if (verdict === "preempts") headline = `It would start after preempting others${d.expectedStart ? `, at ${when(d.expectedStart)}` : ""}`;
+  else if (verdict === "waits") headline = d.expectedStart ? `It would queue, expected to start at ${when(d.expectedStart)}` : "It would queue, with no start time yet";
+  else headline = "It would never start: it does not fit the fleet";
   return (
-    <div class="dryrun" data-testid="dry-run" role="status">
+    <div class={`dryrun dryrun-${verdict}`} data-testid="dry-run" data-verdict={verdict} role="status">
       <p>
-        <strong>{d.placeableNow ? "It would start now" : d.expectedStart ? `It would start at ${when(d.expectedStart)}` : "It cannot start"}</strong>{" "}
-        ({d.tier}, {d.region}). {d.reason}
+        <strong>{headline}</strong> ({d.tier}, {d.region}). Scheduler: {d.reason}.
+        {verdict === "never" && " Submitted, it would wait in the queue until the fleet changes."}
       </p>
+      {verdict === "preempts" && (
+        <div data-testid="dry-run-victims">
+          <p>It would preempt (they checkpoint and stop within their grace period, then requeue):</p>
+          <ul>
+            {d.preempts.map((id) => (
+              <li>
+                your workload <a href={`/portal/workloads/${id}`}>{id.slice(0, 8)}</a>
+              </li>
+            ))}
+            {d.preemptsOthers.map((o) => (
+              <li>
+                {plural(o.count, `${o.priority} workload`)} of other tenants
+              </li>
+            ))}
+          </ul>
+        </div>
+      )}
       {d.placement.length > 0 && (
         <table class="compact">
           <caption>Where it would land</caption>
@@ -48,12 +92,6 @@ export function DryRunView({ d }: { d: DryRun }) {
             ))}
           </tbody>
         </table>
-      )}
-      {(d.preempts.length > 0 || d.preemptsOthers.length > 0) && (
-        <p>
-          It would preempt {d.preempts.length} of your workloads
-          {d.preemptsOthers.map((o) => `, ${o.count} ${o.priority} workload(s) of other tenants`).join("")}.
-        </p>
       )}
     </div>
   );

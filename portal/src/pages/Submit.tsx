@@ -84,6 +84,7 @@ export function Submit() {
         class="submit"
         aria-describedby="form-problem"
         noValidate
+        onInput={() => setPreview(null)} // a preview stands only for the values it was made of
         onSubmit={(e) => {
           e.preventDefault();
           const submitter = (e as SubmitEvent).submitter as HTMLButtonElement | null;
@@ -133,27 +134,27 @@ export function Submit() {
         {shape === "gpus" && (
           <>
             <label for="gpus">GPUs per replica</label>
-            <input id="gpus" name="gpus" type="number" min={1} max={72} value="8" aria-invalid={!!bad("gpus")} />
+            <input id="gpus" name="gpus" type="number" min={1} max={72} defaultValue="8" aria-invalid={!!bad("gpus")} />
           </>
         )}
         {shape === "mig" && (
           <>
             <label for="migProfile">MIG profile</label>
-            <input id="migProfile" name="migProfile" value="1g.10gb" aria-invalid={!!bad("migProfile")} />
+            <input id="migProfile" name="migProfile" defaultValue="1g.10gb" aria-invalid={!!bad("migProfile")} />
           </>
         )}
         {shape === "fraction" && (
           <>
             <label for="milli">Share of a GPU (milli-GPU, 1–999)</label>
-            <input id="milli" name="milli" type="number" min={1} max={999} value="500" aria-invalid={!!bad("milli")} />
+            <input id="milli" name="milli" type="number" min={1} max={999} defaultValue="500" aria-invalid={!!bad("milli")} />
             <label for="gpuMemoryMib">GPU memory (MiB)</label>
-            <input id="gpuMemoryMib" name="gpuMemoryMib" type="number" min={1} value="20000" aria-invalid={!!bad("gpuMemoryMib")} />
+            <input id="gpuMemoryMib" name="gpuMemoryMib" type="number" min={1} defaultValue="20000" aria-invalid={!!bad("gpuMemoryMib")} />
           </>
         )}
         {kind === "job" && (
           <>
             <label for="replicas">Replicas</label>
-            <input id="replicas" name="replicas" type="number" min={1} max={4096} value="2" aria-invalid={!!bad("replicas")} />
+            <input id="replicas" name="replicas" type="number" min={1} max={4096} defaultValue="2" aria-invalid={!!bad("replicas")} />
             <label for="topology">Keep the replicas within</label>
             <select id="topology" name="topology">
               <option value="">anywhere</option>

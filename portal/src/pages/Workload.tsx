@@ -1,4 +1,4 @@
-import { useEffect, useState } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, gql, isProblem, PROBLEM_FIELDS, shapeText, subscribe, when, type Problem, type WorkloadSummary } from "../api";
 import { DRY_RUN_FIELDS, DryRunView, type DryRun } from "./DryRunView";
 
@@ -62,6 +62,9 @@ export function WorkloadPage({ id }: { id: string }) {
   const [live, setLive] = useState(false);
   const [preview, setPreview] = useState<DryRun | null>(null);
   const [busy, setBusy] = useState(false);
+  // Terminate asks first, in a modal dialog (focus moves in, Esc or Cancel closes it).
+  const confirm = useRef<HTMLDialogElement>(null);
+  const keep = useRef<HTMLButtonElement>(null);
 
   const load = () =>
     gql<{ workload: W }>(QUERY, { id })
@@ -120,13 +123,43 @@ export function WorkloadPage({ id }: { id: string }) {
       <p class="muted">{w.id}</p>
       {error && <p class="error" role="alert">{error}</p>}
       <div class="actions">
-        <button type="button" disabled={busy || ENDED.includes(w.state)} onClick={() => act("terminate")}>
+        <button
+          type="button"
+          aria-haspopup="dialog"
+          disabled={busy || ENDED.includes(w.state)}
+          onClick={() => {
+            confirm.current?.showModal();
+            keep.current?.focus(); // the safe choice first
+          }}
+        >
           Terminate
         </button>
         <button type="button" disabled={busy} onClick={() => act("dryrun")}>
           Dry-run a copy
         </button>
       </div>
+      <dialog ref={confirm} class="confirm" aria-labelledby="confirm-h" aria-describedby="confirm-d">
+        <h2 id="confirm-h">Terminate {w.name ?? w.id.slice(0, 8)}?</h2>
+        <p id="confirm-d">
+          {w.replicas > 1 ? `Its ${w.replicas} replicas are` : "It is"} stopped now and its GPUs released. A terminated workload cannot be
+          resumed.
+        </p>
+        <div class="actions">
+          <button type="button" ref={keep} onClick={() => confirm.current?.close()}>
+            Cancel
+          </button>
+          <button
+            type="button"
+            class="danger"
+            onClick={() => {
+              confirm.current?.close();
+              act("terminate");
+            }}
+          >
+            Terminate it
+          </button>
+        </div>
+      </dialog>
       {preview && <DryRunView d={preview} />}
       <div class="grid">
         <section aria-labelledby="d-h">
