@@ -18,6 +18,12 @@ def test_the_map_lays_out_every_gpu_with_its_state(client, world):
     with session_scope() as s:
         s.execute(text("UPDATE gpus SET health = 'quarantined' WHERE index = 2"))
         s.execute(text("UPDATE gpus SET health = 'suspect' WHERE index = 3"))
+        s.execute(
+            text(
+                "UPDATE gpus SET health = 'validating' WHERE index = 1 AND node_id = "
+                "(SELECT id FROM nodes WHERE name = 'h100-1')"
+            )
+        )
     m = gql(client, op, MAP)["data"]["fleetMap"]
     assert m["regions"] == ["r1"]
     assert [(r["name"], r["kind"], r["nodes"]) for r in m["racks"]] == [
@@ -28,7 +34,7 @@ def test_the_map_lays_out_every_gpu_with_its_state(client, world):
     assert m["gpuCounts"] == [8, 8] + [4] * 18 and len(m["gpus"]) == 16 + 72
     assert m["nodes"][:2] == ["h100-1", "h100-2"] and m["nodeStates"][:2] == "rc"
     h1, h2 = m["gpus"][:8], m["gpus"][8:16]
-    assert h1 == "..QS...P"  # GPU 7 in MIG mode, nothing held on it
+    assert h1 == ".AQS...P"  # GPU 7 in MIG mode, nothing held on it; validating is not quarantined
     assert h2 == "KKQSKKKK"  # cordoned: idle GPUs take no work; health still shows
     assert all(t[2:4] == "QS" for t in (m["gpus"][16 + 4 * i : 20 + 4 * i] for i in range(18)))
     assert m["mig"] == [{"gpu": 7, "layout": ""}]
