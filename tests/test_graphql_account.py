@@ -48,14 +48,21 @@ def test_bills_and_usage_are_rests_answers_with_big_quantities_as_strings(client
     body = gql(
         client,
         key,
-        """{ bill(period: "2026-11") { period totals unpricedMilliGpuMs
+        """{ bill(period: "2026-11") { period totals { currency amount } unpricedMilliGpuMs
               lines { sku milliGpuMs amount unitAmount priceVersion } } }""",
     )
     assert "errors" not in body, body
     bill, want = body["data"]["bill"], rest.json()
-    assert bill["totals"] == want["totals"] == {"usd": 512 * 240 * 250}
+    # One money type: every amount a BigInt (a decimal string) with its currency.
+    assert want["totals"] == {"usd": 512 * 240 * 250}
+    assert bill["totals"] == [{"currency": "usd", "amount": str(512 * 240 * 250)}]
     assert [
-        {**ln, "milliGpuMs": int(ln["milliGpuMs"]), "amount": int(ln["amount"])}
+        {
+            **ln,
+            "milliGpuMs": int(ln["milliGpuMs"]),
+            "amount": int(ln["amount"]),
+            "unitAmount": int(ln["unitAmount"]),
+        }
         for ln in bill["lines"]
     ] == [
         {camel(k): ln[k] for k in ("sku", "milli_gpu_ms", "amount", "unit_amount", "price_version")}
@@ -80,8 +87,8 @@ def test_bills_and_usage_are_rests_answers_with_big_quantities_as_strings(client
     assert usage["groupBy"] == ["gpu_model"] and len(usage["rows"]) == len(rest["rows"]) == 10
     # Another tenant sees none of it; a naive time is refused with a field error.
     other = world.key(world.tenant("globex", policy=ALL))
-    theirs = gql(client, other, '{ bill(period: "2026-11") { totals lines { sku } } }')
-    assert theirs["data"]["bill"] == {"totals": {}, "lines": []}
+    theirs = gql(client, other, '{ bill(period: "2026-11") { totals { amount } lines { sku } } }')
+    assert theirs["data"]["bill"] == {"totals": [], "lines": []}
     naive = gql(
         client,
         key,
@@ -216,16 +223,25 @@ def test_operators_read_the_fleet_and_change_quotas_and_nodes(client, world):
     data = gql(
         client,
         op,
-        """{ regions { items { name } } racks { items { name kind } }
-             tenants(status: "pending") { items { slug } }
+        """{ regions { edges { node { name } } } racks { edges { node { name kind } } }
+             tenants(status: "pending") { edges { cursor node { slug } } pageInfo { hasNextPage } }
              capacity { region gpuModel totalGpus freeGpus } }""",
     )["data"]
-    assert data["tenants"]["items"] == [{"slug": "newco"}]
+    # Every list is a connection, as workloads and nodes are.
+    [edge] = data["tenants"]["edges"]
+    assert edge["node"] == {"slug": "newco"} and data["tenants"]["pageInfo"]["hasNextPage"] is False
+    after = gql(
+        client,
+        op,
+        "query($c: String) { tenants(after: $c) { edges { node { slug } } } }",
+        c=edge["cursor"],
+    )
+    assert after["data"]["tenants"]["edges"] == []
     rest = client.get("/v1/capacity", headers=auth(world.key(acme))).json()["items"]
     assert data["capacity"] == [
         {camel(k): r[k] for k in ("region", "gpu_model", "total_gpus", "free_gpus")} for r in rest
     ]
-    assert len(data["regions"]["items"]) >= 1 and len(data["racks"]["items"]) >= 1
+    assert len(data["regions"]["edges"]) >= 1 and len(data["racks"]["edges"]) >= 1
 
     done = gql(
         client,

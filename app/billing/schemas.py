@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from app.core.schemas import OutModel, StrictModel
+from app.core.schemas import OutModel, PerCurrency, StrictModel
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
 from app.placement.mig import PROFILES, model_profile_names, profile_by_name, profile_names
@@ -113,7 +113,7 @@ class BillingSummary(OutModel):
     end: datetime
     accrued_until: datetime
     lines: list[BillingLine]
-    totals: dict[str, int] = Field(..., description="Minor units per currency")
+    totals: PerCurrency = Field(..., description="Minor units per currency")
     unpriced_milli_gpu_ms: int
 
 

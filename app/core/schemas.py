@@ -152,6 +152,19 @@ class StrictModel(BaseModel):
         return value
 
 
+class PerCurrencyMarker:
+    """Marks a sum of money per currency: `{"usd": 3813784}` in minor units. REST keeps the map;
+    GraphQL lists it as amounts, each with its currency, in its one money type."""
+
+
+PerCurrency = Annotated[dict[str, int], PerCurrencyMarker()]
+
+
+def cursor_of(row: Any) -> str:
+    """The cursor after `row` in a keyset page over (created_at, id) (see `paginate`)."""
+    return _encode(row.created_at, row.id)
+
+
 class OutModel(BaseModel):
     """Replies. Every instant is UTC with its offset (`...Z`), whatever the database returns
     (SQLite gives naive datetimes back)."""

@@ -22,6 +22,7 @@ from app.core.errors import NotFound, ValidationFailed
 from app.core.schemas import PERIOD_PATTERN, PageParams
 from app.fleet.schemas import Capacity, CapacityRow
 from app.graphql.context import Context
+from app.graphql.types import Connection, connection
 from app.graphql.views import input_view, parse, shape, view
 from app.keys.schemas import KeyOut
 from app.metering.schemas import UsageOut
@@ -60,12 +61,6 @@ class UsageDimension(Enum):
     PRIORITY = "priority"
 
 
-@strawberry.type(description="A page of API keys, oldest first")
-class ApiKeyPage:
-    items: list[ApiKey]  # type: ignore[valid-type]
-    next_cursor: str | None
-
-
 def page_params(first: int, after: str | None) -> PageParams:
     if not 1 <= first <= MAX_PAGE:
         raise ValidationFailed(f"first is 1 to {MAX_PAGE}.", code="validation_error")
@@ -87,7 +82,7 @@ def aware(name: str, value: datetime) -> datetime:
 @strawberry.type
 class AccountQuery:
     @strawberry.field(description="Your API keys (REST: GET /v1/keys)")
-    def api_keys(self, info: Info, first: int = 50, after: str | None = None) -> ApiKeyPage:
+    def api_keys(self, info: Info, first: int = 50, after: str | None = None) -> Connection[ApiKey]:  # type: ignore[valid-type]
         from app.core.schemas import paginate
         from app.keys.models import ApiKey as Row
         from app.tenancy.scoping import scoped_select
@@ -97,7 +92,7 @@ class AccountQuery:
         rows, nxt = paginate(
             info.context.session, scoped_select(auth, Row), Row, page_params(first, after)
         )
-        return ApiKeyPage(items=[shape(KeyOut, r) for r in rows], next_cursor=nxt)
+        return connection(rows, lambda r: shape(KeyOut, r), nxt)
 
     @strawberry.field(description="Your quotas per GPU model with what you hold and queue")
     def quotas(self, info: Info) -> list[Quota]:  # type: ignore[valid-type]

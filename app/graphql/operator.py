@@ -19,7 +19,7 @@ from app.fleet.schemas import FleetImportOut, NodeStateChange, RackOut, RegionOu
 from app.graphql.account import Granularity, Quota, aware, page_params
 from app.graphql.context import Context
 from app.graphql.mutations import _results, _run
-from app.graphql.types import Node
+from app.graphql.types import Connection, Node, connection
 from app.graphql.views import input_view, parse, shape, text_args, view
 from app.health.schemas import FleetHealth, IdleTimeOut
 from app.metering.schemas import UtilisationOut
@@ -83,24 +83,6 @@ class FleetMap:
     legend: list[MapState]
 
 
-@strawberry.type(description="A page of regions")
-class RegionPage:
-    items: list[RegionView]  # type: ignore[valid-type]
-    next_cursor: str | None
-
-
-@strawberry.type(description="A page of racks")
-class RackPage:
-    items: list[RackView]  # type: ignore[valid-type]
-    next_cursor: str | None
-
-
-@strawberry.type(description="A page of tenants")
-class TenantPage:
-    items: list[TenantView]  # type: ignore[valid-type]
-    next_cursor: str | None
-
-
 @strawberry.type(description="A tenant's quotas, replaced")
 class QuotaSetDone:
     tenant_id: strawberry.ID
@@ -116,12 +98,14 @@ def _operator(info: Info):
 @strawberry.type
 class OperatorQuery:
     @strawberry.field(description="Operators: regions")
-    def regions(self, info: Info, first: int = 50, after: str | None = None) -> RegionPage:
+    def regions(
+        self, info: Info, first: int = 50, after: str | None = None
+    ) -> Connection[RegionView]:  # type: ignore[valid-type]
         from app.fleet.service import list_regions
 
         _operator(info)
         rows, nxt = list_regions(info.context.session, page_params(first, after))
-        return RegionPage(items=[shape(RegionOut, r) for r in rows], next_cursor=nxt)
+        return connection(rows, lambda r: shape(RegionOut, r), nxt)
 
     @strawberry.field(description="Operators: racks, in one region if asked")
     def racks(
@@ -130,7 +114,7 @@ class OperatorQuery:
         first: int = 50,
         after: str | None = None,
         region_id: strawberry.ID | None = None,
-    ) -> RackPage:
+    ) -> Connection[RackView]:  # type: ignore[valid-type]
         from app.fleet.service import list_racks
 
         _operator(info)
@@ -139,7 +123,7 @@ class OperatorQuery:
             page_params(first, after),
             region_id=str(region_id) if region_id else None,
         )
-        return RackPage(items=[shape(RackOut, r) for r in rows], next_cursor=nxt)
+        return connection(rows, lambda r: shape(RackOut, r), nxt)
 
     @strawberry.field(description="Operators: tenants, by status")
     def tenants(
@@ -148,7 +132,7 @@ class OperatorQuery:
         first: int = 50,
         after: str | None = None,
         status: str | None = None,
-    ) -> TenantPage:
+    ) -> Connection[TenantView]:  # type: ignore[valid-type]
         from app.tenants.models import TenantStatus
         from app.tenants.service import list_tenants
 
@@ -160,7 +144,7 @@ class OperatorQuery:
                 f"No tenant status {status!r}.", code="validation_error"
             ) from None
         rows, nxt = list_tenants(info.context.session, auth, page_params(first, after), status=st)
-        return TenantPage(items=[shape(TenantOut, t) for t in rows], next_cursor=nxt)
+        return connection(rows, lambda t: shape(TenantOut, t), nxt)
 
     @strawberry.field(description="Operators: a tenant's quotas and use")
     def tenant_quotas(self, info: Info, tenant_id: strawberry.ID) -> list[Quota]:  # type: ignore[valid-type]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import strawberry
 from strawberry.scalars import JSON
+
+from app.core.schemas import cursor_of
 
 
 @strawberry.type(description="One replica's place: region, rack, node, GPUs, MIG slot")
@@ -250,6 +253,29 @@ class Node:
             nvlink_domain=n.nvlink_domain,
             _row=n,
         )
+
+
+T = TypeVar("T")
+
+
+@strawberry.type(description="An item of a page, with the cursor to resume after it")
+class Edge(Generic[T]):
+    cursor: str
+    node: T
+
+
+@strawberry.type(description="A page (Relay connection), oldest first: every list is one")
+class Connection(Generic[T]):
+    edges: list[Edge[T]]
+    page_info: PageInfo
+
+
+def connection(rows: list[Any], node_of: Callable[[Any], T], next_cursor: str | None) -> Any:
+    """A keyset page of rows (`app.core.schemas.paginate`) as a connection of their views."""
+    return Connection(
+        edges=[Edge(cursor=cursor_of(r), node=node_of(r)) for r in rows],
+        page_info=PageInfo(has_next_page=next_cursor is not None, end_cursor=next_cursor),
+    )
 
 
 @strawberry.type

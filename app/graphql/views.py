@@ -21,6 +21,8 @@ from pydantic import BaseModel
 from strawberry.experimental.pydantic import type as pydantic_type
 from strawberry.scalars import JSON
 
+from app.core.schemas import PerCurrencyMarker
+
 BigInt = NewType("BigInt", int)
 
 
@@ -52,7 +54,18 @@ BIG_INT = strawberry.scalar(
 )
 
 # Integer fields that count milli-GPU-milliseconds, money or bytes: BigInt wherever they are.
-MONEY = frozenset({"amount", "spent", "spend_limit", "used", "limit", "size_bytes"})
+MONEY = frozenset({"amount", "unit_amount", "spent", "spend_limit", "used", "limit", "size_bytes"})
+
+
+@strawberry.type(description="An amount of money: minor units of one currency")
+class Money:
+    currency: str
+    amount: BigInt  # type: ignore[valid-type]
+
+
+# Per model, its fields that REST gives as a map of money per currency (`PerCurrency`) and
+# GraphQL as a list of Money: `shape` converts them.
+_PER_CURRENCY: dict[type[BaseModel], list[str]] = {}
 
 
 def large(name: str) -> bool:
@@ -98,7 +111,11 @@ def view(model: type[BaseModel], name: str | None = None, description: str | Non
     gql_name = name or _RENAMED.get(model.__name__) or model.__name__.removesuffix("Out")
     namespace: dict[str, Any] = {"__annotations__": {}}
     for field, info in model.model_fields.items():
-        namespace["__annotations__"][field] = _annotation(field, info.annotation)
+        if any(isinstance(m, PerCurrencyMarker) for m in info.metadata):
+            _PER_CURRENCY.setdefault(model, []).append(field)
+            namespace["__annotations__"][field] = list[Money]
+        else:
+            namespace["__annotations__"][field] = _annotation(field, info.annotation)
         if info.alias and info.alias != field:
             namespace[field] = strawberry.field(name=info.alias, description=info.description)
     cls = type(gql_name, (), namespace)
@@ -114,7 +131,13 @@ def view(model: type[BaseModel], name: str | None = None, description: str | Non
 
 def shape(model: type[BaseModel], value: Any) -> Any:
     """A service's answer (a dict or rows) as REST returns it, then as the GraphQL view."""
-    return view(model).from_pydantic(model.model_validate(value))
+    made = view(model)
+    valid = model.model_validate(value)
+    money = {
+        field: [{"currency": c, "amount": a} for c, a in sorted(getattr(valid, field).items())]
+        for field in _PER_CURRENCY.get(model, ())
+    }
+    return made.from_pydantic(valid, money or None)
 
 
 _INPUTS: dict[type[BaseModel], type] = {}

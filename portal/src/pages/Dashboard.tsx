@@ -13,7 +13,7 @@ const QUERY = `query Dashboard($from: DateTime!, $to: DateTime!, $granularity: G
     rows { start group gpuHours }
     totalGpuHours
   }
-  upcomingBill { period accruedUntil totals lines { sku tier region gpuHours unitAmount currency amount } }
+  upcomingBill { period accruedUntil totals { currency amount } lines { sku tier region gpuHours unitAmount currency amount } }
   budget { currency spendLimit gpuHourLimit spent gpuHoursUsed exhausted alerts { metric thresholdPct createdAt } }
 }`;
 
@@ -26,8 +26,8 @@ interface Data {
   upcomingBill: {
     period: string;
     accruedUntil: string;
-    totals: Record<string, number>;
-    lines: { sku: string; tier: string; region: string; gpuHours: number; unitAmount: number | null; currency: string | null; amount: string }[];
+    totals: { currency: string; amount: string }[];
+    lines: { sku: string; tier: string; region: string; gpuHours: number; unitAmount: string | null; currency: string | null; amount: string }[];
   };
   budget: null | {
     currency: string;
@@ -202,11 +202,11 @@ function Quotas({ quotas }: { quotas: Data["quotas"] }) {
 }
 
 function Bill({ bill, budget }: { bill: Data["upcomingBill"]; budget: Data["budget"] }) {
-  const totals = Object.entries(bill.totals);
+  const totals = bill.totals;
   return (
     <>
       <p class="big" data-testid="bill-total">
-        {totals.length ? totals.map(([c, v]) => money(v, c)).join(" + ") : money(0, "usd")}
+        {totals.length ? totals.map((t) => money(t.amount, t.currency)).join(" + ") : money(0, "usd")}
       </p>
       <p>
         {bill.period}, accrued until {when(bill.accruedUntil)}
