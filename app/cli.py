@@ -13,7 +13,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+# Every model, so SQLAlchemy's metadata is whole whatever a command imports: a flush resolves
+# every foreign key (`keys revoke` failed with "api_keys.tenant_id could not find table
+# 'tenants'" when only app.keys.models was loaded). And the listeners that tell the API
+# processes' key caches about a committed change to a key, tenant, quota or budget, so what
+# the CLI changes there counts at once, as it does through the API.
+import app.models  # noqa: F401
+import app.tenancy.auth  # noqa: F401
+from app.chaos import service as chaos_service
+from app.chaos.schemas import ExperimentState, ExperimentSummaryOut
 from app.core.config import get_settings
+from app.core.db import session_scope
+from app.core.schemas import PageParams
 
 cli = typer.Typer(
     help="Rackplane: a multi-tenant GPU cloud control plane.",
@@ -86,8 +97,19 @@ def _register_sim() -> None:
 
 
 _register_sim()
-console = Console()
-err = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """On a terminal, its width. Piped or redirected, rich would cut tables and wrap lines at
+    80 columns ("hgx-…", JSON split over lines): there every line is as long as what it holds,
+    unless COLUMNS says otherwise."""
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=100_000 if piped else None)
+
+
+console = _console()
+err = _console(stderr=True)
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_FLEET = Path(__file__).resolve().parent / "fleet" / "demo_fleet.yaml"
 
@@ -609,7 +631,8 @@ def chaos_inject(
     times: int = typer.Option(1, help="Rounds in all."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Start an experiment now or on a schedule (needs RACKPLANE_CHAOS_ENABLED)."""
+    """Start an experiment now or on a schedule (needs RACKPLANE_CHAOS_ENABLED=true in this
+    process's environment or ./.env, as the server does)."""
     from pydantic import ValidationError
 
     from app.chaos import service
@@ -657,9 +680,56 @@ def chaos_inject(
             out = _out(session, service.start(session, body))
     except ValidationError as exc:
         _fail("; ".join(e["msg"] for e in exc.errors()), 2)
+    except service.ChaosDisabled:
+        # The CLI is a process of its own that writes to the database itself: it reads the
+        # switch as the server does (its environment, then ./.env), not from the server. Set
+        # where both read it, they agree.
+        _fail(
+            "chaos experiments are off for this command: the CLI reads RACKPLANE_CHAOS_ENABLED "
+            "from its own environment or ./.env, as the server does; set "
+            "RACKPLANE_CHAOS_ENABLED=true in .env (read by both) or export it in this shell too",
+            2,
+        )
     except AppError as exc:
         _fail(exc.detail, 2)
     _chaos_print(out, as_json)
+
+
+@chaos_cli.command("list")
+def chaos_list(
+    state: ExperimentState | None = typer.Option(None, help="Only experiments in this state."),
+    as_json: bool = typer.Option(
+        False, "--json", help="The items of GET /v1/admin/chaos/experiments, every page."
+    ),
+) -> None:
+    """Every experiment, oldest first: its id (for `chaos report` and `chaos stop`), state,
+    rounds and the GPUs in its blast radius."""
+    rows: list[ExperimentSummaryOut] = []
+    cursor = None
+    with session_scope() as session:
+        while True:
+            items, cursor = chaos_service.list_experiments(
+                session, PageParams(limit=500, cursor=cursor), state=state and state.value
+            )
+            rows += [ExperimentSummaryOut.model_validate(x) for x in items]
+            if cursor is None:
+                break
+    if as_json:
+        console.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
+        return
+    table = Table("id", "name", "state", "rounds", "GPUs", "started", "stopped / next round")
+    for r in rows:
+        last = r.stopped_at or r.next_at
+        table.add_row(
+            str(r.id),
+            r.name,
+            r.state + (f" ({r.abort_reason})" if r.abort_reason else ""),
+            str(r.rounds),
+            str(r.gpus_touched),
+            f"{r.started_at:%Y-%m-%d %H:%M:%S}",
+            f"{last:%Y-%m-%d %H:%M:%S}" if last else "-",
+        )
+    console.print(table if rows else "No experiments.")
 
 
 @chaos_cli.command("report")

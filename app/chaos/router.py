@@ -5,9 +5,10 @@ from sqlalchemy.orm import Session
 
 from app.chaos import service
 from app.chaos.models import ChaosExperiment
-from app.chaos.schemas import ExperimentIn, ExperimentOut
+from app.chaos.schemas import ExperimentIn, ExperimentOut, ExperimentState, ExperimentSummaryOut
 from app.core.db import get_or_404, session_dependency
 from app.core.routing import api_router
+from app.core.schemas import Page, PageParams
 from app.tenancy.auth import AuthContext, platform
 
 admin = api_router(prefix="/v1/admin/chaos", tags=["admin: chaos"])
@@ -51,6 +52,21 @@ def start_experiment(
 ) -> dict:
     exp = service.start(session, body)
     return _out(session, exp)
+
+
+@admin.get(
+    "/experiments",
+    response_model=Page[ExperimentSummaryOut],
+    summary="List chaos experiments, oldest first (each one's report: GET .../{experiment_id})",
+)
+def list_experiments(
+    state: ExperimentState | None = None,
+    page: PageParams = Depends(),
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> dict:
+    items, nxt = service.list_experiments(session, page, state=state.value if state else None)
+    return {"items": items, "next_cursor": nxt}
 
 
 @admin.get(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import enum
 import uuid
 from datetime import datetime
 from typing import Literal
@@ -191,6 +192,27 @@ class Invariants(BaseModel):
     cross_tenant_sharing: int = Field(
         description="GPUs time-sliced or MPS-shared by workloads of more than one tenant"
     )
+
+
+class ExperimentState(str, enum.Enum):
+    scheduled = "scheduled"
+    running = "running"
+    stopped = "stopped"
+    aborted = "aborted"
+
+
+class ExperimentSummaryOut(OutModel):
+    """An experiment without its report (`GET /v1/admin/chaos/experiments/{id}` has that)."""
+
+    id: uuid.UUID
+    name: str
+    state: str = Field(description="scheduled | running | stopped | aborted")
+    rounds: int = Field(description="Rounds of faults injected so far")
+    next_at: datetime | None = Field(description="The next round, if one is scheduled")
+    abort_reason: str | None
+    gpus_touched: int
+    started_at: datetime
+    stopped_at: datetime | None
 
 
 class ExperimentOut(OutModel):

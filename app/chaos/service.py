@@ -34,6 +34,7 @@ from app.chaos.schemas import (
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict, Forbidden, NotFound
+from app.core.schemas import PageParams, paginate
 from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, telemetry
 from app.health.actions import Scope
@@ -231,6 +232,16 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
     if not later:
         _round(session, exp, body, plan, touched, now)
     return exp
+
+
+def list_experiments(
+    session: Session, page: PageParams, *, state: str | None = None
+) -> tuple[list[ChaosExperiment], str | None]:
+    """Experiments, oldest first (a page of them), optionally in one state."""
+    stmt = select(ChaosExperiment)
+    if state is not None:
+        stmt = stmt.where(ChaosExperiment.state == state)
+    return paginate(session, stmt, ChaosExperiment, page)
 
 
 def fire_due(session: Session) -> list[uuid.UUID]:
