@@ -281,8 +281,9 @@ def up(
     )
     from app.portal.router import DIST
 
+    sign_in = "sign in with a key below" if seeded else "sign in with an API key"
     portal = (
-        f"{base}/portal/  (sign in with a key below)"
+        f"{base}/portal/  ({sign_in})"
         if (DIST / "index.html").is_file()
         else "not built (needs Node.js and npm: `make portal`)"
     )
@@ -300,6 +301,16 @@ def up(
         # Printed whole (no wrapping), so it can be pasted.
         console.print(
             f"  try: curl -H 'Authorization: Bearer {seeded['tenant_key']}' {base}/v1/capacity",
+            soft_wrap=True,
+        )
+    else:
+        # Keys are shown once, when made: after a restart, say how to make one.
+        slug = "demo" if settings.seed_demo else "SLUG"
+        console.print(
+            "  keys       shown once when made; make one with\n"
+            f"             .venv/bin/rackplane keys create --tenant {slug} --scope read "
+            "--scope write --scope admin\n"
+            "             .venv/bin/rackplane keys create --platform   (an operator's)",
             soft_wrap=True,
         )
     from app.core.processes import stop_groups
@@ -348,7 +359,7 @@ def fleet_import(
     from app.core.db import session_scope
     from app.core.errors import AppError
     from app.fleet import document
-    from app.fleet.service import apply_document
+    from app.fleet.service import apply_document, refuse_conflicts
 
     fmt = "json" if file.suffix.lower() == ".json" else "yaml"
     try:
@@ -358,13 +369,16 @@ def fleet_import(
             where = f"{file}:{e['line']}" if e.get("line") else str(file)
             err.print(f"{where}: [bold]{e['field'] or '(document)'}[/bold]: {e['message']}")
         _fail(f"{len(exc.errors)} error(s); nothing was imported", 2)
-    if dry_run:
-        console.print(f"valid: {document.summarize(doc)}")
-        return
     try:
         with session_scope() as session:
+            if dry_run:  # against the fleet as it is, as the import itself checks
+                refuse_conflicts(session, doc)
+                console.print(f"valid: {document.summarize(doc)}")
+                return
             summary = apply_document(session, doc)
     except AppError as exc:
+        for e in exc.extra.get("errors", []):
+            err.print(f"{file}: [bold]{e['field']}[/bold]: {e['message']}")
         _fail(exc.detail, 2)
     console.print(json.dumps(summary))
 

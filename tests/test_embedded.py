@@ -153,3 +153,34 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
         if leftovers:
             subprocess.run(["pkill", "-9", "-f", f"rackplane-{proc.pid}@"])
         assert not leftovers, f"worker processes left behind: {leftovers}"
+    # Started again on the same data: the keys are not shown again (only hashes are kept), so
+    # the banner says how to make one, and that command works.
+    restart = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "up", "--no-worker", "--port", str(_free_port())],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        banner = ""
+        for line in restart.stdout:
+            banner += line
+            if "keys create --platform" in line or "demo tenant key" in line:
+                break
+    finally:
+        os.killpg(restart.pid, signal.SIGKILL)
+        restart.wait(timeout=10)
+    assert "demo tenant key" not in banner and "sign in with an API key" in banner, banner
+    command = re.search(r"(\.venv/bin/rackplane keys create --tenant demo[^\n]*)", banner)
+    made = subprocess.run(
+        command.group(1).split(),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0 and re.search(r"rp_\w{48}", made.stdout), made.stderr
