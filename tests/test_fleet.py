@@ -272,3 +272,19 @@ def test_the_readmes_fleet_file_imports_beside_the_demo_fleet(client, world):
     assert (
         client.post("/v1/admin/fleet:import", headers=_yaml(op), content=example).status_code == 202
     )
+
+
+def test_the_clis_dry_run_checks_against_the_fleet_too(world, tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    world.fleet(SMALL_FLEET)
+    clash = tmp_path / "clash.yaml"
+    clash.write_text(
+        "regions:\n  - name: r1\n    racks:\n      - name: hgx-9\n        kind: hgx\n"
+        "        gpu_model: H100-80GB\n        nodes: [{name: h100-1}]\n"
+    )
+    out = CliRunner().invoke(cli, ["fleet", "import", str(clash), "--dry-run"])
+    assert out.exit_code == 2, out.output
+    assert "regions[0].racks[0].nodes[0].name" in out.output and "valid" not in out.output
