@@ -1,6 +1,6 @@
-"""The README's customer walkthrough, run as written (the port aside) against `rackplane up` on
-the embedded default from this checkout: it produces what the README says. tests/test_embedded.py
-covers start-up, the demo keys and stopping."""
+"""The README's customer walkthrough and its billing section, run as written (the port aside)
+against `rackplane up` on the embedded default from this checkout: they produce what the README
+says. tests/test_embedded.py covers start-up, the demo keys and stopping."""
 
 from __future__ import annotations
 
@@ -17,10 +17,18 @@ import httpx
 from tests.conftest import ROOT, wait_until
 
 
-def _walkthrough() -> str:
+def _section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Workloads (customer API)", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def _walkthrough() -> str:
+    return re.search(r"```sh\n(.*?)```", _section("Workloads (customer API)"), re.S).group(1)
+
+
+def _billing() -> str:
+    """The prices, bills and budgets section's commands, in order (both of its blocks)."""
+    return "".join(re.findall(r"```sh\n(.*?)```", _section("Prices, bills and budgets"), re.S))
 
 
 def test_the_readme_walkthrough_does_what_it_says(tmp_path):
@@ -107,6 +115,33 @@ def test_the_readme_walkthrough_does_what_it_says(tmp_path):
         dry = next(d for d in docs if isinstance(d, dict) and "placeable_now" in d)
         assert dry["placeable_now"] and dry["placement"]
         assert docs[-1] == "terminated"
+
+        # The billing section, followed in order after the walkthrough, as a reader would:
+        # prices, bills, a budget, a commitment; the tenant is not locked out at the end.
+        operator = re.search(r"operator key\s+(rp_\w+)", (tmp_path / "up.log").read_text())
+        api = f'API=http://127.0.0.1:{port}; H="Authorization: Bearer $TENANT_KEY"\n'
+        out = subprocess.run(
+            ["bash", "-c", "set -e\n" + api + _billing()],
+            env={**os.environ, "TENANT_KEY": key.group(1), "OPERATOR_KEY": operator.group(1)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        decoder, docs, rest = json.JSONDecoder(), [], out.stdout.strip()
+        while rest:
+            doc, end = decoder.raw_decode(rest)
+            docs.append(doc)
+            rest = rest[end:].strip()
+        price, summary, upcoming, budget_set, budget, commitment, mine, totals, fits = docs
+        assert price["unit_amount"] == 249 and summary["period"] == "2026-11"
+        assert budget_set["spend_limit"] == 10_000_000
+        assert budget["exhausted"] is False and budget["spend_limit"] == 10_000_000
+        assert commitment["gpus_milli"] == 2000 and [c["gpus_milli"] for c in mine["items"]] == [
+            2000
+        ]
+        assert 0 < totals["usd"] < budget["spend_limit"]  # the commitment is owed, within budget
+        assert fits is True  # not locked out: a dry run still answers where it would go
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
