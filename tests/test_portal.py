@@ -1,11 +1,16 @@
 """The portal in a real browser (headless Debian chromium via Playwright) against a real API
 process on PostgreSQL and a real Celery worker: sign in, submit a gang and watch it reach
 running without a reload, find it on the dashboard with its usage on the chart, terminate it,
-sign out and be refused."""
+sign out and be refused; manage API keys, the budget and its alerts, and past bills with
+their export."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -201,6 +206,215 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         page.get_by_role("button", name="Sign in").wait_for()
         replay = httpx.get(f"{api}/v1/workloads", cookies={"rp_session": cookie["value"]})
         assert replay.status_code == 401 and replay.json()["code"] == "session_ended"
+
+
+# --- a tenant's account: API keys, budget, bills -------------------------------------------------
+
+
+def _month_start(back: int = 0) -> datetime:
+    now = datetime.now(UTC)
+    y, m = divmod(now.year * 12 + now.month - 1 - back, 12)
+    return datetime(y, m + 1, 1, tzinfo=UTC)
+
+
+def _usage(api: str, op: str, tenant, at: datetime) -> None:
+    """One H100 GPU-hour for `tenant` at `at` (60 GPUs for a minute), as the meter reports it."""
+    alloc = str(uuid.uuid4())
+    base = {
+        "allocation_id": alloc,
+        "workload_id": alloc,
+        "tenant_id": str(tenant.id),
+        "region": "r1",
+        "gpu_model": "H100-80GB",
+        "shape": "whole",
+        "tier": "dedicated-gpu",
+        "priority": "training",
+        "gpu_milli": 60_000,
+    }
+    events = [
+        {**base, "event_key": f"{alloc}:start", "kind": "start", "occurred_at": at.isoformat()},
+        {
+            **base,
+            "event_key": f"{alloc}:stop",
+            "kind": "stop",
+            "occurred_at": (at + timedelta(minutes=1)).isoformat(),
+        },
+    ]
+    r = httpx.post(f"{api}/v1/admin/usage/events", json={"events": events}, headers=auth(op))
+    assert r.status_code == 200, r.text
+
+
+def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noqa: F811
+    op = world.key()
+    tenant = world.tenant("acme", policy=ALL)
+    key = world.key(tenant, name="laptop")
+    r = httpx.post(
+        f"{api}/v1/admin/prices",
+        json={
+            "gpu_model": "H100-80GB",
+            "shape": "whole",
+            "plan": "on_demand",
+            "currency": "usd",
+            "unit_amount": 300,  # $3 a GPU-hour
+            "effective_from": (_month_start(3)).isoformat(),
+        },
+        headers=auth(op),
+    )
+    assert r.status_code == 201, r.text
+    last_month = _month_start(1).strftime("%Y-%m")
+    _usage(api, op, tenant, _month_start(1) + timedelta(days=2))  # last month: 2 GPU-hours
+    _usage(api, op, tenant, _month_start(1) + timedelta(days=3))
+    _usage(api, op, tenant, _month_start() + timedelta(minutes=1))  # this month: $3 spent
+
+    with portal_page(browser, api, "account") as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        sign_in(page, key)
+        nav = page.get_by_role("navigation", name="Main")
+
+        # Keys: this session's own is listed and marked.
+        nav.get_by_role("link", name="API keys").click()
+        keys = page.get_by_test_id("keys")
+        mine = keys.locator("tr", has_text="laptop")
+        mine.wait_for()
+        assert "this session" in mine.inner_text() and "read, write, admin" in mine.inner_text()
+        # A key with the read scope only; an expiry in the past is refused next to its field.
+        page.get_by_label("Name").fill("ci-reader")
+        page.get_by_label(re.compile("^write:")).uncheck()
+        page.get_by_label(re.compile("^Expires")).fill("2001-01-01T00:00")
+        page.get_by_role("button", name="Create key").click()
+        expiry_error = page.get_by_test_id("key-expires-error")
+        expiry_error.filter(has_text="in the future").wait_for()
+        assert page.get_by_label(re.compile("^Expires")).get_attribute("aria-invalid") == "true"
+        assert page.get_by_test_id("new-key").count() == 0
+        page.get_by_label(re.compile("^Expires")).fill("")
+        page.get_by_role("button", name="Create key").click()
+        # Its secret, once, with a warning and a copy button.
+        panel = page.get_by_test_id("new-key")
+        panel.wait_for()
+        assert "only time it is shown" in panel.inner_text()
+        secret = page.get_by_test_id("new-key-secret").inner_text().strip()
+        assert secret.startswith("rp_") and len(secret) == 51
+        assert expiry_error.inner_text() == ""
+        panel.get_by_role("button", name="Copy the key").click()
+        panel.get_by_role("status").filter(has_text="Copied").wait_for()
+        assert page.evaluate("navigator.clipboard.readText()") == secret
+        shot(page, "keys-created")
+        # It is a working key with the scopes chosen: it reads, and may not write.
+        assert httpx.get(f"{api}/v1/workloads", headers=auth(secret)).status_code == 200
+        w = httpx.post(
+            f"{api}/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(secret)
+        )
+        assert w.status_code == 403 and w.json()["code"] == "insufficient_scope", w.text
+        row = keys.locator("tr", has_text="ci-reader")
+        row.wait_for()
+        assert (
+            row.get_attribute("data-status") == "active"
+            and "read" == row.locator("td").nth(1).inner_text()
+        )
+        # Reloaded, the secret is nowhere in the page.
+        page.reload()
+        row.wait_for()
+        assert secret not in page.content() and page.get_by_test_id("new-key").count() == 0
+        # Revoke it: asked first (Cancel focused; Esc keeps the key), then refused with it.
+        revoke = row.get_by_role("button", name=re.compile("^Revoke ci-reader"))
+        revoke.click()
+        dialog = page.get_by_role("dialog", name="Revoke ci-reader?")
+        dialog.wait_for()
+        assert dialog.get_by_role("button", name="Cancel").evaluate(
+            "e => e === document.activeElement"
+        )
+        shot(page, "keys-revoke-confirm")
+        page.keyboard.press("Escape")
+        dialog.wait_for(state="hidden")
+        assert httpx.get(f"{api}/v1/workloads", headers=auth(secret)).status_code == 200
+        revoke.click()
+        dialog.get_by_role("button", name="Revoke it").click()
+        dialog.wait_for(state="hidden")
+        page.locator("tr[data-status=revoked]", has_text="ci-reader").wait_for()
+        refused = httpx.get(f"{api}/v1/workloads", headers=auth(secret))
+        assert refused.status_code == 401 and refused.json()["code"] == "revoked_api_key", (
+            refused.text
+        )
+        assert mine.get_attribute("data-status") == "active"
+
+        # Budget: none yet; a negative limit is refused next to its field.
+        nav.get_by_role("link", name="Budget").click()
+        page.get_by_test_id("no-budget").wait_for()
+        spend = page.get_by_label(re.compile("^Spend limit"))
+        spend.fill("-1")
+        page.get_by_role("button", name="Set budget").click()
+        page.get_by_test_id("b-spend-error").filter(
+            has_text="greater than or equal to 0"
+        ).wait_for()
+        assert spend.get_attribute("aria-invalid") == "true"
+        # Set: $5 a month; the $3 spent crosses 50 %.
+        spend.fill("5")
+        page.get_by_role("button", name="Set budget").click()
+        page.get_by_test_id("budget-saved").filter(has_text="Budget set.").wait_for()
+        status = page.get_by_test_id("budget-status")
+        assert "$3.00 of $5.00" in status.inner_text()
+        alerts = page.get_by_test_id("budget-alerts")
+        assert [a.get_attribute("data-pct") for a in alerts.locator("li").all()] == ["50"]
+        # Changed to $3.50 and 10 GPU-hours: 80 % of the spend is passed too.
+        spend = page.get_by_label(re.compile("^Spend limit"))
+        assert spend.input_value() == "5.00"
+        spend.fill("3.50")
+        page.get_by_label(re.compile("^GPU-hour limit")).fill("10")
+        page.get_by_role("button", name="Save changes").click()
+        page.get_by_test_id("budget-saved").filter(has_text="Budget changed.").wait_for()
+        assert "$3.00 of $3.50" in status.inner_text() and "of 10" in status.inner_text()
+        wait_until(lambda: alerts.locator("li").count() == 2, timeout=5)
+        assert "Spend passed 80%: $3.00 of $3.50" in alerts.inner_text()
+        mine_now = httpx.get(f"{api}/v1/budget", headers=auth(key)).json()
+        assert (mine_now["spend_limit"], mine_now["gpu_hour_limit"]) == (350, 10)
+        shot(page, "budget")
+        # Removed, after confirming.
+        page.get_by_role("button", name="Remove budget").click()
+        dialog = page.get_by_role("dialog", name="Remove the budget?")
+        dialog.get_by_role("button", name="Remove it").click()
+        page.get_by_test_id("no-budget").wait_for()
+        assert httpx.get(f"{api}/v1/budget", headers=auth(key)).status_code == 404
+
+        # Billing: last month in the history, its bill, and its export downloaded.
+        nav.get_by_role("link", name="Billing").click()
+        history = page.get_by_test_id("bill-history")
+        month = history.locator(f"tr[data-period='{last_month}']")
+        month.wait_for()
+        assert "$6.00" in month.inner_text() and "2.000" in month.inner_text()
+        month.get_by_role("link").click()
+        page.wait_for_url(re.compile(f"/portal/billing/{last_month}$"))
+        bill = page.locator(f"[data-testid=bill][data-period='{last_month}']")
+        bill.get_by_test_id("bill-lines").wait_for()
+        assert page.get_by_test_id("bill-total").inner_text() == "$6.00"
+        line = bill.get_by_test_id("bill-lines").locator("tbody tr")
+        assert line.count() == 1 and "H100-80GB/whole" in line.inner_text()
+        assert "$3.00 (v1)" in line.inner_text()
+        shot(page, "billing")
+        with page.expect_download() as got:
+            bill.get_by_role("button", name="Download CSV").click()
+        assert got.value.suggested_filename == f"rackplane-usage-{last_month}.csv"
+        rows = list(csv.DictReader(io.StringIO(open(got.value.path()).read())))
+        assert [(r["day"][:7], r["sku"], r["gpu_hours"]) for r in rows] == [
+            (last_month, "H100-80GB/whole", "1.0")
+        ] * 2
+        assert sum(int(r["amount"]) for r in rows) == 600 and {r["tenant_slug"] for r in rows} == {
+            "acme"
+        }
+        page.get_by_test_id("export-status").filter(has_text="2 rows").wait_for()
+
+    # A read-only session is told why it may not change anything, beside the form.
+    reader = world.key(tenant, scopes=("read",), name="viewer")
+    with portal_page(browser, api, "account-read-only") as page:
+        sign_in(page, reader)
+        page.get_by_role("navigation").get_by_role("link", name="Budget").click()
+        page.get_by_label(re.compile("^Spend limit")).fill("5")
+        page.get_by_role("button", name="Set budget").click()
+        page.get_by_test_id("budget-problem").filter(has_text="insufficient_scope").wait_for()
+        page.get_by_role("navigation").get_by_role("link", name="API keys").click()
+        page.get_by_label("Name").fill("nope")
+        page.get_by_role("button", name="Create key").click()
+        page.get_by_test_id("key-problem").filter(has_text="insufficient_scope").wait_for()
+    assert httpx.get(f"{api}/v1/budget", headers=auth(key)).status_code == 404
 
 
 # --- the operators' fleet heatmap ---------------------------------------------------------------

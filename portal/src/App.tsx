@@ -1,8 +1,11 @@
 import { LocationProvider, Route, Router, useLocation } from "preact-iso";
 import { useEffect, useState } from "preact/hooks";
 import { currentSession, signOut, whenSignedOut, type Session } from "./api";
+import { Billing } from "./pages/Billing";
+import { BudgetPage } from "./pages/Budget";
 import { Dashboard } from "./pages/Dashboard";
 import { Fleet } from "./pages/Fleet";
+import { Keys } from "./pages/Keys";
 import { SignIn } from "./pages/SignIn";
 import { Submit } from "./pages/Submit";
 import { WorkloadPage } from "./pages/Workload";
@@ -47,6 +50,9 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
     : [
         ["/portal/dashboard", "Dashboard"],
         ["/portal/submit", "Submit"],
+        ["/portal/billing", "Billing"],
+        ["/portal/budget", "Budget"],
+        ["/portal/keys", "API keys"],
       ];
   return (
     <>
@@ -80,6 +86,9 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
           <Route path="/portal/dashboard" component={Dashboard} />
           <Route path="/portal/submit" component={Submit} />
           <Route path="/portal/workloads/:id" component={WorkloadPage} />
+          <Route path="/portal/billing/:period?" component={Billing} />
+          <Route path="/portal/budget" component={BudgetPage} />
+          <Route path="/portal/keys" component={Keys} session={session} />
           <Route path="/portal/fleet" component={Fleet} />
           <Route default component={NotFound} />
         </Router>

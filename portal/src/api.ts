@@ -1,4 +1,5 @@
-// The portal speaks GraphQL (queries, mutations, subscriptions) and the session endpoints only.
+// The portal speaks GraphQL (queries, mutations, subscriptions) and the session endpoints, and
+// fetches one REST file: a month's billing export (`download`), as the session's key may.
 import { createClient, type Client } from "graphql-ws";
 
 export interface Session {
@@ -109,6 +110,28 @@ export async function gql<T>(query: string, variables: Record<string, unknown> =
   return body.data as T;
 }
 
+/** Fetch a file the session may read (a GET: no CSRF token needed) and hand it to the browser
+ * as a download, named as the API names it. A refusal is thrown, for the page to show. */
+export async function download(url: string, fallbackName: string): Promise<{ name: string; rows: string | null }> {
+  const r = await fetch(url, { credentials: "same-origin" });
+  if (r.status === 401) {
+    const e = await problem(r);
+    onSignedOut(e.message);
+    throw e;
+  }
+  if (!r.ok) throw await problem(r);
+  const name = /filename="([^"]+)"/.exec(r.headers.get("content-disposition") ?? "")?.[1] ?? fallbackName;
+  const href = URL.createObjectURL(await r.blob());
+  const a = document.createElement("a");
+  a.href = href;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(href), 60_000);
+  return { name, rows: r.headers.get("x-row-count") };
+}
+
 /** A mutation's typed problem (every mutation answers its result or one of these). */
 export interface Problem {
   __typename: string;
@@ -121,6 +144,29 @@ export const PROBLEM_FIELDS = `... on Problem { code message } ... on Validation
 
 export function isProblem(x: { __typename: string }): x is Problem {
   return x.__typename.endsWith("Problem") || ["QuotaExceeded", "IsolationRuleViolated", "BudgetExhausted"].includes(x.__typename);
+}
+
+/** A thrown ApiError as a Problem, for the same place in the page. */
+export function asProblem(e: unknown): Problem {
+  if (e instanceof ApiError) return { __typename: "Error", code: e.code, message: e.message, fields: e.fields };
+  return { __typename: "Error", code: "error", message: String(e) };
+}
+
+/** The problem's messages about one input field (`["input", "scopes", "0"]`: "scopes"). */
+export function fieldProblem(p: Problem | null, name: string): string | undefined {
+  const hits = (p?.fields ?? []).filter((f) => f.path.slice(1).includes(name));
+  return hits.length ? hits.map((f) => f.message).join("; ") : undefined;
+}
+
+/** What of a problem no field shows: its message when no field is named, and the messages
+ * about the input as a whole (`["input"]`). */
+export function formProblem(p: Problem | null, fieldNames: string[]): { text: string; also: string[] } | null {
+  if (!p) return null;
+  const fields = p.fields ?? [];
+  const placed = fields.filter((f) => fieldNames.some((n) => f.path.slice(1).includes(n)));
+  const rest = fields.filter((f) => !placed.includes(f)).map((f) => f.message);
+  if (fields.length && !rest.length) return { text: "Correct the fields marked below.", also: [] };
+  return { text: `${fields.length ? "The input was refused" : p.message} (${p.code})`, also: rest };
 }
 
 // --- subscriptions: one socket per page, signed in by the session cookie ---------------------
@@ -183,9 +229,40 @@ export function gpuShare(milli: number): string {
   return milli % 1000 === 0 ? `${milli / 1000}` : (milli / 1000).toFixed(2);
 }
 
+// ISO 4217 currencies without minor units (as app/billing/money.py); the rest have two.
+const ZERO_DECIMAL = "bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf".split(" ");
+
+export function exponent(currency: string): number {
+  return ZERO_DECIMAL.includes(currency.toLowerCase()) ? 0 : 2;
+}
+
 export function money(minor: string | number, currency: string): string {
-  const n = Number(minor) / 100;
-  return new Intl.NumberFormat("en", { style: "currency", currency: currency.toUpperCase() }).format(n);
+  const digits = exponent(currency);
+  const n = Number(minor) / 10 ** digits;
+  return new Intl.NumberFormat("en", {
+    style: "currency",
+    currency: currency.toUpperCase(),
+    minimumFractionDigits: digits,
+    maximumFractionDigits: digits,
+  }).format(n);
+}
+
+/** "250.5" in `currency` as minor units ("25050"), exact (no float); null: not an amount. */
+export function toMinor(text: string, currency: string): string | null {
+  const digits = exponent(currency);
+  const m = /^(-?)(\d+)(?:\.(\d*))?$/.exec(text.trim().replace(/,/g, ""));
+  if (!m || (m[3] ?? "").length > digits) return null;
+  const minor = BigInt(m[2] + (m[3] ?? "").padEnd(digits, "0"));
+  return (m[1] ? -minor : minor).toString();
+}
+
+/** Minor units as the text a person types back ("25050" -> "250.50"). */
+export function fromMinor(minor: string, currency: string): string {
+  const digits = exponent(currency);
+  if (!digits) return minor;
+  const neg = minor.startsWith("-");
+  const s = (neg ? minor.slice(1) : minor).padStart(digits + 1, "0");
+  return `${neg ? "-" : ""}${s.slice(0, -digits)}.${s.slice(-digits)}`;
 }
 
 export function when(iso: string | null | undefined): string {
