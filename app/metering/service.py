@@ -403,18 +403,22 @@ def utilisation(
     from app.fleet.models import Gpu, Node, Rack, Region
 
     check_window(start, end, granularity)
+    # GPUs counted by when they were registered, model and region: an import registers its
+    # GPUs in one instant, so a 100,000-GPU fleet is a few hundred rows here, not 100,000
+    # intervals for Python to bucket.
     fleet = session.execute(
-        select(Gpu.created_at, Node.gpu_model, Region.name)
+        select(Gpu.created_at, Node.gpu_model, Region.name, func.count())
         .join(Node, Gpu.node_id == Node.id)
         .join(Rack, Node.rack_id == Rack.id)
         .join(Region, Rack.region_id == Region.id)
         .where(Gpu.created_at < end)
+        .group_by(Gpu.created_at, Node.gpu_model, Region.name)
     ).all()
     keys = ("region", "gpu_model")
     capacity = bucketize(
         [
-            Interval(to_ms(at), None, 1000, (None, None, r, m, None, None, None))
-            for at, m, r in fleet
+            Interval(to_ms(at), None, 1000 * n, (None, None, r, m, None, None, None))
+            for at, m, r, n in fleet
         ],
         [],
         start,

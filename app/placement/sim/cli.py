@@ -522,8 +522,8 @@ def bench_portal(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The operators' fleet heatmap of 100,000 GPUs in headless Chromium against a real API on
-    a scratch PostgreSQL database: request to full first frame, and frame time while zooming
-    and panning (see app/portal/bench.py)."""
+    a scratch PostgreSQL database: request to full first frame, frame time while zooming and
+    panning, and the utilisation chart's query over that fleet (see app/portal/bench.py)."""
     from app.portal.bench import run
 
     _emit(run(runs, frames), as_json)
