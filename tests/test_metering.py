@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from tests.conftest import auth, wait_until
+from app.core.db import session_scope
+from tests.conftest import SMALL_FLEET, auth, wait_until
 from tests.test_placement_worker import ALL, _running, fleet
 
 DAY = datetime(2026, 11, 2, tzinfo=UTC)
@@ -261,3 +262,35 @@ def test_metered_usage_equals_the_allocations_held_through_preemption_and_resume
     capacity = sum(r["capacity_gpu_hours"] for r in util["rows"])
     assert 0 < util["allocated_gpu_hours"] < capacity  # 16 GPUs registered, a few held briefly
     assert util["idle_gpu_hours"] == pytest.approx(capacity - util["allocated_gpu_hours"], abs=1e-5)
+
+
+def test_capacity_counts_each_gpu_from_its_registration(client, world):
+    """Capacity is per GPU from the instant it was registered, exactly (GPUs are read counted
+    by registration instant, model and region, not one by one)."""
+    world.fleet(SMALL_FLEET)
+    t0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
+    with session_scope() as s:
+        s.execute(text("UPDATE gpus SET created_at = :t"), {"t": t0})
+        s.execute(
+            text("UPDATE gpus SET created_at = :t WHERE index < 4"),
+            {"t": t0 + timedelta(hours=2, minutes=30)},
+        )
+        total = s.execute(text("SELECT count(*) FROM gpus")).scalar_one()
+        late = s.execute(text("SELECT count(*) FROM gpus WHERE index < 4")).scalar_one()
+    window = {
+        "from": (t0 - timedelta(hours=1)).isoformat(),
+        "to": (t0 + timedelta(hours=4)).isoformat(),
+        "granularity": "hour",
+    }
+    util = client.get("/v1/admin/utilisation", params=window, headers=auth(world.key(None))).json()
+    by_hour: dict[str, float] = {}
+    for r in util["rows"]:
+        by_hour[r["start"]] = by_hour.get(r["start"], 0) + r["capacity_gpu_hours"]
+    early = total - late
+    assert [by_hour.get(h) for h in sorted(by_hour)] == [
+        early,  # 10:00-11:00
+        early,  # 11:00-12:00
+        early + late / 2,  # 12:00-13:00: the late GPUs from 12:30
+        total,  # 13:00-14:00
+    ]
+    assert util["capacity_gpu_hours"] == early * 4 + late * 1.5
