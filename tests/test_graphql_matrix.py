@@ -97,6 +97,51 @@ MATRIX = {
         f'mutation {{ approveTenant(id: "{{tenant}}") {P} }}',
         ("tenant_not_pending",),
     ),
+    "tenant": ("platform", '{ tenant(id: "{tenant}") { slug status isolationPolicy } }', ()),
+    "suspendTenant": ("platform", f'mutation {{ suspendTenant(id: "{{tenant}}") {P} }}', ()),
+    "reactivateTenant": (
+        "platform",
+        f'mutation {{ reactivateTenant(id: "{{tenant}}") {P} }}',
+        ("tenant_not_suspended",),
+    ),
+    "updateTenant": (
+        "platform",
+        f'mutation {{ updateTenant(id: "{{tenant}}", input: {{isolationPolicy: ["vm"]}}) {P} }}',
+        (),
+    ),
+    "createPrice": (
+        "platform",
+        'mutation { createPrice(input: {gpuModel: "H100-80GB", shape: "whole", '
+        'plan: "on_demand", currency: "usd", unitAmount: 250, '
+        f'effectiveFrom: "2026-01-01T00:00:00Z"}}) {P} }}',
+        (),
+    ),
+    "setNodeHealth": (
+        "platform",
+        f'mutation {{ setNodeHealth(id: "{{node}}", input: {{action: "release"}}) {P} }}',
+        (),
+    ),
+    "setGpuHealth": (
+        "platform",
+        f'mutation {{ setGpuHealth(nodeId: "{{node}}", gpuIndex: 0, input: {{action: "release"}}) '
+        f"{P} }}",
+        (),
+    ),
+    "chaosExperiments": (
+        "platform",
+        '{ chaosExperiments(state: "running") { edges { node { id state gpusTouched } } } }',
+        (),
+    ),
+    "chaosExperiment": (
+        "platform",
+        f'{{ chaosExperiment(id: "{MISSING}") {{ held report {{ detectS }} }} }}',
+        ("experiment_not_found",),
+    ),
+    "stopChaosExperiment": (
+        "platform",
+        f'mutation {{ stopChaosExperiment(id: "{MISSING}") {P} }}',
+        ("experiment_not_found",),
+    ),
     # Subscriptions (over graphql-transport-ws: `run` answers with the first message)
     "workloadEvents": (
         "reader",

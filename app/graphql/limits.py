@@ -41,7 +41,15 @@ from app.core.errors import AppError
 from app.ratelimit import service as ratelimit
 
 # Fields that return a page: the default page size when `first` is not given.
-PAGED = {"workloads": 50, "nodes": 50, "apiKeys": 50, "regions": 50, "racks": 50, "tenants": 50}
+PAGED = {
+    "workloads": 50,
+    "nodes": 50,
+    "apiKeys": 50,
+    "regions": 50,
+    "racks": 50,
+    "tenants": 50,
+    "chaosExperiments": 50,
+}
 # Lists a field returns without paging, and their most: a workload's newest events (see
 # app/graphql/context.py), a node's GPUs, a GPU's holders (MIG slots), a workload's replicas.
 BOUNDED = {"events": 20, "gpus": 8, "holders": 7, "placement": 8}

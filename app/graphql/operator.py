@@ -1,7 +1,9 @@
 """The operator's side (platform keys): regions, racks, tenants and their quotas, fleet
-utilisation and health, imports, reconciliation; and the mutations for node state, quotas and
-tenant approval. The same service calls as REST's admin routes, refused to tenant keys by the
-same check (`require_platform`)."""
+utilisation and health, imports, reconciliation, chaos experiments; and the mutations for node
+state, GPU and node health (quarantine, release, retire), quotas, tenants (approve, suspend,
+reactivate, update: isolation policy...), price versions and stopping a chaos experiment. The
+same service calls as REST's admin routes, refused to tenant keys by the same check
+(`require_platform`); each mutation is one audit entry (`_run`)."""
 
 from __future__ import annotations
 
@@ -10,21 +12,40 @@ from datetime import datetime
 from typing import Annotated
 
 import strawberry
+from sqlalchemy import select
 
-from app.billing.schemas import Reconciliation
+from app.billing import service as billing
+from app.billing.schemas import PriceIn, PriceOut, Reconciliation
+from app.chaos import service as chaos
+from app.chaos.models import ChaosExperiment
+from app.chaos.router import _out as experiment_out
+from app.chaos.schemas import (
+    ExperimentOut,
+    ExperimentState,
+    ExperimentSummaryOut,
+    FaultReport,
+    InjectionOut,
+    Invariants,
+)
 from app.core.db import get_or_404
-from app.core.errors import ValidationFailed
+from app.core.errors import NotFound, ValidationFailed
 from app.core.schemas import PERIOD_PATTERN
+from app.fleet.models import Gpu as GpuRow
+from app.fleet.models import Node as NodeRow
 from app.fleet.schemas import FleetImportOut, NodeStateChange, RackOut, RegionOut
-from app.graphql.account import Granularity, Quota, aware, page_params
+from app.graphql.account import Granularity, PriceView, Quota, aware, page_params
 from app.graphql.context import Context
 from app.graphql.mutations import _results, _run
-from app.graphql.types import Connection, Node, connection
+from app.graphql.types import Connection, Node, connection, node_id
 from app.graphql.views import input_view, parse, shape, text_args, view
-from app.health.schemas import FleetHealth, IdleTimeOut
+from app.health.router import _act as health_action
+from app.health.schemas import FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
 from app.metering.schemas import UtilisationOut
 from app.tenancy.auth import require_platform
-from app.tenants.schemas import TenantOut
+from app.tenancy.scoping import get_owned
+from app.tenants import service as tenants
+from app.tenants.models import Tenant
+from app.tenants.schemas import TenantOut, TenantUpdate
 from app.workloads.schemas import QuotaList, QuotaSet
 
 Info = strawberry.Info[Context, None]
@@ -39,6 +60,20 @@ FleetHealthView = view(FleetHealth, "FleetHealth")
 IdleTimeView = view(IdleTimeOut, "IdleTime", "Idle GPU-hours by cause over time")
 QuotaSetInput = input_view(QuotaSet, "QuotaSetInput")
 NodeStateInput = input_view(NodeStateChange, "NodeStateInput")
+TenantUpdateInput = input_view(TenantUpdate, "TenantUpdateInput")
+PriceInput = input_view(PriceIn, "PriceInput")
+HealthActionInput = input_view(HealthActionIn, "HealthActionInput")
+HealthActionView = view(HealthActionOut, "HealthAction", "A node's or GPU's health after an action")
+# The report's parts first, so their names say whose they are.
+view(InjectionOut, "ChaosInjection", "A fault injected on a GPU (or node), and when undone")
+view(FaultReport, "ChaosFaultReport", "Per fault: what the health loop did, and how fast")
+view(Invariants, "ChaosInvariants", "What must never happen, counted over the experiment")
+ChaosExperimentView = view(
+    ExperimentOut, "ChaosExperiment", "A chaos experiment, its injections and its report"
+)
+ChaosExperimentSummaryView = view(
+    ExperimentSummaryOut, "ChaosExperimentSummary", "A chaos experiment, without its report"
+)
 
 
 @strawberry.type(description="A rack on the map: its nodes are the next `nodes` of the map's")
@@ -235,10 +270,75 @@ class OperatorQuery:
             raise ValidationFailed("period is a month: YYYY-MM.", code="validation_error")
         return shape(Reconciliation, stripe_export.reconcile(info.context.session, auth, period))
 
+    @strawberry.field(description="Operators: a tenant (REST: GET /v1/admin/tenants/{id})")
+    def tenant(self, info: Info, id: strawberry.ID) -> TenantView:  # type: ignore[valid-type]
+        auth = _operator(info)
+        return shape(
+            TenantOut, get_owned(info.context.session, auth, Tenant, str(id), what="tenant")
+        )
+
+    @strawberry.field(
+        description="Operators: chaos experiments, oldest first, in one state if asked "
+        "(REST: GET /v1/admin/chaos/experiments); each one's report: `chaosExperiment`"
+    )
+    def chaos_experiments(
+        self,
+        info: Info,
+        first: int = 50,
+        after: str | None = None,
+        state: str | None = None,
+    ) -> Connection[ChaosExperimentSummaryView]:  # type: ignore[valid-type]
+        _operator(info)
+        try:
+            st = ExperimentState(state).value if state is not None else None
+        except ValueError:
+            raise ValidationFailed(
+                f"No experiment state {state!r}.", code="validation_error"
+            ) from None
+        rows, nxt = chaos.list_experiments(
+            info.context.session, page_params(first, after), state=st
+        )
+        return connection(rows, lambda x: shape(ExperimentSummaryOut, x), nxt)
+
+    @strawberry.field(
+        description="Operators: a chaos experiment and its report: per fault, the times to "
+        "detect, quarantine, requeue and run again; the invariants "
+        "(REST: GET /v1/admin/chaos/experiments/{id})"
+    )
+    def chaos_experiment(self, info: Info, id: strawberry.ID) -> ChaosExperimentView:  # type: ignore[valid-type]
+        _operator(info)
+        session = info.context.session
+        exp = get_or_404(session, ChaosExperiment, str(id), what="experiment")
+        return shape(ExperimentOut, experiment_out(session, exp))
+
 
 NodeResult = _results("NodeResult", Node)
 TenantResult = _results("TenantResult", TenantView)
 QuotaSetResult = _results("QuotaSetResult", QuotaSetDone)
+PriceResult = _results("PriceResult", PriceView)
+HealthActionResult = _results("HealthActionResult", HealthActionView)
+ChaosExperimentResult = _results("ChaosExperimentResult", ChaosExperimentView)
+
+
+def _tenant(ctx: Context, id: strawberry.ID) -> Tenant:
+    return get_owned(ctx.session, ctx.auth, Tenant, str(id), what="tenant")
+
+
+def _gpu(ctx: Context, node: strawberry.ID, index: int) -> tuple[GpuRow, NodeRow]:
+    """A node's GPU by its index, and its node, both locked (in REST's order: the GPU, then
+    its node). 404s: node_not_found, gpu_not_found."""
+    nid = node_id(str(node))
+    gpu = (
+        ctx.session.scalar(
+            select(GpuRow).where(GpuRow.node_id == nid, GpuRow.index == index).with_for_update()
+        )
+        if nid is not None
+        else None
+    )
+    if gpu is None:
+        get_or_404(ctx.session, NodeRow, str(node), what="node")
+        raise NotFound(f"Node {node} has no GPU {index}.", code="gpu_not_found")
+    return gpu, get_or_404(ctx.session, NodeRow, str(gpu.node_id), what="node", for_update=True)
 
 
 @strawberry.type
@@ -297,3 +397,123 @@ class OperatorMutation:
             return {"tenant_id": str(id)}, tenant, shape(TenantOut, tenant)
 
         return _run(info, "approveTenant", act)
+
+    @strawberry.mutation(
+        description="Operators: suspend an active tenant: from its next request, its keys may "
+        "only read the tenant itself (`viewer`; everything else is refused with "
+        "tenant_not_active, as for a pending tenant); its queued and running workloads carry "
+        "on. REST: POST /v1/admin/tenants/{id}:suspend"
+    )
+    def suspend_tenant(self, info: Info, id: strawberry.ID) -> TenantResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            tenant = tenants.suspend(_tenant(ctx, id))
+            return {"tenant_id": str(id)}, tenant, shape(TenantOut, tenant)
+
+        return _run(info, "suspendTenant", act)
+
+    @strawberry.mutation(
+        description="Operators: reactivate a suspended tenant: its keys work again. "
+        "REST: POST /v1/admin/tenants/{id}:reactivate"
+    )
+    def reactivate_tenant(self, info: Info, id: strawberry.ID) -> TenantResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            tenant = tenants.reactivate(_tenant(ctx, id))
+            return {"tenant_id": str(id)}, tenant, shape(TenantOut, tenant)
+
+        return _run(info, "reactivateTenant", act)
+
+    @strawberry.mutation(
+        description="Operators: change a tenant's name, contact, isolation policy or status "
+        "(the fields given). REST: PATCH /v1/admin/tenants/{id}"
+    )
+    def update_tenant(
+        self,
+        info: Info,
+        id: strawberry.ID,
+        input: TenantUpdateInput,  # type: ignore[valid-type]
+    ) -> TenantResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            body = parse(TenantUpdate, input)
+            tenant = tenants.update_tenant(ctx.session, _tenant(ctx, id), body)
+            return {"tenant_id": str(id), "body": body}, tenant, shape(TenantOut, tenant)
+
+        return _run(info, "updateTenant", act)
+
+    @strawberry.mutation(
+        description="Operators: add a price version, effective from its date (earlier versions "
+        "stay). REST: POST /v1/admin/prices"
+    )
+    def create_price(self, info: Info, input: PriceInput) -> PriceResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            body = parse(PriceIn, input)
+            price = billing.create_price(ctx.session, **body.model_dump())
+            return {"body": body}, price, shape(PriceOut, price)
+
+        return _run(info, "createPrice", act)
+
+    @strawberry.mutation(
+        description="Operators: quarantine, release or retire a whole node by hand "
+        "(REST: POST /v1/admin/nodes/{id}/health)"
+    )
+    def set_node_health(
+        self,
+        info: Info,
+        id: strawberry.ID,
+        input: HealthActionInput,  # type: ignore[valid-type]
+    ) -> HealthActionResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            body = parse(HealthActionIn, input)
+            node = get_or_404(ctx.session, NodeRow, str(id), what="node", for_update=True)
+            done = health_action(ctx.session, node, None, body)
+            return {"node_id": str(node.id), "body": body}, None, shape(HealthActionOut, done)
+
+        return _run(info, "setNodeHealth", act)
+
+    @strawberry.mutation(
+        description="Operators: quarantine, release (back to service, through validation if it "
+        "was out of service) or retire one GPU of a node, by its index "
+        "(REST: POST /v1/admin/gpus/{id}/health; CLI: rackplane fleet release NODE --gpu N)"
+    )
+    def set_gpu_health(
+        self,
+        info: Info,
+        node_id: strawberry.ID,
+        gpu_index: int,
+        input: HealthActionInput,  # type: ignore[valid-type]
+    ) -> HealthActionResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            body = parse(HealthActionIn, input)
+            gpu, node = _gpu(ctx, node_id, gpu_index)
+            done = health_action(ctx.session, node, gpu, body)
+            params = {"gpu_id": str(gpu.id), "node_id": str(node.id), "gpu_index": gpu.index}
+            return {**params, "body": body}, None, shape(HealthActionOut, done)
+
+        return _run(info, "setGpuHealth", act)
+
+    @strawberry.mutation(
+        description="Operators: stop a chaos experiment and undo what it injected (stopping a "
+        "stopped one changes nothing). REST: POST /v1/admin/chaos/experiments/{id}/stop"
+    )
+    def stop_chaos_experiment(self, info: Info, id: strawberry.ID) -> ChaosExperimentResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            exp = get_or_404(
+                ctx.session, ChaosExperiment, str(id), what="experiment", for_update=True
+            )
+            chaos.stop(ctx.session, exp)
+            return {}, exp, shape(ExperimentOut, experiment_out(ctx.session, exp))
+
+        return _run(info, "stopChaosExperiment", act)

@@ -538,8 +538,9 @@ def require_tenant_scope(auth: AuthContext, scope: str, *, allow_inactive: bool 
             code="tenant_key_required",
         )
     if not allow_inactive and auth.tenant_status != "active":
+        needs = "reactivate" if auth.tenant_status == "suspended" else "approve"
         raise Forbidden(
-            f"The tenant is {auth.tenant_status}; an operator must approve it first.",
+            f"The tenant is {auth.tenant_status}; an operator must {needs} it first.",
             code="tenant_not_active",
         )
     if not auth.has(scope):

@@ -99,20 +99,26 @@ def read(
     return get_owned(session, auth, Tenant, tenant_id, what="tenant")
 
 
-@admin.patch("/tenants/{tenant_id:segment}", response_model=TenantOut, summary="Update a tenant")
+@admin.patch(
+    "/tenants/{tenant_id:segment}",
+    response_model=TenantOut,
+    summary="Update a tenant: name, contact, isolation policy, status",
+    description=(
+        "The fields given change; a null one is left as it is. A status moves as the custom "
+        "methods move it (active: `:approve` a pending tenant, `:reactivate` a suspended one; "
+        "suspended: `:suspend`), with their 409s; nothing goes back to pending "
+        "(409 tenant_status_refused)."
+    ),
+)
 def update(
     tenant_id: str,
     body: TenantUpdate,
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> Tenant:
-    tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
-    changes = body.model_dump(exclude_unset=True, mode="json")
-    for field, value in changes.items():
-        if value is not None:
-            setattr(tenant, field, value)
-    session.flush()
-    return tenant
+    return service.update_tenant(
+        session, get_owned(session, auth, Tenant, tenant_id, what="tenant"), body
+    )
 
 
 @admin.post(
@@ -126,3 +132,36 @@ def approve(
     session: Session = Depends(session_dependency),
 ) -> Tenant:
     return service.approve(get_owned(session, auth, Tenant, tenant_id, what="tenant"))
+
+
+@admin.post(
+    "/tenants/{tenant_id}:suspend",
+    response_model=TenantOut,
+    summary="Suspend an active tenant: its keys stop working",
+    description=(
+        "From the next request, the tenant's keys may only read the tenant itself "
+        "(`GET /v1/tenant`); everything else is a 403 `tenant_not_active`, as for a pending "
+        "tenant. Its queued and running workloads carry on (and are billed); terminate them "
+        "to stop them. 409 `tenant_not_active` unless the tenant is active."
+    ),
+)
+def suspend(
+    tenant_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Tenant:
+    return service.suspend(get_owned(session, auth, Tenant, tenant_id, what="tenant"))
+
+
+@admin.post(
+    "/tenants/{tenant_id}:reactivate",
+    response_model=TenantOut,
+    summary="Reactivate a suspended tenant: its keys work again",
+    description="409 `tenant_not_suspended` unless the tenant is suspended.",
+)
+def reactivate(
+    tenant_id: str,
+    auth: AuthContext = Depends(platform),
+    session: Session = Depends(session_dependency),
+) -> Tenant:
+    return service.reactivate(get_owned(session, auth, Tenant, tenant_id, what="tenant"))

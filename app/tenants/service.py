@@ -5,8 +5,11 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.errors import Conflict
+from app.core.schemas import paginate
 from app.outbox.service import enqueue
+from app.tenancy.scoping import scoped_select
 from app.tenants.models import DEFAULT_ISOLATION_POLICY, Tenant, TenantStatus
+from app.tenants.schemas import TenantUpdate
 
 
 def create_tenant(
@@ -37,6 +40,17 @@ def create_tenant(
     return tenant
 
 
+# A tenant's status, and what its keys may do in each (app/tenancy/auth.py's
+# `require_tenant_scope`): `active` uses the API; `pending` (a self-service signup not yet
+# approved) and `suspended` (stopped by an operator) may only read the tenant itself
+# (`GET /v1/tenant`, GraphQL `viewer`): every other request is a 403 `tenant_not_active`,
+# bills included, from the next request on (cached keys are dropped on commit). Suspension
+# stops the API, not the work: workloads already queued or running carry on (terminate them
+# to stop them) and are metered and billed as usual. The moves:
+#   pending -> active (approve); active -> suspended (suspend); suspended -> active
+#   (reactivate). Nothing goes back to pending.
+
+
 def approve(tenant: Tenant) -> Tenant:
     if tenant.status != TenantStatus.pending.value:
         raise Conflict(
@@ -47,11 +61,61 @@ def approve(tenant: Tenant) -> Tenant:
     return tenant
 
 
+def suspend(tenant: Tenant) -> Tenant:
+    """Stop an active tenant's keys (all but reading the tenant itself)."""
+    if tenant.status != TenantStatus.active.value:
+        raise Conflict(
+            f"Only active tenants can be suspended; this one is {tenant.status}.",
+            code="tenant_not_active",
+        )
+    tenant.status = TenantStatus.suspended.value
+    return tenant
+
+
+def reactivate(tenant: Tenant) -> Tenant:
+    """Let a suspended tenant's keys work again."""
+    if tenant.status != TenantStatus.suspended.value:
+        raise Conflict(
+            f"Only suspended tenants can be reactivated; this one is {tenant.status}.",
+            code="tenant_not_suspended",
+        )
+    tenant.status = TenantStatus.active.value
+    return tenant
+
+
+def set_status(tenant: Tenant, status: str) -> Tenant:
+    """A status asked for by value (PATCH): the move that reaches it, by the same rules; the
+    status it already has is no change."""
+    if status == tenant.status:
+        return tenant
+    if status == TenantStatus.suspended.value:
+        return suspend(tenant)
+    if status == TenantStatus.active.value:
+        if tenant.status == TenantStatus.pending.value:
+            return approve(tenant)
+        return reactivate(tenant)
+    raise Conflict(
+        f"A tenant does not go back to {status}; this one is {tenant.status}.",
+        code="tenant_status_refused",
+    )
+
+
+def update_tenant(session: Session, tenant: Tenant, body: TenantUpdate) -> Tenant:
+    """An operator's change of a tenant's name, contact, isolation policy or status (the
+    fields given; a null one is left as it is). The status moves as `set_status` allows."""
+    changes = body.model_dump(exclude_unset=True, mode="json")
+    status = changes.pop("status", None)
+    for field, value in changes.items():
+        if value is not None:
+            setattr(tenant, field, value)
+    if status is not None:
+        set_status(tenant, status)
+    session.flush()
+    return tenant
+
+
 def list_tenants(session: Session, auth, page, *, status: TenantStatus | None = None):
     """Tenants the caller may see (operators: all), oldest first, a page at a time."""
-    from app.core.schemas import paginate
-    from app.tenancy.scoping import scoped_select
-
     stmt = scoped_select(auth, Tenant)
     if status is not None:
         stmt = stmt.where(Tenant.status == status.value)
