@@ -92,7 +92,7 @@ def test_the_circuit_breaker_stops_automatic_quarantine_past_its_share(world, se
 
 
 def test_a_silent_node_is_unreachable_its_work_moves_and_it_returns_when_it_reports(
-    client, world, session, celery_worker_process
+    client, world, session, celery_worker_process, monkeypatch
 ):
     from app.health import tasks
 
@@ -108,9 +108,16 @@ def test_a_silent_node_is_unreachable_its_work_moves_and_it_returns_when_it_repo
         )
     )
     [node] = {p["node"] for p in running["placement"]}
-    assert (
-        push(client, op, exporter_text(node, {"DCGM_FI_DEV_GPU_TEMP": {0: 40}})).status_code == 200
-    )
+    # It has an agent: its reports come as a stream (a third of the heartbeat timeout apart,
+    # over two thirds of it; a short timeout here), not one push.
+    s = get_settings()
+    timeout = s.heartbeat_timeout_seconds
+    monkeypatch.setattr(s, "heartbeat_timeout_seconds", 0.9)
+    for _ in range(3):
+        body = exporter_text(node, {"DCGM_FI_DEV_GPU_TEMP": {0: 40}})
+        assert push(client, op, body).status_code == 200
+        time.sleep(0.35)
+    monkeypatch.setattr(s, "heartbeat_timeout_seconds", timeout)
     # Its agent goes silent: the last report is older than the heartbeat timeout.
     session.execute(text("UPDATE node_heartbeats SET last_seen_at = now() - interval '1 hour'"))
     session.commit()

@@ -27,7 +27,15 @@ from app.core.db import Base, new_id
 
 
 class NodeHeartbeat(Base):
-    """When the node's agent last pushed telemetry (written at most every few seconds)."""
+    """When the node last pushed telemetry (written at most every few seconds), and whether it
+    has an agent: only a node with one is expected to keep reporting (its silence is a fault).
+
+    A node has an agent on evidence of one, not on any report: its reports came as a stream
+    (each within a heartbeat timeout of the one before) with at least `AGENT_BEATS` heartbeats
+    over at least `AGENT_SPAN` of the timeout (`telemetry.ingest` decides as it writes them).
+    One push, or a few within seconds, by an operator, a test or a chaos injection is not an
+    agent, and its silence afterwards is no incident. Once shown, the agent is expected until an
+    operator releases the node from `unreachable` (they vouch for it: it must stream again)."""
 
     __tablename__ = "node_heartbeats"
 
@@ -35,6 +43,10 @@ class NodeHeartbeat(Base):
         ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
     )
     last_seen_at: Mapped[datetime] = mapped_column(index=True)
+    # The current stream of reports: when it began and the heartbeats written in it.
+    stream_since: Mapped[datetime | None] = mapped_column(default=None)
+    stream_beats: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    agent: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Its reports do not reach the control plane (a chaos experiment's node loss: the network
     # between agent and API is cut, so they are dropped at the door, unread).
     partitioned: Mapped[bool] = mapped_column(default=False, server_default=false())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.core import pubsub
@@ -35,6 +35,7 @@ from app.health.models import (
     HealthIncident,
     HealthRepair,
     IncidentState,
+    NodeHeartbeat,
 )
 from app.health.states import Actor, Health
 from app.outbox.service import enqueue
@@ -201,12 +202,7 @@ def evaluate(session: Session, node_id: uuid.UUID, signals: list[dict[str, Any]]
     if node is None or not signals:
         return Outcome()
     s = get_settings()
-    at = where(session, node)
     now = utcnow()
-    signals = sorted(signals, key=lambda x: x["at"])
-    first = _instant(signals[0]["at"], now)
-    last = _instant(signals[-1]["at"], now)
-    window = timedelta(seconds=s.incident_window_seconds)
     # The node's latest incident, whatever the sweep made of it: the burst is judged in the
     # signals' time (a late report within the window still joins its burst).
     inc = session.scalar(
@@ -215,6 +211,14 @@ def evaluate(session: Session, node_id: uuid.UUID, signals: list[dict[str, Any]]
         .order_by(HealthIncident.last_signal_at.desc())
         .limit(1)
     )
+    signals = _news(session, node, inc, signals, now)
+    if not signals:
+        return Outcome()
+    at = where(session, node)
+    signals = sorted(signals, key=lambda x: x["at"])
+    first = _instant(signals[0]["at"], now)
+    last = _instant(signals[-1]["at"], now)
+    window = timedelta(seconds=s.incident_window_seconds)
     if inc is not None and first - as_aware(inc.last_signal_at) > window:
         if inc.state == IncidentState.open:
             inc.state, inc.closed_at = IncidentState.closed, as_aware(inc.last_signal_at) + window
@@ -274,8 +278,11 @@ def evaluate(session: Session, node_id: uuid.UUID, signals: list[dict[str, Any]]
     }
     # What the new signals ask, GPU by GPU (a node-level signal names no GPU).
     per_gpu: dict[int | None, list[Rule]] = {}
+    latest: dict[int | None, datetime] = {}  # each GPU's latest signal: is it after a repair?
     for sig, rule in zip(signals, rules, strict=True):
-        per_gpu.setdefault(sig.get("gpu_index"), []).append(rule)
+        index = sig.get("gpu_index")
+        per_gpu.setdefault(index, []).append(rule)
+        latest[index] = max(latest.get(index, first), _instant(sig["at"], now))
     fault_at = first
     for index, rs in sorted(per_gpu.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         worst = actions.worst(rs)
@@ -286,8 +293,115 @@ def evaluate(session: Session, node_id: uuid.UUID, signals: list[dict[str, Any]]
         if scope is Scope.none:
             _notify_or_watch(session, at, inc, gpu, worst, now, out)
             continue
-        _take_out(session, at, inc, gpu, gpus, worst, scope, repair, fault_at, now, out)
+        _take_out(
+            session, at, inc, gpu, gpus, worst, scope, repair, fault_at, latest[index], now, out
+        )
     return out
+
+
+def _news(
+    session: Session,
+    node: Node,
+    inc: HealthIncident | None,
+    signals: list[dict[str, Any]],
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """The signals that are news. A fault is acted on once: a message delivered again (the
+    outbox sends again what it could not mark sent; a broker redelivers), or the sweep's
+    `heartbeat_lost` queued twice for the same silence, must not count as a second fault, least
+    of all as a fault after the repair the first one caused. Dropped:
+    - a signal the node's latest incident already took in (the same GPU, signal, code and
+      instant);
+    - a signal that reached the control plane before a repair of its hardware began that
+      repairs at least what it asks (that repair answered it, or a stronger fault's did); a
+      service-class fault (RMA), only once an operator has returned the GPU since. "Reached":
+      when telemetry took it in or the sweep raised it (the server's clock, `received`), else
+      when it happened;
+    - a silent agent's signal when the node has reported since, or is no longer expected to
+      (no agent: see `NodeHeartbeat`)."""
+    taken = {
+        (k.get("gpu_index"), k.get("signal"), k.get("code"), k.get("at"))
+        for k in ((inc.signals or []) if inc is not None else [])
+    }
+    earliest = min(_instant(x.get("received", x["at"]), now) for x in signals)
+    repairs = session.execute(
+        select(HealthRepair.kind, HealthRepair.gpu_indices, HealthRepair.started_at).where(
+            HealthRepair.node_id == node.id, HealthRepair.started_at >= earliest
+        )
+    ).all()
+    beat = None
+    if any(x["signal"] == "heartbeat_lost" for x in signals):
+        beat = session.execute(
+            select(
+                NodeHeartbeat.last_seen_at, NodeHeartbeat.agent, NodeHeartbeat.partitioned
+            ).where(NodeHeartbeat.node_id == node.id)
+        ).one_or_none()
+    out = []
+    for sig in signals:
+        index = sig.get("gpu_index")
+        if (index, sig["signal"], sig.get("code"), sig["at"]) in taken:
+            continue
+        if sig["signal"] == "heartbeat_lost" and not _still_silent(beat, sig):
+            continue
+        at = _instant(sig.get("received", sig["at"]), now)
+        need = actions.EFFECT[rule_of(sig).action][1]
+        if need is Repair.service:
+            if index is not None and _returned_since(session, node, index, at):
+                continue
+        elif any(
+            as_aware(started) >= at and _answers(_repairs(kind, indices, index), need)
+            for kind, indices, started in repairs
+        ):
+            continue
+        out.append(sig)
+    return out
+
+
+def _repairs(kind: str, indices: list[int] | None, gpu_index: int | None) -> Repair:
+    """What a repair (or validation) of `kind` does for a GPU (or, None, for the node): a
+    reboot resets every GPU of the node; a reset only its GPUs; a silent node's return
+    validates the node after its agent speaks again (what its silence asked)."""
+    if kind == "reboot":
+        return Repair.reboot
+    if kind == "reset" and gpu_index is not None and gpu_index in (indices or []):
+        return Repair.reset
+    if kind == "return" and gpu_index is None:
+        return Repair.reboot
+    return Repair.none
+
+
+def _answers(done: Repair, need: Repair) -> bool:
+    """Whether a repair that did `done` to the hardware answers a signal that asks `need` (a
+    warning or an application error: any repair of it; never one that did nothing to it)."""
+    return done is not Repair.none and done >= need
+
+
+def _still_silent(beat: Any, sig: dict[str, Any]) -> bool:
+    if beat is None:
+        return False
+    last_seen, agent, partitioned = beat
+    if not (agent or partitioned):
+        return False
+    seen = sig.get("seen")
+    return seen is None or as_aware(last_seen).timestamp() <= float(seen)
+
+
+def _returned_since(session: Session, node: Node, gpu_index: int, at: datetime) -> bool:
+    """Whether an operator returned this GPU from out of service (after an RMA) since `at`."""
+    return (
+        session.scalar(
+            select(HealthEvent.id)
+            .where(
+                HealthEvent.node_id == node.id,
+                HealthEvent.gpu_index == gpu_index,
+                HealthEvent.from_state == H.out_of_service.value,
+                HealthEvent.actor == Actor.operator.value,
+                HealthEvent.at >= at,
+            )
+            .limit(1)
+        )
+        is not None
+    )
 
 
 def _instant(value: Any, now: datetime) -> datetime:
@@ -340,12 +454,15 @@ def _take_out(
     scope: Scope,
     repair: Repair,
     fault_at: datetime,
+    latest: datetime,
     now: datetime,
     out: Outcome,
 ) -> None:
     """A fatal fault: quarantine (unless the breaker holds), stop the work, start the repair.
     A node-level fault (a reboot, a silent agent) moves the node and the GPUs the incident
-    names; the node's other GPUs keep their state (the node's keeps them out meanwhile)."""
+    names; the node's other GPUs keep their state (the node's keeps them out meanwhile).
+    `latest` is when the GPU's (or node's) latest signal happened: a fault counts against a
+    repair (out of service) only when it happened after that repair began."""
     from app.workloads import service as workloads
 
     node = at.node
@@ -374,9 +491,12 @@ def _take_out(
         "action": rule.action.value,
         "source": rule.source,
     }
-    refault = _repaired_lately(session, node, gpu, now)
+    # A fault from before a repair of this hardware began (reported late, asking more than
+    # that repair does) is no evidence that the repair did not hold: it escalates the repair.
+    older = _repair_began_since(session, node, gpu, latest)
+    refault = not older and _repaired_lately(session, node, gpu, latest)
     to_service = repair is Repair.service or (
-        gpu is not None and (gpu.health == H.validating.value or refault)
+        gpu is not None and not older and (gpu.health == H.validating.value or refault)
     )
     # Whose work stops: the GPU's, the node's, or the NVLink domain's multi-GPU work.
     stop_scope = "domain" if scope is Scope.domain else "node" if node_level else "gpu"
@@ -391,7 +511,7 @@ def _take_out(
     )
     out.stopped += stopped
     inc.scope = max(Scope[inc.scope], scope).name
-    if to_service and gpu is not None:
+    if to_service and gpu is not None and gpu.health != H.out_of_service.value:
         why = cause if repair is Repair.service else f"{cause}: it faulted again after a repair"
         move(
             session,
@@ -404,6 +524,7 @@ def _take_out(
             now=now,
             taken_out=1 if gpu.health in usable else 0,
         )
+    if to_service and gpu is not None:
         inc.repair = max(Repair[inc.repair], Repair.service).name
         if not node_level:
             return
@@ -428,7 +549,10 @@ def _take_out(
         first = x.health in usable or x.health == H.validating.value
         n = (taking if x is node else 0) if node_level else 1
         if silent and x is node:
-            if x.health != H.unreachable.value:
+            # (A node already being power-cycled stays so: its reboot answers the silence.)
+            if x.health != H.unreachable.value and states.allowed(
+                x.health, H.unreachable, Actor.system, node=True
+            ):
                 move(
                     session,
                     at,
@@ -478,29 +602,46 @@ def _take_out(
 
 
 def _silent_since(session: Session, node: Node, since: datetime) -> bool:
-    """Whether the node has an agent (a heartbeat row) that has not reported since `since`."""
-    from app.health.models import NodeHeartbeat
+    """Whether the node has an agent (shown by its stream of reports, or played by a chaos
+    experiment that cut it off: `NodeHeartbeat`) that has not reported since `since`. A node
+    pushed telemetry once is validated by time, as a node with no agent."""
+    row = session.execute(
+        select(NodeHeartbeat.last_seen_at, NodeHeartbeat.agent, NodeHeartbeat.partitioned).where(
+            NodeHeartbeat.node_id == node.id
+        )
+    ).one_or_none()
+    if row is None or not (row.agent or row.partitioned):
+        return False
+    return as_aware(row.last_seen_at) < as_aware(since)
 
-    seen = session.scalar(
-        select(NodeHeartbeat.last_seen_at).where(NodeHeartbeat.node_id == node.id)
-    )
-    return seen is not None and as_aware(seen) < as_aware(since)
 
-
-def _repaired_lately(session: Session, node: Node, gpu: Gpu | None, now: datetime) -> bool:
-    """Whether this GPU (or, for a node-level fault, the node) came back from a repair within
-    the refault window: a repeat means the repair did not hold."""
-    since = now - timedelta(seconds=get_settings().refault_window_seconds)
+def _repaired_lately(session: Session, node: Node, gpu: Gpu | None, at: datetime) -> bool:
+    """Whether this GPU (or, for a node-level fault, the node) came back from a repair that
+    began before the fault (at `at`) and ended within the refault window of it: a repeat means
+    the repair did not hold."""
+    since = at - timedelta(seconds=get_settings().refault_window_seconds)
     rows = session.execute(
         select(HealthRepair.kind, HealthRepair.gpu_indices).where(
             HealthRepair.node_id == node.id,
             HealthRepair.outcome == "ok",
             HealthRepair.finished_at >= since,
+            HealthRepair.started_at < at,
         )
     ).all()
     if gpu is None:
         return any(kind == "reboot" for kind, _ in rows)
     return any(gpu.index in (indices or []) for _, indices in rows)
+
+
+def _repair_began_since(session: Session, node: Node, gpu: Gpu | None, at: datetime) -> bool:
+    """Whether a repair of this GPU (or, None, of the node) began at or after `at`."""
+    rows = session.execute(
+        select(HealthRepair.kind, HealthRepair.gpu_indices).where(
+            HealthRepair.node_id == node.id, HealthRepair.started_at >= at
+        )
+    ).all()
+    index = gpu.index if gpu is not None else None
+    return any(_repairs(kind, indices, index) is not Repair.none for kind, indices in rows)
 
 
 def start_repair(
@@ -600,16 +741,23 @@ def repair_step(session: Session, repair_id: uuid.UUID) -> str:
         rep.finished_at, rep.outcome = now, "failed"
         return "gone"
     at = where(session, node)
+    # "return": a silent node that reports again is validated before use.
+    node_level = rep.kind in ("reboot", "return")
+    named = Gpu.index.in_(rep.gpu_indices or [])
     gpus = list(
         session.scalars(
             select(Gpu)
-            .where(Gpu.node_id == node.id, Gpu.index.in_(rep.gpu_indices or []))
+            # A node's validation is its GPUs' too: those left validating when it went silent
+            # after a reboot (or by another repair) are validated with it.
+            .where(
+                Gpu.node_id == node.id,
+                (named | (Gpu.health == H.validating.value)) if node_level else named,
+            )
             .order_by(Gpu.index)
             .with_for_update()
         )
     )
-    # "return": a silent node that reports again is validated before use.
-    node_level = rep.kind in ("reboot", "return")
+    listed = set(rep.gpu_indices or [])
     subjects: list[Node | Gpu] = [*([node] if node_level else []), *gpus]
     what = {"reboot": "node reboot", "reset": "GPU reset", "return": "node agent's return"}[
         rep.kind
@@ -652,6 +800,10 @@ def repair_step(session: Session, repair_id: uuid.UUID) -> str:
         enqueue(session, "health.repair", queue="health", countdown=seconds, repair_id=str(rep.id))
         return "validating"
     current = [x for x in subjects if x.health == H.validating.value]
+    if node_level and node not in current:
+        # The node did not pass (it moved on: silent, a worse fault): the GPUs it would carry
+        # along wait for its next validation; its own named GPUs are validated as a reset's.
+        current = [x for x in current if isinstance(x, Node) or x.index in listed]
     if rep.kind == "reboot" and node in current and _silent_since(session, node, rep.started_at):
         # A node with an agent is validated by hearing from it after the reboot; until then it
         # stays out (the sweep brings it back when it reports).
@@ -709,6 +861,14 @@ def operator_action(
         if current is H.healthy:
             return current.value  # nothing to release: idempotent
         if current in (H.out_of_service, H.unreachable):
+            if is_node and current is H.unreachable:
+                # The operator vouches for the node: its agent is expected again once it shows
+                # itself by a new stream (else its silence would take the node out again).
+                session.execute(
+                    update(NodeHeartbeat)
+                    .where(NodeHeartbeat.node_id == node.id)
+                    .values(agent=False, stream_since=None, stream_beats=0)
+                )
             move(session, at, subject, H.validating, why, actor=Actor.operator, now=now)
             start_validation(
                 session,

@@ -106,24 +106,33 @@ def sweep() -> dict:
     silent_since = now - timedelta(seconds=s.heartbeat_timeout_seconds)
     out = {"silent": 0, "back": 0, "repairs": 0, "closed": 0, "cleared": 0}
     with session_scope() as session:
-        # Only nodes with an agent (a heartbeat row) can fall silent.
+        # Only nodes with an agent can fall silent: on evidence of one (a stream of reports,
+        # `NodeHeartbeat`), or cut off by a chaos experiment (whose agent it plays). A node that
+        # was pushed telemetry once (an operator, a chaos injection) is not expected to go on.
         # Only those that fell silent or may have come back (the heartbeat's index), not every
         # node with an agent.
+        expected = NodeHeartbeat.agent | NodeHeartbeat.partitioned
         rows = session.execute(
-            select(Node.id, Node.health, Node.health_since, NodeHeartbeat.last_seen_at)
+            select(Node.id, Node.health, Node.health_since, NodeHeartbeat.last_seen_at, expected)
             .join(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
             .where(
-                (NodeHeartbeat.last_seen_at < silent_since) | (Node.health == H.unreachable.value)
+                ((NodeHeartbeat.last_seen_at < silent_since) & expected)
+                | (Node.health == H.unreachable.value)
             )
         ).all()
-        for node_id, health, since, seen in rows:
+        for node_id, health, since, seen, agent in rows:
             seen = as_aware(seen)
-            if seen < silent_since and health in (
-                H.healthy.value,
-                H.suspect.value,
-                H.quarantined.value,
-                H.draining.value,
-                H.validating.value,
+            if (
+                agent
+                and seen < silent_since
+                and health
+                in (
+                    H.healthy.value,
+                    H.suspect.value,
+                    H.quarantined.value,
+                    H.draining.value,
+                    H.validating.value,
+                )
             ):
                 enqueue(
                     session,
@@ -137,6 +146,9 @@ def sweep() -> dict:
                             "code": None,
                             "value": (now - seen).total_seconds(),
                             "at": seen.timestamp() + s.heartbeat_timeout_seconds,
+                            # Its last report: a report since makes the signal old news.
+                            "seen": seen.timestamp(),
+                            "received": now.timestamp(),
                         }
                     ],
                 )

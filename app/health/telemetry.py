@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client.parser import parse_labels
-from sqlalchemy import bindparam, event, select, update
+from sqlalchemy import and_, bindparam, case, event, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
@@ -125,6 +125,10 @@ MISSING_TTL_S = 30.0
 RELOAD_S = 600.0
 PARTITIONED = "partitioned"  # a target whose node's reports are cut off (chaos: node loss)
 MAX_PROBLEMS = 100
+# A node has an agent (its silence is a fault) once its reports came as a stream of this many
+# heartbeats over this share of the heartbeat timeout (see `_beat`).
+AGENT_BEATS = 3
+AGENT_SPAN = 2 / 3
 _IN_POOL = frozenset({"healthy", "suspect"})
 
 
@@ -701,13 +705,7 @@ def ingest(
     # The writes, outside the lock: one statement each.
     writes = 0
     if beats:
-        _upsert(
-            session,
-            NodeHeartbeat.__table__,
-            [{"node_id": n.node_id, "last_seen_at": _dt(now)} for n in beats],
-            ["node_id"],
-            ["last_seen_at"],
-        )
+        _beat(session, [n.node_id for n in beats], now, settings.heartbeat_timeout_seconds)
         writes += len(beats)
     if rows_flush:
         _upsert(
@@ -746,7 +744,8 @@ def ingest(
                 "health.evaluate",
                 queue="health",
                 node_id=str(node.node_id),
-                signals=[s.as_dict() for s in ss],
+                # When it reached us (the server's clock): a repair begun since answers it.
+                signals=[{**s.as_dict(), "received": now} for s in ss],
             )
             writes += 1
             res.signals += len(ss)
@@ -861,6 +860,43 @@ def _dt(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
 
 
+def _beat(session: Session, node_ids: list[uuid.UUID], now: float, timeout: float) -> None:
+    """Write the nodes' heartbeats, and whether they have shown an agent (`NodeHeartbeat`): a
+    report more than a heartbeat timeout after the one before starts a new stream; a stream of
+    AGENT_BEATS heartbeats over AGENT_SPAN of the timeout is an agent's. Heartbeats are written
+    at most every third of the timeout while a node is in the pool, so an agent pushing at any
+    pace within the timeout shows itself within about two thirds of it; a single push, or a few
+    within seconds (at every report while the node is out), does not."""
+    t = NodeHeartbeat.__table__
+    at = _dt(now)
+    ins = dialect_insert(session, t)
+    gap = t.c.last_seen_at < literal(_dt(now - timeout), t.c.last_seen_at.type)
+    since = case(
+        (gap, ins.excluded.last_seen_at),
+        (t.c.stream_since.is_(None), t.c.last_seen_at),  # a row from before streams were kept
+        else_=t.c.stream_since,
+    )
+    beats = case((gap, 1), else_=t.c.stream_beats + 1)
+    shown = and_(
+        beats >= AGENT_BEATS,
+        since <= literal(_dt(now - AGENT_SPAN * timeout), t.c.last_seen_at.type),
+    )
+    stmt = ins.on_conflict_do_update(
+        index_elements=["node_id"],
+        set_={
+            "last_seen_at": ins.excluded.last_seen_at,
+            "stream_since": since,
+            "stream_beats": beats,
+            "agent": or_(t.c.agent, shown),
+        },
+    )
+    rows = [
+        {"node_id": n, "last_seen_at": at, "stream_since": at, "stream_beats": 1, "agent": False}
+        for n in sorted(node_ids, key=str)  # one lock order for concurrent writers
+    ]
+    session.connection().execute(stmt, rows)
+
+
 def _upsert(session: Session, table, rows: list[dict], keys: list[str], cols: list[str]) -> None:
     ins = dialect_insert(session, table)
     stmt = ins.on_conflict_do_update(
@@ -876,7 +912,7 @@ def partition(session: Session, node_id: uuid.UUID, cut: bool) -> None:
     its reports are dropped on arrival, as if they never came (chaos: node loss). Heartbeat
     detection then sees a silent node; nothing else is told."""
     row = session.get(NodeHeartbeat, node_id, with_for_update=True)
-    if row is None:
+    if row is None:  # (no report: no stream; while cut off, it counts as having an agent)
         row = NodeHeartbeat(node_id=node_id, last_seen_at=utcnow(), partitioned=cut)
         session.add(row)
     else:
