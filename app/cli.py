@@ -650,7 +650,6 @@ def chaos_inject(
     from pydantic import ValidationError
 
     from app.chaos import service
-    from app.chaos.router import _out
     from app.chaos.schemas import ExperimentIn
     from app.core.db import session_scope
     from app.core.errors import AppError
@@ -691,7 +690,7 @@ def chaos_inject(
             }
         )
         with session_scope() as session:
-            out = _out(session, service.start(session, body))
+            out = chaos_service.experiment_view(session, service.start(session, body))
     except ValidationError as exc:
         _fail("; ".join(e["msg"] for e in exc.errors()), 2)
     except service.ChaosDisabled:
@@ -750,13 +749,14 @@ def chaos_list(
 def chaos_report(experiment: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """An experiment's report: per fault, the health loop's times; the invariants."""
     from app.chaos.models import ChaosExperiment
-    from app.chaos.router import _out
     from app.core.db import get_or_404, session_scope
     from app.core.errors import AppError
 
     try:
         with session_scope() as session:
-            out = _out(session, get_or_404(session, ChaosExperiment, experiment, what="experiment"))
+            out = chaos_service.experiment_view(
+                session, get_or_404(session, ChaosExperiment, experiment, what="experiment")
+            )
     except AppError as exc:
         _fail(exc.detail, 2)
     _chaos_print(out, as_json)
@@ -767,7 +767,6 @@ def chaos_stop(experiment: str) -> None:
     """Stop an experiment and undo what it injected."""
     from app.chaos import service
     from app.chaos.models import ChaosExperiment
-    from app.chaos.router import _out
     from app.core.db import get_or_404, session_scope
     from app.core.errors import AppError
 
@@ -777,7 +776,7 @@ def chaos_stop(experiment: str) -> None:
                 session, ChaosExperiment, experiment, what="experiment", for_update=True
             )
             service.stop(session, exp)
-            out = _out(session, exp)
+            out = chaos_service.experiment_view(session, exp)
     except AppError as exc:
         _fail(exc.detail, 2)
     _chaos_print(out, False)

@@ -14,25 +14,6 @@ from app.tenancy.auth import AuthContext, platform
 admin = api_router(prefix="/v1/admin/chaos", tags=["admin: chaos"])
 
 
-def _out(session: Session, exp: ChaosExperiment) -> dict:
-    r = service.report(session, exp)
-    return {
-        "id": exp.id,
-        "name": exp.name,
-        "state": exp.state,
-        "rounds": exp.rounds,
-        "next_at": exp.next_at,
-        "abort_reason": exp.abort_reason,
-        "gpus_touched": exp.gpus_touched,
-        "started_at": exp.started_at,
-        "stopped_at": exp.stopped_at,
-        "injections": r["injections"],
-        "report": r["report"],
-        "invariants": r["invariants"],
-        "held": r["held"],
-    }
-
-
 @admin.post(
     "/experiments",
     status_code=201,
@@ -51,7 +32,7 @@ def start_experiment(
     session: Session = Depends(session_dependency),
 ) -> dict:
     exp = service.start(session, body)
-    return _out(session, exp)
+    return service.experiment_view(session, exp)
 
 
 @admin.get(
@@ -79,7 +60,9 @@ def read_experiment(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    return _out(session, get_or_404(session, ChaosExperiment, experiment_id, what="experiment"))
+    return service.experiment_view(
+        session, get_or_404(session, ChaosExperiment, experiment_id, what="experiment")
+    )
 
 
 @admin.post(
@@ -94,4 +77,4 @@ def stop_experiment(
 ) -> dict:
     exp = get_or_404(session, ChaosExperiment, experiment_id, what="experiment", for_update=True)
     service.stop(session, exp)
-    return _out(session, exp)
+    return service.experiment_view(session, exp)

@@ -939,3 +939,23 @@ def _ran_again(events, workload_id: uuid.UUID, after_seq: int) -> datetime | Non
 
 def _since(a: datetime, b: datetime) -> float:
     return round((b - a).total_seconds(), 3)
+
+
+def experiment_view(session: Session, exp: ChaosExperiment) -> dict:
+    """An experiment with its report, as REST, GraphQL and the CLI show it."""
+    r = report(session, exp)
+    return {
+        "id": exp.id,
+        "name": exp.name,
+        "state": exp.state,
+        "rounds": exp.rounds,
+        "next_at": exp.next_at,
+        "abort_reason": exp.abort_reason,
+        "gpus_touched": exp.gpus_touched,
+        "started_at": exp.started_at,
+        "stopped_at": exp.stopped_at,
+        "injections": r["injections"],
+        "report": r["report"],
+        "invariants": r["invariants"],
+        "held": r["held"],
+    }

@@ -18,7 +18,6 @@ from app.billing import service as billing
 from app.billing.schemas import PriceIn, PriceOut, Reconciliation
 from app.chaos import service as chaos
 from app.chaos.models import ChaosExperiment
-from app.chaos.router import _out as experiment_out
 from app.chaos.schemas import (
     ExperimentOut,
     ExperimentState,
@@ -38,7 +37,7 @@ from app.graphql.context import Context
 from app.graphql.mutations import _results, _run
 from app.graphql.types import Connection, Node, connection, node_id
 from app.graphql.views import input_view, parse, shape, text_args, view
-from app.health.router import _act as health_action
+from app.health import service as health
 from app.health.schemas import FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
 from app.metering.schemas import UtilisationOut
 from app.tenancy.auth import require_platform
@@ -309,7 +308,7 @@ class OperatorQuery:
         _operator(info)
         session = info.context.session
         exp = get_or_404(session, ChaosExperiment, str(id), what="experiment")
-        return shape(ExperimentOut, experiment_out(session, exp))
+        return shape(ExperimentOut, chaos.experiment_view(session, exp))
 
 
 NodeResult = _results("NodeResult", Node)
@@ -474,7 +473,7 @@ class OperatorMutation:
             require_platform(ctx.auth)
             body = parse(HealthActionIn, input)
             node = get_or_404(ctx.session, NodeRow, str(id), what="node", for_update=True)
-            done = health_action(ctx.session, node, None, body)
+            done = health.act(ctx.session, node, None, body.action, body.reason)
             return {"node_id": str(node.id), "body": body}, None, shape(HealthActionOut, done)
 
         return _run(info, "setNodeHealth", act)
@@ -496,7 +495,7 @@ class OperatorMutation:
             require_platform(ctx.auth)
             body = parse(HealthActionIn, input)
             gpu, node = _gpu(ctx, node_id, gpu_index)
-            done = health_action(ctx.session, node, gpu, body)
+            done = health.act(ctx.session, node, gpu, body.action, body.reason)
             params = {"gpu_id": str(gpu.id), "node_id": str(node.id), "gpu_index": gpu.index}
             return {**params, "body": body}, None, shape(HealthActionOut, done)
 
@@ -514,6 +513,6 @@ class OperatorMutation:
                 ctx.session, ChaosExperiment, str(id), what="experiment", for_update=True
             )
             chaos.stop(ctx.session, exp)
-            return {}, exp, shape(ExperimentOut, experiment_out(ctx.session, exp))
+            return {}, exp, shape(ExperimentOut, chaos.experiment_view(ctx.session, exp))
 
         return _run(info, "stopChaosExperiment", act)

@@ -130,11 +130,6 @@ def fleet_health(
     return service.summary(session)
 
 
-def _act(session: Session, node: Node, gpu: Gpu | None, body: HealthActionIn) -> dict:
-    health = service.operator_action(session, node, gpu, body.action, body.reason)
-    return {"node_id": node.id, "gpu_index": gpu.index if gpu else None, "health": health}
-
-
 @admin.post(
     "/nodes/{node_id}/health",
     response_model=HealthActionOut,
@@ -147,7 +142,7 @@ def node_health_action(
     session: Session = Depends(session_dependency),
 ) -> dict:
     node = get_or_404(session, Node, node_id, what="node", for_update=True)
-    return _act(session, node, None, body)
+    return service.act(session, node, None, body.action, body.reason)
 
 
 @admin.post(
@@ -163,7 +158,7 @@ def gpu_health_action(
 ) -> dict:
     gpu = get_or_404(session, Gpu, gpu_id, what="gpu", for_update=True)
     node = get_or_404(session, Node, str(gpu.node_id), what="node", for_update=True)
-    return _act(session, node, gpu, body)
+    return service.act(session, node, gpu, body.action, body.reason)
 
 
 @admin.get(

@@ -1171,3 +1171,10 @@ def shared_pace(session: Session, w: Any, step_s: float) -> bool:
 class NoRanks(Conflict):
     code = "workload_has_no_ranks"
     title = "The workload has no ranks"
+
+
+def act(session: Session, node: Node, gpu: Gpu | None, action: str, reason: str | None) -> dict:
+    """An operator's quarantine, release or retire of a node or one of its GPUs, answered as
+    REST and GraphQL show it."""
+    health = operator_action(session, node, gpu, action, reason)
+    return {"node_id": node.id, "gpu_index": gpu.index if gpu else None, "health": health}
