@@ -2,7 +2,8 @@
 process on PostgreSQL and a real Celery worker: sign in, submit a gang and watch it reach
 running without a reload, find it on the dashboard with its usage on the chart, terminate it,
 sign out and be refused; manage API keys, the budget and its alerts, and past bills with
-their export."""
+their export. Operators: the fleet heatmap, and each of their actions once, confirmed and
+audited (tenants, prices, a node's and its GPUs' states, chaos experiments, health)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import csv
 import io
 import re
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -547,3 +549,277 @@ def test_the_heatmap_shows_work_where_it_runs(api, world, browser):  # noqa: F81
         wait_until(idle_counted, timeout=60, interval=3)
         assert page.get_by_test_id("idle-chart").get_attribute("data-points") != "0"
         shot(page, "fleet-small")
+
+
+# --- the operators' pages: tenants, prices, a node's actions, chaos, health ----------------------
+
+
+def _node(api: str, op: str, name: str) -> dict:
+    """A node and its GPUs, as REST reads them."""
+    [n] = httpx.get(f"{api}/v1/admin/nodes", params={"name": name}, headers=auth(op)).json()[
+        "items"
+    ]
+    return httpx.get(f"{api}/v1/admin/nodes/{n['id']}", headers=auth(op)).json()
+
+
+def _confirm(page, title: str, action: str, reason: str | None = None) -> None:
+    """The confirmation `title` (it says what it will do), answered with `action`."""
+    dialog = page.get_by_role("dialog", name=title)
+    dialog.wait_for()
+    assert dialog.get_by_role("button", name="Cancel").evaluate("e => e === document.activeElement")
+    if reason is not None:
+        dialog.get_by_label(re.compile("^Reason")).fill(reason)
+    dialog.get_by_role("button", name=action, exact=True).click()
+    dialog.wait_for(state="hidden")
+
+
+def test_an_operator_runs_tenants_prices_nodes_chaos_and_health(api, world, browser):  # noqa: F811
+    world.fleet(fleet(3))  # h1, h2, h3: 8 H100s each, nothing running
+    op = world.key()
+    newco = world.tenant("newco", status="pending")
+    world.tenant("acme", policy=ALL)
+    v1 = {
+        "gpu_model": "H100-80GB",
+        "shape": "whole",
+        "plan": "on_demand",
+        "currency": "usd",
+        "unit_amount": 300,
+        "effective_from": _month_start(1).isoformat(),
+    }
+    r = httpx.post(f"{api}/v1/admin/prices", json=v1, headers=auth(op))
+    assert r.status_code == 201, r.text
+    # A game day: Xid 64 (memory row remap failed: out of service) on GPU 6 of h2; the health
+    # loop opens an incident and takes the GPU out.
+    r = httpx.post(
+        f"{api}/v1/admin/chaos/experiments",
+        json={
+            "name": "game day",
+            "faults": [{"kind": "xid", "code": 64, "target": {"node": "h2", "gpu": 6}}],
+            "blast_radius": {"max_gpus": 8, "max_region_share": 0.5},
+        },
+        headers=auth(op),
+    )
+    assert r.status_code == 201, r.text
+    exp = r.json()["id"]
+
+    def tenant() -> dict:
+        return httpx.get(f"{api}/v1/admin/tenants/{newco.id}", headers=auth(op)).json()
+
+    with portal_page(browser, api, "operator") as page:
+        sign_in(page, op)
+        page.wait_for_url(re.compile(r"/portal/fleet$"))
+        nav = page.get_by_role("navigation", name="Main")
+
+        # Tenants: the pending one, by the status filter; approved from its page.
+        nav.get_by_role("link", name="Tenants").click()
+        page.get_by_test_id("tenants").locator("tr[data-slug=acme]").wait_for()
+        page.get_by_label("Status").select_option("pending")
+        page.get_by_test_id("tenants").locator("tr[data-slug=acme]").wait_for(state="detached")
+        shot(page, "operator-tenants")
+        page.get_by_test_id("tenants").get_by_role("link", name="Newco").click()
+        page.wait_for_url(re.compile(f"/portal/tenants/{newco.id}$"))
+        status = page.get_by_test_id("tenant-status")
+        status.get_by_role("button", name="Approve").click()
+        assert "submit workloads" in page.get_by_role("dialog", name="Approve Newco?").inner_text()
+        _confirm(page, "Approve Newco?", "Approve")
+        page.get_by_test_id("status-outcome").filter(has_text="approved").wait_for()
+        assert tenant()["status"] == "active"
+        # Suspend: cancelled once, nothing changes; then confirmed, and reactivated.
+        status.get_by_role("button", name="Suspend").click()
+        dialog = page.get_by_role("dialog", name="Suspend Newco?")
+        dialog.get_by_role("button", name="Cancel").click()
+        dialog.wait_for(state="hidden")
+        page.wait_for_timeout(500)  # time enough for a suspension to land, had one been sent
+        assert tenant()["status"] == "active" and status.get_attribute("data-status") == "active"
+        status.get_by_role("button", name="Suspend").click()
+        _confirm(page, "Suspend Newco?", "Suspend")
+        page.locator("[data-testid=tenant-status][data-status=suspended]").wait_for()
+        assert tenant()["status"] == "suspended"
+        status.get_by_role("button", name="Reactivate").click()
+        _confirm(page, "Reactivate Newco?", "Reactivate")
+        page.locator("[data-testid=tenant-status][data-status=active]").wait_for()
+        assert tenant()["status"] == "active"
+        # Its isolation policy: no time-slicing, confidential VMs allowed.
+        page.get_by_label(re.compile("^shared-timeslice:")).uncheck()
+        page.get_by_label(re.compile("^confidential-vm:")).check()
+        page.get_by_role("button", name="Save isolation policy").click()
+        dialog = page.get_by_role("dialog", name="Change Newco's isolation policy?")
+        assert "No longer allowed: shared-timeslice" in dialog.inner_text()
+        _confirm(page, "Change Newco's isolation policy?", "Save policy")
+        page.get_by_test_id("policy-saved").filter(has_text="saved").wait_for()
+        assert set(tenant()["isolation_policy"]) == {
+            "shared-fractional",
+            "shared-mig",
+            "dedicated-gpu",
+            "vm",
+            "confidential-vm",
+        }
+        # Its quotas: a limit under the guarantee is refused next to its row; then saved.
+        page.get_by_label("Add a quota for").select_option("H100-80GB")
+        page.get_by_role("button", name="Add row").click()
+        page.get_by_label("Guaranteed GPUs for H100-80GB").fill("2")
+        page.get_by_label("Limit in GPUs for H100-80GB").fill("1")
+        page.get_by_role("button", name="Save quotas").click()
+        _confirm(page, "Replace Newco's quotas?", "Save quotas")
+        page.get_by_test_id("q-0-error").filter(has_text="at least guaranteed").wait_for()
+        page.get_by_label("Limit in GPUs for H100-80GB").fill("8.5")
+        page.get_by_role("button", name="Save quotas").click()
+        _confirm(page, "Replace Newco's quotas?", "Save quotas")
+        page.get_by_test_id("quotas-saved").filter(has_text="H100-80GB").wait_for()
+        assert page.get_by_test_id("q-0-error").inner_text() == ""
+        quotas = httpx.get(f"{api}/v1/admin/tenants/{newco.id}/quotas", headers=auth(op)).json()
+        assert [
+            (q["gpu_model"], q["guaranteed_milli"], q["limit_milli"]) for q in quotas["items"]
+        ] == [("H100-80GB", 2000, 8500)]
+        shot(page, "operator-tenant")
+
+        # Prices: a new version of the H100 price, typed in dollars, sent in cents exactly.
+        nav.get_by_role("link", name="Prices").click()
+        book = page.get_by_test_id("prices")
+        book.locator("tr[data-version='1'][data-status='in effect']").wait_for()
+        book.get_by_role(
+            "button", name="New version of H100-80GB whole on_demand (tier *, region *)"
+        ).click()
+        amount = page.get_by_label(re.compile("^Price per GPU-hour"))
+        assert amount.input_value() == "3.00"
+        amount.fill("3.255")  # a tenth of a cent: refused before anything is sent
+        page.get_by_label(re.compile("^Effective from")).fill("2030-01-01T00:00")
+        page.get_by_role("button", name="Add price version").click()
+        page.get_by_test_id("p-amount-error").filter(has_text="such as 3.25").wait_for()
+        amount.fill("3.25")
+        page.get_by_role("button", name="Add price version").click()
+        dialog = page.get_by_role("dialog", name="Add a price version?")
+        assert "$3.25 per GPU-hour (325 minor units)" in dialog.inner_text()
+        assert "version 2" in dialog.inner_text()
+        _confirm(page, "Add a price version?", "Add version")
+        page.get_by_test_id("price-added").filter(has_text="Added version 2").wait_for()
+        book.locator("tr[data-version='2'][data-status=scheduled]").wait_for()
+        sent = page.evaluate("new Date('2030-01-01T00:00').toISOString()")
+        prices = httpx.get(f"{api}/v1/admin/prices", headers=auth(op)).json()["items"]
+        [v2] = [p for p in prices if p["version"] == 2]
+        assert (v2["unit_amount"], v2["currency"], v2["gpu_model"], v2["plan"]) == (
+            325,
+            "usd",
+            "H100-80GB",
+            "on_demand",
+        )
+        assert datetime.fromisoformat(v2["effective_from"]) == datetime.fromisoformat(
+            sent.replace("Z", "+00:00")
+        )
+        shot(page, "operator-prices")
+
+        # A node's detail: quarantine then release a GPU, cordon then ready the node.
+        nav.get_by_role("link", name="Fleet").click()
+        page.wait_for_selector("[data-testid=heatmap][data-render-ms]")
+
+        def open_node(name: str):
+            page.get_by_label("Node name").fill(name)
+            page.get_by_role("button", name="Open node").click()
+            detail = page.locator(f"[data-testid=node-detail][data-node={name}]")
+            detail.wait_for()
+            return detail
+
+        detail = open_node("h1")
+        # Opened by name (the keyboard's way in), its detail has the focus.
+        wait_until(lambda: page.evaluate("document.activeElement.id") == "node-detail-h", timeout=5)
+        detail.get_by_role("button", name="Quarantine GPU 2").click()
+        _confirm(page, "Quarantine GPU 2 of h1?", "Quarantine", reason="fan noise")
+        detail.locator("tr[data-gpu='2'][data-health=quarantined]").wait_for()
+        page.get_by_test_id("node-outcome").filter(has_text="GPU 2 of h1 is quarantined").wait_for()
+        gpu2 = _node(api, op, "h1")["gpus"][2]
+        assert gpu2["health"] == "quarantined" and "fan noise" in gpu2["health_reason"]
+        detail.get_by_role("button", name="Release GPU 2").click()
+        _confirm(page, "Release GPU 2 of h1?", "Release", reason="fan replaced")
+        detail.locator("tr[data-gpu='2'][data-health=healthy]").wait_for()
+        assert _node(api, op, "h1")["gpus"][2]["health"] == "healthy"
+        detail.get_by_role("button", name="Cordon").click()
+        _confirm(page, "Cordon h1?", "Cordon", reason="firmware update")
+        page.locator("[data-testid=node-detail][data-state=cordoned]").wait_for()
+        h1 = _node(api, op, "h1")
+        assert (h1["state"], h1["state_reason"]) == ("cordoned", "firmware update")
+        shot(page, "operator-node")
+        detail.get_by_role("button", name="Ready").click()
+        _confirm(page, "Ready h1?", "Ready")
+        page.locator("[data-testid=node-detail][data-state=ready]").wait_for()
+        assert _node(api, op, "h1")["state"] == "ready"
+        # Drain h2; mark h3 (nothing on it) down.
+        detail = open_node("h2")
+        detail.get_by_role("button", name="Drain").click()
+        _confirm(page, "Drain h2?", "Drain")
+        page.locator("[data-testid=node-detail][data-state=draining]").wait_for()
+        assert _node(api, op, "h2")["state"] == "draining"
+        detail = open_node("h3")
+        detail.get_by_role("button", name="Mark down").click()
+        assert (
+            "Nothing runs on it now"
+            in page.get_by_role("dialog", name="Mark down h3?").inner_text()
+        )
+        shot(page, "operator-node-confirm")
+        _confirm(page, "Mark down h3?", "Mark down", reason="PSU failed")
+        page.locator("[data-testid=node-detail][data-state=down]").wait_for()
+        assert _node(api, op, "h3")["state"] == "down"
+        page.get_by_label("Node name").fill("h9")
+        page.get_by_role("button", name="Open node").click()
+        page.locator("#node-name-error").filter(has_text="No node named h9").wait_for()
+
+        # Chaos: the experiment, by state; its report once the loop acted; stopped.
+        def experiment() -> dict:
+            return httpx.get(f"{api}/v1/admin/chaos/experiments/{exp}", headers=auth(op)).json()
+
+        wait_until(lambda: experiment()["report"][0]["quarantine_s"] is not None, timeout=30)
+        nav.get_by_role("link", name="Chaos").click()
+        page.get_by_label("State").select_option("running")
+        listed = page.get_by_test_id("experiments").locator(f"tr[data-id='{exp}']")
+        assert listed.get_attribute("data-state") == "running"
+        page.get_by_label("State").select_option("stopped")
+        page.get_by_test_id("no-experiments").wait_for()
+        page.get_by_label("State").select_option("running")
+        listed.get_by_role("link", name="game day").click()
+        page.wait_for_url(re.compile(f"/portal/chaos/{exp}$"))
+        report = page.get_by_test_id("report")
+        assert "h2 GPU 6" in report.inner_text() and "service" in report.inner_text()
+        assert page.get_by_test_id("held").inner_text() == "all held"
+        assert page.get_by_test_id("injections").locator("tr[data-undone=no]").count() == 1
+        page.get_by_role("button", name="Stop", exact=True).click()
+        _confirm(page, "Stop game day?", "Stop experiment")
+        page.locator("[data-testid=experiment][data-state=stopped]").wait_for()
+        page.get_by_test_id("chaos-outcome").filter(has_text="1 of 1 injections undone").wait_for()
+        assert experiment()["state"] == "stopped"
+        shot(page, "operator-chaos")
+
+        # Health: the incident, and the GPU it took out, released from there.
+        nav.get_by_role("link", name="Health").click()
+        incident = page.locator("[data-testid^=incidents-] tr[data-node=h2]")
+        incident.first.wait_for()
+        assert "Xid 64" in incident.first.inner_text()
+        out = page.get_by_test_id("out").locator("tr[data-node=h2][data-gpu='6']")
+        assert out.get_attribute("data-health") == "out_of_service"
+        out.get_by_role("button", name="Release GPU 6 of h2").click()
+        assert (
+            "through validation"
+            in page.get_by_role("dialog", name="Release GPU 6 of h2?").inner_text()
+        )
+        _confirm(page, "Release GPU 6 of h2?", "Release", reason="row remap cleared after RMA")
+        page.get_by_test_id("health-outcome").filter(has_text="Released GPU 6 of h2").wait_for()
+        assert _node(api, op, "h2")["gpus"][6]["health"] in ("validating", "healthy")
+        shot(page, "operator-health")
+
+    # Each change is in the audit log once, by the operator's key (the cancelled suspension is
+    # not; the refused quotas are, as refused).
+    entries = httpx.get(f"{api}/v1/admin/audit", params={"limit": 500}, headers=auth(op)).json()
+    entries = [e for e in entries["items"] if e["action"].startswith("POST /graphql:")]
+    assert {(e["principal"], e["key_prefix"]) for e in entries} == {("operator", op[3:11])}
+    done = Counter(e["action"].split(":", 1)[1] for e in entries if e["status"] == 200)
+    assert done == {
+        "approveTenant": 1,
+        "suspendTenant": 1,
+        "reactivateTenant": 1,
+        "updateTenant": 1,
+        "setTenantQuotas": 1,
+        "createPrice": 1,
+        "setGpuHealth": 3,  # quarantine, release, and the release from the health page
+        "setNodeState": 4,  # cordon, ready, drain, down
+        "stopChaosExperiment": 1,
+    }, done
+    refused = [e["action"] for e in entries if e["status"] != 200]
+    assert refused == ["POST /graphql:setTenantQuotas"], refused

@@ -3,11 +3,15 @@ import { useEffect, useState } from "preact/hooks";
 import { currentSession, signOut, whenSignedOut, type Session } from "./api";
 import { Billing } from "./pages/Billing";
 import { BudgetPage } from "./pages/Budget";
+import { Chaos, ChaosExperimentPage } from "./pages/Chaos";
 import { Dashboard } from "./pages/Dashboard";
 import { Fleet } from "./pages/Fleet";
+import { Health } from "./pages/Health";
 import { Keys } from "./pages/Keys";
+import { Prices } from "./pages/Prices";
 import { SignIn } from "./pages/SignIn";
 import { Submit } from "./pages/Submit";
+import { TenantPage, Tenants } from "./pages/Tenants";
 import { WorkloadPage } from "./pages/Workload";
 
 export function App() {
@@ -46,7 +50,13 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
     if (url === "/portal" || url === "/portal/") route(session.operator ? "/portal/fleet" : "/portal/dashboard", true);
   }, [url]);
   const links = session.operator
-    ? [["/portal/fleet", "Fleet"]]
+    ? [
+        ["/portal/fleet", "Fleet"],
+        ["/portal/tenants", "Tenants"],
+        ["/portal/prices", "Prices"],
+        ["/portal/health", "Health"],
+        ["/portal/chaos", "Chaos"],
+      ]
     : [
         ["/portal/dashboard", "Dashboard"],
         ["/portal/submit", "Submit"],
@@ -90,6 +100,12 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
           <Route path="/portal/budget" component={BudgetPage} />
           <Route path="/portal/keys" component={Keys} session={session} />
           <Route path="/portal/fleet" component={Fleet} />
+          <Route path="/portal/tenants" component={Tenants} />
+          <Route path="/portal/tenants/:id" component={TenantPage} />
+          <Route path="/portal/prices" component={Prices} />
+          <Route path="/portal/health" component={Health} />
+          <Route path="/portal/chaos" component={Chaos} />
+          <Route path="/portal/chaos/:id" component={ChaosExperimentPage} />
           <Route default component={NotFound} />
         </Router>
       </main>

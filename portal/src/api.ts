@@ -280,3 +280,22 @@ export function shapeText(shape: Record<string, unknown>, replicas: number): str
   const per = `${what} · ${models}`;
   return replicas > 1 ? `${replicas} × (${per})` : per;
 }
+
+/** milli-GPU as GPUs, exact and short (1500 -> "1.5", 8000 -> "8"). */
+export function gpusText(milli: number): string {
+  const whole = Math.trunc(milli / 1000);
+  const frac = String(Math.abs(milli % 1000)).padStart(3, "0").replace(/0+$/, "");
+  return frac ? `${milli < 0 && whole === 0 ? "-" : ""}${whole}.${frac}` : String(whole);
+}
+
+/** "1.5" GPUs as milli-GPU (1500), exact; null: not a number of GPUs (at most 3 decimals). */
+export function toMilli(text: string): number | null {
+  const m = /^(\d+)(?:\.(\d{0,3}))?$/.exec(text.trim());
+  if (!m) return null;
+  return Number(m[1]) * 1000 + Number((m[2] ?? "").padEnd(3, "0"));
+}
+
+/** A problem in one line: its message and code. */
+export function problemText(p: Problem): string {
+  return `${p.message} (${p.code})`;
+}

@@ -1,7 +1,7 @@
 // Small pieces the account pages share: a field's error under it, a form's problem, and a
 // confirmation dialog (as the workload page's Terminate asks).
 import type { ComponentChildren } from "preact";
-import { useEffect, useRef } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
 import { formProblem, type Problem } from "./api";
 
 /** A field's message from the API, under the field (its input points here with aria-describedby). */
@@ -75,5 +75,65 @@ export function Confirm({
         </button>
       </div>
     </dialog>
+  );
+}
+
+/** An action an operator's page asks about before it runs: what it is, what it will do, and
+ * (where the API takes one) a reason, recorded with the change. */
+export interface Ask {
+  title: string;
+  action: string;
+  body: ComponentChildren;
+  reason?: boolean;
+  run: (reason: string | null) => void;
+}
+
+/** One confirmation dialog for a page's actions: `ask` open, null closed. Cancel (or Esc)
+ * runs nothing. */
+export function AskDialog({ id, ask, onClose }: { id: string; ask: Ask | null; onClose: () => void }) {
+  const [reason, setReason] = useState("");
+  // What the dialog shows while it closes: the last question, not an empty one.
+  const shown = useRef<Ask | null>(null);
+  if (ask) shown.current = ask;
+  useEffect(() => {
+    if (ask) setReason("");
+  }, [ask]);
+  const a = shown.current;
+  return (
+    <Confirm
+      id={id}
+      open={!!ask}
+      title={a?.title ?? ""}
+      action={a?.action ?? "Confirm"}
+      onCancel={onClose}
+      onConfirm={() => {
+        const run = ask?.run;
+        const why = reason.trim() || null;
+        onClose();
+        run?.(why);
+      }}
+    >
+      {a?.body}
+      {a?.reason && (
+        <p class="form">
+          <label for={`${id}-reason`}>Reason (optional; recorded with the change)</label>
+          <input id={`${id}-reason`} maxLength={300} value={reason} onInput={(e) => setReason((e.currentTarget as HTMLInputElement).value)} />
+        </p>
+      )}
+    </Confirm>
+  );
+}
+
+/** What an action did, or why it was refused: read out when it changes. */
+export function Outcome({ id, outcome }: { id: string; outcome: { ok: boolean; text: string } | null }) {
+  return (
+    <>
+      <p role="status" class="muted" data-testid={id}>
+        {outcome?.ok ? outcome.text : ""}
+      </p>
+      <div role="alert" class="error" data-testid={`${id}-problem`}>
+        {outcome && !outcome.ok ? outcome.text : ""}
+      </div>
+    </>
   );
 }

@@ -1,9 +1,10 @@
 import { select } from "d3-selection";
 import { zoom, zoomIdentity, type ZoomBehavior, type ZoomTransform } from "d3-zoom";
 import { useEffect, useRef, useState } from "preact/hooks";
-import { ApiError, gql } from "../api";
+import { ApiError, asProblem, gql, isProblem, problemText, PROBLEM_FIELDS, type Problem } from "../api";
 import { ChartBox, PALETTE } from "../chart";
 import { COLOURS, layout, type FleetMapData, type Layout } from "../heatmap";
+import { AskDialog, Outcome, type Ask } from "../ui";
 
 const MAP = `query FleetMap { fleetMap {
   generatedAt regions models nodes nodeStates nodeModels gpuCounts gpus
@@ -13,7 +14,7 @@ const MAP = `query FleetMap { fleetMap {
 } }`;
 
 const NODE = `query Node($name: String!) { nodes(first: 1, name: $name) { edges { node {
-  name state health healthReason gpuModel rack region nvlinkDomain
+  id name state health healthReason gpuModel rack region nvlinkDomain
   gpus { index model health healthReason perf holders { workloadId tenantId tier milli migProfile migSlot } }
 } } } }`;
 
@@ -56,6 +57,7 @@ export function Fleet() {
 }
 
 interface Detail {
+  id: string;
   name: string;
   state: string;
   health: string;
@@ -80,12 +82,18 @@ function Heatmap({ onDrawn }: { onDrawn: () => void }) {
   const behaviour = useRef<ZoomBehavior<HTMLCanvasElement, unknown> | null>(null);
   const started = useRef(performance.now());
 
-  useEffect(() => {
+  // After an action: the map again, drawn where the operator was looking (not refitted).
+  const keepView = useRef(false);
+  const loadMap = (keep: boolean) => {
     started.current = performance.now();
     gql<{ fleetMap: FleetMapData }>(MAP)
-      .then((d) => setMap(d.fleetMap))
+      .then((d) => {
+        keepView.current = keep;
+        setMap(d.fleetMap);
+      })
       .catch((e: ApiError) => setError(`${e.message} (${e.code})`));
-  }, []);
+  };
+  useEffect(() => loadMap(false), []);
 
   // The zoom behaviour outlives renders: what it draws is read from refs, never a stale closure.
   const drawn = useRef<{ map: FleetMapData | null; lay: Layout | null }>({ map: null, lay: null });
@@ -137,8 +145,10 @@ function Heatmap({ onDrawn }: { onDrawn: () => void }) {
         requestAnimationFrame(draw);
       });
     behaviour.current = b;
-    select(c).call(b).call(b.transform, fit);
-    transform.current = fit;
+    const view = keepView.current ? transform.current : fit;
+    keepView.current = false;
+    select(c).call(b).call(b.transform, view);
+    transform.current = view;
   }, [map]);
 
   useEffect(() => {
@@ -177,14 +187,23 @@ function Heatmap({ onDrawn }: { onDrawn: () => void }) {
       return;
     }
     if (p.gpu < 0) return;
-    const name = map.nodes[lay.cells[p.gpu].node];
+    openNode(map.nodes[lay.cells[p.gpu].node]);
+  };
+
+  /** A node's detail by its name; false: no such node. */
+  const openNode = async (name: string): Promise<boolean> => {
     try {
       const d = await gql<{ nodes: { edges: { node: Detail }[] } }>(NODE, { name });
-      setDetail(d.nodes.edges[0]?.node ?? null);
+      const node = d.nodes.edges[0]?.node ?? null;
+      if (node) setDetail(node);
+      return !!node;
     } catch (e) {
       setError(`${(e as ApiError).message}`);
+      return true;
     }
   };
+  const [lookFor, setLookFor] = useState("");
+  const [lookError, setLookError] = useState("");
 
   const keys = (e: KeyboardEvent) => {
     const b = behaviour.current;
@@ -223,8 +242,27 @@ function Heatmap({ onDrawn }: { onDrawn: () => void }) {
       {error && <p class="error" role="alert">{error}</p>}
       <p class="muted" id="map-help">
         Drag to pan, wheel or +/− to zoom, arrow keys to move. Zoomed out, each rack shows the shares of its states: hover it for its counts, click
-        to zoom into it. Zoomed in, hover a GPU for its state, click it for its node.
+        to zoom into it. Zoomed in, hover a GPU for its state, click it for its node (or open a node by its name below).
       </p>
+      <form
+        class="inline-form"
+        onSubmit={async (e) => {
+          e.preventDefault();
+          const name = lookFor.trim();
+          if (!name) return setLookError("Enter a node's name.");
+          const found = await openNode(name);
+          setLookError(found ? "" : `No node named ${name}.`);
+          // Asked for by name (the keyboard's way in): its detail takes the focus.
+          if (found) requestAnimationFrame(() => document.getElementById("node-detail-h")?.focus());
+        }}
+      >
+        <label for="node-name">Node name</label>
+        <input id="node-name" value={lookFor} aria-invalid={!!lookError} aria-describedby="node-name-error" onInput={(e) => setLookFor((e.currentTarget as HTMLInputElement).value)} />
+        <button type="submit">Open node</button>
+        <span id="node-name-error" class="field-error" role="alert">
+          {lookError}
+        </span>
+      </form>
       <div class="map" ref={box} data-testid="heatmap" data-render-ms={renderMs ?? undefined} data-gpus={map?.gpus.length}>
         <canvas
           ref={canvas}
@@ -279,49 +317,219 @@ function Heatmap({ onDrawn }: { onDrawn: () => void }) {
         </ul>
       )}
       {detail && (
-        <div class="detail" data-testid="node-detail" role="region" aria-label={`Node ${detail.name}`}>
-          <h3>
-            {detail.name}{" "}
-            <button type="button" onClick={() => setDetail(null)} aria-label="Close node details">
-              ×
-            </button>
-          </h3>
-          <p>
-            {detail.region} / {detail.rack} · NVLink domain {detail.nvlinkDomain} · {detail.gpuModel} · {detail.state} · {detail.health}
-            {detail.healthReason ? ` (${detail.healthReason})` : ""}
-          </p>
-          <table class="compact">
-            <thead>
-              <tr>
-                <th scope="col">GPU</th>
-                <th scope="col">Health</th>
-                <th scope="col">Speed</th>
-                <th scope="col">Held by</th>
-              </tr>
-            </thead>
-            <tbody>
-              {detail.gpus.map((g) => (
-                <tr>
-                  <td>{g.index}</td>
-                  <td>
-                    {g.health}
-                    {g.healthReason ? ` (${g.healthReason})` : ""}
-                  </td>
-                  <td>{(g.perf * 100).toFixed(0)}%</td>
-                  <td>
-                    {g.holders.length
-                      ? g.holders
-                          .map((h) => `${h.workloadId.slice(0, 8)} (${h.tier}${h.migProfile ? ` ${h.migProfile}@${h.migSlot}` : ""}${h.milli < 1000 && !h.migProfile ? ` ${h.milli / 1000} GPU` : ""})`)
-                          .join(", ")
-                      : "—"}
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <NodeDetail
+          key={detail.name}
+          detail={detail}
+          onClose={() => setDetail(null)}
+          onChanged={async () => {
+            await openNode(detail.name);
+            loadMap(true);
+          }}
+        />
       )}
     </section>
+  );
+}
+
+const SET_STATE = `mutation NodeState($id: ID!, $input: NodeStateInput!) { setNodeState(id: $id, input: $input) {
+  __typename ... on Node { name state } ${PROBLEM_FIELDS}
+} }`;
+const GPU_HEALTH = `mutation GpuHealth($node: ID!, $index: Int!, $input: HealthActionInput!) {
+  setGpuHealth(nodeId: $node, gpuIndex: $index, input: $input) { __typename ... on HealthAction { gpuIndex health } ${PROBLEM_FIELDS} }
+}`;
+
+// An operator's node states: what each button does, and from which states (app/fleet/service.py
+// NODE_TRANSITIONS; the API refuses the rest with invalid_state_transition).
+const NODE_ACTIONS: { state: string; label: string; from: string[]; says: string }[] = [
+  { state: "cordoned", label: "Cordon", from: ["ready", "draining", "down"], says: "Nothing new is placed on it; the work on it carries on." },
+  {
+    state: "draining",
+    label: "Drain",
+    from: ["ready", "cordoned"],
+    says: "Nothing new is placed on it; its running work gets its grace period to checkpoint, then moves elsewhere.",
+  },
+  {
+    state: "down",
+    label: "Mark down",
+    from: ["ready", "cordoned", "draining"],
+    says: "The hardware is taken as gone: the work on it stops now (its usage too) and is requeued at once.",
+  },
+  { state: "ready", label: "Ready", from: ["cordoned", "draining", "down"], says: "It takes work again." },
+];
+// A GPU an operator may quarantine (the rest are out already), and one to release: what the
+// health loop holds, or out of service (through validation); a validating one finishes alone.
+const QUARANTINABLE = new Set(["healthy", "suspect"]);
+const RELEASABLE = new Set(["suspect", "quarantined", "draining", "repairing", "out_of_service"]);
+
+type Gpu = Detail["gpus"][0];
+
+function holdersText(g: Gpu): string {
+  return g.holders.length
+    ? g.holders
+        .map((h) => `${h.workloadId.slice(0, 8)} (${h.tier}${h.migProfile ? ` ${h.migProfile}@${h.migSlot}` : ""}${h.milli < 1000 && !h.migProfile ? ` ${h.milli / 1000} GPU` : ""})`)
+        .join(", ")
+    : "—";
+}
+
+/** A node's detail: where it is, its GPUs and who holds them; the operator's actions on it
+ * (cordon, drain, mark down, ready) and on each GPU (quarantine, release), each asked first. */
+function NodeDetail({ detail, onClose, onChanged }: { detail: Detail; onClose: () => void; onChanged: () => Promise<void> }) {
+  const [ask, setAsk] = useState<Ask | null>(null);
+  const [outcome, setOutcome] = useState<{ ok: boolean; text: string } | null>(null);
+  const [busy, setBusy] = useState(false);
+  const d = detail;
+  const workloads = new Set(d.gpus.flatMap((g) => g.holders.map((h) => h.workloadId)));
+  const held = workloads.size ? `${workloads.size} workload(s) hold GPUs on it now.` : "Nothing runs on it now.";
+
+  const run = async (what: () => Promise<{ __typename: string } | Problem>, done: (r: any) => string) => {
+    setBusy(true);
+    setOutcome(null);
+    try {
+      const r = await what();
+      if (isProblem(r)) setOutcome({ ok: false, text: problemText(r) });
+      else {
+        setOutcome({ ok: true, text: done(r) });
+        await onChanged();
+      }
+    } catch (e) {
+      setOutcome({ ok: false, text: problemText(asProblem(e)) });
+    } finally {
+      setBusy(false);
+    }
+  };
+  const setState = (state: string, reason: string | null) =>
+    run(
+      async () => (await gql<{ setNodeState: { __typename: string } | Problem }>(SET_STATE, { id: d.id, input: { state, reason } })).setNodeState,
+      (r) => `${r.name} is ${r.state}.`,
+    );
+  const gpuAction = (g: Gpu, action: "quarantine" | "release", reason: string | null) =>
+    run(
+      async () => (await gql<{ setGpuHealth: { __typename: string } | Problem }>(GPU_HEALTH, { node: d.id, index: g.index, input: { action, reason } })).setGpuHealth,
+      (r) => `GPU ${g.index} of ${d.name} is ${r.health}.`,
+    );
+
+  return (
+    <div class="detail" data-testid="node-detail" data-node={d.name} data-state={d.state} role="region" aria-label={`Node ${d.name}`}>
+      <h3 id="node-detail-h" tabIndex={-1}>
+        {d.name}{" "}
+        <button type="button" onClick={onClose} aria-label="Close node details">
+          ×
+        </button>
+      </h3>
+      <p>
+        {d.region} / {d.rack} · NVLink domain {d.nvlinkDomain} · {d.gpuModel} · <span data-testid="node-state">{d.state}</span> · {d.health}
+        {d.healthReason ? ` (${d.healthReason})` : ""}
+      </p>
+      <div class="actions" role="group" aria-label={`Node ${d.name} actions`}>
+        {NODE_ACTIONS.filter((a) => a.from.includes(d.state)).map((a) => (
+          <button
+            type="button"
+            aria-haspopup="dialog"
+            class={a.state === "down" ? "danger" : undefined}
+            disabled={busy}
+            onClick={() =>
+              setAsk({
+                title: `${a.label} ${d.name}?`,
+                action: a.label,
+                reason: true,
+                body: (
+                  <p>
+                    {d.name} is {d.state}; it becomes {a.state}. {a.says} {a.state === "draining" || a.state === "down" ? held : ""}
+                  </p>
+                ),
+                run: (reason) => setState(a.state, reason),
+              })
+            }
+          >
+            {a.label}
+          </button>
+        ))}
+        {d.state === "retired" && <span class="muted">Retired for good: no actions.</span>}
+      </div>
+      <Outcome id="node-outcome" outcome={outcome} />
+      <table class="compact">
+        <thead>
+          <tr>
+            <th scope="col">GPU</th>
+            <th scope="col">Health</th>
+            <th scope="col">Speed</th>
+            <th scope="col">Held by</th>
+            <th scope="col">
+              <span class="visually-hidden">Actions</span>
+            </th>
+          </tr>
+        </thead>
+        <tbody>
+          {d.gpus.map((g) => (
+            <tr data-gpu={g.index} data-health={g.health}>
+              <td>{g.index}</td>
+              <td>
+                {g.health}
+                {g.healthReason ? ` (${g.healthReason})` : ""}
+              </td>
+              <td>{(g.perf * 100).toFixed(0)}%</td>
+              <td>{holdersText(g)}</td>
+              <td>
+                {QUARANTINABLE.has(g.health) && (
+                  <button
+                    type="button"
+                    aria-haspopup="dialog"
+                    aria-label={`Quarantine GPU ${g.index}`}
+                    disabled={busy}
+                    onClick={() =>
+                      setAsk({
+                        title: `Quarantine GPU ${g.index} of ${d.name}?`,
+                        action: "Quarantine",
+                        reason: true,
+                        body: (
+                          <p>
+                            It leaves the pool now.{" "}
+                            {g.holders.length
+                              ? `The work on it (${holdersText(g)}) stops and is requeued ahead of its peers.`
+                              : "Nothing runs on it."}{" "}
+                            It stays out until it is released.
+                          </p>
+                        ),
+                        run: (reason) => gpuAction(g, "quarantine", reason),
+                      })
+                    }
+                  >
+                    Quarantine
+                  </button>
+                )}
+                {RELEASABLE.has(g.health) && (
+                  <button
+                    type="button"
+                    aria-haspopup="dialog"
+                    aria-label={`Release GPU ${g.index}`}
+                    disabled={busy}
+                    onClick={() =>
+                      setAsk({
+                        title: `Release GPU ${g.index} of ${d.name}?`,
+                        action: "Release",
+                        reason: true,
+                        body: (
+                          <p>
+                            It is {g.health}.{" "}
+                            {g.health === "out_of_service"
+                              ? "It goes through validation, then back into service."
+                              : "It goes back into service now: placement may use it at once."}
+                          </p>
+                        ),
+                        run: (reason) => gpuAction(g, "release", reason),
+                      })
+                    }
+                  >
+                    Release
+                  </button>
+                )}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      <AskDialog id="node-ask" ask={ask} onClose={() => setAsk(null)} />
+    </div>
   );
 }
 
