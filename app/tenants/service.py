@@ -51,49 +51,51 @@ def create_tenant(
 #   (reactivate). Nothing goes back to pending.
 
 
-def approve(tenant: Tenant) -> Tenant:
-    if tenant.status != TenantStatus.pending.value:
+# Each move: (the status it starts from, the status it ends in, the refusal's code).
+_MOVES = {
+    "approve": (TenantStatus.pending, TenantStatus.active, "tenant_not_pending"),
+    "suspend": (TenantStatus.active, TenantStatus.suspended, "tenant_not_active"),
+    "reactivate": (TenantStatus.suspended, TenantStatus.active, "tenant_not_suspended"),
+}
+_DONE = {"approve": "approved", "suspend": "suspended", "reactivate": "reactivated"}
+
+
+def move(tenant: Tenant, name: str) -> Tenant:
+    """One of the moves above, or 409 with its code when the tenant is not where it starts."""
+    start, end, code = _MOVES[name]
+    if tenant.status != start.value:
         raise Conflict(
-            f"Only pending tenants can be approved; this one is {tenant.status}.",
-            code="tenant_not_pending",
+            f"Only {start.value} tenants can be {_DONE[name]}; this one is {tenant.status}.",
+            code=code,
         )
-    tenant.status = TenantStatus.active.value
+    tenant.status = end.value
     return tenant
+
+
+def approve(tenant: Tenant) -> Tenant:
+    return move(tenant, "approve")
 
 
 def suspend(tenant: Tenant) -> Tenant:
     """Stop an active tenant's keys (all but reading the tenant itself)."""
-    if tenant.status != TenantStatus.active.value:
-        raise Conflict(
-            f"Only active tenants can be suspended; this one is {tenant.status}.",
-            code="tenant_not_active",
-        )
-    tenant.status = TenantStatus.suspended.value
-    return tenant
+    return move(tenant, "suspend")
 
 
 def reactivate(tenant: Tenant) -> Tenant:
     """Let a suspended tenant's keys work again."""
-    if tenant.status != TenantStatus.suspended.value:
-        raise Conflict(
-            f"Only suspended tenants can be reactivated; this one is {tenant.status}.",
-            code="tenant_not_suspended",
-        )
-    tenant.status = TenantStatus.active.value
-    return tenant
+    return move(tenant, "reactivate")
 
 
 def set_status(tenant: Tenant, status: str) -> Tenant:
-    """A status asked for by value (PATCH): the move that reaches it, by the same rules; the
-    status it already has is no change."""
+    """A status asked for by value (PATCH): the move that reaches it from where the tenant is,
+    by the same rules; the status it already has is no change."""
     if status == tenant.status:
         return tenant
+    for name, (start, end, _) in _MOVES.items():
+        if end.value == status and start.value == tenant.status:
+            return move(tenant, name)
     if status == TenantStatus.suspended.value:
-        return suspend(tenant)
-    if status == TenantStatus.active.value:
-        if tenant.status == TenantStatus.pending.value:
-            return approve(tenant)
-        return reactivate(tenant)
+        return move(tenant, "suspend")  # refused with its code: only active tenants
     raise Conflict(
         f"A tenant does not go back to {status}; this one is {tenant.status}.",
         code="tenant_status_refused",
