@@ -185,3 +185,53 @@ def test_the_first_hour_of_a_month_and_a_month_gone_by(world):
         for now in (START + timedelta(minutes=40), END + timedelta(days=3)):
             now = min(now, END)
             assert _lines(s, tenant.id, now, kept=True) == _lines(s, tenant.id, now, kept=False)
+
+
+def test_what_the_horizon_proves(world, monkeypatch):
+    """Kept segments are proved by the ledger's settled id horizon, not a count of the month:
+    an event the caller's own transaction wrote, dated before the kept minute, answers that
+    transaction's bill but is not kept (it may roll back); a start dated months before the
+    month, arriving late, is seen (the month is read again)."""
+    from app.core.db import get_sessionmaker
+
+    rng = random.Random(11)
+    tenant = world.tenant("livehorizon")
+    now = datetime(2026, 11, 20, 14, 37, 12, tzinfo=UTC)
+    with session_scope() as s:
+        _price(s, 250, datetime(2026, 8, 1, tzinfo=UTC))
+        ingest(s, _events(rng, tenant.id, 30, START - timedelta(days=2), now, "a"))
+    live.clear()
+    with session_scope() as s:
+        assert _lines(s, tenant.id, now, kept=True) == _lines(s, tenant.id, now, kept=False)
+    calls = []
+    real = metering.read
+    monkeypatch.setattr(metering, "read", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # Written and read in one transaction, then rolled back.
+    s = get_sessionmaker()()
+    try:
+        ingest(
+            s, _events(rng, tenant.id, 3, START + timedelta(days=1), START + timedelta(days=5), "x")
+        )
+        assert _lines(s, tenant.id, now, kept=True) == _lines(s, tenant.id, now, kept=False)
+    finally:
+        s.rollback()
+        s.close()
+    calls.clear()
+    with session_scope() as s:
+        assert _lines(s, tenant.id, now, kept=True) == _lines(s, tenant.id, now, kept=False)
+        assert calls == [1]  # the full reading's only: the kept segments stood
+    # A start dated long before the month, still running: late, and seen.
+    old = [
+        e
+        for e in _events(
+            rng, tenant.id, 2, START - timedelta(days=90), START - timedelta(days=80), "old"
+        )
+        if e["kind"] == "start"
+    ]
+    with session_scope() as s:
+        ingest(s, old)
+    calls.clear()
+    with session_scope() as s:
+        got = _lines(s, tenant.id, now, kept=True)
+        assert calls == [1]  # the month read again
+        assert got == _lines(s, tenant.id, now, kept=False)

@@ -21,7 +21,7 @@ DASHBOARD = """
 query Dashboard {
   viewer { slug status isolationPolicy }
   quotas { gpuModel guaranteedMilli limitMilli usedMilli queuedMilli }
-  upcomingBill { accruedUntil totals unpricedMilliGpuMs
+  upcomingBill { accruedUntil totals { currency amount } unpricedMilliGpuMs
                  lines { sku tier gpuHours amount currency } }
   workloads(first: 50) {
     edges { node { id name state kind tier gpuMilli createdAt
@@ -44,7 +44,8 @@ query Fleet($first: Int!) {
 # Seeds the scratch database in a child process: an operator key, and `n` workloads of the
 # bench tenant inserted as the service writes them (queued, then placed on the fleet's
 # nodes with their placement record and live allocation, one GPU each), three events each,
-# and this month's ledger (three usage events each), a price and a quota.
+# and this month's ledger (three usage events each), a price and a quota. (Until 2026-11-26
+# the allocations were built but not inserted: quotas held nothing, GPUs had no holders.)
 _SEED = r"""
 import json, sys, uuid
 from datetime import timedelta
@@ -111,9 +112,11 @@ with session_scope() as s:
                 tier="dedicated", priority="training", gpu_milli=1000, occurred_at=when,
             ))
         if len(ws) >= 2000:
-            insert_objects(s, ws); insert_objects(s, evs); insert_objects(s, usage)
+            for batch in (ws, evs, usage, allocs):
+                insert_objects(s, batch)
             ws, evs, usage, allocs = [], [], [], []
-    insert_objects(s, ws); insert_objects(s, evs); insert_objects(s, usage)
+    for batch in (ws, evs, usage, allocs):
+        insert_objects(s, batch)
     print(json.dumps({"operator": op}))
 """
 

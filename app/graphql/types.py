@@ -87,13 +87,23 @@ class Workload:
     preemptions: int
     last_checkpoint_at: datetime | None
     _row: strawberry.Private[Any]
+    # Its newest events when the page read them with the workloads (see `events`).
+    _events: strawberry.Private[list[Any] | None] = None
 
     @strawberry.field(description="Per replica, where it runs (empty until placed)")
     def placement(self) -> list[Placement]:
         return [Placement.of(p) for p in self._row.placement or []]
 
     @strawberry.field(description="Its newest events (at most 20), oldest first")
-    async def events(self, info: strawberry.Info) -> list[WorkloadEvent]:
+    def events(self, info: strawberry.Info) -> list[WorkloadEvent]:
+        # Read with the page (app/graphql/schema.py: one statement in the page's own thread
+        # hop): a list, no awaitable per workload. Otherwise through the request's loader,
+        # whose awaitable GraphQL execution awaits.
+        if self._events is not None:
+            return [WorkloadEvent.of(e) for e in self._events]
+        return self._loaded_events(info)  # type: ignore[return-value]
+
+    async def _loaded_events(self, info: strawberry.Info) -> list[WorkloadEvent]:
         rows = await info.context.events.load(self._row.id)
         return [WorkloadEvent.of(e) for e in rows]
 
@@ -106,7 +116,7 @@ class Workload:
         return await info.context.run(manifest, info.context.session, self._row)
 
     @classmethod
-    def of(cls, w: Any) -> Workload:
+    def of(cls, w: Any, events: list[Any] | None = None) -> Workload:
         return cls(
             id=strawberry.ID(str(w.id)),
             name=w.name,
@@ -128,6 +138,7 @@ class Workload:
             preemptions=w.preemptions or 0,
             last_checkpoint_at=w.last_checkpoint_at,
             _row=w,
+            _events=events,
         )
 
 
