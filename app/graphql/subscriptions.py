@@ -72,7 +72,7 @@ async def sign_in(context: Context, cred: Credential, scope: Any, kind: str = "r
                 code="cross_origin_websocket",
             )
         auth = await cred.resolve()
-        ratelimit.check(
+        await ratelimit.check_async(
             scope,
             kind,
             key=str(auth.key_id),

@@ -23,6 +23,7 @@ Checked after authentication (a forged key cannot drain its prefix's bucket), in
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import threading
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from redis.exceptions import NoScriptError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import redis
@@ -160,20 +162,37 @@ class _Local:
 
 
 _local = _Local()
-_script_lock = threading.Lock()
-_scripts: dict[int, Any] = {}
+_SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()
 
 
-def _redis_take(client, keys: list[str], limits: list[Limit], now: float, cost: int) -> tuple:
-    with _script_lock:
-        script = _scripts.get(id(client))
-        if script is None:
-            script = _scripts[id(client)] = client.register_script(_SCRIPT)
+def _args(limits: list[Limit], now: float, cost: int) -> list[float]:
     args: list[float] = [now, cost]
     for lim in limits:
         args += [lim.capacity, lim.rate]
-    allowed, left, wait, full, cap = script(keys=keys, args=args)
+    return args
+
+
+def _taken(reply: list) -> tuple:
+    allowed, left, wait, full, cap = reply
     return bool(allowed), int(left), float(wait), float(full), float(cap)
+
+
+def _redis_take(client, keys: list[str], limits: list[Limit], now: float, cost: int) -> tuple:
+    args = _args(limits, now, cost)
+    try:
+        return _taken(client.evalsha(_SHA, len(keys), *keys, *args))
+    except NoScriptError:  # a restarted Redis: EVAL caches it again
+        return _taken(client.eval(_SCRIPT, len(keys), *keys, *args))
+
+
+async def _redis_take_async(
+    client, keys: list[str], limits: list[Limit], now: float, cost: int
+) -> tuple:
+    args = _args(limits, now, cost)
+    try:
+        return _taken(await client.evalsha(_SHA, len(keys), *keys, *args))
+    except NoScriptError:
+        return _taken(await client.eval(_SCRIPT, len(keys), *keys, *args))
 
 
 def _buckets(cls: str, *, key: str | None, tenant: str | None, operator: bool, address: str | None):
@@ -205,7 +224,8 @@ def check(
     cost: int = 1,
 ) -> None:
     """Take `cost` tokens for this request (0: only check that one is left), or raise
-    RateLimited. Leaves the RateLimit-* headers for the response in the request's state."""
+    RateLimited. Leaves the RateLimit-* headers for the response in the request's state.
+    Blocks on Redis: on an event loop, await `check_async` instead."""
     keys, limits = _buckets(cls, key=key, tenant=tenant, operator=operator, address=address)
     if not keys:
         return
@@ -213,15 +233,56 @@ def check(
     client = redis.client() if get_settings().redis_url else None
     try:
         if client is not None:
-            allowed, left, wait, full, cap = _redis_take(client, keys, limits, now, cost)
+            taken = _redis_take(client, keys, limits, now, cost)
         elif get_settings().redis_url:  # Redis configured but its breaker is open
             return
         else:
-            allowed, left, wait, full, cap = _local.take(keys, limits, now, cost)
+            taken = _local.take(keys, limits, now, cost)
     except Exception as exc:  # fail open: the limiter must not take the API down
-        redis.trip()
-        log.warning("rate_limit_unavailable", error=str(exc)[:300])
+        _unavailable(exc)
         return
+    _answer(scope, cls, cost, taken)
+
+
+async def check_async(
+    scope: Scope,
+    cls: str,
+    *,
+    key: str | None = None,
+    tenant: str | None = None,
+    operator: bool = False,
+    address: str | None = None,
+    cost: int = 1,
+) -> None:
+    """`check` for the event loop: the Redis round trip is awaited, so the process's other
+    requests go on meanwhile. Called inline, it held the API's loop for the round trip on every
+    request (a quarter of the loop's time at 100 submissions/s, profiled with py-spy)."""
+    keys, limits = _buckets(cls, key=key, tenant=tenant, operator=operator, address=address)
+    if not keys:
+        return
+    now = time.time()
+    if not get_settings().redis_url:  # the embedded default: buckets in the process, no I/O
+        _answer(scope, cls, cost, _local.take(keys, limits, now, cost))
+        return
+    client = redis.async_client()
+    if client is None:  # the breaker is open
+        return
+    try:
+        taken = await _redis_take_async(client, keys, limits, now, cost)
+    except Exception as exc:  # fail open: the limiter must not take the API down
+        _unavailable(exc)
+        return
+    _answer(scope, cls, cost, taken)
+
+
+def _unavailable(exc: Exception) -> None:
+    redis.trip()
+    log.warning("rate_limit_unavailable", error=str(exc)[:300])
+
+
+def _answer(scope: Scope, cls: str, cost: int, taken: tuple) -> None:
+    """Leave the RateLimit-* headers in the request's state; raise RateLimited if refused."""
+    allowed, left, wait, full, cap = taken
     headers = {
         "RateLimit-Limit": str(int(cap)),
         "RateLimit-Remaining": str(max(0, left)),

@@ -224,7 +224,7 @@ async def authenticate(
             )
     note_principal(ctx)  # the request's audit entry names its caller
     route = request.scope.get("route")
-    ratelimit.check(
+    await ratelimit.check_async(
         request.scope,
         ratelimit.route_class(request.method, getattr(route, "path_format", request.url.path)),
         key=str(ctx.key_id),

@@ -7,6 +7,7 @@ import math
 import time
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import shared_task
 from sqlalchemy import func, or_, select
@@ -14,13 +15,19 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.audit import service as audit
-from app.core.db import as_aware, session_scope, utcnow
+from app.core.db import as_aware, dialect_insert, session_scope, utcnow
 from app.core.logging import get_logger
 from app.outbox import kicks
 from app.outbox.service import enqueue, publish
 from app.workloads import lifecycle
 from app.workloads.lifecycle import State
-from app.workloads.models import Workload, WorkloadEvent
+from app.workloads.models import (
+    CYCLE_BUCKETS,
+    PlacementCycleStats,
+    Workload,
+    WorkloadEvent,
+    cycle_bucket_column,
+)
 from app.workloads.placement import PlanConflict, release, run_cycle, stopped, unstopped_holders
 from app.workloads.providers import Provider, get_provider
 from app.workloads.service import finish, kick_placement, requeue_reason
@@ -97,20 +104,28 @@ def placement_cycle(self, region: str) -> dict:
 
 def record_cycle(session, region: str, seconds: float) -> None:
     """Add one cycle's duration to the region's histogram, in the cycle's transaction."""
-    from app.core.db import dialect_insert
-    from app.workloads.models import CYCLE_BUCKETS, PlacementCycleStats, cycle_bucket_column
-
     row = {"region": region, "cycles": 1, "seconds_sum": seconds}
     for b in CYCLE_BUCKETS:
         row[cycle_bucket_column(b)] = int(seconds <= b)
-    ins = dialect_insert(session, PlacementCycleStats)
-    t = PlacementCycleStats.__table__
-    session.execute(
-        ins.values(**row).on_conflict_do_update(
+    session.execute(_cycle_upsert(session), row)
+
+
+_UPSERTS: dict[str, Any] = {}
+
+
+def _cycle_upsert(session) -> Any:
+    """The histogram's upsert, built once per dialect: building its dozen column expressions
+    every cycle cost 1.3-1.7 ms of CPU, against 0.27 ms to run it."""
+    name = session.get_bind().dialect.name
+    stmt = _UPSERTS.get(name)
+    if stmt is None:
+        ins = dialect_insert(session, PlacementCycleStats)
+        t = PlacementCycleStats.__table__
+        stmt = _UPSERTS[name] = ins.on_conflict_do_update(
             index_elements=["region"],
-            set_={c: t.c[c] + ins.excluded[c] for c in row if c != "region"},
+            set_={c.name: c + ins.excluded[c.name] for c in t.columns if c.name != "region"},
         )
-    )
+    return stmt
 
 
 # Without Redis: up to a second of waiting for the running cycle (it may not have seen what
