@@ -48,7 +48,9 @@ export function Dashboard() {
   const [granularity, setGranularity] = useState<Granularity>("HOUR");
   const [data, setData] = useState<Data | null>(null);
   const [error, setError] = useState("");
-  const [windowStart, setWindowStart] = useState(0);
+  // The window the usage rows were asked for: until the other granularity's answer lands, its
+  // rows are not drawn on this granularity's buckets.
+  const [usageWindow, setUsageWindow] = useState<{ granularity: Granularity; from: number } | null>(null);
   useEffect(() => {
     let current = true; // a slower answer for the other granularity must not land after this one
     const load = async () => {
@@ -59,7 +61,7 @@ export function Dashboard() {
         const d = await gql<Data>(QUERY, { from: from.toISOString(), to: to.toISOString(), granularity });
         if (!current) return;
         setData(d);
-        setWindowStart(from.getTime());
+        setUsageWindow({ granularity, from: from.getTime() });
         setError("");
       } catch (e) {
         if (current) setError(e instanceof ApiError ? `${e.message} (${e.code})` : String(e));
@@ -105,10 +107,16 @@ export function Dashboard() {
               </label>
             ))}
           </fieldset>
-          <Usage rows={data.usage.rows} granularity={granularity} from={windowStart} />
-          <p>
-            Total: <span data-testid="usage-total">{data.usage.totalGpuHours.toFixed(4)}</span> GPU-hours
-          </p>
+          {usageWindow?.granularity === granularity ? (
+            <>
+              <Usage rows={data.usage.rows} granularity={granularity} from={usageWindow.from} />
+              <p>
+                Total: <span data-testid="usage-total">{data.usage.totalGpuHours.toFixed(4)}</span> GPU-hours
+              </p>
+            </>
+          ) : (
+            <p class="loading">Loading…</p>
+          )}
         </section>
       </div>
     </>
