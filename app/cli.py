@@ -15,7 +15,7 @@ from rich.table import Table
 
 # Every model, so SQLAlchemy's metadata is whole whatever a command imports: a flush resolves
 # every foreign key (`keys revoke` failed with "api_keys.tenant_id could not find table
-# 'tenants'" when only app.keys.models was loaded). And the listeners that tell the API
+# 'tenants'" when only app.models.keys was loaded). And the listeners that tell the API
 # processes' key caches about a committed change to a key, tenant, quota or budget, so what
 # the CLI changes there counts at once, as it does through the API.
 import app.models  # noqa: F401
@@ -143,7 +143,7 @@ def seed_demo() -> dict | None:
     from app.fleet import document
     from app.fleet.service import apply_document
     from app.keys.service import create_key
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
     from app.tenants.service import create_tenant
 
     with session_scope() as session:
@@ -245,7 +245,7 @@ def _seed_demo_work(session, tenant, key) -> None:
     service.set_quotas(session, tenant.id, [QuotaIn(**q) for q in DEMO_QUOTAS])
     set_budget(session, tenant.id, currency="usd", spend_limit=2_000_000)  # $20,000 a month
     from app.core.db import utcnow
-    from app.keys.models import ApiKey
+    from app.models.keys import ApiKey
 
     auth, _ = key_context(session, session.get(ApiKey, key.id), tenant, utcnow())
     for spec in DEMO_WORK:
@@ -486,8 +486,8 @@ def _health_action(action: str, node_name: str, gpu: int | None, reason: str | N
 
     from app.core.db import session_scope
     from app.core.errors import AppError
-    from app.fleet.models import Gpu, Node
     from app.health.service import operator_action
+    from app.models.fleet import Gpu, Node
 
     try:
         with session_scope() as session:
@@ -548,8 +548,8 @@ def fleet_history(
     from sqlalchemy import select
 
     from app.core.db import session_scope
-    from app.fleet.models import Node
     from app.health.service import history
+    from app.models.fleet import Node
 
     with session_scope() as session:
         row = session.scalar(select(Node).where(Node.name == node))
@@ -748,9 +748,9 @@ def chaos_list(
 @chaos_cli.command("report")
 def chaos_report(experiment: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """An experiment's report: per fault, the health loop's times; the invariants."""
-    from app.chaos.models import ChaosExperiment
     from app.core.db import get_or_404, session_scope
     from app.core.errors import AppError
+    from app.models.chaos import ChaosExperiment
 
     try:
         with session_scope() as session:
@@ -766,9 +766,9 @@ def chaos_report(experiment: str, as_json: bool = typer.Option(False, "--json"))
 def chaos_stop(experiment: str) -> None:
     """Stop an experiment and undo what it injected."""
     from app.chaos import service
-    from app.chaos.models import ChaosExperiment
     from app.core.db import get_or_404, session_scope
     from app.core.errors import AppError
+    from app.models.chaos import ChaosExperiment
 
     try:
         with session_scope() as session:
@@ -832,7 +832,7 @@ def tenants_list() -> None:
     from sqlalchemy import select
 
     from app.core.db import session_scope
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
 
     table = Table("slug", "name", "status", "id")
     with session_scope() as session:
@@ -848,7 +848,7 @@ def tenants_approve(slug: str) -> None:
 
     from app.core.db import session_scope
     from app.core.errors import AppError
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
     from app.tenants.service import approve
 
     try:
@@ -874,7 +874,7 @@ def keys_create(
 
     from app.core.db import session_scope
     from app.keys.service import create_key
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
 
     if platform == bool(tenant):
         _fail("give either --tenant SLUG or --platform", 2)
@@ -897,8 +897,8 @@ def keys_revoke(prefix: str) -> None:
     from sqlalchemy import select
 
     from app.core.db import session_scope
-    from app.keys.models import ApiKey
     from app.keys.service import revoke
+    from app.models.keys import ApiKey
 
     with session_scope() as session:
         key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))

@@ -26,7 +26,7 @@ def soon(call, status: int, code: str | None = None) -> None:
 def test_the_api_process_trusts_a_checked_key_until_keys_or_tenants_change(
     api, client, world, session
 ):
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
 
     t = world.tenant("acme")
     key, admin = world.key(t, scopes=("read",)), world.key(t)

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.billing.models import Plan, Price
 from app.billing.service import PriceBook, amount
 from app.metering.service import GPU_HOUR, to_ms
+from app.models.billing import Plan, Price
 from tests.conftest import auth
 
 T0 = datetime(2026, 10, 1, tzinfo=UTC)

@@ -196,8 +196,8 @@ def test_an_unused_commitment_is_spend_but_not_gpu_hours(client, world):
     assert r.status_code == 200, r.text
     # Evaluated once the term is over (an unused commitment is owed only as its time passes).
     from app.billing import budgets
-    from app.billing.models import Budget
     from app.core.db import session_scope
+    from app.models.billing import Budget
 
     with session_scope() as s:
         budgets.evaluate(s, now=max(datetime.now(UTC), start + timedelta(hours=3)))

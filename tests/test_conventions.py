@@ -89,7 +89,7 @@ def test_readyz_reports_an_unreachable_broker_as_503(client, monkeypatch):
 def test_idempotent_create_replays_and_detects_reuse(client, world, session):
     from sqlalchemy import func, select
 
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
 
     op = world.key(None)
     headers = {**auth(op), "Idempotency-Key": "create-acme-1"}
@@ -126,7 +126,7 @@ def test_failed_requests_are_not_remembered(client, world):
 def test_concurrent_requests_with_one_key_create_one_object(client, world, session):
     from sqlalchemy import func, select
 
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
 
     op = world.key(None)
     headers = {**auth(op), "Idempotency-Key": "race-1"}
@@ -152,8 +152,8 @@ def test_idempotency_records_expire(client, world, session, monkeypatch):
     from sqlalchemy import update
 
     from app.core.db import utcnow
-    from app.idempotency.models import IdempotencyRecord
     from app.idempotency.tasks import purge
+    from app.models.idempotency import IdempotencyRecord
 
     op = world.key(None)
     headers = {**auth(op), "Idempotency-Key": "old"}

@@ -31,7 +31,7 @@ def _yaml(key: str) -> dict:
 def test_invalid_fleet_file_names_lines_and_writes_nothing(client, world, session):
     from sqlalchemy import func, select
 
-    from app.fleet.models import FleetImport, Node, Region
+    from app.models.fleet import FleetImport, Node, Region
 
     op = world.key(None)
     r = client.post("/v1/admin/fleet:import", headers=_yaml(op), content=BAD_FLEET)
@@ -64,7 +64,7 @@ def test_schema_errors_and_unknown_fields_are_located(client, world):
 def test_dry_run_validates_without_writing(client, world, session):
     from sqlalchemy import func, select
 
-    from app.fleet.models import Gpu
+    from app.models.fleet import Gpu
 
     r = client.post(
         "/v1/admin/fleet:import",
@@ -135,8 +135,8 @@ def test_a_conflicting_import_is_refused_whole_dry_run_or_not(client, world, ses
 
     from app.core.errors import AppError
     from app.fleet import document
-    from app.fleet.models import FleetImport, Node
     from app.fleet.service import apply_document
+    from app.models.fleet import FleetImport, Node
 
     world.fleet(SMALL_FLEET)
     before = session.scalar(select(func.count()).select_from(Node))
@@ -188,7 +188,7 @@ def test_a_racks_bad_gpu_model_is_named_at_its_field(client, world):
 def test_node_state_transitions(client, world, session):
     from sqlalchemy import select
 
-    from app.fleet.models import Node
+    from app.models.fleet import Node
 
     world.fleet(SMALL_FLEET)
     op = world.key(None)
@@ -233,7 +233,7 @@ def test_cli_import_reports_lines_and_applies(tmp_path, session):
 
     from sqlalchemy import func, select
 
-    from app.fleet.models import Gpu
+    from app.models.fleet import Gpu
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD_FLEET)

@@ -98,7 +98,7 @@ def test_bills_and_usage_are_rests_answers_with_big_quantities_as_strings(client
 
 
 def test_keys_budget_and_checkpoints_commit_or_answer_a_typed_error(client, world):
-    from app.keys.models import ApiKey
+    from app.models.keys import ApiKey
 
     world.fleet(fleet(1))
     acme = world.tenant("acme", policy=ALL)
@@ -197,7 +197,7 @@ def test_keys_budget_and_checkpoints_commit_or_answer_a_typed_error(client, worl
 
 
 def test_a_mutation_sent_again_with_its_idempotency_key_is_not_run_again(client, world):
-    from app.workloads.models import Workload
+    from app.models.workloads import Workload
 
     world.fleet(fleet(1))
     acme = world.tenant("acme", policy=ALL)
@@ -296,7 +296,7 @@ def test_operators_read_the_fleet_and_change_quotas_and_nodes(client, world):
 
 
 def test_every_mutation_is_in_the_audit_log_once_refused_ones_too(client, world):
-    from app.audit.models import AuditEntry
+    from app.models.audit import AuditEntry
 
     acme = world.tenant("acme", policy=ALL)
     key, reader = world.key(acme), world.key(acme, scopes=("read",))

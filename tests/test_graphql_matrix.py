@@ -171,8 +171,8 @@ def callers(client, world):
     from sqlalchemy import select
 
     from app.core.db import session_scope
-    from app.fleet.models import Node
     from app.keys.service import create_key
+    from app.models.fleet import Node
 
     world.fleet(fleet(1))
     acme = world.tenant("acme", policy=ALL)

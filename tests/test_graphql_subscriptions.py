@@ -194,7 +194,7 @@ def test_a_reconnect_with_the_last_cursor_misses_nothing_and_repeats_nothing(
 
 
 def test_operators_follow_fleet_health_changes(api, world):
-    from app.fleet.models import Node
+    from app.models.fleet import Node
 
     world.fleet(fleet(1))
     op_key = world.key(None)
@@ -259,7 +259,7 @@ def test_subscriptions_are_refused_with_rest_codes(api, world):
 
 def test_a_key_revoked_while_subscribed_ends_the_subscription(client, world, monkeypatch):
     from app.graphql import subscriptions
-    from app.keys.models import ApiKey
+    from app.models.keys import ApiKey
 
     monkeypatch.setattr(subscriptions, "RECHECK_S", 0.0)
     monkeypatch.setattr(subscriptions, "POLL_S", 0.2)
@@ -286,7 +286,7 @@ def test_a_key_revoked_while_subscribed_ends_the_subscription(client, world, mon
 
 
 def _workload(client, world) -> tuple:
-    from app.workloads.models import Workload
+    from app.models.workloads import Workload
 
     world.fleet(CORDONED_H100)  # it stays queued: nothing else writes its row
     tenant = world.tenant("acme", policy=ALL)
@@ -341,8 +341,8 @@ def test_without_redis_a_commit_wakes_this_process_and_a_rollback_does_not(
     client, world, monkeypatch
 ):
     from app.core.config import get_settings
+    from app.models.workloads import Workload
     from app.workloads import lifecycle
-    from app.workloads.models import Workload
 
     tenant_id, wid = _workload(client, world)
     monkeypatch.setattr(get_settings(), "redis_url", None)  # the embedded default's broker
@@ -402,7 +402,7 @@ def test_the_sqlite_watcher_sees_another_connections_commit(tmp_path):
 
 
 def test_the_horizon_stops_below_a_lower_id_that_commits_after_a_higher_one(client, world):
-    from app.workloads.models import WorkloadEvent
+    from app.models.workloads import WorkloadEvent
 
     tenant_id, wid = _workload(client, world)
     table = WorkloadEvent.__table__

@@ -11,9 +11,9 @@ from sqlalchemy import select, text
 
 from app.core.config import get_settings
 from app.core.db import session_scope
-from app.fleet.models import Node
 from app.health import service
-from app.health.models import HealthIncident
+from app.models.fleet import Node
+from app.models.health import HealthIncident
 from tests.conftest import auth, wait_until
 from tests.test_health_loop import _health, _history
 from tests.test_health_telemetry import exporter_text, push
@@ -174,7 +174,7 @@ def test_a_failed_repair_takes_the_gpu_out_of_service(world, session, monkeypatc
     from datetime import timedelta
 
     from app.core.db import utcnow
-    from app.health.models import HealthRepair
+    from app.models.health import HealthRepair
 
     world.fleet(FLEET)
     s = get_settings()

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from app.core.db import session_scope
-from app.tenants.models import Tenant
+from app.models.tenants import Tenant
 from tests.conftest import CORDONED_H100, ROOT, TEST_DB, auth, db_url
 
 FLEET = CORDONED_H100

@@ -51,7 +51,7 @@ def _running(client, key, wid, timeout=30.0):
 def held(world, client, session):
     """A one-node fleet and a (terminated, so no worker places it) workload to hang
     hand-written allocations on."""
-    from app.fleet.models import Node
+    from app.models.fleet import Node
 
     world.fleet(fleet(1))
     t = world.tenant("acme", policy=ALL)
@@ -64,7 +64,7 @@ def held(world, client, session):
 
 
 def _alloc(session, held, gpus, *, milli=1000, mig=None, start=None, mem=0):
-    from app.workloads.models import Allocation
+    from app.models.workloads import Allocation
     from app.workloads.placement import claim
 
     t, wid, node = held
@@ -116,7 +116,7 @@ def test_the_database_refuses_double_allocation(session, held, first, second):
 def test_one_cycle_claiming_a_gpu_twice_is_refused(session, held):
     """A cycle claims all its allocations in one statement; two of them on one GPU sum past
     its capacity and the CHECK refuses the whole batch."""
-    from app.workloads.models import Allocation
+    from app.models.workloads import Allocation
     from app.workloads.placement import claim
 
     t, wid, node = held
@@ -141,12 +141,12 @@ def test_one_cycle_claiming_a_gpu_twice_is_refused(session, held):
 
 
 def test_mig_slices_side_by_side_and_reuse_after_release(session, held):
-    from app.workloads.models import GpuUsage, MigClaim
+    from app.models.workloads import GpuUsage, MigClaim
 
     a = _alloc(session, held, [7], mig="3g", start=0, milli=500)
     _alloc(session, held, [7], mig="3g", start=4, milli=500)
     session.commit()
-    from app.workloads.models import Workload
+    from app.models.workloads import Workload
     from app.workloads.placement import release
 
     w = session.get(Workload, a.workload_id)
@@ -162,7 +162,7 @@ def test_mig_slices_side_by_side_and_reuse_after_release(session, held):
 
 
 def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, celery_worker_process):
-    from app.workloads.models import Allocation, GpuUsage
+    from app.models.workloads import Allocation, GpuUsage
 
     world.fleet(fleet(2))
     t = world.tenant("acme", policy=ALL)
@@ -424,7 +424,7 @@ def test_dry_run_answers_where_whom_and_when_and_writes_nothing(
 ):
     from datetime import datetime, timedelta
 
-    from app.workloads.models import Workload
+    from app.models.workloads import Workload
 
     world.fleet(fleet(1))
     a, b = world.tenant("a", policy=ALL), world.tenant("b", policy=ALL)
@@ -476,7 +476,7 @@ def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
     next cycle."""
     from sqlalchemy import update
 
-    from app.fleet.models import Gpu, Node
+    from app.models.fleet import Gpu, Node
     from app.placement.snapshot import FAILED
     from app.workloads import placement as P
 
@@ -511,7 +511,7 @@ def test_a_fleet_change_bumps_the_version_of_its_region_only(world, session):
     keep theirs, and a rolled-back change leaves the version as it was."""
     from sqlalchemy import delete, update
 
-    from app.fleet.models import Gpu, Node, Rack, Region
+    from app.models.fleet import Gpu, Node, Rack, Region
 
     world.fleet(fleet(2) + fleet(1).split("regions:\n")[1].replace("r1", "r2").replace("h1", "z1"))
 
@@ -679,9 +679,9 @@ def test_a_cycle_that_finds_the_region_busy_hands_over_to_the_running_one(
 
     from sqlalchemy import text
 
+    from app.models.workloads import WorkloadEvent
     from app.workloads import placement as P
     from app.workloads import tasks
-    from app.workloads.models import WorkloadEvent
 
     world.fleet(fleet(2))
     key = world.key(world.tenant("busy", policy=ALL))

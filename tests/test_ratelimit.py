@@ -221,8 +221,8 @@ def test_anonymous_and_failed_auth_traffic_has_its_own_budget_per_address(
     from sqlalchemy import select
 
     from app.audit import service as audit
-    from app.audit.models import AuditEntry
     from app.core.db import session_scope
+    from app.models.audit import AuditEntry
     from app.tenancy import auth as auth_module
 
     limits("read=100/m,write=100/m,anonymous=5/m")

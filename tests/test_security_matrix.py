@@ -50,8 +50,8 @@ QUERIES[("GET", "/v1/admin/billing/reconciliation")] = {"period": "2026-06"}
 def matrix(world, client, session):
     from sqlalchemy import select
 
-    from app.fleet.models import Gpu, Node, Rack, Region
-    from app.keys.models import ApiKey
+    from app.models.fleet import Gpu, Node, Rack, Region
+    from app.models.keys import ApiKey
 
     world.fleet(SMALL_FLEET)
     a = world.tenant("tenant-a")
@@ -147,7 +147,7 @@ def matrix(world, client, session):
 def _key_id(session, full_key: str) -> str:
     from sqlalchemy import select
 
-    from app.keys.models import ApiKey
+    from app.models.keys import ApiKey
 
     session.expire_all()
     return str(session.scalar(select(ApiKey.id).where(ApiKey.prefix == full_key[3:11])))

@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 from starlette.websockets import WebSocketDisconnect
 
 from app.core.db import session_scope, utcnow
-from app.sessions.models import BrowserSession
+from app.models.sessions import BrowserSession
 from app.tenancy import auth as tenancy_auth
 from tests.conftest import CORDONED_H100, auth
 

@@ -136,7 +136,7 @@ def _reconciled(periods) -> dict[tuple[str, str], int]:
 def test_customers_are_created_once_with_the_pinned_api_version(stripe_on, world, session):
     from app.billing.stripe_gateway import API_VERSION
     from app.billing.tasks import ensure_customer
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
 
     t = _customer(world, "cust")
     assert t.stripe_customer_id.startswith("cus_")
@@ -155,7 +155,7 @@ def test_customers_are_created_once_with_the_pinned_api_version(stripe_on, world
 def test_closed_buckets_go_once_and_corrections_cancel_resend_or_credit(
     stripe_on, world, client, session
 ):
-    from app.billing.models import BillingAdjustment, MeterExport
+    from app.models.billing import BillingAdjustment, MeterExport
 
     a, b = _customer(world, "meter-a"), _customer(world, "meter-b")
     h = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - 6 * HOUR
@@ -259,8 +259,8 @@ def _many_hours(world, tenants: int, hours: int):
 def test_the_exporter_killed_between_stripe_and_the_outbox_loses_and_doubles_nothing(
     stripe_on, world, standin
 ):
-    from app.billing.models import MeterExport
     from app.core.db import session_scope
+    from app.models.billing import MeterExport
 
     ts, h = _many_hours(world, tenants=3, hours=6)  # 18 meter events
     env = {
@@ -497,9 +497,9 @@ def test_what_the_late_row_search_cannot_see_the_next_full_pass_sends(stripe_on,
     commitment recorded over a term already begun. Each reaches Stripe at the next full pass
     (on a timer, or asked for), and reconciliation ends at zero."""
     from app.billing import commitments
-    from app.billing.models import MeterExportCursor
     from app.billing.tasks import ensure_customer
     from app.core.db import session_scope
+    from app.models.billing import MeterExportCursor
 
     a = _customer(world, "late-a")
     b = world.tenant("late-b")  # no Stripe customer yet

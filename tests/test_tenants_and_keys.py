@@ -78,7 +78,7 @@ def test_signup_is_pending_until_an_operator_approves(client, world):
 def test_key_lifecycle_shown_once_hashed_revocable(client, world, session):
     from sqlalchemy import select
 
-    from app.keys.models import ApiKey
+    from app.models.keys import ApiKey
 
     t = world.tenant("acme")
     admin_key = world.key(t, scopes=["admin"])
@@ -112,7 +112,7 @@ def test_expired_key_is_rejected(client, world, session):
     from sqlalchemy import update
 
     from app.core.db import utcnow
-    from app.keys.models import ApiKey
+    from app.models.keys import ApiKey
 
     t = world.tenant("acme")
     key = world.key(t)

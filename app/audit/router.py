@@ -9,11 +9,11 @@ from fastapi import Depends, Query
 from sqlalchemy import Select
 from sqlalchemy.orm import Session
 
-from app.audit.models import AuditEntry
 from app.audit.schemas import AdminAuditEntryOut, AuditEntryOut
 from app.core.db import session_dependency
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, QueryDatetime, paginate, text_query
+from app.models.audit import AuditEntry
 from app.tenancy.auth import AuthContext, platform, tenant_read
 from app.tenancy.scoping import scoped_select
 

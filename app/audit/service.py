@@ -31,9 +31,9 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.audit.models import AuditEntry
 from app.core.db import insert_objects, session_scope, utcnow
 from app.core.logging import get_logger
+from app.models.audit import AuditEntry
 
 log = get_logger(__name__)
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})

@@ -19,13 +19,13 @@ from sqlalchemy.orm import Session
 
 from app.audit import service as audit
 from app.billing.commitments import UNUSED
-from app.billing.models import Budget, BudgetAlert
 from app.billing.money import format_money
 from app.billing.service import period_window, price_usage
 from app.core.db import dialect_insert, utcnow
 from app.core.errors import AppError
 from app.core.logging import get_logger
 from app.metering.service import GPU_HOUR, visible_to
+from app.models.billing import Budget, BudgetAlert
 from app.tenancy.auth import SYSTEM
 
 log = get_logger(__name__)
@@ -159,8 +159,8 @@ def _record(session: Session, alerts: list[dict[str, Any]]) -> list[dict[str, An
 
 def stop_preemptible(session: Session, tenant_id: uuid.UUID, period: str) -> int:
     """Terminate the tenant's preemptible workloads that hold GPUs. Returns how many."""
+    from app.models.workloads import Workload
     from app.workloads.lifecycle import HOLDING
-    from app.workloads.models import Workload
     from app.workloads.service import terminate
 
     rows = session.scalars(
@@ -238,8 +238,8 @@ def view(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
 
 def remove(session: Session, auth: Any) -> None:
     """The caller's tenant has no budget any more (NotFound if it had none)."""
+    from app.models.tenants import Tenant
     from app.tenancy.scoping import get_owned
-    from app.tenants.models import Tenant
 
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
     session.delete(get_owned(session, auth, Budget, tenant.id, what="budget"))

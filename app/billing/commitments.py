@@ -28,10 +28,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.billing.models import Commitment, Plan
 from app.core.db import utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.metering import service as metering
+from app.models.billing import Commitment, Plan
 
 HOUR_MS = 3_600_000
 UNUSED = "unused-commitment"

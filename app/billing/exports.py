@@ -18,13 +18,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.billing.models import Plan
 from app.billing.service import DAY_MS, amount, period_window, priced_segments
 from app.core.db import utcnow
 from app.metering import service as metering
+from app.models.billing import Plan
+from app.models.tenants import Tenant
 from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select
-from app.tenants.models import Tenant
 
 COLUMNS = (
     "day",

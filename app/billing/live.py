@@ -46,7 +46,7 @@ from sqlalchemy.orm import Session
 from app.billing import commitments
 from app.core.logtail import tail
 from app.metering import service as metering
-from app.metering.models import UsageEvent
+from app.models.metering import UsageEvent
 
 STEP_MS = 60_000  # the kept segments end at a whole minute...
 # ...this long ago: usage events reach the ledger a little after their instant (a stop

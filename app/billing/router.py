@@ -10,7 +10,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.billing import budgets, commitments, exports, service, stripe_export
-from app.billing.models import Commitment, Price
 from app.billing.schemas import (
     BillingSummary,
     BudgetIn,
@@ -27,10 +26,11 @@ from app.core.db import session_dependency
 from app.core.errors import NotFound, ValidationFailed
 from app.core.routing import api_router
 from app.core.schemas import PERIOD_PATTERN
-from app.fleet.models import Region
+from app.models.billing import Commitment, Price
+from app.models.fleet import Region
+from app.models.tenants import Tenant
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
 from app.tenancy.scoping import get_owned
-from app.tenants.models import Tenant
 
 router = api_router(prefix="/v1", tags=["billing"])
 PERIOD = Query(..., pattern=PERIOD_PATTERN, description="The month (UTC), e.g. 2026-11")

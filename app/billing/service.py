@@ -21,10 +21,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.billing import commitments
-from app.billing.models import Plan, Price
 from app.core.errors import ValidationFailed
 from app.core.schemas import PERIOD_PATTERN
 from app.metering import service as metering
+from app.models.billing import Plan, Price
 
 
 def amount(quantity: int, unit_amount: int) -> int:

@@ -33,23 +33,23 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.billing import commitments
-from app.billing.models import (
-    BillingAdjustment,
-    Commitment,
-    ExportState,
-    MeterExport,
-    MeterExportCursor,
-)
 from app.billing.service import period_window
 from app.billing.stripe_gateway import RETRYABLE, AlreadyRecorded, Rejected, gateway
 from app.core.config import get_settings
 from app.core.db import as_aware, get_sessionmaker, utcnow
 from app.core.logging import get_logger
 from app.metering import service as metering
-from app.metering.models import UsageEvent
+from app.models.billing import (
+    BillingAdjustment,
+    Commitment,
+    ExportState,
+    MeterExport,
+    MeterExportCursor,
+)
+from app.models.metering import UsageEvent
+from app.models.tenants import Tenant
 from app.tenancy.auth import SYSTEM, AuthContext
 from app.tenancy.scoping import restrict, scoped_select
-from app.tenants.models import Tenant
 
 log = get_logger(__name__)
 DAY_MS = 86_400_000

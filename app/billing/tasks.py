@@ -10,7 +10,7 @@ from sqlalchemy.exc import OperationalError
 from app.billing import budgets, stripe_export
 from app.billing.stripe_gateway import RETRYABLE, gateway
 from app.core.db import session_scope
-from app.tenants.models import Tenant
+from app.models.tenants import Tenant
 
 
 @shared_task(

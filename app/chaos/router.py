@@ -4,11 +4,11 @@ from fastapi import Depends
 from sqlalchemy.orm import Session
 
 from app.chaos import service
-from app.chaos.models import ChaosExperiment
 from app.chaos.schemas import ExperimentIn, ExperimentOut, ExperimentState, ExperimentSummaryOut
 from app.core.db import get_or_404, session_dependency
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams
+from app.models.chaos import ChaosExperiment
 from app.tenancy.auth import AuthContext, platform
 
 admin = api_router(prefix="/v1/admin/chaos", tags=["admin: chaos"])

@@ -16,7 +16,6 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
-from app.chaos.models import ChaosExperiment, ChaosInjection
 from app.chaos.schemas import (
     EccFault,
     ExperimentIn,
@@ -35,10 +34,11 @@ from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict, Forbidden, NotFound
 from app.core.schemas import PageParams, paginate
-from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, telemetry
 from app.health.actions import Scope
-from app.health.models import HealthEvent, HealthIncident
+from app.models.chaos import ChaosExperiment, ChaosInjection
+from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.health import HealthEvent, HealthIncident
 from app.workloads import providers
 
 OUT_STATES = ("quarantined", "unreachable", "out_of_service", "suspect")
@@ -128,7 +128,7 @@ def _named(session: Session, t: Any, rng: random.Random) -> list[tuple[Node, int
         ):
             raise UnknownTarget(f"No GPU {t.gpu} on a node named {t.node}.")
         return [(node, t.gpu)]
-    from app.workloads.models import Allocation, Workload
+    from app.models.workloads import Allocation, Workload
 
     stmt = (
         select(Allocation.node_id, Allocation.gpu_indices)
@@ -454,7 +454,7 @@ def _inject(
 
 def _sharers(session: Session, node: Node, gpu: int) -> list:
     """Running workloads sharing GPU `gpu` of `node` (time-slicing, MPS), largest share first."""
-    from app.workloads.models import Allocation, Workload
+    from app.models.workloads import Allocation, Workload
 
     rows = session.execute(
         select(Workload, Allocation.milli, Allocation.gpu_indices)
@@ -493,7 +493,7 @@ def _quiet(session: Session, inj: ChaosInjection) -> None:
     """Undo a noisy neighbour for the victims it made: their best pace was the experiment's
     (forgotten: their own reports set it again), the GPU is no longer to be avoided, and a move
     that has not happened yet is called off."""
-    from app.workloads.models import Workload, WorkloadEvent
+    from app.models.workloads import Workload, WorkloadEvent
 
     told = {
         e.workload_id
@@ -612,7 +612,7 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
 def check_aborts(session: Session) -> list[uuid.UUID]:
     """Abort every running experiment whose abort condition holds now. Returns their ids."""
     from app.health.states import PLACEABLE
-    from app.workloads.models import GpuUsage, Workload
+    from app.models.workloads import GpuUsage, Workload
 
     aborted = []
     for exp in session.scalars(
@@ -657,8 +657,8 @@ def check_aborts(session: Session) -> list[uuid.UUID]:
 def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
     """Per fault: when the loop detected it, took the hardware out, requeued the work and ran
     it again; the work lost; and the invariants over the experiment's history."""
-    from app.metering.models import UsageEvent
-    from app.workloads.models import Allocation, Workload, WorkloadEvent
+    from app.models.metering import UsageEvent
+    from app.models.workloads import Allocation, Workload, WorkloadEvent
 
     injections = list(
         session.scalars(
@@ -808,7 +808,7 @@ def _boot_failures(row: dict[str, Any], at: datetime, node: str, events) -> None
 def _noisy(session: Session, row: dict[str, Any], at: datetime, inj, events) -> None:
     """A noisy neighbour: the victims told (and when), moved at their checkpoint (and when),
     and running again elsewhere."""
-    from app.workloads.models import WorkloadEvent
+    from app.models.workloads import WorkloadEvent
 
     told = [
         e
@@ -848,7 +848,7 @@ def _noisy(session: Session, row: dict[str, Any], at: datetime, inj, events) -> 
 def _cross_tenant_sharing(session: Session) -> int:
     """GPUs time-sliced or MPS-shared by live work of more than one tenant (the isolation tiers
     forbid it; an experiment's noisy neighbour is always a neighbour of the same tenant)."""
-    from app.workloads.models import Allocation, Workload
+    from app.models.workloads import Allocation, Workload
 
     tenants: dict[tuple, set] = {}
     for node_id, gpus, tenant in session.execute(

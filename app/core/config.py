@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.limits import parse
+
 
 class Settings(BaseSettings):
     """Every knob Rackplane reads. Unset database/broker means the embedded default."""
@@ -131,8 +133,6 @@ class Settings(BaseSettings):
     @field_validator("rate_limits")
     @classmethod
     def _rate_limits(cls, value: str) -> str:
-        from app.ratelimit.service import parse
-
         parse(value)  # a typo is a refusal to start, not a silent absence of limits
         return value
 

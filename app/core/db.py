@@ -7,7 +7,7 @@ commit; services and repositories flush at most.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -98,19 +98,29 @@ def session_scope() -> Iterator[Session]:
     _finish(session)
 
 
-def _finish(session: Session) -> None:
-    """Commit and close, then send what the commit released (outbox messages, kicks)."""
-    from app.outbox import kicks
-    from app.outbox.service import flush_committed
+# What runs after a unit of work commits, in order: each is handed the closed session and sends
+# what the commit released. The outbox registers its senders when it is imported, which any code
+# that writes an outbox message or a kick does first; `core` itself imports nothing above it.
+_AFTER_COMMIT: list[Callable[[Session], None]] = []
 
+
+def after_commit(hook: Callable[[Session], None]) -> Callable[[Session], None]:
+    """Register `hook` to run after every unit of work's commit (once, however often asked)."""
+    if hook not in _AFTER_COMMIT:
+        _AFTER_COMMIT.append(hook)
+    return hook
+
+
+def _finish(session: Session) -> None:
+    """Commit and close, then run the after-commit hooks (outbox messages, kicks)."""
     try:
         session.commit()
     except BaseException:
         _discard(session)
         raise
     session.close()
-    flush_committed(session)
-    kicks.send_committed(session)
+    for hook in _AFTER_COMMIT:
+        hook(session)
 
 
 def _discard(session: Session) -> None:

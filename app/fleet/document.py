@@ -14,7 +14,7 @@ from pydantic import Field, StrictInt, ValidationError, model_validator
 
 from app.core.errors import format_loc
 from app.core.schemas import StrictModel
-from app.fleet.models import NodeState
+from app.models.fleet import NodeState
 from app.placement.catalog import GPU_MODELS, RACK_KINDS
 
 Name = Annotated[

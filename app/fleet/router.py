@@ -11,7 +11,6 @@ from app.core.errors import PayloadTooLarge, ValidationFailed
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate, text_query
 from app.fleet import document
-from app.fleet.models import FleetImport, Gpu, Node, NodeState, Rack
 from app.fleet.schemas import (
     Capacity,
     FleetImportOut,
@@ -34,6 +33,7 @@ from app.fleet.service import (
 from app.fleet.service import list_nodes as nodes_page
 from app.fleet.service import list_racks as racks_page
 from app.fleet.service import list_regions as regions_page
+from app.models.fleet import FleetImport, Gpu, Node, NodeState, Rack
 from app.outbox.service import enqueue
 from app.tenancy.auth import AuthContext, platform, tenant_read
 

@@ -6,8 +6,8 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from app.core.schemas import OutModel, StrictModel
-from app.fleet.models import ImportStatus, NodeState
 from app.health.states import Health
+from app.models.fleet import ImportStatus, NodeState
 
 
 class RegionOut(OutModel):

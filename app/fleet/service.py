@@ -9,8 +9,8 @@ from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
 from app.core.errors import Conflict
-from app.fleet.models import Gpu, Node, NodeState, Rack, Region
 from app.health.states import PLACEABLE, Health
+from app.models.fleet import Gpu, Node, NodeState, Rack, Region
 from app.placement.catalog import RACK_KINDS
 from app.placement.mig import profile_name
 
@@ -209,8 +209,8 @@ def capacity(session: Session) -> list[dict[str, Any]]:
     (nothing on them), fractional capacity (milli-GPU left on GPUs not in MIG mode), and per
     MIG profile how many more instances the MIG GPUs could take. Only GPUs that can take
     work count as free: on a ready node, both healthy or suspect (app/health/states.py)."""
+    from app.models.workloads import Allocation, GpuUsage, MigClaim
     from app.placement.mig import PROFILES, free_starts, profile_name
-    from app.workloads.models import Allocation, GpuUsage, MigClaim
 
     placeable = [h.value for h in PLACEABLE]
     usable = and_(
@@ -291,7 +291,7 @@ def capacity(session: Session) -> list[dict[str, Any]]:
 
 def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]]]:
     """(node id, GPU index) -> the live allocations on that GPU (operators' views)."""
-    from app.workloads.models import Allocation
+    from app.models.workloads import Allocation
 
     out: dict[tuple, list[dict[str, Any]]] = {}
     A = Allocation

@@ -9,8 +9,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from app.core.db import session_scope, utcnow
 from app.core.errors import AppError
 from app.core.logging import get_logger
-from app.fleet.models import FleetImport, ImportStatus
 from app.fleet.service import apply_document
+from app.models.fleet import FleetImport, ImportStatus
 
 log = get_logger(__name__)
 

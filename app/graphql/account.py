@@ -84,7 +84,7 @@ class AccountQuery:
     @strawberry.field(description="Your API keys (REST: GET /v1/keys)")
     def api_keys(self, info: Info, first: int = 50, after: str | None = None) -> Connection[ApiKey]:  # type: ignore[valid-type]
         from app.core.schemas import paginate
-        from app.keys.models import ApiKey as Row
+        from app.models.keys import ApiKey as Row
         from app.tenancy.scoping import scoped_select
 
         auth = info.context.auth

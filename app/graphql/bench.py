@@ -51,12 +51,12 @@ import json, sys, uuid
 from datetime import timedelta
 from sqlalchemy import select
 from app.core.db import insert_objects, session_scope, utcnow
-from app.fleet.models import Node, Rack, Region
+from app.models.fleet import Node, Rack, Region
 from app.keys.service import create_key
-from app.tenants.models import Tenant
+from app.models.tenants import Tenant
 from app.billing.service import create_price
-from app.metering.models import UsageEvent
-from app.workloads.models import Allocation, TenantQuota, Workload, WorkloadEvent
+from app.models.metering import UsageEvent
+from app.models.workloads import Allocation, TenantQuota, Workload, WorkloadEvent
 
 n = int(sys.argv[1])
 with session_scope() as s:

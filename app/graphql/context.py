@@ -21,9 +21,9 @@ from strawberry.fastapi import BaseContext
 
 from app.core.db import session_dependency
 from app.core.errors import AppError, Unauthorized
+from app.models.workloads import Workload, WorkloadEvent
 from app.tenancy.auth import AuthContext, authenticate, charge_anonymous, credential_of
 from app.tenancy.scoping import restrict
-from app.workloads.models import Workload, WorkloadEvent
 
 EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
 # What a workload's events show (app/graphql/types.WorkloadEvent), and whose they are.
@@ -151,7 +151,7 @@ class Context(BaseContext):
         return by
 
     def _load_gpus(self, node_ids: list[uuid.UUID]) -> list[list[Any]]:
-        from app.fleet.models import Gpu
+        from app.models.fleet import Gpu
 
         by: dict[uuid.UUID, list[Any]] = defaultdict(list)
         for g in self.session.execute(  # rows, not objects: the fleet view reads hundreds
@@ -172,7 +172,7 @@ class Context(BaseContext):
         return [by.get(i, {}) for i in node_ids]
 
     def _load_racks(self, rack_ids: list[uuid.UUID]) -> list[tuple[str, str]]:
-        from app.fleet.models import Rack, Region
+        from app.models.fleet import Rack, Region
 
         names = {
             rid: (rack, region)

@@ -19,9 +19,9 @@ from app.graphql.context import Context
 from app.graphql.types import Workload, WorkloadEvent
 from app.graphql.views import input_view, parse, shape, view
 from app.keys.schemas import KeyCreate, KeyCreated, KeyOut
+from app.models.tenants import Tenant
 from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
-from app.tenants.models import Tenant
 from app.workloads.schemas import CheckpointIn
 
 log = get_logger(__name__)
@@ -293,8 +293,8 @@ class AccountMutation:
     def revoke_api_key(
         self, info: strawberry.Info[Context, None], id: strawberry.ID
     ) -> ApiKeyResult:
-        from app.keys.models import ApiKey
         from app.keys.service import revoke
+        from app.models.keys import ApiKey
 
         def act():
             ctx = info.context
@@ -333,6 +333,6 @@ class AccountMutation:
 
 
 def _workload(ctx: Context, id: Any) -> Any:
-    from app.workloads.models import Workload as Row
+    from app.models.workloads import Workload as Row
 
     return get_owned(ctx.session, ctx.auth, Row, str(id), what="workload", for_update=True)

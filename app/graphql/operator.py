@@ -17,7 +17,6 @@ from sqlalchemy import select
 from app.billing import service as billing
 from app.billing.schemas import PriceIn, PriceOut, Reconciliation
 from app.chaos import service as chaos
-from app.chaos.models import ChaosExperiment
 from app.chaos.schemas import (
     ExperimentOut,
     ExperimentState,
@@ -29,8 +28,6 @@ from app.chaos.schemas import (
 from app.core.db import get_or_404
 from app.core.errors import NotFound, ValidationFailed
 from app.core.schemas import PERIOD_PATTERN
-from app.fleet.models import Gpu as GpuRow
-from app.fleet.models import Node as NodeRow
 from app.fleet.schemas import FleetImportOut, NodeStateChange, RackOut, RegionOut
 from app.graphql.account import Granularity, PriceView, Quota, aware, page_params
 from app.graphql.context import Context
@@ -40,10 +37,13 @@ from app.graphql.views import input_view, parse, shape, text_args, view
 from app.health import service as health
 from app.health.schemas import FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
 from app.metering.schemas import UtilisationOut
+from app.models.chaos import ChaosExperiment
+from app.models.fleet import Gpu as GpuRow
+from app.models.fleet import Node as NodeRow
+from app.models.tenants import Tenant
 from app.tenancy.auth import require_platform
 from app.tenancy.scoping import get_owned
 from app.tenants import service as tenants
-from app.tenants.models import Tenant
 from app.tenants.schemas import TenantOut, TenantUpdate
 from app.workloads.schemas import QuotaList, QuotaSet
 
@@ -167,7 +167,7 @@ class OperatorQuery:
         after: str | None = None,
         status: str | None = None,
     ) -> Connection[TenantView]:  # type: ignore[valid-type]
-        from app.tenants.models import TenantStatus
+        from app.models.tenants import TenantStatus
         from app.tenants.service import list_tenants
 
         auth = _operator(info)
@@ -182,8 +182,8 @@ class OperatorQuery:
 
     @strawberry.field(description="Operators: a tenant's quotas and use")
     def tenant_quotas(self, info: Info, tenant_id: strawberry.ID) -> list[Quota]:  # type: ignore[valid-type]
+        from app.models.tenants import Tenant
         from app.tenancy.scoping import get_owned
-        from app.tenants.models import Tenant
         from app.workloads import service
 
         auth = _operator(info)
@@ -254,7 +254,7 @@ class OperatorQuery:
 
     @strawberry.field(description="Operators: a fleet import's progress and summary")
     def fleet_import(self, info: Info, id: strawberry.ID) -> FleetImportView:  # type: ignore[valid-type]
-        from app.fleet.models import FleetImport
+        from app.models.fleet import FleetImport
 
         _operator(info)
         row = get_or_404(info.context.session, FleetImport, str(id), what="fleet_import")
@@ -344,8 +344,8 @@ def _gpu(ctx: Context, node: strawberry.ID, index: int) -> tuple[GpuRow, NodeRow
 class OperatorMutation:
     @strawberry.mutation(description="Operators: cordon, drain, mark down or return a node")
     def set_node_state(self, info: Info, id: strawberry.ID, input: NodeStateInput) -> NodeResult:  # type: ignore[valid-type]
-        from app.fleet.models import Node as Row
         from app.fleet.service import change_node_state
+        from app.models.fleet import Node as Row
 
         def act():
             ctx = info.context
@@ -364,8 +364,8 @@ class OperatorMutation:
         tenant_id: strawberry.ID,
         input: QuotaSetInput,  # type: ignore[valid-type]
     ) -> QuotaSetResult:  # type: ignore[valid-type]
+        from app.models.tenants import Tenant
         from app.tenancy.scoping import get_owned
-        from app.tenants.models import Tenant
         from app.workloads import service
 
         def act():
@@ -383,9 +383,9 @@ class OperatorMutation:
 
     @strawberry.mutation(description="Operators: approve a pending (self-service) tenant")
     def approve_tenant(self, info: Info, id: strawberry.ID) -> TenantResult:  # type: ignore[valid-type]
+        from app.models.tenants import Tenant
         from app.tenancy.scoping import get_owned
         from app.tenants import service
-        from app.tenants.models import Tenant
 
         def act():
             ctx = info.context

@@ -154,7 +154,7 @@ def _selects(selections: list[Any], *path: str) -> bool:
 class CoreQuery:
     @strawberry.field(description="The calling tenant")
     def viewer(self, info: strawberry.Info[Context, None]) -> Viewer:
-        from app.tenants.models import Tenant
+        from app.models.tenants import Tenant
 
         auth = info.context.auth
         require_tenant_scope(auth, "read", allow_inactive=True)
@@ -269,7 +269,7 @@ class CoreQuery:
 
     @strawberry.field(description="One of the caller's workloads")
     def workload(self, info: strawberry.Info[Context, None], id: strawberry.ID) -> Workload:
-        from app.workloads.models import Workload as Row
+        from app.models.workloads import Workload as Row
 
         auth = info.context.auth
         require_tenant_scope(auth, "read")

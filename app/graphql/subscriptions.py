@@ -243,7 +243,7 @@ def _reader(auth: AuthContext) -> None:
 
 
 def _owned_workload(auth: Any, workload_id: str) -> uuid.UUID:
-    from app.workloads.models import Workload
+    from app.models.workloads import Workload
 
     with get_sessionmaker()() as s:
         return get_owned(s, auth, Workload, workload_id, what="workload").id
@@ -261,8 +261,8 @@ class Subscription:
         after: str | None = None,
         workload_id: strawberry.ID | None = None,
     ) -> AsyncGenerator[WorkloadEventUpdate, None]:
+        from app.models.workloads import WorkloadEvent as Row
         from app.workloads.lifecycle import events_topic
-        from app.workloads.models import WorkloadEvent as Row
 
         try:  # refusals as REST's, raised here: a subscription's errors are its own
             auth = info.context.auth
@@ -300,9 +300,9 @@ class Subscription:
     ) -> AsyncGenerator[FleetChange, None]:
         from sqlalchemy import select
 
-        from app.fleet.models import Node
-        from app.health.models import HealthEvent
         from app.health.service import FLEET_TOPIC
+        from app.models.fleet import Node
+        from app.models.health import HealthEvent
 
         try:
             require_platform(info.context.auth)

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import as_aware
-from app.fleet.models import Gpu, Node, Rack, Region
-from app.health.models import IdleTime
 from app.health.states import Health as H
+from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.health import IdleTime
 
 CAUSES = ("no_demand", "stranded", "unhealthy", "cordoned")
 AVAILABLE = ("no_demand", "stranded")  # idle with nothing wrong: placement could use them now
@@ -29,8 +29,8 @@ def _hour(at: datetime) -> datetime:
 def idle_now(session: Session) -> dict[tuple[str, str, str], int]:
     """GPUs with nothing on them now, by (region, model, cause). A GPU is busy if any share
     or MIG slice of it is held; retired nodes are out of the fleet."""
+    from app.models.workloads import GpuUsage, MigClaim, Workload
     from app.workloads.lifecycle import State
-    from app.workloads.models import GpuUsage, MigClaim, Workload
 
     mig = (
         select(MigClaim.node_id, MigClaim.gpu_index)

@@ -58,11 +58,11 @@ class FleetCollector(Collector):
             log.warning("fleet_metrics_failed", error=str(exc)[:300])
 
     def _collect(self) -> Iterator:
-        from app.fleet.models import Gpu, Node, Rack, Region
-        from app.health.models import HealthIncident, HealthRepair, IdleIron
         from app.health.states import PLACEABLE
+        from app.models.fleet import Gpu, Node, Rack, Region
+        from app.models.health import HealthIncident, HealthRepair, IdleIron
+        from app.models.workloads import GpuUsage, Workload
         from app.workloads.lifecycle import State
-        from app.workloads.models import GpuUsage, Workload
 
         placeable = [h.value for h in PLACEABLE]
         with session_scope() as s:
@@ -203,7 +203,7 @@ class FleetCollector(Collector):
 
 
 def _cycles(s: Any) -> HistogramMetricFamily:
-    from app.workloads.models import CYCLE_BUCKETS, PlacementCycleStats, cycle_bucket_column
+    from app.models.workloads import CYCLE_BUCKETS, PlacementCycleStats, cycle_bucket_column
 
     h = HistogramMetricFamily(
         "rackplane_placement_cycle_seconds",

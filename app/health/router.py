@@ -9,7 +9,6 @@ from app.core.config import get_settings
 from app.core.db import get_or_404, session_dependency
 from app.core.errors import PayloadTooLarge, ValidationFailed
 from app.core.routing import api_router
-from app.fleet.models import Gpu, Node
 from app.health import service, telemetry
 from app.health.schemas import (
     FleetHealth,
@@ -19,6 +18,7 @@ from app.health.schemas import (
     TelemetryBatch,
     TelemetryResult,
 )
+from app.models.fleet import Gpu, Node
 from app.tenancy.auth import AuthContext, platform
 
 admin = api_router(prefix="/v1/admin", tags=["admin: health"])

@@ -26,10 +26,11 @@ from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict
 from app.core.logging import get_logger
-from app.fleet.models import Gpu, Node, Rack, Region
 from app.health import actions, states
 from app.health.actions import Action, Repair, Rule, Scope
-from app.health.models import (
+from app.health.states import Actor, Health
+from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.health import (
     GpuTelemetry,
     HealthEvent,
     HealthIncident,
@@ -37,7 +38,6 @@ from app.health.models import (
     IncidentState,
     NodeHeartbeat,
 )
-from app.health.states import Actor, Health
 from app.outbox.service import enqueue
 
 log = get_logger(__name__)
@@ -906,7 +906,7 @@ def operator_action(
 def summary(session: Session) -> dict[str, Any]:
     """Per region and rack: GPUs by health state and by allocation, and what is out and why;
     open incidents; what the circuit breaker held back within its window."""
-    from app.workloads.models import GpuUsage
+    from app.models.workloads import GpuUsage
 
     s = get_settings()
     rows = session.execute(
@@ -1043,8 +1043,8 @@ def report_step_times(
     Returns the slow ranks, those the workload does not have (ignored), and whether a noisy
     neighbour was found."""
     from app.health.perf import from_step_times, worth_writing
+    from app.models.workloads import Allocation
     from app.workloads.lifecycle import State
-    from app.workloads.models import Allocation
     from app.workloads.service import NotRunning
 
     if w.state != State.running.value:
@@ -1100,7 +1100,7 @@ def shared_pace(session: Session, w: Any, step_s: float) -> bool:
     is saturated: tell the owner (an event naming the neighbours, which the isolation tiers
     keep within its tenant), never place it on that GPU again, and, if it checkpoints, move it
     at its next checkpoint. Returns whether a noisy neighbour was found."""
-    from app.workloads.models import Allocation, Workload
+    from app.models.workloads import Allocation, Workload
     from app.workloads.service import tell_owner
 
     best = w.step_time_best_s

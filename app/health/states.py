@@ -24,18 +24,7 @@ from __future__ import annotations
 import enum
 
 from app.core.errors import Conflict
-
-
-class Health(str, enum.Enum):
-    healthy = "healthy"
-    suspect = "suspect"
-    quarantined = "quarantined"
-    draining = "draining"
-    repairing = "repairing"
-    validating = "validating"
-    out_of_service = "out_of_service"
-    unreachable = "unreachable"  # nodes only
-
+from app.models.health import Health
 
 H = Health
 

@@ -14,10 +14,10 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.core.config import get_settings
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
-from app.fleet.models import Gpu, Node
 from app.health import service
-from app.health.models import HealthIncident, HealthRepair, IncidentState, NodeHeartbeat
 from app.health.states import Health
+from app.models.fleet import Gpu, Node
+from app.models.health import HealthIncident, HealthRepair, IncidentState, NodeHeartbeat
 from app.outbox.service import enqueue
 
 log = get_logger(__name__)
@@ -67,8 +67,8 @@ def repair(repair_id: str) -> str:
 def migrate(workload_id: str) -> str:
     """A workload on a suspect GPU checkpointed: move it if it fits on healthy GPUs now without
     preempting anyone; otherwise it stays, and its next checkpoint asks again."""
+    from app.models.workloads import Allocation, Workload
     from app.workloads.lifecycle import State
-    from app.workloads.models import Allocation, Workload
     from app.workloads.placement import dry_run
     from app.workloads.service import move_off_suspect
 
@@ -219,7 +219,7 @@ def add_idle_iron(session, now, idle_now: dict | None = None) -> int:
     region and model (idle iron): the idle GPUs `app.health.idle` finds with nothing wrong
     with them (no demand, or stranded). Returns the GPUs idle now."""
     from app.health import idle as why
-    from app.health.models import IdleIron
+    from app.models.health import IdleIron
 
     if idle_now is None:
         idle_now = why.idle_now(session)

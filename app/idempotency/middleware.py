@@ -39,7 +39,7 @@ from app.core.errors import AppError
 from app.core.middleware import replay_body, send_problem
 from app.core.routing import REPLAY
 from app.core.secrets import seal, unseal
-from app.idempotency.models import IdempotencyRecord
+from app.models.idempotency import IdempotencyRecord
 from app.tenancy.auth import AUTH_STATE, AuthContext, context_of, credential_of, parse_prefix
 
 # A first request still marked in flight after this long is presumed dead; its key may be reused.

@@ -7,7 +7,7 @@ from sqlalchemy import delete
 
 from app.core.config import get_settings
 from app.core.db import session_scope, utcnow
-from app.idempotency.models import IdempotencyRecord
+from app.models.idempotency import IdempotencyRecord
 
 
 @shared_task(name="idempotency.purge", ignore_result=True)

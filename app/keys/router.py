@@ -6,12 +6,12 @@ from sqlalchemy.orm import Session
 from app.core.db import session_dependency
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, paginate
-from app.keys.models import ApiKey
 from app.keys.schemas import KeyCreate, KeyCreated, KeyOut
 from app.keys.service import create_key, revoke
+from app.models.keys import ApiKey
+from app.models.tenants import Tenant
 from app.tenancy.auth import AuthContext, platform, tenant_admin, tenant_read
 from app.tenancy.scoping import get_owned, scoped_select
-from app.tenants.models import Tenant
 
 router = api_router(prefix="/v1", tags=["keys"])
 admin = api_router(prefix="/v1/admin", tags=["admin: tenants"])

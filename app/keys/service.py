@@ -6,8 +6,8 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
-from app.keys.models import ApiKey
 from app.keys.schemas import KeyCreated, KeyOut
+from app.models.keys import ApiKey
 from app.tenancy.auth import PLATFORM_SCOPE, generate_key
 
 

@@ -21,8 +21,8 @@ from app.metering.schemas import (
     UsageOut,
     UtilisationOut,
 )
+from app.models.tenants import Tenant
 from app.tenancy.auth import AuthContext, platform, tenant_read
-from app.tenants.models import Tenant
 
 router = api_router(prefix="/v1", tags=["usage"])
 admin = api_router(prefix="/v1/admin", tags=["admin: usage"])

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, aliased
 
 from app.core.db import as_aware, utcnow
 from app.core.errors import ValidationFailed
-from app.metering.models import UsageEvent, UsageKind
+from app.models.metering import UsageEvent, UsageKind
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MS = timedelta(milliseconds=1)
@@ -400,7 +400,7 @@ def utilisation(
     """Per bucket, region and GPU model: the GPU-hours the fleet had (each GPU from its
     registration), those allocated to any tenant, and the idle rest; and the window's totals,
     from the exact quantities."""
-    from app.fleet.models import Gpu, Node, Rack, Region
+    from app.models.fleet import Gpu, Node, Rack, Region
 
     check_window(start, end, granularity)
     # GPUs counted by when they were registered, model and region: an import registers its

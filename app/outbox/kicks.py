@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from app.core import redis
 from app.core.config import get_settings
+from app.core.db import after_commit
 from app.core.logging import get_logger
 
 log = get_logger(__name__)
@@ -62,6 +63,7 @@ def _name(task: str, key: str) -> str:
     return f"{get_settings().broker_key_prefix}rackplane:kick:{task}:{key}"
 
 
+@after_commit
 def send_committed(session: Session) -> None:
     """Send the kicks the session committed (called by the unit-of-work wrappers after commit).
     Failures are logged and dropped: the timer runs the sweep anyway."""

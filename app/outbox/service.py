@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import event, insert, select, update
 from sqlalchemy.orm import Session
 
-from app.core.db import as_aware, get_sessionmaker, utcnow
+from app.core.db import after_commit, as_aware, get_sessionmaker, utcnow
 from app.core.logging import get_logger
-from app.outbox.models import OutboxMessage
+from app.models.outbox import OutboxMessage
 
 log = get_logger(__name__)
 _PENDING = "rackplane_outbox_pending"
@@ -87,6 +87,7 @@ def publish(
     )
 
 
+@after_commit
 def flush_committed(session: Session) -> None:
     """Send what the session committed, then mark it sent in one statement. Called by the
     unit-of-work wrappers after commit. A crash between the two leaves the rows unsent and the

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import threading
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -38,11 +36,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.core import redis
 from app.core.config import get_settings
 from app.core.errors import AppError
+from app.core.limits import Limit, parse
 from app.core.logging import get_logger
 
 log = get_logger(__name__)
-CLASSES = ("read", "write", "expensive", "signup", "signin", "anonymous")
-_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 EXPENSIVE = frozenset(
     {
         "/v1/billing/exports",
@@ -58,35 +55,6 @@ HEADERS_STATE = "ratelimit_headers"
 
 class RateLimited(AppError):
     status, code, title = 429, "rate_limited", "Too many requests"
-
-
-@dataclass(frozen=True)
-class Limit:
-    """`capacity` tokens, refilled at `rate` per second."""
-
-    capacity: float
-    rate: float
-
-    def scaled(self, factor: float) -> Limit:
-        return Limit(self.capacity * factor, self.rate * factor)
-
-
-def parse(spec: str) -> dict[str, Limit]:
-    """`read=200/s,write=100/s,expensive=5/s,signup=20/m` -> a Limit per class (a class left
-    out is not limited; `off` limits nothing). A bucket holds one period's worth."""
-    if spec.strip().lower() in ("", "off", "none"):
-        return {}
-    out = {}
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\w+)\s*=\s*(\d+(?:\.\d+)?)\s*/\s*([smh])\s*", part)
-        if not m or m.group(1) not in CLASSES:
-            raise ValueError(
-                f"bad rate limit {part!r}: expected CLASS=N/s|m|h with CLASS one of "
-                + ", ".join(CLASSES)
-            )
-        n, period = float(m.group(2)), _PERIODS[m.group(3)]
-        out[m.group(1)] = Limit(capacity=max(n, 1.0), rate=n / period)
-    return out
 
 
 @lru_cache

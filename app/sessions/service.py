@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import utcnow
-from app.sessions.models import BrowserSession
+from app.models.sessions import BrowserSession
 from app.sessions.schemas import SessionOut
 from app.tenancy.auth import SESSION_PREFIX, AuthContext, csrf_token, session_hash
 

@@ -275,9 +275,9 @@ async def resolve_session(
 
 
 def _session_lookup(digest: str) -> tuple[AuthContext, datetime | None]:
-    from app.keys.models import ApiKey
-    from app.sessions.models import BrowserSession
-    from app.tenants.models import Tenant
+    from app.models.keys import ApiKey
+    from app.models.sessions import BrowserSession
+    from app.models.tenants import Tenant
 
     with session_scope() as session:
         row = session.execute(
@@ -307,8 +307,8 @@ def _session_lookup(digest: str) -> tuple[AuthContext, datetime | None]:
 
 def _lookup(prefix: str, digest: str) -> tuple[AuthContext, datetime | None]:
     """Check the key against the database: (its AuthContext, when it expires)."""
-    from app.keys.models import ApiKey
-    from app.tenants.models import Tenant
+    from app.models.keys import ApiKey
+    from app.models.tenants import Tenant
 
     with session_scope() as session:
         row = session.execute(
@@ -343,8 +343,8 @@ def key_context(
     if tenant is None:
         ctx = AuthContext(key.id, key.prefix, None, frozenset(key.scopes))
         return ctx, expires_at
-    from app.billing.models import Budget
-    from app.workloads.models import TenantQuota
+    from app.models.billing import Budget
+    from app.models.workloads import TenantQuota
 
     limits = session.execute(
         select(TenantQuota.gpu_model, TenantQuota.limit_milli)

@@ -9,11 +9,11 @@ from app.core.routing import api_router
 from app.core.schemas import Page, PageParams
 from app.keys.schemas import SignupKey
 from app.keys.service import create_key
+from app.models.tenants import Tenant, TenantStatus
 from app.ratelimit import service as ratelimit
 from app.tenancy.auth import AuthContext, platform, tenant_read_any_status
 from app.tenancy.scoping import get_owned
 from app.tenants import service
-from app.tenants.models import Tenant, TenantStatus
 from app.tenants.schemas import SignupRequest, TenantCreate, TenantOut, TenantUpdate
 
 router = api_router(prefix="/v1", tags=["tenants"])

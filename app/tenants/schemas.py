@@ -8,7 +8,7 @@ from email_validator import EmailNotValidError, validate_email
 from pydantic import AfterValidator, Field, WithJsonSchema, field_validator
 
 from app.core.schemas import OutModel, StrictModel
-from app.tenants.models import IsolationTier, TenantStatus
+from app.models.tenants import IsolationTier, TenantStatus
 
 Slug = Annotated[
     str,

@@ -6,9 +6,9 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.core.errors import Conflict
 from app.core.schemas import paginate
+from app.models.tenants import DEFAULT_ISOLATION_POLICY, Tenant, TenantStatus
 from app.outbox.service import enqueue
 from app.tenancy.scoping import scoped_select
-from app.tenants.models import DEFAULT_ISOLATION_POLICY, Tenant, TenantStatus
 from app.tenants.schemas import TenantUpdate
 
 

@@ -36,8 +36,8 @@ from kubernetes.client import (
     V1Toleration,
 )
 
+from app.models.workloads import Workload
 from app.placement.mig import profile_name
-from app.workloads.models import Workload
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 RUNTIME_CLASS = {"vm": "kata-qemu-nvidia-gpu", "confidential-vm": "kata-qemu-nvidia-gpu-snp"}

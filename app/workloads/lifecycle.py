@@ -3,33 +3,18 @@ event row; an invalid one is an error (409 `invalid_state_transition`), never si
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import bindparam, event, insert, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.exc import StaleDataError
 
 from app.core import pubsub
 from app.core.db import utcnow
 from app.core.errors import Conflict
-
-if TYPE_CHECKING:
-    from app.workloads.models import Workload
-
-
-class State(str, enum.Enum):
-    pending = "pending"
-    queued = "queued"
-    placing = "placing"
-    provisioning = "provisioning"
-    running = "running"
-    checkpointing = "checkpointing"
-    preempted = "preempted"
-    succeeded = "succeeded"
-    failed = "failed"
-    terminated = "terminated"
-
+from app.models.workloads import State, Workload, WorkloadEvent
 
 S = State
 TERMINAL = frozenset({S.succeeded, S.failed, S.terminated})
@@ -113,10 +98,6 @@ _EVENTS = "rackplane_events_pending"
 
 def write_events(session: Session) -> None:
     """INSERT the events recorded in this session and not yet written."""
-    from sqlalchemy import insert
-
-    from app.workloads.models import WorkloadEvent
-
     rows = session.info.pop(_EVENTS, None)
     if not rows:
         return
@@ -200,12 +181,6 @@ def write(session: Session, ws: list[Workload]) -> None:
     locked) in one batched UPDATE instead of the ORM's one versioned UPDATE per row. Each row
     must still be at the generation the caller read: the batch's rowcount proves it, else
     StaleDataError as from the ORM."""
-    from sqlalchemy import bindparam, update
-    from sqlalchemy.orm.attributes import set_committed_value
-    from sqlalchemy.orm.exc import StaleDataError
-
-    from app.workloads.models import Workload as W
-
     # Without autoflush: the events' INSERT would first flush the moved rows through the ORM,
     # one versioned UPDATE (one round trip) each, before the batch below wrote them again
     # (10 moved workloads: 11 statements instead of 2, two to three times the CPU and time).
@@ -213,7 +188,7 @@ def write(session: Session, ws: list[Workload]) -> None:
         write_events(session)
     if not ws:
         return
-    t = W.__table__
+    t = Workload.__table__
 
     stmt = (
         update(t)

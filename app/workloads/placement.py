@@ -24,10 +24,12 @@ from app.audit import service as audit
 from app.core.config import get_settings
 from app.core.db import as_aware, dialect_insert, insert_objects, new_id, utcnow
 from app.core.logging import get_logger
-from app.fleet.models import Gpu, Node, NodeState, Rack, Region
 from app.health.states import PLACEABLE, Health
 from app.metering import service as metering
-from app.metering.models import UsageKind
+from app.models.fleet import Gpu, Node, NodeState, Rack, Region
+from app.models.metering import UsageKind
+from app.models.workloads import Allocation, GpuUsage, MigClaim, Workload
+from app.models.workloads import TenantQuota as QuotaRow
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
@@ -44,8 +46,6 @@ from app.placement.queueing import (
 from app.placement.snapshot import DEGRADED, FAILED, HEALTHY, NodeSpec, Snapshot
 from app.workloads import lifecycle
 from app.workloads.lifecycle import HOLDING, State
-from app.workloads.models import Allocation, GpuUsage, MigClaim, Workload
-from app.workloads.models import TenantQuota as QuotaRow
 
 log = get_logger(__name__)
 

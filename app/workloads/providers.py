@@ -15,7 +15,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app.core.db import as_aware, utcnow
-from app.workloads.models import SimulatedFault, Workload
+from app.models.workloads import SimulatedFault, Workload
 
 Status = Literal["booting", "ready", "failed"]
 RepairKind = Literal["reset", "reboot"]

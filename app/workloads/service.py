@@ -13,7 +13,8 @@ from app.billing.budgets import check_submission
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.core.schemas import PageParams, paginate
-from app.fleet.models import Gpu, Node, Rack, Region
+from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.workloads import TenantQuota, Workload, WorkloadEvent
 from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
@@ -21,7 +22,6 @@ from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select
 from app.workloads import lifecycle
 from app.workloads.lifecycle import HOLDING, State
-from app.workloads.models import TenantQuota, Workload, WorkloadEvent
 from app.workloads.placement import release, stopped
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
@@ -370,7 +370,7 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
 
     from app.audit import service as audit
     from app.core.config import get_settings
-    from app.workloads.models import Allocation
+    from app.models.workloads import Allocation
 
     effect = NODE_STATE_EFFECT[state]
     if effect == "none":
@@ -443,7 +443,7 @@ def _holders(
 ) -> list[Workload]:
     """Workloads with live allocations on `node` (on those GPUs, if given), locked. Scope
     "domain": also the multi-GPU work on the other nodes of the node's NVLink domain."""
-    from app.workloads.models import Allocation
+    from app.models.workloads import Allocation
 
     nodes = [node.id]
     if scope == "domain":
@@ -742,7 +742,7 @@ def usage(session: Session, tenant_id: uuid.UUID) -> tuple[dict[str, int], dict[
     """(held, queued) GPU-milli per model. Held: the tenant's live allocations (one aggregate on
     their partial index: a tenant may hold thousands); queued: waiting workloads, counted
     against every model they accept."""
-    from app.workloads.models import Allocation
+    from app.models.workloads import Allocation
 
     held = {
         model: int(total)
@@ -804,7 +804,7 @@ def list_workloads(
     if region is not None:
         stmt = stmt.where(Workload.region == region)
     if node is not None:  # the workloads holding GPUs on it
-        from app.workloads.models import Allocation
+        from app.models.workloads import Allocation
 
         stmt = stmt.where(
             Workload.id.in_(
@@ -839,7 +839,7 @@ class NotPlaced(Conflict):
 
 def manifest(session: Session, w: Workload) -> dict[str, Any]:
     """The Kubernetes manifest a real cluster would run for this placed workload."""
-    from app.tenants.models import Tenant
+    from app.models.tenants import Tenant
     from app.workloads import k8s
 
     if not w.placement or w.state not in PLACED:

@@ -17,17 +17,17 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.audit import service as audit
 from app.core.db import as_aware, dialect_insert, session_scope, utcnow
 from app.core.logging import get_logger
-from app.outbox import kicks
-from app.outbox.service import enqueue, publish
-from app.workloads import lifecycle
-from app.workloads.lifecycle import State
-from app.workloads.models import (
+from app.models.workloads import (
     CYCLE_BUCKETS,
     PlacementCycleStats,
     Workload,
     WorkloadEvent,
     cycle_bucket_column,
 )
+from app.outbox import kicks
+from app.outbox.service import enqueue, publish
+from app.workloads import lifecycle
+from app.workloads.lifecycle import State
 from app.workloads.placement import PlanConflict, release, run_cycle, stopped, unstopped_holders
 from app.workloads.providers import Provider, get_provider
 from app.workloads.service import finish, kick_placement, requeue_reason

@@ -18,7 +18,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.db import Base, TimestampMixin, new_id
-from app.health.states import Health
+from app.models.health import Health
 
 
 class RackKind(str, enum.Enum):

@@ -1,7 +1,8 @@
 """Import every model so `Base.metadata` is complete (Alembic and tests use this)."""
 
-from app.audit.models import AuditEntry
-from app.billing.models import (
+from app.core.db import Base
+from app.models.audit import AuditEntry
+from app.models.billing import (
     BillingAdjustment,
     Budget,
     BudgetAlert,
@@ -9,10 +10,9 @@ from app.billing.models import (
     MeterExportCursor,
     Price,
 )
-from app.chaos.models import ChaosExperiment, ChaosInjection
-from app.core.db import Base
-from app.fleet.models import FleetImport, Gpu, Node, Rack, Region
-from app.health.models import (
+from app.models.chaos import ChaosExperiment, ChaosInjection
+from app.models.fleet import FleetImport, Gpu, Node, Rack, Region
+from app.models.health import (
     GpuTelemetry,
     HealthEvent,
     HealthIncident,
@@ -21,13 +21,13 @@ from app.health.models import (
     IdleTime,
     NodeHeartbeat,
 )
-from app.idempotency.models import IdempotencyRecord
-from app.keys.models import ApiKey
-from app.metering.models import UsageEvent
-from app.outbox.models import OutboxMessage
-from app.sessions.models import BrowserSession
-from app.tenants.models import Tenant
-from app.workloads.models import (
+from app.models.idempotency import IdempotencyRecord
+from app.models.keys import ApiKey
+from app.models.metering import UsageEvent
+from app.models.outbox import OutboxMessage
+from app.models.sessions import BrowserSession
+from app.models.tenants import Tenant
+from app.models.workloads import (
     Allocation,
     GpuUsage,
     MigClaim,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import uuid
 from datetime import datetime
 
@@ -23,7 +24,19 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, TimestampMixin, new_id
-from app.workloads.lifecycle import State
+
+
+class State(str, enum.Enum):
+    pending = "pending"
+    queued = "queued"
+    placing = "placing"
+    provisioning = "provisioning"
+    running = "running"
+    checkpointing = "checkpointing"
+    preempted = "preempted"
+    succeeded = "succeeded"
+    failed = "failed"
+    terminated = "terminated"
 
 
 class Workload(TimestampMixin, Base):

@@ -6,6 +6,7 @@ the region's fleet version (placement re-reads the fleet), and a heartbeat is no
 
 from __future__ import annotations
 
+import enum
 import uuid
 from datetime import datetime
 
@@ -24,6 +25,22 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, new_id
+
+
+class Health(str, enum.Enum):
+    healthy = "healthy"
+    suspect = "suspect"
+    quarantined = "quarantined"
+    draining = "draining"
+    repairing = "repairing"
+    validating = "validating"
+    out_of_service = "out_of_service"
+    unreachable = "unreachable"  # nodes only
+
+
+# The OpenAPI document names this schema by the module it was first written in (another
+# `Health`, the probes' answer, shares its short name); generated clients know it by that name.
+Health.__module__ = "app.health.states"
 
 
 class NodeHeartbeat(Base):
