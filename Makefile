@@ -41,7 +41,7 @@ openapi: install
 	$(BIN)/rackplane openapi
 
 lint: install
-	$(BIN)/ruff check app workers tests benchmarks
+	$(BIN)/ruff check app workers tests benchmarks rackplane_bench scripts
 	$(BIN)/mypy app/placement --ignore-missing-imports
 
 clean:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import typer
@@ -48,55 +49,20 @@ cli.add_typer(chaos_cli, name="chaos")
 cli.add_typer(billing_cli, name="billing")
 
 
-def _register_sim() -> None:
-    from app.placement.sim.cli import _emit, bench_cli, sim_cli
-
-    cli.add_typer(sim_cli, name="sim")
-    cli.add_typer(bench_cli, name="bench")
-
-    # Here rather than in app/placement: the placement package imports nothing of billing.
-    @bench_cli.command("metering")
-    def bench_metering(
-        events: int = typer.Option(200_000, help="Ledger events to ingest per run."),
-        tenants: int = typer.Option(10_000, help="Tenants in the export month."),
-        intervals: int = typer.Option(1_000_000, help="Usage intervals in the export month."),
-        runs: int = typer.Option(3, help="Repeats; medians are reported."),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """Ledger ingestion rate and a month's finance export time, on a scratch PostgreSQL
-        database (see app/metering/bench.py)."""
-        from app.metering.bench import run
-
-        _emit(run(events=events, tenants=tenants, intervals=intervals, runs=runs), as_json)
-
-    @bench_cli.command("telemetry")
-    def bench_telemetry(
-        gpus: int = typer.Option(10_000, min=8, help="GPUs reporting (8 per node)."),
-        rounds: int = typer.Option(12, min=1, help="Measured rounds (30 s of agent time each)."),
-        batch_nodes: int = typer.Option(32, min=1, help="Nodes per push (a rack's relay)."),
-        runs: int = typer.Option(1, min=1, help="Repeats; medians are reported."),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """DCGM telemetry through the real API into PostgreSQL: samples/s, API CPU and
-        database writes per 1000 samples (see app/health/bench.py)."""
-        from app.health.bench import median_run
-
-        _emit(median_run(runs, gpus=gpus, rounds=rounds, batch_nodes=batch_nodes), as_json)
-
-    @bench_cli.command("recovery")
-    def bench_recovery(
-        gpus: int = typer.Option(10_000, min=512, help="GPUs in the fleet (half get filled)."),
-        faults: int = typer.Option(10, min=1, help="Gangs hit by an Xid 79, one at a time."),
-        as_json: bool = typer.Option(False, "--json"),
-    ) -> None:
-        """Xid 79 on one GPU of running 8x8 gangs: fault to requeued and to running again,
-        lost work, usage after the fault, double allocations (see app/health/recovery_bench.py)."""
-        from app.health.recovery_bench import run
-
-        _emit(run(gpus=gpus, faults=faults), as_json)
+def _add_tools() -> None:
+    """The tools installed beside the product (`rackplane bench`, `rackplane sim`), found by the
+    `rackplane.cli` entry point group: they import the product, which never imports them."""
+    for tool in entry_points(group="rackplane.cli"):
+        try:
+            commands = tool.load()
+        except ModuleNotFoundError as e:
+            if e.name != tool.module.split(".")[0]:
+                raise
+            continue  # an install of the product alone (the container image) has no tools
+        cli.add_typer(commands, name=tool.name)
 
 
-_register_sim()
+_add_tools()
 
 
 def _console(stderr: bool = False) -> Console:

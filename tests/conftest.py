@@ -277,7 +277,7 @@ regions:
 @pytest.fixture(scope="module")
 def api(database):
     """A real uvicorn API process on the test database and Redis; its base URL."""
-    from app.workloads.bench import api_command, free_port
+    from rackplane_bench.deploy import api_command, free_port
 
     port = free_port()
     log = open(os.path.join(os.environ["RACKPLANE_DATA_DIR"], "api.log"), "wb")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.portal.bench import CHROMIUM as BENCH_CHROMIUM
-from app.portal.bench import FLAGS
+from rackplane_bench.portal import CHROMIUM as BENCH_CHROMIUM
+from rackplane_bench.portal import FLAGS
 from tests.conftest import ROOT
 
 CHROMIUM = os.environ.get("RACKPLANE_CHROMIUM", BENCH_CHROMIUM)

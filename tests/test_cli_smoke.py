@@ -264,7 +264,7 @@ def test_a_key_revoked_from_the_cli_answers_401_over_rest_on_postgresql(client, 
 
 def test_a_key_revoked_from_the_cli_answers_401_over_rest_on_sqlite(embedded):
     """The same on the embedded default, with an API process on its data directory."""
-    from app.workloads.bench import api_command, free_port
+    from rackplane_bench.deploy import api_command, free_port
 
     d = embedded
     out = d.ok("keys", "create", "--tenant", "acme", "--scope", "read", "--name", "rv")

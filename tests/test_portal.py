@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from app.portal.seed import seed_big_fleet
+from rackplane_bench.seed import seed_big_fleet
 from tests.conftest import auth, wait_until
 from tests.portal_browser import browser, portal_page, shot  # noqa: F401  (fixture)
 from tests.test_placement_worker import ALL, fleet

@@ -127,7 +127,7 @@ def test_the_buckets_are_shared_by_every_api_process(client, world, database):
     """A real uvicorn process with a low write limit, and this process with the same limit
     and prefix: together they hand out the bucket once."""
     from app.core.config import get_settings
-    from app.workloads.bench import api_command, free_port
+    from rackplane_bench.deploy import api_command, free_port
 
     world.fleet(FLEET)
     key = world.key(world.tenant("acme", policy=POLICY))

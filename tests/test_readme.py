@@ -32,7 +32,7 @@ def _billing() -> str:
 
 
 def test_the_readme_walkthrough_does_what_it_says(tmp_path):
-    from app.workloads.bench import free_port
+    from rackplane_bench.deploy import free_port
 
     assert shutil.which("jq") and shutil.which("curl"), "the walkthrough uses curl and jq"
     port = free_port()

@@ -262,7 +262,7 @@ def test_the_lifecycle_benchmark_places_every_submission(database):
     """The benchmark's own plumbing (scratch database, API, worker, open-loop load): every
     submission is placed and the figures the issue names are reported. Timing is not judged
     here; BENCHMARKS.md has it."""
-    from app.workloads.bench import run
+    from rackplane_bench.lifecycle import run
 
     out = run(workers=1, rate=10, duration=2)
     assert out["submitted"] == out["placed"] == 20 and out["rejected"] == 0
@@ -307,7 +307,7 @@ def test_a_broker_restart_under_load_loses_no_accepted_submission(database, tmp_
     the outbox holds their follow-up work in PostgreSQL. After it returns, every accepted
     submission is placed and runs: the drainer re-sends what was never sent and the reconciler
     re-sends what was lost with the broker."""
-    from app.workloads.bench import ScratchDeployment, free_port
+    from rackplane_bench.deploy import ScratchDeployment, free_port
 
     port = free_port()
     redis_proc = _redis_server(port, str(tmp_path))

@@ -338,7 +338,7 @@ def test_a_workload_is_metered_priced_exported_sent_and_reconciled_end_to_end(st
 
     import httpx
 
-    from app.workloads.bench import ScratchDeployment
+    from rackplane_bench.deploy import ScratchDeployment
 
     state, url = standin
     state.reset()

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from app.placement.engine import Engine, Plan
 from app.placement.model import Shape
 from app.placement.policies import POLICIES, make_policy
-from app.placement.sim import openb
-from app.placement.sim.openb_bound import online_bound
 from app.placement.snapshot import NodeSpec, Snapshot
+from rackplane_bench.sim import openb
+from rackplane_bench.sim.openb_bound import online_bound
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "\n".join(
     f"n{i:03d},{64000 if i % 2 else 96000},262144,{8 if i % 3 else 2},{'G2' if i % 3 else 'T4'}"

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from app.cli import cli
-from app.placement.sim import philly
+from rackplane_bench.sim import philly
 
 HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 

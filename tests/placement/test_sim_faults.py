@@ -1,5 +1,5 @@
 """`rackplane sim faults`: the goodput replay's accounting, its policies and the health logic it
-drives (app/placement/sim/faults.py)."""
+drives (rackplane_bench/sim/faults.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.health import actions
-from app.placement.sim import faults as F
+from rackplane_bench.sim import faults as F
 
 CAUSES = {c.name: c for c in F.LLAMA3}
 # A small fleet, no background work: every figure below follows from the parameters.

@@ -9,7 +9,7 @@ import pytest
 
 from app.placement.engine import Engine
 from app.placement.policies import POLICIES, make_policy
-from app.placement.sim.variability import gangs, mark_slow
+from rackplane_bench.sim.variability import gangs, mark_slow
 from tests.placement.conftest import node, share, snap, whole
 
 SLOW = (1.0, 1.0, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0)

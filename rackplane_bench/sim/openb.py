@@ -23,8 +23,8 @@ from app.placement.isolation import Tier
 from app.placement.model import Request, Shape
 from app.placement.policies import make_policy, typical_shapes
 from app.placement.policies.fgd import FragModel
-from app.placement.sim.openb_bound import Bound, online_bound
 from app.placement.snapshot import NodeSpec, Snapshot
+from rackplane_bench.sim.openb_bound import Bound, online_bound
 
 TENANT = "openb"
 

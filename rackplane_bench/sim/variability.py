@@ -132,7 +132,7 @@ def _stream(gpus: int, seed: int, load: float = 1.0) -> list[tuple[str, Request 
 
 def openb(nodes_file: Path, pods_file: Path, seeds: list[int], policy: str) -> dict:
     """The openb replay's allocation with 5 % of GPUs marked slow, against unmarked."""
-    from app.placement.sim import openb as ob
+    from rackplane_bench.sim import openb as ob
 
     nodes = ob.load_nodes(nodes_file)
     pods = ob.load_pods(pods_file)

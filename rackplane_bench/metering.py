@@ -40,7 +40,7 @@ class Scratch:
     processes started), and an engine on it."""
 
     def __init__(self) -> None:
-        from app.workloads.bench import ScratchDeployment
+        from rackplane_bench.deploy import ScratchDeployment
 
         self.deployment = ScratchDeployment(workers=0)
         self.engine = sa.create_engine(self.deployment.env["DATABASE_URL"])

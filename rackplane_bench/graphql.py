@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from app.workloads.bench import ROOT, ScratchDeployment, _pct
+from rackplane_bench.deploy import ROOT, ScratchDeployment, pct
 
 DASHBOARD = """
 query Dashboard {
@@ -211,7 +211,7 @@ def run(workloads: int = 10_000, gpus: int = 10_000, requests: int = 300, warmup
                         "requests": requests,
                         "first_ms": round(first, 2),
                         "p50_ms": round(statistics.median(ms), 2),
-                        "p99_ms": round(_pct(ms, 0.99), 2),
+                        "p99_ms": round(pct(ms, 0.99), 2),
                         "sql_statements": _statements(dep.env, k, query, variables),
                     }
                 )

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from app.workloads.bench import ROOT, ScratchDeployment, _cpu_s
+from rackplane_bench.deploy import ROOT, ScratchDeployment, cpu_seconds
 
 FIELDS = (
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
@@ -87,7 +87,7 @@ def exposition(nodes: list[int], ts_ms: int, rng: random.Random) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _key(env: ScratchDeployment, body: str) -> str:
+def make_key(env: ScratchDeployment, body: str) -> str:
     """An API key made in a child process on the scratch database (`body` prints it)."""
     code = (
         "import app.models\n"
@@ -107,13 +107,13 @@ def _key(env: ScratchDeployment, body: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def _platform_key(env: ScratchDeployment) -> str:
-    return _key(
+def platform_key(env: ScratchDeployment) -> str:
+    return make_key(
         env, "print(create_key(s, tenant_id=None, name='agents', scopes=['platform']).key)\n"
     )
 
 
-def _seed(env: ScratchDeployment, gpus: int) -> None:
+def seed_fleet(env: ScratchDeployment, gpus: int) -> None:
     code = (
         "import sys\n"
         "import app.models\n"
@@ -156,8 +156,8 @@ def run(gpus: int, rounds: int = 3, batch_nodes: int = RACK_NODES, clients: int 
     started = time.perf_counter()
     env = ScratchDeployment(0)
     try:
-        _seed(env, gpus)
-        key = _platform_key(env)
+        seed_fleet(env, gpus)
+        key = platform_key(env)
         url = env.start(api_processes=1)
         api = [env.procs[0].pid]
         nodes = -(-gpus // NODE_GPUS)
@@ -193,12 +193,12 @@ def run(gpus: int, rounds: int = 3, batch_nodes: int = RACK_NODES, clients: int 
 
         asyncio.run(push_round(per_round[0]))  # warm-up: each GPU's state read once
         time.sleep(1.5)  # PostgreSQL's statistics catch up
-        writes0, cpu0, wall0 = _db_writes(env), _cpu_s(api), time.perf_counter()
+        writes0, cpu0, wall0 = _db_writes(env), cpu_seconds(api), time.perf_counter()
         accepted = 0
         for r in range(1, rounds + 1):
             accepted += asyncio.run(push_round(per_round[r]))
         wall = time.perf_counter() - wall0
-        cpu = _cpu_s(api) - cpu0
+        cpu = cpu_seconds(api) - cpu0
         time.sleep(1.5)
         writes = _db_writes(env) - writes0
         assert accepted == samples_per_round * rounds, (accepted, samples_per_round * rounds)

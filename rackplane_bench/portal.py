@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from app.workloads.bench import ROOT, ScratchDeployment, _pct
+from rackplane_bench.deploy import ROOT, ScratchDeployment, pct
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (scripts/ensure-chromium.sh), never a downloaded one
 # As the machine's probe runs it: no sandbox as root, and nothing that reaches for the network.
@@ -39,7 +39,7 @@ from sqlalchemy import text
 import app.models
 from app.core.db import session_scope
 from app.keys.service import create_key
-from app.portal.seed import seed_big_fleet
+from rackplane_bench.seed import seed_big_fleet
 with session_scope() as s:
     seed_big_fleet(s)
     s.execute(text("UPDATE gpus SET health = 'quarantined' WHERE index = 3 AND random() < 0.02"))
@@ -102,10 +102,10 @@ def run(runs: int = 7, frames: int = 60) -> dict[str, Any]:
             browser.close()
         util_ms = _utilisation(url, out["operator"], runs)
         render_median = round(statistics.median(renders))
-        frame_p95 = round(_pct(frame_ms, 0.95), 2)
+        frame_p95 = round(pct(frame_ms, 0.95), 2)
         render = {
             "median": render_median,
-            "p95": round(_pct(renders, 0.95)),
+            "p95": round(pct(renders, 0.95)),
             "all": [round(x) for x in renders],
         }
         frame = {
@@ -120,7 +120,7 @@ def run(runs: int = 7, frames: int = 60) -> dict[str, Any]:
             "frame_ms": frame,
             "utilisation_ms": {
                 "median": round(statistics.median(util_ms)),
-                "p95": round(_pct(util_ms, 0.95)),
+                "p95": round(pct(util_ms, 0.95)),
                 "all": [round(x) for x in util_ms],
             },
             "targets": {

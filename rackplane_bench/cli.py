@@ -25,7 +25,7 @@ sim_cli = typer.Typer(
 )
 bench_cli = typer.Typer(help="Benchmarks: placement, lifecycle, metering.", no_args_is_help=True)
 err = Console(stderr=True)
-TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
 def _seeds(seed: int, seeds: str | None) -> list[int]:
@@ -39,7 +39,7 @@ def _seeds(seed: int, seeds: str | None) -> list[int]:
 
 
 def _one(args: tuple[str, str, str, int, bool]) -> dict:
-    from app.placement.sim import openb
+    from rackplane_bench.sim import openb
 
     nodes_file, pods_file, policy, seed, bound = args
     nodes = openb.load_nodes(Path(nodes_file))
@@ -138,18 +138,18 @@ def bench_placement(
         False,
         "--variability",
         help="Instead: 5 % of GPUs 20 % slow; gangs on slow GPUs (aware vs blind) and the "
-        "openb replay's allocation with them marked (see app/placement/sim/variability.py).",
+        "openb replay's allocation with them marked (see rackplane_bench/sim/variability.py).",
     ),
     nodes: int = typer.Option(1024, help="--variability: HGX nodes of the gang fleet."),
     seeds: str = typer.Option("1-5", help="--variability: seeds of the gang runs."),
     openb_seeds: str = typer.Option("42-51", help="--variability: seeds of the openb replays."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Placement speed at fleet scale on one core (see app/placement/sim/bench.py)."""
+    """Placement speed at fleet scale on one core (see rackplane_bench/placement.py)."""
     if variability:
         _variability(nodes, _seeds(0, seeds), _seeds(0, openb_seeds), policy, as_json)
         return
-    from app.placement.sim.bench import run
+    from rackplane_bench.placement import run
 
     results = [
         run(gpus, placements=placements, gangs=gangs, seed=i, policy=policy).as_dict()
@@ -170,7 +170,7 @@ def bench_placement(
 def _variability(
     nodes: int, seeds: list[int], openb_seeds: list[int], policy: str, as_json: bool
 ) -> None:
-    from app.placement.sim import variability as v
+    from rackplane_bench.sim import variability as v
 
     runs = [v.gangs(nodes, seed, policy) for seed in seeds]
     aware = sum(r["gangs_on_slow_pct_aware"] * r["gangs_placed_aware"] for r in runs)
@@ -217,7 +217,7 @@ def _share_cap(text: str) -> float | None:
 
 
 def _philly_one(args: tuple[str, str | None, float, int, str, QueueConfig]) -> dict:
-    from app.placement.sim import philly
+    from rackplane_bench.sim import philly
 
     jobs_file, window, scale, nodes, policy, config = args
     jobs = philly.load_jobs(Path(jobs_file), philly.parse_window(window), scale)
@@ -304,7 +304,7 @@ def philly_cmd(
 
 
 def _faults_one(args: tuple) -> dict:
-    from app.placement.sim import faults
+    from rackplane_bench.sim import faults
 
     params, policy, jobs_file = args
     fs = faults.draw_faults(params)
@@ -361,10 +361,11 @@ def faults_cmd(
     ),
 ) -> None:
     """Replay a large training job and background work under hardware faults drawn at
-    published rates; compare recovery policies on the same faults (app/placement/sim/faults.py)."""
+    published rates; compare recovery policies on the same faults
+    (rackplane_bench/sim/faults.py)."""
     import time as _time
 
-    from app.placement.sim import faults
+    from rackplane_bench.sim import faults
 
     names = [p.strip() for p in policy.split(",") if p.strip()]
     bad = [p for p in names if p not in faults.POLICIES]
@@ -492,8 +493,9 @@ def bench_lifecycle(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Submit-to-placed latency through API, outbox, Redis, Celery workers and PostgreSQL, on
-    a scratch database (see app/workloads/bench.py)."""
-    from app.workloads.bench import median_of, run
+    a scratch database (see rackplane_bench/lifecycle.py)."""
+    from rackplane_bench.deploy import median_of
+    from rackplane_bench.lifecycle import run
 
     for n in [int(x) for x in workers.split(",")]:
         results = [run(n, rate, duration, churn, warmup, concurrency) for _ in range(runs)]
@@ -509,8 +511,8 @@ def bench_graphql(
 ) -> None:
     """The portal's dashboard query and the operator's fleet query against a real API
     process on a scratch PostgreSQL database: p50/p99 latency and SQL statements per query
-    (see app/graphql/bench.py)."""
-    from app.graphql.bench import run
+    (see rackplane_bench/graphql.py)."""
+    from rackplane_bench.graphql import run
 
     _emit(run(workloads, gpus, requests), as_json)
 
@@ -523,8 +525,8 @@ def bench_portal(
 ) -> None:
     """The operators' fleet heatmap of 100,000 GPUs in headless Chromium against a real API on
     a scratch PostgreSQL database: request to full first frame, frame time while zooming and
-    panning, and the utilisation chart's query over that fleet (see app/portal/bench.py)."""
-    from app.portal.bench import run
+    panning, and the utilisation chart's query over that fleet (see rackplane_bench/portal.py)."""
+    from rackplane_bench.portal import run
 
     _emit(run(runs, frames), as_json)
 
@@ -537,7 +539,51 @@ def bench_api(
 ) -> None:
     """CPU per request of the API's hot routes (POST, GET, DELETE /v1/workloads), one at a
     time on one API process, with PostgreSQL's and the worker's CPU beside it, on a scratch
-    database (see app/workloads/bench.py)."""
-    from app.workloads.bench import median_of, run_api
+    database (see rackplane_bench/lifecycle.py)."""
+    from rackplane_bench.deploy import median_of
+    from rackplane_bench.lifecycle import run_api
 
     _emit(median_of([run_api(requests) for _ in range(runs)]), as_json)
+
+
+@bench_cli.command("metering")
+def bench_metering(
+    events: int = typer.Option(200_000, help="Ledger events to ingest per run."),
+    tenants: int = typer.Option(10_000, help="Tenants in the export month."),
+    intervals: int = typer.Option(1_000_000, help="Usage intervals in the export month."),
+    runs: int = typer.Option(3, help="Repeats; medians are reported."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Ledger ingestion rate and a month's finance export time, on a scratch PostgreSQL
+    database (see rackplane_bench/metering.py)."""
+    from rackplane_bench.metering import run
+
+    _emit(run(events=events, tenants=tenants, intervals=intervals, runs=runs), as_json)
+
+
+@bench_cli.command("telemetry")
+def bench_telemetry(
+    gpus: int = typer.Option(10_000, min=8, help="GPUs reporting (8 per node)."),
+    rounds: int = typer.Option(12, min=1, help="Measured rounds (30 s of agent time each)."),
+    batch_nodes: int = typer.Option(32, min=1, help="Nodes per push (a rack's relay)."),
+    runs: int = typer.Option(1, min=1, help="Repeats; medians are reported."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """DCGM telemetry through the real API into PostgreSQL: samples/s, API CPU and
+    database writes per 1000 samples (see rackplane_bench/telemetry.py)."""
+    from rackplane_bench.telemetry import median_run
+
+    _emit(median_run(runs, gpus=gpus, rounds=rounds, batch_nodes=batch_nodes), as_json)
+
+
+@bench_cli.command("recovery")
+def bench_recovery(
+    gpus: int = typer.Option(10_000, min=512, help="GPUs in the fleet (half get filled)."),
+    faults: int = typer.Option(10, min=1, help="Gangs hit by an Xid 79, one at a time."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Xid 79 on one GPU of running 8x8 gangs: fault to requeued and to running again,
+    lost work, usage after the fault, double allocations (see rackplane_bench/recovery.py)."""
+    from rackplane_bench.recovery import run
+
+    _emit(run(gpus=gpus, faults=faults), as_json)

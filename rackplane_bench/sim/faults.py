@@ -40,8 +40,8 @@ from app.health.states import Actor, Health, check
 from app.placement.isolation import Tier
 from app.placement.model import Request, Shape
 from app.placement.queueing import BASELINES, Scheduler, TenantQuota, Workload
-from app.placement.sim import philly
 from app.placement.snapshot import FAILED, NodeSpec, Snapshot
+from rackplane_bench.sim import philly
 
 MODEL = "H100-80GB"
 GPUS_PER_NODE = 8

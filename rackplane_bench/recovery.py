@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from app.health.bench import _key, _platform_key, _seed
-from app.workloads.bench import ScratchDeployment, _pct
+from rackplane_bench.deploy import ScratchDeployment, pct
+from rackplane_bench.telemetry import make_key, platform_key, seed_fleet
 
 GANG = {"kind": "job", "gpus": 8, "replicas": 8, "checkpoint": {"interval_s": 600}}
 
@@ -50,9 +50,9 @@ def run(gpus: int = 10_000, faults: int = 10, timeout: float = 120.0) -> dict[st
     # The provider's default boot time (not the 0.2 s other benchmarks use).
     env = ScratchDeployment(1, concurrency=2, env={"RACKPLANE_SIM_BOOT_SECONDS": "3"})
     try:
-        _seed(env, gpus)
+        seed_fleet(env, gpus)
         key = _tenant_key(env)
-        op = _platform_key(env)
+        op = platform_key(env)
         url = env.start(api_processes=1)
         engine = sa.create_engine(env.env["DATABASE_URL"])
         tenant = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
@@ -160,10 +160,10 @@ def run(gpus: int = 10_000, faults: int = 10, timeout: float = 120.0) -> dict[st
             "fillers": fillers,
             "faults": done,
             "recovered": recovered,
-            "fault_to_requeued_p50_s": round(_pct(to_requeued, 0.5), 3),
-            "fault_to_requeued_p99_s": round(_pct(to_requeued, 0.99), 3),
-            "fault_to_running_p50_s": round(_pct(to_running, 0.5), 3),
-            "fault_to_running_p99_s": round(_pct(to_running, 0.99), 3),
+            "fault_to_requeued_p50_s": round(pct(to_requeued, 0.5), 3),
+            "fault_to_requeued_p99_s": round(pct(to_requeued, 0.99), 3),
+            "fault_to_running_p50_s": round(pct(to_running, 0.5), 3),
+            "fault_to_running_p99_s": round(pct(to_running, 0.99), 3),
             "lost_work_gpu_s": round(lost, 1),
             "lost_work_expected_gpu_s": round(expected, 1),
             "lost_work_gpu_s_max_error": round(max(lost_err, default=float("nan")), 3),
@@ -176,7 +176,7 @@ def run(gpus: int = 10_000, faults: int = 10, timeout: float = 120.0) -> dict[st
 
 
 def _tenant_key(env: ScratchDeployment) -> str:
-    return _key(
+    return make_key(
         env,
         "t = create_tenant(s, name='Bench', slug='bench', contact_email='b@example.com',"
         " status='active', isolation_policy=None)\n"
