@@ -342,7 +342,7 @@ def test_without_redis_a_commit_wakes_this_process_and_a_rollback_does_not(
 ):
     from app.core.config import get_settings
     from app.models.workloads import Workload
-    from app.workloads import lifecycle
+    from app.scheduling import lifecycle
 
     tenant_id, wid = _workload(client, world)
     monkeypatch.setattr(get_settings(), "redis_url", None)  # the embedded default's broker

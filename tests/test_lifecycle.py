@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from app.workloads.lifecycle import TERMINAL, TRANSITIONS, InvalidTransition, State, check
+from app.scheduling.lifecycle import TERMINAL, TRANSITIONS, InvalidTransition, State, check
 
 HAPPY = [
     "pending",

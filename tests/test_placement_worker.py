@@ -65,7 +65,7 @@ def held(world, client, session):
 
 def _alloc(session, held, gpus, *, milli=1000, mig=None, start=None, mem=0):
     from app.models.workloads import Allocation
-    from app.workloads.placement import claim
+    from app.scheduling.cycle import claim
 
     t, wid, node = held
     a = Allocation(
@@ -117,7 +117,7 @@ def test_one_cycle_claiming_a_gpu_twice_is_refused(session, held):
     """A cycle claims all its allocations in one statement; two of them on one GPU sum past
     its capacity and the CHECK refuses the whole batch."""
     from app.models.workloads import Allocation
-    from app.workloads.placement import claim
+    from app.scheduling.cycle import claim
 
     t, wid, node = held
     rows = [
@@ -147,7 +147,7 @@ def test_mig_slices_side_by_side_and_reuse_after_release(session, held):
     _alloc(session, held, [7], mig="3g", start=4, milli=500)
     session.commit()
     from app.models.workloads import Workload
-    from app.workloads.placement import release
+    from app.scheduling.cycle import release
 
     w = session.get(Workload, a.workload_id)
     assert release(session, w) == 2
@@ -478,7 +478,7 @@ def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
 
     from app.models.fleet import Gpu, Node
     from app.placement.snapshot import FAILED
-    from app.workloads import placement as P
+    from app.scheduling import cycle as P
 
     world.fleet(fleet(2))
 
@@ -557,7 +557,7 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
     from sqlalchemy.orm import Session
 
     from app.core.db import get_engine
-    from app.workloads import placement as P
+    from app.scheduling import cycle as P
     from app.workloads.tasks import check, provision
 
     world.fleet(fleet(2))
@@ -680,8 +680,8 @@ def test_a_cycle_that_finds_the_region_busy_hands_over_to_the_running_one(
     from sqlalchemy import text
 
     from app.models.workloads import WorkloadEvent
-    from app.workloads import placement as P
-    from app.workloads import tasks
+    from app.scheduling import cycle as P
+    from app.scheduling import tasks
 
     world.fleet(fleet(2))
     key = world.key(world.tenant("busy", policy=ALL))

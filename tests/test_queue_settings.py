@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.core.config import get_settings
-from app.workloads.placement import _Loaded
+from app.scheduling.cycle import _Loaded
 from tests.placement.conftest import node, snap
 
 

@@ -298,8 +298,8 @@ def test_terminate_is_a_transition_and_a_terminal_state_stays(client, tenant):
 
 def test_checkpoints_are_reported_only_while_running(client, tenant, session):
     from app.models.workloads import Workload
-    from app.workloads import lifecycle
-    from app.workloads.lifecycle import State
+    from app.scheduling import lifecycle
+    from app.scheduling.lifecycle import State
 
     _, key = tenant
     wid = _submit(client, key, kind="instance", gpus=1).json()["id"]

@@ -160,7 +160,7 @@ def _record(session: Session, alerts: list[dict[str, Any]]) -> list[dict[str, An
 def stop_preemptible(session: Session, tenant_id: uuid.UUID, period: str) -> int:
     """Terminate the tenant's preemptible workloads that hold GPUs. Returns how many."""
     from app.models.workloads import Workload
-    from app.workloads.lifecycle import HOLDING
+    from app.scheduling.lifecycle import HOLDING
     from app.workloads.service import terminate
 
     rows = session.scalars(

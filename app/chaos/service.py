@@ -39,7 +39,7 @@ from app.health.actions import Scope
 from app.models.chaos import ChaosExperiment, ChaosInjection
 from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.health import HealthEvent, HealthIncident
-from app.workloads import providers
+from app.scheduling import providers
 
 OUT_STATES = ("quarantined", "unreachable", "out_of_service", "suspect")
 

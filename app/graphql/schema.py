@@ -187,8 +187,8 @@ class CoreQuery:
         ] = None,
     ) -> WorkloadConnection:
         from app.core.errors import ValidationFailed
+        from app.scheduling.lifecycle import State
         from app.workloads import service
-        from app.workloads.lifecycle import State
 
         auth = info.context.auth
         require_tenant_scope(auth, "read")

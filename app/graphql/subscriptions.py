@@ -262,7 +262,7 @@ class Subscription:
         workload_id: strawberry.ID | None = None,
     ) -> AsyncGenerator[WorkloadEventUpdate, None]:
         from app.models.workloads import WorkloadEvent as Row
-        from app.workloads.lifecycle import events_topic
+        from app.scheduling.lifecycle import events_topic
 
         try:  # refusals as REST's, raised here: a subscription's errors are its own
             auth = info.context.auth

@@ -30,7 +30,7 @@ def idle_now(session: Session) -> dict[tuple[str, str, str], int]:
     """GPUs with nothing on them now, by (region, model, cause). A GPU is busy if any share
     or MIG slice of it is held; retired nodes are out of the fleet."""
     from app.models.workloads import GpuUsage, MigClaim, Workload
-    from app.workloads.lifecycle import State
+    from app.scheduling.lifecycle import State
 
     mig = (
         select(MigClaim.node_id, MigClaim.gpu_index)

@@ -62,7 +62,7 @@ class FleetCollector(Collector):
         from app.models.fleet import Gpu, Node, Rack, Region
         from app.models.health import HealthIncident, HealthRepair, IdleIron
         from app.models.workloads import GpuUsage, Workload
-        from app.workloads.lifecycle import State
+        from app.scheduling.lifecycle import State
 
         placeable = [h.value for h in PLACEABLE]
         with session_scope() as s:

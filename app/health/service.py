@@ -655,7 +655,7 @@ def start_repair(
 ) -> HealthRepair | None:
     """Ask the provider for a reset (of `gpus`) or a reboot (of the node); move them to
     repairing; `health.repair` takes it from there."""
-    from app.workloads.providers import get_provider
+    from app.scheduling.providers import get_provider
 
     node = at.node
     subjects: list[Node | Gpu] = [*([node] if node_level else []), *gpus]
@@ -721,7 +721,7 @@ def start_validation(
 def repair_step(session: Session, repair_id: uuid.UUID) -> str:
     """Advance a repair whose phase is due: repairing -> validating (or out of service when the
     provider's repair failed), validating -> healthy. Idempotent; early calls re-enqueue."""
-    from app.workloads.providers import get_provider
+    from app.scheduling.providers import get_provider
 
     rep = session.scalar(select(HealthRepair).where(HealthRepair.id == repair_id).with_for_update())
     if rep is None or rep.finished_at is not None:
@@ -1044,7 +1044,7 @@ def report_step_times(
     neighbour was found."""
     from app.health.perf import from_step_times, worth_writing
     from app.models.workloads import Allocation
-    from app.workloads.lifecycle import State
+    from app.scheduling.lifecycle import State
     from app.workloads.service import NotRunning
 
     if w.state != State.running.value:

@@ -68,8 +68,8 @@ def migrate(workload_id: str) -> str:
     """A workload on a suspect GPU checkpointed: move it if it fits on healthy GPUs now without
     preempting anyone; otherwise it stays, and its next checkpoint asks again."""
     from app.models.workloads import Allocation, Workload
-    from app.workloads.lifecycle import State
-    from app.workloads.placement import dry_run
+    from app.scheduling.cycle import dry_run
+    from app.scheduling.lifecycle import State
     from app.workloads.service import move_off_suspect
 
     with session_scope() as session:

@@ -12,10 +12,10 @@ from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, text_query
 from app.models.tenants import Tenant
 from app.models.workloads import Workload, WorkloadEvent
+from app.scheduling.lifecycle import State
 from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
 from app.tenancy.scoping import get_owned
 from app.workloads import service
-from app.workloads.lifecycle import State
 from app.workloads.schemas import (
     AdminWorkloadOut,
     CheckpointIn,

@@ -18,11 +18,11 @@ from app.models.workloads import TenantQuota, Workload, WorkloadEvent
 from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
+from app.scheduling import lifecycle
+from app.scheduling.cycle import release, stopped
+from app.scheduling.lifecycle import HOLDING, State
 from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select
-from app.workloads import lifecycle
-from app.workloads.lifecycle import HOLDING, State
-from app.workloads.placement import release, stopped
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
 
@@ -706,7 +706,7 @@ def quota_list(session: Session, tenant_id: uuid.UUID) -> dict[str, Any]:
 
 def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[str, Any]:
     """What-if: where the workload would land now, whom it would preempt, or when it starts."""
-    from app.workloads.placement import dry_run as what_if
+    from app.scheduling.cycle import dry_run as what_if
 
     w = build(session, auth, body)
     ans = what_if(session, w)
@@ -785,7 +785,7 @@ def list_workloads(
     """The caller's workloads (every tenant's for operators), oldest first, a page at a time:
     REST's list and GraphQL's connection; filtered by state (or `active`: not yet ended, or
     ended), kind, priority and labels (each `key: value` must be carried)."""
-    from app.workloads.lifecycle import TERMINAL
+    from app.scheduling.lifecycle import TERMINAL
 
     stmt = scoped_select(auth, Workload)
     if state is not None:

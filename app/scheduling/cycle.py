@@ -44,8 +44,8 @@ from app.placement.queueing import (
     Workload as QWorkload,
 )
 from app.placement.snapshot import DEGRADED, FAILED, HEALTHY, NodeSpec, Snapshot
-from app.workloads import lifecycle
-from app.workloads.lifecycle import HOLDING, State
+from app.scheduling import lifecycle
+from app.scheduling.lifecycle import HOLDING, State
 
 log = get_logger(__name__)
 
