@@ -13,10 +13,20 @@ from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from app import models  # noqa: F401  (register every model)
-from app.audit import router as audit
+from app.api import (
+    audit,
+    billing,
+    chaos,
+    fleet,
+    health,
+    keys,
+    metering,
+    probes,
+    sessions,
+    tenants,
+    workloads,
+)
 from app.audit import service as audit_service
-from app.billing import router as billing
-from app.chaos import router as chaos
 from app.core.config import get_settings
 from app.core.errors import install_error_handlers
 from app.core.logging import configure_logging
@@ -27,19 +37,11 @@ from app.core.middleware import (
 )
 from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
 from app.core.secrets import check_server_secrets
-from app.fleet import router as fleet
 from app.fleet.document import FleetDocument
 from app.health import metrics as health_metrics
-from app.health import router as health
 from app.health.schemas import TelemetryBatch
 from app.idempotency.middleware import IdempotencyMiddleware
-from app.keys import router as keys
-from app.metering import router as metering
-from app.probes import router as probes
 from app.ratelimit.service import RateLimitHeadersMiddleware
-from app.sessions import router as sessions
-from app.tenants import router as tenants
-from app.workloads import router as workloads
 
 DESCRIPTION = """Rackplane: the control plane of a multi-tenant GPU cloud.
 

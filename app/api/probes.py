@@ -19,6 +19,10 @@ log = get_logger(__name__)
 
 
 class Health(BaseModel):
+    # Named in the OpenAPI document by the module it was first written in (the GPU health enum
+    # shares its short name); generated clients know it by that name.
+    __module__ = "app.probes.router"
+
     status: str
 
 
