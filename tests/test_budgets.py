@@ -210,7 +210,7 @@ def test_an_unused_commitment_is_spend_but_not_gpu_hours(client, world):
 
 
 def test_money_is_said_in_its_currency():
-    from app.billing.money import format_money
+    from app.core.money import format_money
 
     assert format_money(3813784, "usd") == "$38,137.84"
     assert format_money(500000, "usd") == "$5,000.00"

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.core.db import insert_objects, session_scope, utcnow
 from app.core.logging import get_logger
 from app.models.audit import AuditEntry
+from app.tenancy.auth import extract_key, on_authenticated, parse_prefix
 
 log = get_logger(__name__)
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -55,6 +56,7 @@ class _Request:
 _CURRENT: ContextVar[_Request | None] = ContextVar("audit_request", default=None)
 
 
+@on_authenticated
 def note_principal(ctx: Any) -> None:
     """Called by authentication: the request's caller, for its entry."""
     current = _CURRENT.get()
@@ -331,8 +333,6 @@ class AuditMiddleware:
             ):
                 route = scope.get("route")
                 current.route = current.route or getattr(route, "path_format", None)
-                from app.tenancy.auth import extract_key, parse_prefix
-
                 request = Request(scope)
                 raw = extract_key(request)
                 prefix = parse_prefix(raw) if raw else None

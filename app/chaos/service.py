@@ -611,7 +611,7 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
 
 def check_aborts(session: Session) -> list[uuid.UUID]:
     """Abort every running experiment whose abort condition holds now. Returns their ids."""
-    from app.health.states import PLACEABLE
+    from app.models.health import PLACEABLE
     from app.models.workloads import GpuUsage, Workload
 
     aborted = []

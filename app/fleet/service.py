@@ -9,8 +9,8 @@ from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
 from app.core.errors import Conflict
-from app.health.states import PLACEABLE, Health
 from app.models.fleet import Gpu, Node, NodeState, Rack, Region
+from app.models.health import PLACEABLE, Health
 from app.placement.catalog import RACK_KINDS
 from app.placement.mig import profile_name
 

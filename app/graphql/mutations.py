@@ -81,7 +81,7 @@ class InternalProblem(Problem):
 
 def problem(e: AppError) -> Any:
     """The typed error for an AppError, by its class (and code)."""
-    from app.billing.budgets import BudgetExhausted as Exhausted
+    from app.workloads.budget_gate import BudgetExhausted as Exhausted
     from app.workloads.service import QuotaLimitExceeded
     from app.workloads.tiers import IsolationRefused
 

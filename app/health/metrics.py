@@ -58,9 +58,8 @@ class FleetCollector(Collector):
             log.warning("fleet_metrics_failed", error=str(exc)[:300])
 
     def _collect(self) -> Iterator:
-        from app.health.states import PLACEABLE
         from app.models.fleet import Gpu, Node, Rack, Region
-        from app.models.health import HealthIncident, HealthRepair, IdleIron
+        from app.models.health import PLACEABLE, HealthIncident, HealthRepair, IdleIron
         from app.models.workloads import GpuUsage, Workload
         from app.scheduling.lifecycle import State
 

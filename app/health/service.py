@@ -1042,8 +1042,8 @@ def report_step_times(
     (time-slicing, MPS) has one rank, judged against its own best pace: a noisy neighbour.
     Returns the slow ranks, those the workload does not have (ignored), and whether a noisy
     neighbour was found."""
-    from app.health.perf import from_step_times, worth_writing
     from app.models.workloads import Allocation
+    from app.placement.perf import from_step_times, worth_writing
     from app.scheduling.lifecycle import State
     from app.workloads.service import NotRunning
 

@@ -24,13 +24,11 @@ from __future__ import annotations
 import enum
 
 from app.core.errors import Conflict
+from app.models.health import PLACEABLE as PLACEABLE  # the states placement may use
 from app.models.health import Health
 
 H = Health
 
-# What placement may use: healthy GPUs fully, suspect ones last and never for a new gang's
-# fast class (placement core: DEGRADED); the rest not at all (FAILED).
-PLACEABLE = frozenset({H.healthy, H.suspect})
 # Out of the pool because of the health loop (what the circuit breaker counts and caps).
 OUT = frozenset({H.quarantined, H.draining, H.repairing, H.validating, H.unreachable})
 

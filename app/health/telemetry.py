@@ -41,12 +41,12 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.core.db import dialect_insert, utcnow
 from app.core.errors import ValidationFailed
-from app.health import perf
 from app.health.actions import HW_SLOWDOWN_BITS, SIGNALS, THROTTLED_BITS
 from app.health.metrics import TELEMETRY_REJECTED
 from app.health.schemas import HOST_PATTERN, UUID_PATTERN
 from app.models.fleet import Gpu, Node
 from app.models.health import GpuTelemetry, NodeHeartbeat
+from app.placement import perf
 from app.placement.catalog import GPU_MODELS
 
 # What each DCGM field is to the health loop (anything else is counted and ignored).

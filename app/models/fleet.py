@@ -105,7 +105,7 @@ class Gpu(TimestampMixin, Base):
     # As DCGM names it ("GPU-<uuid>"): telemetry may name a GPU by it instead of its index.
     uuid: Mapped[str | None] = mapped_column(String(64), default=None, index=True, unique=True)
     # Relative speed measured under load (1.0: the model's nominal), and when the evidence was
-    # last seen: placement decays it toward nominal from then (app/health/perf.py).
+    # last seen: placement decays it toward nominal from then (app/placement/perf.py).
     perf: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     perf_at: Mapped[datetime | None] = mapped_column(default=None)
     node: Mapped[Node] = relationship(back_populates="gpus")

@@ -42,6 +42,10 @@ class Health(str, enum.Enum):
 # `Health`, the probes' answer, shares its short name); generated clients know it by that name.
 Health.__module__ = "app.health.states"
 
+# What placement may use: healthy GPUs fully, suspect ones last and never for a new gang's
+# fast class (placement core: DEGRADED); the rest not at all (FAILED).
+PLACEABLE = frozenset({Health.healthy, Health.suspect})
+
 
 class NodeHeartbeat(Base):
     """When the node last pushed telemetry (written at most every few seconds), and whether it

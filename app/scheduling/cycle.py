@@ -24,9 +24,9 @@ from app.audit import service as audit
 from app.core.config import get_settings
 from app.core.db import as_aware, dialect_insert, insert_objects, new_id, utcnow
 from app.core.logging import get_logger
-from app.health.states import PLACEABLE, Health
 from app.metering import service as metering
 from app.models.fleet import Gpu, Node, NodeState, Rack, Region
+from app.models.health import PLACEABLE, Health
 from app.models.metering import UsageKind
 from app.models.workloads import Allocation, GpuUsage, MigClaim, Workload
 from app.models.workloads import TenantQuota as QuotaRow
@@ -35,6 +35,7 @@ from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
 from app.placement.mig import MEMORY_SLICES, PROFILES, profile_name
 from app.placement.model import Level, Request, Shape, Topology
+from app.placement.perf import decayed
 from app.placement.queueing import (
     QueueConfig,
     Scheduler,
@@ -210,10 +211,8 @@ def _read_world(session: Session, region: str) -> _World | None:
 
 
 def _speeds(gs: list[Gpu], now: datetime, tau: float) -> tuple[float, ...]:
-    """Each GPU's measured speed, faded toward nominal since its evidence (app/health/perf),
+    """Each GPU's measured speed, faded toward nominal since its evidence (app/placement/perf),
     in steps of 1 % (the kept fleet is reused while its version holds)."""
-    from app.health.perf import decayed
-
     out = []
     for g in gs:
         age = (now - as_aware(g.perf_at)).total_seconds() if g.perf_at else 0.0

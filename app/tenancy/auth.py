@@ -21,13 +21,17 @@ from sqlalchemy.orm.attributes import get_history
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
-from app.audit.service import note_principal
 from app.core import redis
 from app.core.config import get_settings
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.errors import AppError, Forbidden, Unauthorized
 from app.core.logging import get_logger
 from app.core.secrets import server_secret
+from app.models.billing import Budget
+from app.models.keys import ApiKey
+from app.models.sessions import BrowserSession
+from app.models.tenants import Tenant
+from app.models.workloads import TenantQuota
 from app.ratelimit import service as ratelimit
 
 log = get_logger(__name__)
@@ -172,6 +176,16 @@ def check_csrf(conn: HTTPConnection, cred: Credential) -> None:
 
 AUTH_ERROR = "auth_error"
 
+# Told who is calling once a request is authenticated (the audit log registers here: it sits
+# above authentication and reads the request's credential itself).
+_ON_AUTHENTICATED: list[Callable[[AuthContext], None]] = []
+
+
+def on_authenticated(hook: Callable[[AuthContext], None]) -> Callable[[AuthContext], None]:
+    if hook not in _ON_AUTHENTICATED:
+        _ON_AUTHENTICATED.append(hook)
+    return hook
+
 
 def charge_anonymous(conn: HTTPConnection, cost: int = 1) -> None:
     """Take from the caller's address's `anonymous` bucket (cost 0: only check one is left):
@@ -222,7 +236,8 @@ async def authenticate(
                 "Send an API key as `Authorization: Bearer rp_...` (or sign in to the portal).",
                 code="missing_api_key",
             )
-    note_principal(ctx)  # the request's audit entry names its caller
+    for hook in _ON_AUTHENTICATED:  # the request's audit entry names its caller
+        hook(ctx)
     route = request.scope.get("route")
     await ratelimit.check_async(
         request.scope,
@@ -275,9 +290,6 @@ async def resolve_session(
 
 
 def _session_lookup(digest: str) -> tuple[AuthContext, datetime | None]:
-    from app.models.keys import ApiKey
-    from app.models.sessions import BrowserSession
-    from app.models.tenants import Tenant
 
     with session_scope() as session:
         row = session.execute(
@@ -307,8 +319,6 @@ def _session_lookup(digest: str) -> tuple[AuthContext, datetime | None]:
 
 def _lookup(prefix: str, digest: str) -> tuple[AuthContext, datetime | None]:
     """Check the key against the database: (its AuthContext, when it expires)."""
-    from app.models.keys import ApiKey
-    from app.models.tenants import Tenant
 
     with session_scope() as session:
         row = session.execute(
@@ -343,8 +353,6 @@ def key_context(
     if tenant is None:
         ctx = AuthContext(key.id, key.prefix, None, frozenset(key.scopes))
         return ctx, expires_at
-    from app.models.billing import Budget
-    from app.models.workloads import TenantQuota
 
     limits = session.execute(
         select(TenantQuota.gpu_model, TenantQuota.limit_milli)

@@ -9,7 +9,6 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.billing.budgets import check_submission
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.core.schemas import PageParams, paginate
@@ -23,6 +22,7 @@ from app.scheduling.cycle import release, stopped
 from app.scheduling.lifecycle import HOLDING, State
 from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select
+from app.workloads.budget_gate import check_submission
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from app.health import perf
+from app.placement import perf
 
 
 def test_not_enough_reports_under_load_is_no_evidence():
