@@ -43,6 +43,7 @@ openapi: install
 lint: install
 	$(BIN)/ruff check app workers tests benchmarks rackplane_bench scripts
 	$(BIN)/mypy app/placement --ignore-missing-imports
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf .rackplane .pytest_cache

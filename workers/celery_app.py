@@ -1,17 +1,17 @@
-"""The Celery application: crash-safe settings, named queues, the beat schedule."""
+"""The worker process's Celery application: the broker client of `app.core.broker`, with every
+task module and the signals a worker process needs."""
 
 from __future__ import annotations
 
 import gc
 
-from celery import Celery, signals
+from celery import signals
 
 import app.models  # noqa: F401  (every model registered: tasks flush across foreign keys)
+from app.core.broker import get_celery
 from app.core.config import get_settings
-from workers.settings import celery_settings
 
-celery_app = Celery("rackplane")
-celery_app.conf.update(celery_settings(get_settings()))
+celery_app = get_celery()
 celery_app.autodiscover_tasks(
     [
         "app.fleet",

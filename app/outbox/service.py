@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import event, insert, select, update
 from sqlalchemy.orm import Session
 
+from app.core.broker import get_celery
 from app.core.db import after_commit, as_aware, get_sessionmaker, utcnow
 from app.core.logging import get_logger
 from app.models.outbox import OutboxMessage
@@ -72,9 +73,7 @@ def publish(
     result class, every send builds an AsyncResult, whose result backend Celery builds once per
     thread by scanning every installed package's entry points: 3 % of the API's CPU under load,
     as the thread pool turns over (py-spy)."""
-    from workers.celery_app import celery_app
-
-    celery_app.send_task(
+    get_celery().send_task(
         task,
         kwargs=kwargs,
         queue=queue,

@@ -1,0 +1,80 @@
+"""The Celery application as a client of the broker: crash-safe settings, named queues, the beat
+schedule. Whoever sends a task (the outbox) uses it; a worker process (`workers.celery_app`)
+adds the task modules and its signals to the same object."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from app.core.config import Settings, get_settings
+
+QUEUES = ("default", "fleet", "placement", "provisioning", "health", "metering", "billing")
+# Longest task we expect, with margin; Redis redelivers unacked tasks after this.
+VISIBILITY_TIMEOUT_S = 2 * 3600
+
+
+def celery_settings(s: Settings) -> dict[str, Any]:
+    # kombu's SQLAlchemy transport hands every transport option to create_engine, so the
+    # Redis-only options are set only for Redis (the SQLite broker redelivers on restart).
+    transport: dict[str, Any] = {}
+    if s.redis_url:
+        transport["visibility_timeout"] = VISIBILITY_TIMEOUT_S
+        if s.broker_key_prefix:
+            transport["global_keyprefix"] = s.broker_key_prefix
+    return {
+        "broker_url": s.broker_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_timeout": 3,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_ignore_result": True,
+        "task_always_eager": s.celery_always_eager,
+        "task_default_queue": "default",
+        "task_queues": [Queue(q) for q in QUEUES],
+        "task_routes": {
+            "fleet.*": {"queue": "fleet"},
+            "outbox.*": {"queue": "default"},
+            "idempotency.*": {"queue": "default"},
+            "sessions.*": {"queue": "default"},
+            "placement.*": {"queue": "placement"},
+            "workloads.*": {"queue": "provisioning"},
+            "health.*": {"queue": "health"},
+            "chaos.*": {"queue": "health"},
+            "metering.*": {"queue": "metering"},
+            "billing.*": {"queue": "billing"},
+        },
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "timezone": "UTC",
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "beat_schedule": {
+            "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
+            "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
+            "sessions.purge": {"task": "sessions.purge", "schedule": 3600.0},
+            "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
+            "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
+            "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
+            "chaos.watch": {"task": "chaos.watch", "schedule": 5.0},
+            "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
+            "billing.meter_export": {
+                "task": "billing.meter_export",
+                "schedule": s.meter_export_seconds,
+            },
+        },
+        "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
+    }
+
+
+@lru_cache
+def get_celery() -> Celery:
+    """The process's Celery application, configured from the settings on first use."""
+    app = Celery("rackplane")
+    app.conf.update(celery_settings(get_settings()))
+    return app
