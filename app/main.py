@@ -38,9 +38,11 @@ from app.core.middleware import (
 from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
 from app.core.secrets import check_server_secrets
 from app.fleet.document import FleetDocument
+from app.graphql.schema import router as graphql_router
 from app.health import metrics as health_metrics
 from app.health.schemas import TelemetryBatch
 from app.idempotency.middleware import IdempotencyMiddleware
+from app.portal.router import router as portal_router
 from app.ratelimit.service import RateLimitHeadersMiddleware
 
 DESCRIPTION = """Rackplane: the control plane of a multi-tenant GPU cloud.
@@ -93,11 +95,9 @@ def create_app() -> FastAPI:
             app.include_router(module.admin)
     # The portal's GraphQL API beside REST (not in the OpenAPI document: its schema is
     # sdl/schema.graphql).
-    from app.graphql.schema import router as graphql_router
 
     app.include_router(graphql_router(), prefix="/graphql", include_in_schema=False)
     # The portal's page and its assets (not API: not in the OpenAPI document).
-    from app.portal.router import router as portal_router
 
     app.include_router(portal_router)
     # The audit entry of a request that commits is written in its transaction (routing hook).

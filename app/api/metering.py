@@ -13,6 +13,7 @@ from app.core.db import session_dependency
 from app.core.errors import ValidationFailed
 from app.core.routing import api_router
 from app.core.schemas import QueryDatetime
+from app.health import idle
 from app.health.schemas import IdleTimeOut
 from app.metering import service
 from app.metering.schemas import (
@@ -104,8 +105,6 @@ def idle_time(
     auth: AuthContext = Depends(platform),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    from app.health import idle
-
     return idle.report(session, start, end, granularity)
 
 

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from app.core.db import session_dependency, utcnow
 from app.core.routing import api_router
 from app.core.schemas import Page, PageParams, text_query
+from app.health.service import report_step_times
 from app.models.tenants import Tenant
 from app.models.workloads import Workload, WorkloadEvent
 from app.scheduling.lifecycle import State
@@ -268,8 +269,6 @@ def progress(
     auth: AuthContext = Depends(tenant_write),
     session: Session = Depends(session_dependency),
 ) -> dict:
-    from app.health.service import report_step_times
-
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     slow, unknown, noisy = report_step_times(
         session, w, {r.rank: r.step_time_s for r in body.ranks}

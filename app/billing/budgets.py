@@ -24,8 +24,13 @@ from app.core.db import dialect_insert, utcnow
 from app.core.logging import get_logger
 from app.metering.service import GPU_HOUR, visible_to
 from app.models.billing import Budget, BudgetAlert
+from app.models.tenants import Tenant
+from app.models.workloads import Workload
+from app.scheduling.lifecycle import HOLDING
 from app.tenancy.auth import SYSTEM
+from app.tenancy.scoping import get_owned, scoped_select
 from app.workloads.budget_gate import period_of
+from app.workloads.service import terminate
 
 log = get_logger(__name__)
 THRESHOLDS = (50, 80, 100)
@@ -113,10 +118,6 @@ def _record(session: Session, alerts: list[dict[str, Any]]) -> list[dict[str, An
 
 def stop_preemptible(session: Session, tenant_id: uuid.UUID, period: str) -> int:
     """Terminate the tenant's preemptible workloads that hold GPUs. Returns how many."""
-    from app.models.workloads import Workload
-    from app.scheduling.lifecycle import HOLDING
-    from app.workloads.service import terminate
-
     rows = session.scalars(
         select(Workload)
         .where(
@@ -165,8 +166,6 @@ def alerts_of(session: Session, tenant_id: uuid.UUID, period: str) -> list[Budge
 
 def view(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
     """A tenant's budget with this month's use and alerts (NotFound without one)."""
-    from app.tenancy.scoping import get_owned, scoped_select
-
     b = get_owned(session, auth, Budget, tenant_id, what="budget")
     period = period_of(utcnow())
     alerts = session.scalars(
@@ -192,9 +191,6 @@ def view(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
 
 def remove(session: Session, auth: Any) -> None:
     """The caller's tenant has no budget any more (NotFound if it had none)."""
-    from app.models.tenants import Tenant
-    from app.tenancy.scoping import get_owned
-
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
     session.delete(get_owned(session, auth, Budget, tenant.id, what="budget"))
     session.flush()

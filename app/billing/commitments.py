@@ -32,6 +32,7 @@ from app.core.db import utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.metering import service as metering
 from app.models.billing import Commitment, Plan
+from app.tenancy.scoping import scoped_select
 
 HOUR_MS = 3_600_000
 UNUSED = "unused-commitment"
@@ -184,8 +185,6 @@ def cancel(session: Session, c: Commitment, now: datetime | None = None) -> None
 
 def of_tenant(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
     """A tenant's commitments, by start (scoped to what the caller may see)."""
-    from app.tenancy.scoping import scoped_select
-
     stmt = (
         scoped_select(auth, Commitment)
         .where(Commitment.tenant_id == tenant_id)

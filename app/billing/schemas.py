@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from app.core.schemas import OutModel, PerCurrency, StrictModel
+from app.core.schemas import OutModel, PerCurrency, StrictModel, _strict_schema
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
 from app.placement.mig import PROFILES, model_profile_names, profile_by_name, profile_names
@@ -25,8 +25,6 @@ PriceShape = Literal[  # type: ignore[valid-type]
 def _price_rules(schema: dict[str, Any], model: type) -> None:
     """A model's own MIG profile name goes with that model (`mig-3g.40gb` with an H100, not a
     B200): stated as anyOf, as `PriceIn._one_vocabulary` checks it."""
-    from app.core.schemas import _strict_schema
-
     _strict_schema(schema, model)
     groups: dict[frozenset[str], list[str]] = {}
     for name, models in _MIG_NAMES.items():
@@ -118,8 +116,6 @@ class BillingSummary(OutModel):
 
 
 def _some_limit_schema(schema: dict[str, Any], model: type) -> None:
-    from app.core.schemas import _strict_schema
-
     _strict_schema(schema, model)
     # At least one limit that is a number (not null).
     schema["anyOf"] = [

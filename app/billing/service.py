@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.billing import commitments
+from app.core.db import utcnow
 from app.core.errors import ValidationFailed
 from app.core.schemas import PERIOD_PATTERN
 from app.metering import service as metering
@@ -223,8 +224,6 @@ def price_book(session: Session) -> dict[str, Any]:
 def bill(session: Session, auth: Any, period: str, until: datetime | None = None) -> dict:
     """The caller's bill for a month (every tenant's for an operator): line items per SKU,
     tier, region, plan and price version, running work accrued up to `until` or now."""
-    from app.core.db import utcnow
-
     start, end = period_window(period)
     accrued = min(end, until or utcnow())
     priced = price_usage(
@@ -243,7 +242,5 @@ def bill(session: Session, auth: Any, period: str, until: datetime | None = None
 
 def upcoming_bill(session: Session, auth: Any) -> dict:
     """This month so far: the invoice preview."""
-    from app.core.db import utcnow
-
     now = utcnow()
     return bill(session, auth, f"{now:%Y-%m}", now)

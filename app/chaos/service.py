@@ -36,9 +36,14 @@ from app.core.errors import Conflict, Forbidden, NotFound
 from app.core.schemas import PageParams, paginate
 from app.health import actions, telemetry
 from app.health.actions import Scope
+from app.health.service import breaker_limits, report_step_times
+from app.health.states import Actor
 from app.models.chaos import ChaosExperiment, ChaosInjection
 from app.models.fleet import Gpu, Node, Rack, Region
-from app.models.health import HealthEvent, HealthIncident
+from app.models.health import PLACEABLE, HealthEvent, HealthIncident
+from app.models.metering import UsageEvent
+from app.models.workloads import Allocation, GpuUsage, Workload, WorkloadEvent
+from app.placement.catalog import GPU_MODELS
 from app.scheduling import providers
 
 OUT_STATES = ("quarantined", "unreachable", "out_of_service", "suspect")
@@ -128,7 +133,6 @@ def _named(session: Session, t: Any, rng: random.Random) -> list[tuple[Node, int
         ):
             raise UnknownTarget(f"No GPU {t.gpu} on a node named {t.node}.")
         return [(node, t.gpu)]
-    from app.models.workloads import Allocation, Workload
 
     stmt = (
         select(Allocation.node_id, Allocation.gpu_indices)
@@ -454,8 +458,6 @@ def _inject(
 
 def _sharers(session: Session, node: Node, gpu: int) -> list:
     """Running workloads sharing GPU `gpu` of `node` (time-slicing, MPS), largest share first."""
-    from app.models.workloads import Allocation, Workload
-
     rows = session.execute(
         select(Workload, Allocation.milli, Allocation.gpu_indices)
         .join(Allocation, Allocation.workload_id == Workload.id)
@@ -475,8 +477,6 @@ def _make_noise(session: Session, f: NoisyNeighbourFault, node: Node, gpu: int, 
     """The GPU reports itself saturated for the last few minutes (one report per 30 s); then
     every sharer but the largest reports its step time, first at its best pace, then slowed
     down, through the same service call as the API's progress route."""
-    from app.health.service import report_step_times
-
     key = (node.name, str(gpu), None)
     for k in range(THROTTLE_REPORTS):
         t = ts - 30 * (THROTTLE_REPORTS - 1 - k)
@@ -493,8 +493,6 @@ def _quiet(session: Session, inj: ChaosInjection) -> None:
     """Undo a noisy neighbour for the victims it made: their best pace was the experiment's
     (forgotten: their own reports set it again), the GPU is no longer to be avoided, and a move
     that has not happened yet is called off."""
-    from app.models.workloads import Workload, WorkloadEvent
-
     told = {
         e.workload_id
         for e in session.scalars(
@@ -531,8 +529,6 @@ def _gpu_indices_by_id(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID
 
 
 def _max_clock(node: Node) -> float:
-    from app.placement.catalog import GPU_MODELS
-
     m = GPU_MODELS.get(node.gpu_model)
     return float(m.sm_clock_mhz) if m and m.sm_clock_mhz else 1980.0
 
@@ -611,9 +607,6 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
 
 def check_aborts(session: Session) -> list[uuid.UUID]:
     """Abort every running experiment whose abort condition holds now. Returns their ids."""
-    from app.models.health import PLACEABLE
-    from app.models.workloads import GpuUsage, Workload
-
     aborted = []
     for exp in session.scalars(
         select(ChaosExperiment).where(ChaosExperiment.state == "running").with_for_update()
@@ -657,9 +650,6 @@ def check_aborts(session: Session) -> list[uuid.UUID]:
 def report(session: Session, exp: ChaosExperiment) -> dict[str, Any]:
     """Per fault: when the loop detected it, took the hardware out, requeued the work and ran
     it again; the work lost; and the invariants over the experiment's history."""
-    from app.models.metering import UsageEvent
-    from app.models.workloads import Allocation, Workload, WorkloadEvent
-
     injections = list(
         session.scalars(
             select(ChaosInjection)
@@ -808,8 +798,6 @@ def _boot_failures(row: dict[str, Any], at: datetime, node: str, events) -> None
 def _noisy(session: Session, row: dict[str, Any], at: datetime, inj, events) -> None:
     """A noisy neighbour: the victims told (and when), moved at their checkpoint (and when),
     and running again elsewhere."""
-    from app.models.workloads import WorkloadEvent
-
     told = [
         e
         for e in session.scalars(
@@ -848,8 +836,6 @@ def _noisy(session: Session, row: dict[str, Any], at: datetime, inj, events) -> 
 def _cross_tenant_sharing(session: Session) -> int:
     """GPUs time-sliced or MPS-shared by live work of more than one tenant (the isolation tiers
     forbid it; an experiment's noisy neighbour is always a neighbour of the same tenant)."""
-    from app.models.workloads import Allocation, Workload
-
     tenants: dict[tuple, set] = {}
     for node_id, gpus, tenant in session.execute(
         select(Allocation.node_id, Allocation.gpu_indices, Workload.tenant_id)
@@ -883,9 +869,6 @@ def _grace_cut_short(events) -> int:
 def _breaker_exceeded(session: Session, since: datetime) -> int:
     """Automatic take-outs since the experiment started that left more of a region's or a
     rack's GPUs out within the breaker's window than its limits allow."""
-    from app.health.service import breaker_limits
-    from app.health.states import Actor
-
     window = get_settings().breaker_window_seconds
     rows = session.execute(
         select(HealthEvent.region, HealthEvent.rack, HealthEvent.taken_out, HealthEvent.at)

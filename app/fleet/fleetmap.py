@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
 from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.workloads import Allocation as A
 
 # One character per GPU: what the cell shows, first match wins (health before work: a bad GPU
 # is news even with work on it; a down node's GPUs can hold nothing).
@@ -116,7 +117,6 @@ def fleet_map(session: Session, region: str | None = None) -> dict[str, Any]:
     for n in conn.execute(node_stmt).all():  # one fetch, not a round of fetchone per row
         by_rack.setdefault(n.rack_id, []).append(n)
     gpus = _gpu_codes(session, region)
-    from app.models.workloads import Allocation as A
 
     held: dict[Any, dict[int, str]] = {}  # node -> GPU index -> the first holder's tier
     mig: dict[tuple[Any, int], list[str]] = {}

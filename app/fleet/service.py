@@ -7,12 +7,15 @@ from typing import Any
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
-from app.core.db import utcnow
+from app.core.db import get_or_404, new_id, utcnow
 from app.core.errors import Conflict
+from app.core.schemas import paginate
 from app.models.fleet import Gpu, Node, NodeState, Rack, Region
 from app.models.health import PLACEABLE, Health
+from app.models.workloads import Allocation, GpuUsage, MigClaim
 from app.placement.catalog import RACK_KINDS
-from app.placement.mig import profile_name
+from app.placement.mig import PROFILES, free_starts, profile_name
+from app.workloads.service import forget_regions, node_state_changed
 
 # Allowed operator transitions of a node's state.
 NODE_TRANSITIONS: dict[str, set[str]] = {
@@ -176,13 +179,10 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
                         }
                     )
     if new_gpus:
-        from app.core.db import new_id
-
         for g in new_gpus:
             g["id"] = new_id()
         session.execute(Gpu.__table__.insert(), new_gpus)
         created["gpus"] = len(new_gpus)
-    from app.workloads.service import forget_regions
 
     forget_regions()
     return {**{f"created_{k}": v for k, v in created.items()}, "updated_nodes": updated}
@@ -209,9 +209,6 @@ def capacity(session: Session) -> list[dict[str, Any]]:
     (nothing on them), fractional capacity (milli-GPU left on GPUs not in MIG mode), and per
     MIG profile how many more instances the MIG GPUs could take. Only GPUs that can take
     work count as free: on a ready node, both healthy or suspect (app/health/states.py)."""
-    from app.models.workloads import Allocation, GpuUsage, MigClaim
-    from app.placement.mig import PROFILES, free_starts, profile_name
-
     placeable = [h.value for h in PLACEABLE]
     usable = and_(
         Node.state == NodeState.ready.value,
@@ -291,8 +288,6 @@ def capacity(session: Session) -> list[dict[str, Any]]:
 
 def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]]]:
     """(node id, GPU index) -> the live allocations on that GPU (operators' views)."""
-    from app.models.workloads import Allocation
-
     out: dict[tuple, list[dict[str, Any]]] = {}
     A = Allocation
     for a in session.execute(  # rows, not objects: a page of nodes holds hundreds
@@ -351,9 +346,6 @@ def list_nodes(
     name: str | None = None,
 ) -> tuple[list[Node], str | None]:
     """Nodes, oldest first, a page at a time (operators: REST's list, GraphQL's connection)."""
-    from app.core.db import get_or_404
-    from app.core.schemas import paginate
-
     stmt = select(Node)
     if rack_id:
         stmt = stmt.where(Node.rack_id == get_or_404(session, Rack, rack_id, what="rack").id)
@@ -369,8 +361,6 @@ def list_nodes(
 def change_node_state(session: Session, node: Node, state: str, reason: str | None) -> Node:
     """An operator's cordon, drain, down or return to ready, and what it does to the work on
     the node."""
-    from app.workloads.service import node_state_changed
-
     before = node.state
     set_node_state(node, state, reason)
     session.flush()
@@ -380,8 +370,6 @@ def change_node_state(session: Session, node: Node, state: str, reason: str | No
 
 
 def list_regions(session: Session, page: Any) -> tuple[list[Region], str | None]:
-    from app.core.schemas import paginate
-
     return paginate(session, select(Region), Region, page)
 
 
@@ -389,9 +377,6 @@ def list_racks(
     session: Session, page: Any, *, region_id: str | None = None
 ) -> tuple[list[Rack], str | None]:
     """Racks, oldest first; in one region (by id) if asked (NotFound if there is none)."""
-    from app.core.db import get_or_404
-    from app.core.schemas import paginate
-
     stmt = select(Rack)
     if region_id:
         stmt = stmt.where(

@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import strawberry
 
+from app.billing import budgets, commitments
+from app.billing import service as billing_service
 from app.billing.schemas import (
     BillingSummary,
     BudgetOut,
@@ -19,14 +21,19 @@ from app.billing.schemas import (
     PriceOut,
 )
 from app.core.errors import NotFound, ValidationFailed
-from app.core.schemas import PERIOD_PATTERN, PageParams
+from app.core.schemas import PERIOD_PATTERN, PageParams, paginate
+from app.fleet import service as fleet_service
 from app.fleet.schemas import Capacity, CapacityRow
 from app.graphql.context import Context
 from app.graphql.types import Connection, connection
 from app.graphql.views import input_view, parse, shape, view
 from app.keys.schemas import KeyOut
+from app.metering import service as metering_service
 from app.metering.schemas import UsageOut
+from app.models.keys import ApiKey as Row
 from app.tenancy.auth import AuthContext, require_tenant_scope
+from app.tenancy.scoping import scoped_select
+from app.workloads import service as workloads_service
 from app.workloads.schemas import DryRunOut, QuotaList, QuotaOut, WorkloadCreate
 
 Info = strawberry.Info[Context, None]
@@ -83,10 +90,6 @@ def aware(name: str, value: datetime) -> datetime:
 class AccountQuery:
     @strawberry.field(description="Your API keys (REST: GET /v1/keys)")
     def api_keys(self, info: Info, first: int = 50, after: str | None = None) -> Connection[ApiKey]:  # type: ignore[valid-type]
-        from app.core.schemas import paginate
-        from app.models.keys import ApiKey as Row
-        from app.tenancy.scoping import scoped_select
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
         rows, nxt = paginate(
@@ -96,20 +99,18 @@ class AccountQuery:
 
     @strawberry.field(description="Your quotas per GPU model with what you hold and queue")
     def quotas(self, info: Info) -> list[Quota]:  # type: ignore[valid-type]
-        from app.workloads import service
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
-        return shape(QuotaList, service.quota_list(info.context.session, auth.tenant_id)).items
+        return shape(
+            QuotaList, workloads_service.quota_list(info.context.session, auth.tenant_id)
+        ).items
 
     @strawberry.field(
         description="Free capacity by region and GPU model: whole GPUs, milli-GPU, MIG slices"
     )
     def capacity(self, info: Info) -> list[CapacityRowView]:  # type: ignore[valid-type]
-        from app.fleet.service import capacity
-
         reader(info.context.auth)
-        return shape(Capacity, {"items": capacity(info.context.session)}).items
+        return shape(Capacity, {"items": fleet_service.capacity(info.context.session)}).items
 
     @strawberry.field(description="Your usage by time bucket, grouped by ledger dimensions")
     def usage(
@@ -120,14 +121,12 @@ class AccountQuery:
         granularity: Granularity = Granularity.DAY,
         group_by: list[UsageDimension] | None = None,
     ) -> UsageView:  # type: ignore[valid-type]
-        from app.metering import service
-
         auth = info.context.auth
         reader(auth)
         groups = [g.value for g in group_by or []]
-        report = service.usage_report(
+        report = metering_service.usage_report(
             info.context.session,
-            service.visible_to(auth),
+            metering_service.visible_to(auth),
             aware("from", from_),
             aware("to", to),
             granularity.value,
@@ -139,26 +138,20 @@ class AccountQuery:
     def bill(self, info: Info, period: str) -> Bill:  # type: ignore[valid-type]
         import re
 
-        from app.billing import service
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
         if not re.fullmatch(PERIOD_PATTERN, period):
             raise ValidationFailed("period is a month: YYYY-MM.", code="validation_error")
-        return shape(BillingSummary, service.bill(info.context.session, auth, period))
+        return shape(BillingSummary, billing_service.bill(info.context.session, auth, period))
 
     @strawberry.field(description="This month so far: the upcoming invoice, running work accrued")
     def upcoming_bill(self, info: Info) -> Bill:  # type: ignore[valid-type]
-        from app.billing import service
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
-        return shape(BillingSummary, service.upcoming_bill(info.context.session, auth))
+        return shape(BillingSummary, billing_service.upcoming_bill(info.context.session, auth))
 
     @strawberry.field(description="Your budget, this month's use and alerts; null without one")
     def budget(self, info: Info) -> BudgetView | None:  # type: ignore[valid-type]
-        from app.billing import budgets
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
         try:
@@ -168,8 +161,6 @@ class AccountQuery:
 
     @strawberry.field(description="Your reserved capacity (commitments)")
     def commitments(self, info: Info) -> list[CommitmentView]:  # type: ignore[valid-type]
-        from app.billing import commitments
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
         got = commitments.of_tenant(info.context.session, auth, auth.tenant_id)
@@ -177,22 +168,18 @@ class AccountQuery:
 
     @strawberry.field(description="The price book, every version")
     def prices(self, info: Info) -> list[PriceView]:  # type: ignore[valid-type]
-        from app.billing import service
-
         reader(info.context.auth)
-        return shape(PriceList, service.price_book(info.context.session)).items
+        return shape(PriceList, billing_service.price_book(info.context.session)).items
 
     @strawberry.field(
         description="What-if: where a workload would land now, whom it would preempt, or when "
         "it would start (REST: POST /v1/workloads:dry-run)"
     )
     def dry_run(self, info: Info, input: WorkloadInput) -> DryRun:  # type: ignore[valid-type]
-        from app.workloads import service
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
         body = parse_or_fail(WorkloadCreate, input)
-        return shape(DryRunOut, service.dry_run(info.context.session, auth, body))
+        return shape(DryRunOut, workloads_service.dry_run(info.context.session, auth, body))
 
 
 def parse_or_fail(model: Any, value: Any) -> Any:

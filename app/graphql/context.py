@@ -21,6 +21,8 @@ from strawberry.fastapi import BaseContext
 
 from app.core.db import session_dependency
 from app.core.errors import AppError, Unauthorized
+from app.fleet.service import holders
+from app.models.fleet import Gpu, Rack, Region
 from app.models.workloads import Workload, WorkloadEvent
 from app.tenancy.auth import AuthContext, authenticate, charge_anonymous, credential_of
 from app.tenancy.scoping import restrict
@@ -151,8 +153,6 @@ class Context(BaseContext):
         return by
 
     def _load_gpus(self, node_ids: list[uuid.UUID]) -> list[list[Any]]:
-        from app.models.fleet import Gpu
-
         by: dict[uuid.UUID, list[Any]] = defaultdict(list)
         for g in self.session.execute(  # rows, not objects: the fleet view reads hundreds
             select(Gpu.node_id, Gpu.index, Gpu.model, Gpu.health, Gpu.health_reason, Gpu.perf)
@@ -163,8 +163,6 @@ class Context(BaseContext):
         return [by.get(i, []) for i in node_ids]
 
     def _load_holders(self, node_ids: list[uuid.UUID]) -> list[dict[int, list[dict]]]:
-        from app.fleet.service import holders
-
         held = holders(self.session, node_ids)
         by: dict[uuid.UUID, dict[int, list[dict]]] = defaultdict(dict)
         for (node_id, index), hs in held.items():
@@ -172,8 +170,6 @@ class Context(BaseContext):
         return [by.get(i, {}) for i in node_ids]
 
     def _load_racks(self, rack_ids: list[uuid.UUID]) -> list[tuple[str, str]]:
-        from app.models.fleet import Rack, Region
-
         names = {
             rid: (rack, region)
             for rid, rack, region in self.session.execute(

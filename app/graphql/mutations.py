@@ -10,6 +10,8 @@ from typing import Annotated, Any, Union
 import strawberry
 from pydantic import ValidationError as PydanticError
 
+from app.audit.service import record_operation
+from app.billing import budgets
 from app.billing.schemas import BudgetIn, BudgetOut
 from app.core.db import finish_request_session
 from app.core.errors import AppError, Conflict, Forbidden, NotFound, ValidationFailed
@@ -19,10 +21,17 @@ from app.graphql.context import Context
 from app.graphql.types import Workload, WorkloadEvent
 from app.graphql.views import input_view, parse, shape, view
 from app.keys.schemas import KeyCreate, KeyCreated, KeyOut
+from app.keys.service import create_key, revoke
+from app.models.keys import ApiKey
 from app.models.tenants import Tenant
+from app.models.workloads import Workload as Row
 from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
-from app.workloads.schemas import CheckpointIn
+from app.workloads import service
+from app.workloads.budget_gate import BudgetExhausted as Exhausted
+from app.workloads.schemas import CheckpointIn, WorkloadCreate
+from app.workloads.service import QuotaLimitExceeded
+from app.workloads.tiers import IsolationRefused
 
 log = get_logger(__name__)
 
@@ -81,10 +90,6 @@ class InternalProblem(Problem):
 
 def problem(e: AppError) -> Any:
     """The typed error for an AppError, by its class (and code)."""
-    from app.workloads.budget_gate import BudgetExhausted as Exhausted
-    from app.workloads.service import QuotaLimitExceeded
-    from app.workloads.tiers import IsolationRefused
-
     if isinstance(e, QuotaLimitExceeded):
         return QuotaExceeded(code=e.code, message=e.detail)
     if isinstance(e, IsolationRefused):
@@ -127,8 +132,6 @@ def _invalid(exc: PydanticError) -> ValidationProblem:
 def _commit(info: strawberry.Info[Context, None], name: str, params: dict, result: Any) -> None:
     """Commit where the mutation ran, with its own audit entry (as REST routes do: the change
     and its entry in one transaction)."""
-    from app.audit.service import record_operation
-
     session = info.context.session
     action = f"/graphql:{name}"
     record_operation(
@@ -150,8 +153,6 @@ def _target(name: str, params: dict, result: Any) -> tuple[str, str | None]:
 
 def _refused(info: strawberry.Info[Context, None], name: str, status: int) -> None:
     """A mutation refused (or failed) is in the audit log too, with REST's status."""
-    from app.audit.service import record_operation
-
     record_operation(None, info.context._auth, f"/graphql:{name}", status)
 
 
@@ -222,9 +223,6 @@ class AccountMutation:
     def submit_workload(
         self, info: strawberry.Info[Context, None], input: WorkloadInput
     ) -> WorkloadResult:
-        from app.workloads import service
-        from app.workloads.schemas import WorkloadCreate
-
         def act():
             ctx = info.context
             require_tenant_scope(ctx.auth, "write")
@@ -238,8 +236,6 @@ class AccountMutation:
     def terminate_workload(
         self, info: strawberry.Info[Context, None], id: strawberry.ID
     ) -> WorkloadResult:
-        from app.workloads import service
-
         def act():
             ctx = info.context
             require_tenant_scope(ctx.auth, "write")
@@ -256,8 +252,6 @@ class AccountMutation:
     def report_checkpoint(
         self, info: strawberry.Info[Context, None], id: strawberry.ID, input: CheckpointInput
     ) -> CheckpointResult:
-        from app.workloads import service
-
         def act():
             ctx = info.context
             require_tenant_scope(ctx.auth, "write")
@@ -272,8 +266,6 @@ class AccountMutation:
     def create_api_key(
         self, info: strawberry.Info[Context, None], input: KeyInput
     ) -> NewApiKeyResult:
-        from app.keys.service import create_key
-
         def act():
             ctx = info.context
             require_tenant_scope(ctx.auth, "admin")
@@ -293,9 +285,6 @@ class AccountMutation:
     def revoke_api_key(
         self, info: strawberry.Info[Context, None], id: strawberry.ID
     ) -> ApiKeyResult:
-        from app.keys.service import revoke
-        from app.models.keys import ApiKey
-
         def act():
             ctx = info.context
             require_tenant_scope(ctx.auth, "admin")
@@ -306,8 +295,6 @@ class AccountMutation:
 
     @strawberry.mutation(description="Set your monthly budget (spend and/or GPU-hours)")
     def set_budget(self, info: strawberry.Info[Context, None], input: BudgetInput) -> BudgetResult:
-        from app.billing import budgets
-
         def act():
             ctx = info.context
             require_tenant_scope(ctx.auth, "write")
@@ -321,8 +308,6 @@ class AccountMutation:
 
     @strawberry.mutation(description="Remove your budget (no limits)")
     def remove_budget(self, info: strawberry.Info[Context, None]) -> DoneResult:
-        from app.billing import budgets
-
         def act():
             ctx = info.context
             require_tenant_scope(ctx.auth, "write")
@@ -333,6 +318,4 @@ class AccountMutation:
 
 
 def _workload(ctx: Context, id: Any) -> Any:
-    from app.models.workloads import Workload as Row
-
     return get_owned(ctx.session, ctx.auth, Row, str(id), what="workload", for_update=True)

@@ -15,6 +15,7 @@ import strawberry
 from sqlalchemy import select
 
 from app.billing import service as billing
+from app.billing import stripe_export
 from app.billing.schemas import PriceIn, PriceOut, Reconciliation
 from app.chaos import service as chaos
 from app.chaos.schemas import (
@@ -28,23 +29,31 @@ from app.chaos.schemas import (
 from app.core.db import get_or_404
 from app.core.errors import NotFound, ValidationFailed
 from app.core.schemas import PERIOD_PATTERN
+from app.fleet.fleetmap import fleet_map
 from app.fleet.schemas import FleetImportOut, NodeStateChange, RackOut, RegionOut
+from app.fleet.service import change_node_state, list_racks, list_regions
 from app.graphql.account import Granularity, PriceView, Quota, aware, page_params
 from app.graphql.context import Context
 from app.graphql.mutations import _results, _run
 from app.graphql.types import Connection, Node, connection, node_id
 from app.graphql.views import input_view, parse, shape, text_args, view
+from app.health import idle
 from app.health import service as health
 from app.health.schemas import FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
+from app.metering import service as metering_service
 from app.metering.schemas import UtilisationOut
 from app.models.chaos import ChaosExperiment
+from app.models.fleet import FleetImport
 from app.models.fleet import Gpu as GpuRow
 from app.models.fleet import Node as NodeRow
-from app.models.tenants import Tenant
+from app.models.fleet import Node as Row
+from app.models.tenants import Tenant, TenantStatus
 from app.tenancy.auth import require_platform
 from app.tenancy.scoping import get_owned
 from app.tenants import service as tenants
 from app.tenants.schemas import TenantOut, TenantUpdate
+from app.tenants.service import list_tenants
+from app.workloads import service as workloads_service
 from app.workloads.schemas import QuotaList, QuotaSet
 
 Info = strawberry.Info[Context, None]
@@ -135,8 +144,6 @@ class OperatorQuery:
     def regions(
         self, info: Info, first: int = 50, after: str | None = None
     ) -> Connection[RegionView]:  # type: ignore[valid-type]
-        from app.fleet.service import list_regions
-
         _operator(info)
         rows, nxt = list_regions(info.context.session, page_params(first, after))
         return connection(rows, lambda r: shape(RegionOut, r), nxt)
@@ -149,8 +156,6 @@ class OperatorQuery:
         after: str | None = None,
         region_id: strawberry.ID | None = None,
     ) -> Connection[RackView]:  # type: ignore[valid-type]
-        from app.fleet.service import list_racks
-
         _operator(info)
         rows, nxt = list_racks(
             info.context.session,
@@ -167,9 +172,6 @@ class OperatorQuery:
         after: str | None = None,
         status: str | None = None,
     ) -> Connection[TenantView]:  # type: ignore[valid-type]
-        from app.models.tenants import TenantStatus
-        from app.tenants.service import list_tenants
-
         auth = _operator(info)
         try:
             st = TenantStatus(status) if status is not None else None
@@ -182,13 +184,9 @@ class OperatorQuery:
 
     @strawberry.field(description="Operators: a tenant's quotas and use")
     def tenant_quotas(self, info: Info, tenant_id: strawberry.ID) -> list[Quota]:  # type: ignore[valid-type]
-        from app.models.tenants import Tenant
-        from app.tenancy.scoping import get_owned
-        from app.workloads import service
-
         auth = _operator(info)
         tenant = get_owned(info.context.session, auth, Tenant, str(tenant_id), what="tenant")
-        return shape(QuotaList, service.quota_list(info.context.session, tenant.id)).items
+        return shape(QuotaList, workloads_service.quota_list(info.context.session, tenant.id)).items
 
     @strawberry.field(description="Operators: allocated vs idle GPU-hours by region and model")
     def utilisation(
@@ -198,12 +196,10 @@ class OperatorQuery:
         to: datetime,
         granularity: Granularity = Granularity.DAY,
     ) -> UtilisationView:  # type: ignore[valid-type]
-        from app.metering import service
-
         auth = _operator(info)
-        report = service.utilisation_report(
+        report = metering_service.utilisation_report(
             info.context.session,
-            service.visible_to(auth),
+            metering_service.visible_to(auth),
             aware("from", from_),
             aware("to", to),
             granularity.value,
@@ -221,8 +217,6 @@ class OperatorQuery:
         to: datetime,
         granularity: Granularity = Granularity.HOUR,
     ) -> IdleTimeView:  # type: ignore[valid-type]
-        from app.health import idle
-
         _operator(info)
         report = idle.report(
             info.context.session, aware("from", from_), aware("to", to), granularity.value
@@ -231,17 +225,13 @@ class OperatorQuery:
 
     @strawberry.field(description="Operators: the fleet's health, incidents and breaker state")
     def fleet_health(self, info: Info) -> FleetHealthView:  # type: ignore[valid-type]
-        from app.health import service
-
         _operator(info)
-        return shape(FleetHealth, service.summary(info.context.session))
+        return shape(FleetHealth, health.summary(info.context.session))
 
     @strawberry.field(
         description="Operators: every GPU's state as one compact map, for the fleet heatmap"
     )
     def fleet_map(self, info: Info, region: str | None = None) -> FleetMap:
-        from app.fleet.fleetmap import fleet_map
-
         _operator(info)
         text_args(region=region)
         m = fleet_map(info.context.session, region)
@@ -254,16 +244,12 @@ class OperatorQuery:
 
     @strawberry.field(description="Operators: a fleet import's progress and summary")
     def fleet_import(self, info: Info, id: strawberry.ID) -> FleetImportView:  # type: ignore[valid-type]
-        from app.models.fleet import FleetImport
-
         _operator(info)
         row = get_or_404(info.context.session, FleetImport, str(id), what="fleet_import")
         return shape(FleetImportOut, row)
 
     @strawberry.field(description="Operators: ledger against what Stripe was sent, per tenant")
     def reconciliation(self, info: Info, period: str) -> ReconciliationView:  # type: ignore[valid-type]
-        from app.billing import stripe_export
-
         auth = _operator(info)
         if not re.fullmatch(PERIOD_PATTERN, period):
             raise ValidationFailed("period is a month: YYYY-MM.", code="validation_error")
@@ -344,9 +330,6 @@ def _gpu(ctx: Context, node: strawberry.ID, index: int) -> tuple[GpuRow, NodeRow
 class OperatorMutation:
     @strawberry.mutation(description="Operators: cordon, drain, mark down or return a node")
     def set_node_state(self, info: Info, id: strawberry.ID, input: NodeStateInput) -> NodeResult:  # type: ignore[valid-type]
-        from app.fleet.service import change_node_state
-        from app.models.fleet import Node as Row
-
         def act():
             ctx = info.context
             require_platform(ctx.auth)
@@ -364,18 +347,14 @@ class OperatorMutation:
         tenant_id: strawberry.ID,
         input: QuotaSetInput,  # type: ignore[valid-type]
     ) -> QuotaSetResult:  # type: ignore[valid-type]
-        from app.models.tenants import Tenant
-        from app.tenancy.scoping import get_owned
-        from app.workloads import service
-
         def act():
             ctx = info.context
             require_platform(ctx.auth)
             body = parse(QuotaSet, input)
             tenant = get_owned(ctx.session, ctx.auth, Tenant, str(tenant_id), what="tenant")
-            service.set_quotas(ctx.session, tenant.id, body.quotas)
+            workloads_service.set_quotas(ctx.session, tenant.id, body.quotas)
             ctx.session.flush()
-            quotas = shape(QuotaList, service.quota_list(ctx.session, tenant.id)).items
+            quotas = shape(QuotaList, workloads_service.quota_list(ctx.session, tenant.id)).items
             done = QuotaSetDone(tenant_id=strawberry.ID(str(tenant.id)), quotas=quotas)
             return {"tenant_id": str(tenant.id), "body": body}, None, done
 
@@ -383,14 +362,10 @@ class OperatorMutation:
 
     @strawberry.mutation(description="Operators: approve a pending (self-service) tenant")
     def approve_tenant(self, info: Info, id: strawberry.ID) -> TenantResult:  # type: ignore[valid-type]
-        from app.models.tenants import Tenant
-        from app.tenancy.scoping import get_owned
-        from app.tenants import service
-
         def act():
             ctx = info.context
             require_platform(ctx.auth)
-            tenant = service.approve(
+            tenant = tenants.approve(
                 get_owned(ctx.session, ctx.auth, Tenant, str(id), what="tenant")
             )
             return {"tenant_id": str(id)}, tenant, shape(TenantOut, tenant)

@@ -30,8 +30,10 @@ from strawberry.types.nodes import SelectedField
 from strawberry.types.unset import UNSET
 
 from app.core.config import get_settings
-from app.core.errors import AppError, NotFound
+from app.core.errors import AppError, NotFound, ValidationFailed
 from app.core.logging import get_logger
+from app.core.routing import REPLAY, stored_response
+from app.fleet.service import list_nodes
 from app.graphql.account import AccountQuery, page_params
 from app.graphql.context import Context, get_context
 from app.graphql.limits import (
@@ -58,8 +60,12 @@ from app.graphql.types import (
     node_id,
 )
 from app.graphql.views import BIG_INT, BigInt, text_args
+from app.models.tenants import Tenant
+from app.models.workloads import Workload as Row
+from app.scheduling.lifecycle import State
 from app.tenancy.auth import require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned
+from app.workloads import service
 
 log = get_logger(__name__)
 
@@ -154,8 +160,6 @@ def _selects(selections: list[Any], *path: str) -> bool:
 class CoreQuery:
     @strawberry.field(description="The calling tenant")
     def viewer(self, info: strawberry.Info[Context, None]) -> Viewer:
-        from app.models.tenants import Tenant
-
         auth = info.context.auth
         require_tenant_scope(auth, "read", allow_inactive=True)
         t = info.context.session.get(Tenant, auth.tenant_id)
@@ -186,10 +190,6 @@ class CoreQuery:
             ),
         ] = None,
     ) -> WorkloadConnection:
-        from app.core.errors import ValidationFailed
-        from app.scheduling.lifecycle import State
-        from app.workloads import service
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
         page = page_params(first, after)
@@ -249,8 +249,6 @@ class CoreQuery:
         gpu_model: str | None = None,
         name: str | None = None,
     ) -> NodeConnection:
-        from app.fleet.service import list_nodes
-
         auth = info.context.auth
         require_platform(auth)
         page = page_params(first, after)
@@ -269,8 +267,6 @@ class CoreQuery:
 
     @strawberry.field(description="One of the caller's workloads")
     def workload(self, info: strawberry.Info[Context, None], id: strawberry.ID) -> Workload:
-        from app.models.workloads import Workload as Row
-
         auth = info.context.auth
         require_tenant_scope(auth, "read")
         wid: uuid.UUID | None = node_id(str(id))
@@ -393,8 +389,6 @@ class Router(GraphQLRouter):
     A mutation sent again with the same key is not run again."""
 
     async def run(self, request: Any, context: Any = UNSET, root_value: Any = UNSET) -> Any:
-        from app.core.routing import REPLAY, stored_response
-
         replay = REPLAY.get()
         if replay is not None and isinstance(context, Context) and context._auth is not None:
             return stored_response(replay)

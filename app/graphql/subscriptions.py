@@ -42,6 +42,13 @@ from app.core.errors import AppError, Forbidden, ValidationFailed
 from app.graphql.context import Context, coded
 from app.graphql.types import WorkloadEvent
 from app.graphql.views import text_args
+from app.health.service import FLEET_TOPIC
+from app.models.fleet import Node
+from app.models.health import HealthEvent
+from app.models.workloads import Workload
+from app.models.workloads import WorkloadEvent as Row
+from app.ratelimit import service as ratelimit
+from app.scheduling.lifecycle import events_topic
 from app.tenancy.auth import AuthContext, Credential, require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned, scoped_select
 
@@ -61,8 +68,6 @@ async def sign_in(context: Context, cred: Credential, scope: Any, kind: str = "r
     A portal session's cookie rides on the handshake of any page the browser opens, so it
     counts only from a page of this origin (a websocket has no CSRF header: its Origin is the
     check, as OWASP advises against cross-site websocket hijacking)."""
-    from app.ratelimit import service as ratelimit
-
     context._ws_cred = cred  # type: ignore[attr-defined]
     context.ws_scope = scope
     try:
@@ -243,8 +248,6 @@ def _reader(auth: AuthContext) -> None:
 
 
 def _owned_workload(auth: Any, workload_id: str) -> uuid.UUID:
-    from app.models.workloads import Workload
-
     with get_sessionmaker()() as s:
         return get_owned(s, auth, Workload, workload_id, what="workload").id
 
@@ -261,9 +264,6 @@ class Subscription:
         after: str | None = None,
         workload_id: strawberry.ID | None = None,
     ) -> AsyncGenerator[WorkloadEventUpdate, None]:
-        from app.models.workloads import WorkloadEvent as Row
-        from app.scheduling.lifecycle import events_topic
-
         try:  # refusals as REST's, raised here: a subscription's errors are its own
             auth = info.context.auth
             _reader(auth)
@@ -299,10 +299,6 @@ class Subscription:
         region: str | None = None,
     ) -> AsyncGenerator[FleetChange, None]:
         from sqlalchemy import select
-
-        from app.health.service import FLEET_TOPIC
-        from app.models.fleet import Node
-        from app.models.health import HealthEvent
 
         try:
             require_platform(info.context.auth)

@@ -10,7 +10,9 @@ from typing import Any, Generic, TypeVar
 import strawberry
 from strawberry.scalars import JSON
 
-from app.core.schemas import cursor_of
+from app.core.db import as_aware
+from app.core.schemas import _encode, cursor_of
+from app.workloads.service import manifest
 
 
 @strawberry.type(description="One replica's place: region, rack, node, GPUs, MIG slot")
@@ -48,8 +50,6 @@ class WorkloadEvent:
 
     @classmethod
     def of(cls, e: Any, **extra: Any) -> Any:
-        from app.core.db import as_aware
-
         return cls(
             seq=e.seq,
             kind=e.kind,
@@ -111,8 +111,6 @@ class Workload:
         description="The Kubernetes manifest a real cluster would run for it (placed workloads)"
     )
     async def manifest(self, info: strawberry.Info) -> JSON:
-        from app.workloads.service import manifest
-
         return await info.context.run(manifest, info.context.session, self._row)
 
     @classmethod
@@ -170,8 +168,6 @@ class Viewer:
 
 
 def edge_cursor(w: Any) -> str:
-    from app.core.schemas import _encode
-
     return _encode(w.created_at, w.id)
 
 

@@ -21,7 +21,8 @@ from pydantic import BaseModel
 from strawberry.experimental.pydantic import type as pydantic_type
 from strawberry.scalars import JSON
 
-from app.core.schemas import PerCurrencyMarker
+from app.core.errors import ValidationFailed
+from app.core.schemas import PerCurrencyMarker, _text_error
 
 BigInt = NewType("BigInt", int)
 
@@ -198,9 +199,6 @@ def camel(name: str) -> str:
 def text_args(**values: Any) -> None:
     """Free-text arguments as REST takes free text: no NUL, no blank at either end (a 422-like
     `validation_error` naming the argument, never the database's refusal)."""
-    from app.core.errors import ValidationFailed
-    from app.core.schemas import _text_error
-
     for name, value in values.items():
         error = _text_error(value) if value is not None else None
         if error:

@@ -14,8 +14,11 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.core.db import as_aware
 from app.health.states import Health as H
+from app.metering.service import check_window
 from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.health import IdleTime
+from app.models.workloads import GpuUsage, MigClaim, Workload
+from app.scheduling.lifecycle import State
 
 CAUSES = ("no_demand", "stranded", "unhealthy", "cordoned")
 AVAILABLE = ("no_demand", "stranded")  # idle with nothing wrong: placement could use them now
@@ -29,9 +32,6 @@ def _hour(at: datetime) -> datetime:
 def idle_now(session: Session) -> dict[tuple[str, str, str], int]:
     """GPUs with nothing on them now, by (region, model, cause). A GPU is busy if any share
     or MIG slice of it is held; retired nodes are out of the fleet."""
-    from app.models.workloads import GpuUsage, MigClaim, Workload
-    from app.scheduling.lifecycle import State
-
     mig = (
         select(MigClaim.node_id, MigClaim.gpu_index)
         .where(MigClaim.released_at.is_(None))
@@ -115,8 +115,6 @@ def record(
 
 def report(session: Session, start: datetime, end: datetime, granularity: str) -> dict[str, Any]:
     """Idle GPU-hours per bucket, region, model and cause in [start, end)."""
-    from app.metering.service import check_window
-
     check_window(start, end, granularity)
     start, end = as_aware(start), as_aware(end)
     step = timedelta(hours=1) if granularity == "hour" else timedelta(days=1)

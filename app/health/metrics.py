@@ -24,6 +24,16 @@ from sqlalchemy import case, func, select
 
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
+from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.health import PLACEABLE, HealthIncident, HealthRepair, IdleIron
+from app.models.workloads import (
+    CYCLE_BUCKETS,
+    GpuUsage,
+    PlacementCycleStats,
+    Workload,
+    cycle_bucket_column,
+)
+from app.scheduling.lifecycle import State
 
 log = get_logger(__name__)
 DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)
@@ -58,11 +68,6 @@ class FleetCollector(Collector):
             log.warning("fleet_metrics_failed", error=str(exc)[:300])
 
     def _collect(self) -> Iterator:
-        from app.models.fleet import Gpu, Node, Rack, Region
-        from app.models.health import PLACEABLE, HealthIncident, HealthRepair, IdleIron
-        from app.models.workloads import GpuUsage, Workload
-        from app.scheduling.lifecycle import State
-
         placeable = [h.value for h in PLACEABLE]
         with session_scope() as s:
             effective = case((Node.health.in_(placeable), Gpu.health), else_=Node.health)
@@ -202,8 +207,6 @@ class FleetCollector(Collector):
 
 
 def _cycles(s: Any) -> HistogramMetricFamily:
-    from app.models.workloads import CYCLE_BUCKETS, PlacementCycleStats, cycle_bucket_column
-
     h = HistogramMetricFamily(
         "rackplane_placement_cycle_seconds",
         "Placement cycles by region: how long deciding and applying a plan took",

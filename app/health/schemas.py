@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from app.core.schemas import OutModel, StrictModel
+from app.core.schemas import OutModel, StrictModel, _strict_schema
 
 FIELD_PATTERN = r"^[A-Za-z_:][A-Za-z0-9_:]*$"
 HOST_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
@@ -14,8 +14,6 @@ UUID_PATTERN = r"^GPU-[0-9A-Za-z-]{1,60}$"
 
 
 def _names_a_gpu_schema(schema: dict) -> None:
-    from app.core.schemas import _strict_schema
-
     _strict_schema(schema, TelemetrySample)
     # As the validator below says: node and gpu, or uuid (not null).
     schema["anyOf"] = [

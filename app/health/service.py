@@ -38,7 +38,13 @@ from app.models.health import (
     IncidentState,
     NodeHeartbeat,
 )
+from app.models.workloads import Allocation, GpuUsage, Workload
 from app.outbox.service import enqueue
+from app.placement.perf import from_step_times, worth_writing
+from app.scheduling.lifecycle import State
+from app.scheduling.providers import get_provider
+from app.workloads import service as workloads
+from app.workloads.service import NotRunning, kick_placement, tell_owner
 
 log = get_logger(__name__)
 FLEET_TOPIC = "health-events"  # the feed topic (app/core/pubsub.py) of health events
@@ -421,8 +427,6 @@ def _notify_or_watch(
     now: datetime,
     out: Outcome,
 ) -> None:
-    from app.workloads import service as workloads
-
     where_words = f"GPU {gpu.index} of node {at.node.name}" if gpu else f"node {at.node.name}"
     words = f"{describe(rule)} on {where_words}"
     if rule.action is Action.watch and gpu is not None and gpu.health == H.healthy.value:
@@ -463,8 +467,6 @@ def _take_out(
     names; the node's other GPUs keep their state (the node's keeps them out meanwhile).
     `latest` is when the GPU's (or node's) latest signal happened: a fault counts against a
     repair (out of service) only when it happened after that repair began."""
-    from app.workloads import service as workloads
-
     node = at.node
     words = describe(rule)
     where_words = f"GPU {gpu.index} of node {node.name}" if gpu else f"node {node.name}"
@@ -655,8 +657,6 @@ def start_repair(
 ) -> HealthRepair | None:
     """Ask the provider for a reset (of `gpus`) or a reboot (of the node); move them to
     repairing; `health.repair` takes it from there."""
-    from app.scheduling.providers import get_provider
-
     node = at.node
     subjects: list[Node | Gpu] = [*([node] if node_level else []), *gpus]
     subjects = [
@@ -721,8 +721,6 @@ def start_validation(
 def repair_step(session: Session, repair_id: uuid.UUID) -> str:
     """Advance a repair whose phase is due: repairing -> validating (or out of service when the
     provider's repair failed), validating -> healthy. Idempotent; early calls re-enqueue."""
-    from app.scheduling.providers import get_provider
-
     rep = session.scalar(select(HealthRepair).where(HealthRepair.id == repair_id).with_for_update())
     if rep is None or rep.finished_at is not None:
         return "done"
@@ -830,7 +828,6 @@ def repair_step(session: Session, repair_id: uuid.UUID) -> str:
         )
     rep.phase = "done"
     rep.finished_at, rep.outcome = now, "ok"
-    from app.workloads.service import kick_placement
 
     kick_placement(session, at.region)
     return "healthy"
@@ -849,8 +846,6 @@ def operator_action(
     stop the work on it now (requeued ahead of its peers: not its owner's doing); release
     returns it to service (through validation when it was out of service or unreachable).
     Returns the new state; a move the table forbids is a 409."""
-    from app.workloads import service as workloads
-
     at = where(session, node)
     subject: Node | Gpu = gpu if gpu is not None else node
     is_node = gpu is None
@@ -879,7 +874,6 @@ def operator_action(
             )
             return subject.health
         move(session, at, subject, H.healthy, why, actor=Actor.operator, now=now)
-        from app.workloads.service import kick_placement
 
         kick_placement(session, at.region)
         return subject.health
@@ -906,8 +900,6 @@ def operator_action(
 def summary(session: Session) -> dict[str, Any]:
     """Per region and rack: GPUs by health state and by allocation, and what is out and why;
     open incidents; what the circuit breaker held back within its window."""
-    from app.models.workloads import GpuUsage
-
     s = get_settings()
     rows = session.execute(
         select(
@@ -1042,11 +1034,6 @@ def report_step_times(
     (time-slicing, MPS) has one rank, judged against its own best pace: a noisy neighbour.
     Returns the slow ranks, those the workload does not have (ignored), and whether a noisy
     neighbour was found."""
-    from app.models.workloads import Allocation
-    from app.placement.perf import from_step_times, worth_writing
-    from app.scheduling.lifecycle import State
-    from app.workloads.service import NotRunning
-
     if w.state != State.running.value:
         raise NotRunning(f"A {w.state} workload has no ranks to report.", state=w.state)
     per = int(w.shape.get("gpus") or 0)
@@ -1100,9 +1087,6 @@ def shared_pace(session: Session, w: Any, step_s: float) -> bool:
     is saturated: tell the owner (an event naming the neighbours, which the isolation tiers
     keep within its tenant), never place it on that GPU again, and, if it checkpoints, move it
     at its next checkpoint. Returns whether a noisy neighbour was found."""
-    from app.models.workloads import Allocation, Workload
-    from app.workloads.service import tell_owner
-
     best = w.step_time_best_s
     if best is None or step_s < best:
         w.step_time_best_s = step_s

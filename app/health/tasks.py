@@ -17,8 +17,12 @@ from app.core.logging import get_logger
 from app.health import service
 from app.health.states import Health
 from app.models.fleet import Gpu, Node
-from app.models.health import HealthIncident, HealthRepair, IncidentState, NodeHeartbeat
+from app.models.health import HealthIncident, HealthRepair, IdleIron, IncidentState, NodeHeartbeat
+from app.models.workloads import Allocation, Workload
 from app.outbox.service import enqueue
+from app.scheduling.cycle import dry_run
+from app.scheduling.lifecycle import State
+from app.workloads.service import move_off_suspect
 
 log = get_logger(__name__)
 H = Health
@@ -67,11 +71,6 @@ def repair(repair_id: str) -> str:
 def migrate(workload_id: str) -> str:
     """A workload on a suspect GPU checkpointed: move it if it fits on healthy GPUs now without
     preempting anyone; otherwise it stays, and its next checkpoint asks again."""
-    from app.models.workloads import Allocation, Workload
-    from app.scheduling.cycle import dry_run
-    from app.scheduling.lifecycle import State
-    from app.workloads.service import move_off_suspect
-
     with session_scope() as session:
         w = session.scalar(
             select(Workload).where(Workload.id == uuid.UUID(workload_id)).with_for_update()
@@ -219,7 +218,6 @@ def add_idle_iron(session, now, idle_now: dict | None = None) -> int:
     region and model (idle iron): the idle GPUs `app.health.idle` finds with nothing wrong
     with them (no demand, or stranded). Returns the GPUs idle now."""
     from app.health import idle as why
-    from app.models.health import IdleIron
 
     if idle_now is None:
         idle_now = why.idle_now(session)

@@ -46,6 +46,7 @@ from app.health.metrics import TELEMETRY_REJECTED
 from app.health.schemas import HOST_PATTERN, UUID_PATTERN
 from app.models.fleet import Gpu, Node
 from app.models.health import GpuTelemetry, NodeHeartbeat
+from app.outbox.service import enqueue
 from app.placement import perf
 from app.placement.catalog import GPU_MODELS
 
@@ -733,8 +734,6 @@ def ingest(
         )
         writes += len(uuid_rows)
     if signals:
-        from app.outbox.service import enqueue
-
         for host, ss in signals.items():
             node = tel.nodes.get(host)
             if node is None or not ss:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from app.core.db import utcnow
 from app.core.schemas import OutModel, StrictModel
 
 TenantScope = Literal["read", "write", "admin"]
@@ -26,8 +27,6 @@ class KeyCreate(StrictModel):
     @field_validator("expires_at")
     @classmethod
     def _future(cls, v: datetime | None) -> datetime | None:
-        from app.core.db import utcnow
-
         if v is not None:
             if v.tzinfo is None:
                 raise ValueError("expires_at needs a timezone offset")

@@ -6,12 +6,10 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
-from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel
+from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel, _strict_schema
 
 
 def _event_rules(schema: dict[str, Any], model: type) -> None:
-    from app.core.schemas import _strict_schema
-
     _strict_schema(schema, model)
     schema["anyOf"] = [  # the rules of `_consistent`, stated
         {

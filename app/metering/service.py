@@ -22,7 +22,9 @@ from sqlalchemy.orm import Session, aliased
 
 from app.core.db import as_aware, utcnow
 from app.core.errors import ValidationFailed
+from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.metering import UsageEvent, UsageKind
+from app.tenancy.scoping import restrict
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MS = timedelta(milliseconds=1)
@@ -53,7 +55,6 @@ def visible_to(auth, tenant_id: uuid.UUID | Collection[uuid.UUID] | None = None)
     """The scope `read` applies: the caller's tenancy filter (the one helper for it), narrowed
     to one tenant (or several) when an operator or a background job asks for them. It scopes a
     select of the ledger, or of another tenant-owned model read alongside (commitments)."""
-    from app.tenancy.scoping import restrict
 
     def scope(stmt, model: Any = UsageEvent):
         stmt = restrict(auth, stmt, model)
@@ -400,8 +401,6 @@ def utilisation(
     """Per bucket, region and GPU model: the GPU-hours the fleet had (each GPU from its
     registration), those allocated to any tenant, and the idle rest; and the window's totals,
     from the exact quantities."""
-    from app.models.fleet import Gpu, Node, Rack, Region
-
     check_window(start, end, granularity)
     # GPUs counted by when they were registered, model and region: an import registers its
     # GPUs in one instant, so a 100,000-GPU fleet is a few hundred rows here, not 100,000

@@ -269,8 +269,6 @@ class _Loaded:
 
     def scheduler(self, config: QueueConfig | None = None) -> Scheduler:
         if config is None:
-            from app.core.config import get_settings
-
             settings = get_settings()
             config = QueueConfig(
                 grace_period=settings.preemption_grace_seconds, share_cap=settings.fair_share_cap

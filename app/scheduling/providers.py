@@ -14,6 +14,7 @@ from typing import Literal, Protocol
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.models.workloads import SimulatedFault, Workload
 
@@ -107,8 +108,6 @@ class SimulatedProvider:
 
 def get_provider(session: Session | None = None) -> Provider:
     """The configured provider; with a session, the simulated one knows its injected faults."""
-    from app.core.config import get_settings
-
     s = get_settings()
     broken: dict[str, frozenset[str]] = {}
     if session is not None:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel
+from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel, _strict_schema
 from app.placement.catalog import GPU_MODELS
 from app.placement.mig import PROFILES, profile_by_name, profile_names
 from app.workloads.tiers import ISOLATION_CHOICES
@@ -25,8 +25,6 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
     clients and fuzzers see them: exactly one shape (whole GPUs, a MIG profile, or a share
     with its memory); replicas and topology only for jobs; a VM on 1, 2, 4 or 8 whole GPUs;
     a model's MIG profile name only with one of its models (or no model list)."""
-    from app.core.schemas import _strict_schema
-
     _strict_schema(schema, _model)
     zero, null = {"const": 0}, {"type": "null"}
     not_confidential = {"enum": [*_OTHER_ISOLATION, None]}

@@ -9,17 +9,21 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from app.audit import service as audit
+from app.core.config import get_settings
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.core.schemas import PageParams, paginate
 from app.models.fleet import Gpu, Node, Rack, Region
-from app.models.workloads import TenantQuota, Workload, WorkloadEvent
+from app.models.tenants import Tenant
+from app.models.workloads import Allocation, TenantQuota, Workload, WorkloadEvent
 from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.scheduling import lifecycle
+from app.scheduling.cycle import dry_run as what_if
 from app.scheduling.cycle import release, stopped
-from app.scheduling.lifecycle import HOLDING, State
+from app.scheduling.lifecycle import HOLDING, TERMINAL, State
 from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select
 from app.workloads.budget_gate import check_submission
@@ -368,10 +372,6 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
     were moved. Work not yet running (placing, provisioning) goes back to the queue at once."""
     from datetime import timedelta
 
-    from app.audit import service as audit
-    from app.core.config import get_settings
-    from app.models.workloads import Allocation
-
     effect = NODE_STATE_EFFECT[state]
     if effect == "none":
         return 0
@@ -443,8 +443,6 @@ def _holders(
 ) -> list[Workload]:
     """Workloads with live allocations on `node` (on those GPUs, if given), locked. Scope
     "domain": also the multi-GPU work on the other nodes of the node's NVLink domain."""
-    from app.models.workloads import Allocation
-
     nodes = [node.id]
     if scope == "domain":
         nodes = list(
@@ -488,8 +486,6 @@ def interrupt_on_fault(
     its replicas (a gang is one unit). Its usage ends at the fault, not when this runs; the work
     since its last checkpoint is recorded as lost; it goes back to the queue ahead of its
     priority peers, to resume from its last checkpoint. Returns how many were stopped."""
-    from app.audit import service as audit
-
     now = utcnow()
     regions, entries = set(), []
     ws = _holders(session, node, gpu_indices, scope)
@@ -706,8 +702,6 @@ def quota_list(session: Session, tenant_id: uuid.UUID) -> dict[str, Any]:
 
 def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[str, Any]:
     """What-if: where the workload would land now, whom it would preempt, or when it starts."""
-    from app.scheduling.cycle import dry_run as what_if
-
     w = build(session, auth, body)
     ans = what_if(session, w)
     return {
@@ -742,8 +736,6 @@ def usage(session: Session, tenant_id: uuid.UUID) -> tuple[dict[str, int], dict[
     """(held, queued) GPU-milli per model. Held: the tenant's live allocations (one aggregate on
     their partial index: a tenant may hold thousands); queued: waiting workloads, counted
     against every model they accept."""
-    from app.models.workloads import Allocation
-
     held = {
         model: int(total)
         for model, total in session.execute(
@@ -785,8 +777,6 @@ def list_workloads(
     """The caller's workloads (every tenant's for operators), oldest first, a page at a time:
     REST's list and GraphQL's connection; filtered by state (or `active`: not yet ended, or
     ended), kind, priority and labels (each `key: value` must be carried)."""
-    from app.scheduling.lifecycle import TERMINAL
-
     stmt = scoped_select(auth, Workload)
     if state is not None:
         stmt = stmt.where(Workload.state == state.value)
@@ -804,8 +794,6 @@ def list_workloads(
     if region is not None:
         stmt = stmt.where(Workload.region == region)
     if node is not None:  # the workloads holding GPUs on it
-        from app.models.workloads import Allocation
-
         stmt = stmt.where(
             Workload.id.in_(
                 select(Allocation.workload_id)
@@ -839,7 +827,6 @@ class NotPlaced(Conflict):
 
 def manifest(session: Session, w: Workload) -> dict[str, Any]:
     """The Kubernetes manifest a real cluster would run for this placed workload."""
-    from app.models.tenants import Tenant
     from app.workloads import k8s
 
     if not w.placement or w.state not in PLACED:
