@@ -8,12 +8,13 @@ checkpoint, and a failure rolls the snapshot back to it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.placement.isolation import Tier
-from app.placement.mig import PROFILES, best_start
+from app.placement.mig import PROFILES, MigProfile, best_start
 from app.placement.model import (
     Binding,
     Level,
@@ -131,16 +132,26 @@ class Engine:
 
         Exhaustive policies (no limit) on a whole-fleet search take the vectorised scan, which
         returns the same set (a property test holds the two to each other)."""
-        s = self.snap
         if nodes is None and limit is None and self.limit is None and req.shape.mig is None:
             return self.scan(req, tenant)
         shape = req.shape
         limit = self.limit if limit is None else (None if limit == UNLIMITED else limit)
-        out_n: list[int] = []
-        out_s: list[int] = []
-        out_k: list[int] = []
-        cpu, mem = shape.cpu_milli, shape.mem_mib
         models = self.allowed_models(shape, req.tier)
+        host_ok = self._host_ok(req, nodes)
+        if shape.cpu_only:
+            return self._cpu_only_candidates(shape, nodes)
+        if shape.gpus:
+            return self._whole_candidates(req, models, host_ok, limit)
+        if shape.mig is not None:
+            profile = PROFILES[shape.mig]
+            return self._mig_candidates(req, tenant, profile, models, host_ok, limit)
+        return self._fractional_candidates(req, tenant, models, host_ok, limit)
+
+    def _host_ok(self, req: Request, nodes: set[int] | None) -> Callable[[int], bool]:
+        """Whether node n may host a replica of `req`: among `nodes`, host CPU and memory
+        free, and confidential computing mode compatible."""
+        s = self.snap
+        cpu, mem = req.shape.cpu_milli, req.shape.mem_mib
 
         cpu_free, mem_free = s.node_cpu_free.item, s.node_mem_free.item
 
@@ -163,66 +174,108 @@ class Engine:
                 and cc_ok(n)
             )
 
-        if shape.cpu_only:
-            for node_id in np.flatnonzero(
-                (s.node_cpu_free >= cpu)
-                & (s.node_mem_free >= mem)
-                & s.node_sched
-                & (s.node_excl < 0)
-                & (s.node_cc == 0)
-            ):
-                if nodes is None or int(node_id) in nodes:
-                    out_n.append(int(node_id))
-                    out_s.append(-1)
-                    out_k.append(CPU_ONLY)
-            return _cands(out_n, out_s, out_k)
-        if shape.gpus:
-            need = shape.gpus
-            whole_node = req.tier is Tier.CONFIDENTIAL_VM and need > 1
-            for m in models:
-                if whole_node and s.model_cc_whole_node[m]:
-                    # A multi-GPU confidential VM on Hopper takes an empty node.
-                    def empty_node(n: int) -> bool:
-                        return (
-                            host_ok(n)
-                            and int(s.node_allocs[n]) == 0
-                            and len(s._wslots[n]) == int(s.node_ngpu[n])
-                        )
+        return host_ok
 
-                    for n in self._whole_nodes(m, need, empty_node, limit):
-                        out_n.append(n)
-                        out_s.append(-1)
-                        out_k.append(WHOLE)
-                    continue
-                for n in self._whole_nodes(m, need, host_ok, limit):
+    def _cpu_only_candidates(self, shape: Shape, nodes: set[int] | None) -> Candidates:
+        s = self.snap
+        cpu, mem = shape.cpu_milli, shape.mem_mib
+        out_n: list[int] = []
+        out_s: list[int] = []
+        out_k: list[int] = []
+        for node_id in np.flatnonzero(
+            (s.node_cpu_free >= cpu)
+            & (s.node_mem_free >= mem)
+            & s.node_sched
+            & (s.node_excl < 0)
+            & (s.node_cc == 0)
+        ):
+            if nodes is None or int(node_id) in nodes:
+                out_n.append(int(node_id))
+                out_s.append(-1)
+                out_k.append(CPU_ONLY)
+        return _cands(out_n, out_s, out_k)
+
+    def _whole_candidates(
+        self, req: Request, models: list[int], host_ok: Callable[[int], bool], limit: int | None
+    ) -> Candidates:
+        """Nodes with enough whole free GPUs."""
+        s = self.snap
+        out_n: list[int] = []
+        out_s: list[int] = []
+        out_k: list[int] = []
+        need = req.shape.gpus
+        whole_node = req.tier is Tier.CONFIDENTIAL_VM and need > 1
+        for m in models:
+            if whole_node and s.model_cc_whole_node[m]:
+                # A multi-GPU confidential VM on Hopper takes an empty node.
+                def empty_node(n: int) -> bool:
+                    return (
+                        host_ok(n)
+                        and int(s.node_allocs[n]) == 0
+                        and len(s._wslots[n]) == int(s.node_ngpu[n])
+                    )
+
+                for n in self._whole_nodes(m, need, empty_node, limit):
                     out_n.append(n)
                     out_s.append(-1)
                     out_k.append(WHOLE)
-            return _cands(out_n, out_s, out_k)
-        if shape.mig is not None:
-            profile = PROFILES[shape.mig]
-            for m in models:
-                if not s.model_mig_capable[m]:
-                    continue
-                count = 0
-                for _neg, flat in s.migx.get((m, profile.key), ()):
-                    n, slot = divmod(flat, s.max_gpus)
-                    if host_ok(n) and s.may_join(n, slot, req.tier, tenant):
-                        out_n.append(n)
-                        out_s.append(slot)
-                        out_k.append(MIG_SHARED)
-                        count += 1
-                        if limit is not None and count >= limit:
-                            break
-                # At scale (a candidate limit), converting an idle GPU is only considered when
-                # no GPU already in MIG mode has room: MIG slices pack onto MIG GPUs first.
-                if self.allow_mig_reconfigure and (limit is None or count == 0):
-                    for n in self._whole_nodes(m, 1, host_ok, limit):
-                        out_n.append(n)
-                        out_s.append(self._healthiest_free_slot(n, first=False))
-                        out_k.append(MIG_CONVERT)
-            return _cands(out_n, out_s, out_k)
-        # Fractional share: partly used GPUs of this tenant and tier, then whole-free GPUs.
+                continue
+            for n in self._whole_nodes(m, need, host_ok, limit):
+                out_n.append(n)
+                out_s.append(-1)
+                out_k.append(WHOLE)
+        return _cands(out_n, out_s, out_k)
+
+    def _mig_candidates(
+        self,
+        req: Request,
+        tenant: int,
+        profile: MigProfile,
+        models: list[int],
+        host_ok: Callable[[int], bool],
+        limit: int | None,
+    ) -> Candidates:
+        """GPUs in MIG mode with room for the profile, then idle GPUs to convert."""
+        s = self.snap
+        out_n: list[int] = []
+        out_s: list[int] = []
+        out_k: list[int] = []
+        for m in models:
+            if not s.model_mig_capable[m]:
+                continue
+            count = 0
+            for _neg, flat in s.migx.get((m, profile.key), ()):
+                n, slot = divmod(flat, s.max_gpus)
+                if host_ok(n) and s.may_join(n, slot, req.tier, tenant):
+                    out_n.append(n)
+                    out_s.append(slot)
+                    out_k.append(MIG_SHARED)
+                    count += 1
+                    if limit is not None and count >= limit:
+                        break
+            # At scale (a candidate limit), converting an idle GPU is only considered when
+            # no GPU already in MIG mode has room: MIG slices pack onto MIG GPUs first.
+            if self.allow_mig_reconfigure and (limit is None or count == 0):
+                for n in self._whole_nodes(m, 1, host_ok, limit):
+                    out_n.append(n)
+                    out_s.append(self._healthiest_free_slot(n, first=False))
+                    out_k.append(MIG_CONVERT)
+        return _cands(out_n, out_s, out_k)
+
+    def _fractional_candidates(
+        self,
+        req: Request,
+        tenant: int,
+        models: list[int],
+        host_ok: Callable[[int], bool],
+        limit: int | None,
+    ) -> Candidates:
+        """Fractional share: partly used GPUs of this tenant and tier, then whole-free GPUs."""
+        s = self.snap
+        shape = req.shape
+        out_n: list[int] = []
+        out_s: list[int] = []
+        out_k: list[int] = []
         for m in models:
             index = s.frac.get((m, int(req.tier), tenant))
             count = 0

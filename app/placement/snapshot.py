@@ -83,6 +83,17 @@ class Snapshot:
             raise ValueError("node names must be unique")
         self.model_names: list[str] = sorted({s.model for s in nodes})
         self.model_id = {m: i for i, m in enumerate(self.model_names)}
+        self._init_levels(nodes)
+        self._init_nodes(nodes)
+        self._init_gpus(nodes)
+        self._init_models()
+        self._init_topology()
+        self._init_allocations()
+        self._init_indexes(n)
+
+    def _init_levels(self, nodes: list[NodeSpec]) -> None:
+        """Each node's topology group per level (NVLink domain, rack, block), and its region."""
+        n = len(nodes)
         self.level_names: dict[Level, list[str]] = {}
         level_ids: dict[Level, np.ndarray] = {}
         for level, attr in (
@@ -101,6 +112,10 @@ class Snapshot:
         self.region_names = sorted({s.region for s in nodes})
         rid = {r: i for i, r in enumerate(self.region_names)}
         self.node_region = np.array([rid[s.region] for s in nodes], np.int32)
+
+    def _init_nodes(self, nodes: list[NodeSpec]) -> None:
+        """Per node: model, GPUs, host capacity and what is free of it, claims."""
+        n = len(nodes)
         self.node_model = np.array([self.model_id[s.model] for s in nodes], np.int16)
         self.node_ngpu = np.array([s.gpus for s in nodes], np.int16)
         self.node_cpu_cap = np.array([s.cpu_milli for s in nodes], np.int64)
@@ -115,6 +130,10 @@ class Snapshot:
         # in CC mode or none): while any is there, the node takes nothing else, and a
         # confidential VM goes only where nothing else is (isolation.cc_mode_ok).
         self.node_cc = np.zeros(n, np.int32)
+
+    def _init_gpus(self, nodes: list[NodeSpec]) -> None:
+        """Per (node, GPU slot): presence, free milli and memory, health, speed, MIG, tenancy."""
+        n, g = len(nodes), self.max_gpus
         present = np.arange(g)[None, :] < self.node_ngpu[:, None]
         self.gpu_present = present
         self.gpu_free = np.where(present, 1000, -1).astype(np.int16)
@@ -136,6 +155,9 @@ class Snapshot:
                 self.gpu_health[i, : len(s.gpu_health)] = s.gpu_health
             if s.gpu_perf is not None:
                 self.gpu_perf[i, : len(s.gpu_perf)] = s.gpu_perf
+
+    def _init_models(self) -> None:
+        """Per GPU model, from the catalog: confidential computing and MIG."""
         self.model_cc_whole_node = [
             GPU_MODELS[m].cc_whole_node if m in GPU_MODELS else False for m in self.model_names
         ]
@@ -145,10 +167,14 @@ class Snapshot:
         self.model_mig_capable = [
             GPU_MODELS[m].mig_capable if m in GPU_MODELS else False for m in self.model_names
         ]
+
+    def _init_topology(self) -> None:
+        """The nodes of each topology group, and the GPUs of each NVLink domain."""
+        level_ids = self.node_level
         self.group_nodes: dict[Level, list[list[int]]] = {
             level: [[] for _ in self.level_names[level]] for level in Level
         }
-        for i in range(n):
+        for i in range(len(self.node_names)):
             for level in Level:
                 self.group_nodes[level][int(level_ids[level][i])].append(i)
         dom = level_ids[Level.NVLINK_DOMAIN]
@@ -160,6 +186,9 @@ class Snapshot:
         self.node_domain_l: list[int] = dom.tolist()
         self.domain_gpus_l: list[int] = self.domain_gpus.tolist()
         self.node_in_multi_domain_l: list[bool] = self.node_in_multi_domain.tolist()
+
+    def _init_allocations(self) -> None:
+        """Tenants, allocations and the undo log: empty."""
         self.tenants: dict[str, int] = {}
         self.tenant_names: list[str] = []
         self.allocs: dict[int, Alloc] = {}
@@ -168,6 +197,9 @@ class Snapshot:
         self.converted: dict[int, bool] = {}
         self._next_alloc = 1
         self._log: list[tuple] = []
+
+    def _init_indexes(self, n: int) -> None:
+        """The free-capacity indexes and change tracking, built for every node."""
         # Indexes (derived from the arrays; rebuilt per node by _reindex).
         self.whole: dict[tuple[int, int], SortedList] = {}
         self.frac: dict[tuple[int, int, int], SortedList] = {}
