@@ -56,7 +56,7 @@ from app.keys.service import create_key
 from app.models.tenants import Tenant
 from app.billing.service import create_price
 from app.models.metering import UsageEvent
-from app.models.workloads import Allocation, TenantQuota, Workload, WorkloadEvent
+from app.models.workloads import Allocation, TenantQuota, Workload, WorkloadEvent, WorkloadShape
 
 n = int(sys.argv[1])
 with session_scope() as s:
@@ -82,7 +82,7 @@ with session_scope() as s:
         wid = uuid.uuid4()
         ws.append(Workload(
             id=wid, tenant_id=t.id, name=f"w{i}", kind="instance", state="running",
-            tier="dedicated", priority="training", shape={"gpus": 1}, replicas=1,
+            tier="dedicated", priority="training", shape=WorkloadShape(gpus=1), replicas=1,
             gpu_milli=1000, region=region, max_runtime_s=86400, labels={"team": "a"},
             placement=[{"replica": 0, "region": region, "rack": rack, "node": node,
                         "gpu_indices": [i % 8], "gpu_model": model, "mig_profile": None,

@@ -131,7 +131,7 @@ class Workload:
             finished_at=w.finished_at,
             interruptions=w.interruptions or 0,
             lost_work_gpu_s=float(w.lost_work_gpu_s or 0.0),
-            shape=dict(w.shape or {}),
+            shape=w.shape.as_json(),
             topology=dict(w.topology) if w.topology else None,
             preemptions=w.preemptions or 0,
             last_checkpoint_at=w.last_checkpoint_at,

@@ -57,7 +57,7 @@ def idle_now(session: Session) -> dict[tuple[str, str, str], int]:
     ).all()
     # What waits: (region or None for any, models or None for any) of queued work.
     waiting = {
-        (region, tuple((shape or {}).get("gpu_models") or ()) or None)
+        (region, shape.gpu_models or None)
         for region, shape in session.execute(
             select(Workload.region, Workload.shape).where(Workload.state == State.queued.value)
         )

@@ -1036,14 +1036,14 @@ def report_step_times(
     neighbour was found."""
     if w.state != State.running.value:
         raise NotRunning(f"A {w.state} workload has no ranks to report.", state=w.state)
-    per = int(w.shape.get("gpus") or 0)
-    if per < 1 and w.shape.get("milli"):
+    per = w.shape.gpus
+    if per < 1 and w.shape.milli:
         unknown = sorted(r for r in step_s if r >= 1)
         return [], unknown, 0 in step_s and shared_pace(session, w, step_s[0])
     if per < 1:
         raise NoRanks(
             "Step times are for workloads of whole GPUs; this one runs on a share or a MIG slice.",
-            shape=w.shape.get("mig_profile") or "fractional",
+            shape=w.shape.mig_profile or "fractional",
         )
     total = per * w.replicas
     unknown = sorted(r for r in step_s if r >= total)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -21,9 +23,68 @@ from sqlalchemy import (
     false,
     text,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 from app.core.db import Base, TimestampMixin, new_id
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    """What one replica asks for, as the REST body gave it (`WorkloadCreate.shape`), as the
+    workload row stores it and as the scheduling edge hands it to the core: exactly one of
+    whole `gpus`, a MIG profile (its generic key, `3g`) or a share (`milli` with
+    `gpu_memory_mib`), plus host CPU and memory, on any of `gpu_models` (empty: any model)."""
+
+    gpus: int = 0
+    mig_profile: str | None = None
+    milli: int = 0
+    gpu_memory_mib: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: tuple[str, ...] = ()
+
+    @property
+    def unit(self) -> str:
+        """`whole`, `mig` or `fraction`: what kind of GPU capacity one replica takes."""
+        return "whole" if self.gpus else "mig" if self.mig_profile else "fraction"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "gpu_models": list(self.gpu_models),
+            "gpus": self.gpus,
+            "mig_profile": self.mig_profile,
+            "milli": self.milli,
+            "gpu_memory_mib": self.gpu_memory_mib,
+            "cpu_milli": self.cpu_milli,
+            "memory_mib": self.memory_mib,
+        }
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> WorkloadShape:
+        return cls(
+            gpus=int(value.get("gpus") or 0),
+            mig_profile=value.get("mig_profile") or None,
+            milli=int(value.get("milli") or 0),
+            gpu_memory_mib=int(value.get("gpu_memory_mib") or 0),
+            cpu_milli=int(value.get("cpu_milli") or 0),
+            memory_mib=int(value.get("memory_mib") or 0),
+            gpu_models=tuple(value.get("gpu_models") or ()),
+        )
+
+
+class ShapeColumn(TypeDecorator[WorkloadShape]):
+    """A `WorkloadShape` stored as the JSON object it has always been stored as."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: WorkloadShape | None, dialect: Dialect) -> Any:
+        return None if value is None else value.as_json()
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> WorkloadShape | None:
+        return None if value is None else WorkloadShape.from_json(value)
 
 
 class State(str, enum.Enum):
@@ -75,8 +136,7 @@ class Workload(TimestampMixin, Base):
     # and what metering bills.
     tier: Mapped[str] = mapped_column(String(24))
     priority: Mapped[str] = mapped_column(String(24))
-    # Per replica: gpu_models, gpus | mig_profile | milli + gpu_memory_mib, cpu_milli, memory_mib.
-    shape: Mapped[dict] = mapped_column(JSON)
+    shape: Mapped[WorkloadShape] = mapped_column(ShapeColumn)
     replicas: Mapped[int] = mapped_column(Integer, default=1)
     gpu_milli: Mapped[int] = mapped_column(Integer)  # GPU-equivalents of all replicas
     topology: Mapped[dict | None] = mapped_column(JSON, default=None)

@@ -97,13 +97,13 @@ def lock_region(session: Session, region: str) -> bool:
 def request_of(w: Workload) -> Request:
     s = w.shape
     shape = Shape(
-        gpus=s.get("gpus", 0),
-        mig=s.get("mig_profile"),
-        milli=s.get("milli", 0),
-        gpu_mem_mib=s.get("gpu_memory_mib", 0),
-        cpu_milli=s.get("cpu_milli", 0),
-        mem_mib=s.get("memory_mib", 0),
-        models=frozenset(s["gpu_models"]) if s.get("gpu_models") else None,
+        gpus=s.gpus,
+        mig=s.mig_profile,
+        milli=s.milli,
+        gpu_mem_mib=s.gpu_memory_mib,
+        cpu_milli=s.cpu_milli,
+        mem_mib=s.memory_mib,
+        models=frozenset(s.gpu_models) or None,
     )
     topo = None
     if w.topology:

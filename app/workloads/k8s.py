@@ -49,7 +49,7 @@ IMEX_CLAIM = "imex-channel"
 def _gang_env(w: Workload, p: dict[str, Any], master: str, domain: str) -> list[V1EnvVar]:
     """What a replica's launcher needs: ranks for one process per GPU (torchrun sets the
     per-process ones from PET_*; with one GPU per replica RANK and LOCAL_RANK are exact)."""
-    per = len(p["gpu_indices"]) if not (p["mig_profile"] or w.shape.get("milli")) else 1
+    per = len(p["gpu_indices"]) if not (p["mig_profile"] or w.shape.milli) else 1
     r = p["replica"]
     env = {
         "MASTER_ADDR": master,
@@ -79,14 +79,14 @@ def _resources(w: Workload, p: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     if p["mig_profile"]:
         out[f"nvidia.com/mig-{profile_name(p['gpu_model'], p['mig_profile'])}"] = "1"
-    elif s.get("milli"):
+    elif s.milli:
         out["nvidia.com/gpu.shared"] = "1"
     else:
         out["nvidia.com/gpu"] = str(len(p["gpu_indices"]))
-    if s.get("cpu_milli"):
-        out["cpu"] = f"{s['cpu_milli']}m"
-    if s.get("memory_mib"):
-        out["memory"] = f"{s['memory_mib']}Mi"
+    if s.cpu_milli:
+        out["cpu"] = f"{s.cpu_milli}m"
+    if s.memory_mib:
+        out["memory"] = f"{s.memory_mib}Mi"
     return out
 
 
@@ -119,9 +119,9 @@ def pods(
         }
         if p["mig_profile"]:
             annotations["rackplane.dev/mig-slot"] = str(p["mig_slot"])
-        if w.shape.get("milli"):
-            annotations["rackplane.dev/gpu-milli"] = str(w.shape["milli"])
-            annotations["rackplane.dev/gpu-memory-mib"] = str(w.shape["gpu_memory_mib"])
+        if w.shape.milli:
+            annotations["rackplane.dev/gpu-milli"] = str(w.shape.milli)
+            annotations["rackplane.dev/gpu-memory-mib"] = str(w.shape.gpu_memory_mib)
         res = _resources(w, p)
         env = [
             V1EnvVar(name="RACKPLANE_RANK", value=str(p["replica"])),

@@ -4,9 +4,10 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import AwareDatetime, Field, field_validator, model_validator
 
 from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel, _strict_schema
+from app.models.workloads import WorkloadShape
 from app.placement.catalog import GPU_MODELS
 from app.placement.mig import PROFILES, profile_by_name, profile_names
 from app.workloads.tiers import ISOLATION_CHOICES
@@ -207,8 +208,21 @@ class WorkloadCreate(StrictModel):
         return self
 
     @property
+    def shape(self) -> WorkloadShape:
+        """One replica's request, as the workload stores it and the scheduling edge reads it."""
+        return WorkloadShape(
+            gpus=self.gpus,
+            mig_profile=self.mig_profile,
+            milli=self.milli,
+            gpu_memory_mib=self.gpu_memory_mib,
+            cpu_milli=self.cpu_milli,
+            memory_mib=self.memory_mib,
+            gpu_models=tuple(self.gpu_models),
+        )
+
+    @property
     def unit(self) -> str:
-        return "whole" if self.gpus else "mig" if self.mig_profile else "fraction"
+        return self.shape.unit
 
     @property
     def gpu_milli(self) -> int:
@@ -260,6 +274,11 @@ class WorkloadOut(OutModel):
         "simulated run's length)"
     )
     created_at: datetime
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _shape_json(cls, value: Any) -> Any:
+        return value.as_json() if isinstance(value, WorkloadShape) else value
 
 
 class EventOut(OutModel):

@@ -125,15 +125,6 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     _check_limit(auth, body)
     check_submission(session, auth.tenant_id, auth.budget_exhausted)
     region = choose_region(session, body)
-    shape = {
-        "gpu_models": list(body.gpu_models),
-        "gpus": body.gpus,
-        "mig_profile": body.mig_profile,
-        "milli": body.milli,
-        "gpu_memory_mib": body.gpu_memory_mib,
-        "cpu_milli": body.cpu_milli,
-        "memory_mib": body.memory_mib,
-    }
     now = utcnow()
     w = Workload(
         tenant_id=auth.tenant_id,
@@ -142,7 +133,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         state=State.pending.value,
         tier=tier.label,
         priority=body.priority,
-        shape=shape,
+        shape=body.shape,
         replicas=body.replicas,
         gpu_milli=body.gpu_milli,
         topology=body.topology.model_dump() if body.topology else None,
@@ -200,13 +191,11 @@ def _never_fits_row(session: Session, w: Workload) -> str | None:
     """`never_fits` for a stored workload (its shape as submitted)."""
     from app.workloads.feasibility import never_fits
 
-    shape = w.shape or {}
-    unit = "whole" if shape.get("gpus") else "mig" if shape.get("mig_profile") else "fraction"
     return never_fits(
         region_nodes(session, w.region or ""),
-        models=tuple(shape.get("gpu_models") or ()),
-        unit=unit,
-        gpus=int(shape.get("gpus") or 0),
+        models=w.shape.gpu_models,
+        unit=w.shape.unit,
+        gpus=w.shape.gpus,
         replicas=w.replicas,
         kind=w.kind,
         confidential=w.tier == "confidential-vm",
@@ -755,7 +744,7 @@ def usage(session: Session, tenant_id: uuid.UUID) -> tuple[dict[str, int], dict[
             Workload.state.in_([State.queued.value, State.pending.value]),
         )
     ):
-        for m in (shape or {}).get("gpu_models") or list(GPU_MODELS):
+        for m in shape.gpu_models or list(GPU_MODELS):
             queued[m] = queued.get(m, 0) + gpu_milli
     return held, queued
 
