@@ -192,7 +192,7 @@ def test_telemetry_is_for_operators(client, world):
 def test_a_gpu_held_below_its_clock_under_load_gets_a_lower_score_placement_sees(
     client, world, session
 ):
-    from app.scheduling.cycle import _read_world
+    from app.scheduling.snapshot import read_world
 
     world.fleet(FLEET)
     op = world.key(None)
@@ -213,5 +213,5 @@ def test_a_gpu_held_below_its_clock_under_load_gets_a_lower_score_placement_sees
         ).all()
     )
     assert perf[2] == pytest.approx(0.8) and perf[1] == 1.0 and perf[3] == 1.0  # idle: no verdict
-    spec = next(s for s in _read_world(session, "r1").specs if s.name == "h1")
+    spec = next(s for s in read_world(session, "r1").specs if s.name == "h1")
     assert spec.gpu_perf[2] == pytest.approx(0.8, abs=0.01) and spec.gpu_perf[1] == 1.0

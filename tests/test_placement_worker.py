@@ -65,7 +65,7 @@ def held(world, client, session):
 
 def _alloc(session, held, gpus, *, milli=1000, mig=None, start=None, mem=0):
     from app.models.workloads import Allocation
-    from app.scheduling.cycle import claim
+    from app.scheduling.apply import claim
 
     t, wid, node = held
     a = Allocation(
@@ -117,7 +117,7 @@ def test_one_cycle_claiming_a_gpu_twice_is_refused(session, held):
     """A cycle claims all its allocations in one statement; two of them on one GPU sum past
     its capacity and the CHECK refuses the whole batch."""
     from app.models.workloads import Allocation
-    from app.scheduling.cycle import claim
+    from app.scheduling.apply import claim
 
     t, wid, node = held
     rows = [
@@ -147,7 +147,7 @@ def test_mig_slices_side_by_side_and_reuse_after_release(session, held):
     _alloc(session, held, [7], mig="3g", start=4, milli=500)
     session.commit()
     from app.models.workloads import Workload
-    from app.scheduling.cycle import release
+    from app.scheduling.apply import release
 
     w = session.get(Workload, a.workload_id)
     assert release(session, w) == 2
@@ -478,17 +478,19 @@ def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
 
     from app.models.fleet import Gpu, Node
     from app.placement.snapshot import FAILED
-    from app.scheduling import cycle as P
+    from app.scheduling.snapshot import world_of
 
     world.fleet(fleet(2))
 
     def specs():
-        w = P._world(session, "r1")
+        w = world_of(session, "r1")
         session.rollback()
         return {s.name: s for s in w.specs}
 
     first = specs()
-    assert P._world(session, "r1").specs is P._world(session, "r1").specs  # reused
+    assert (
+        world_of(session, "r1").specs is world_of(session, "r1").specs
+    )  # reused
     session.rollback()
     h1 = session.scalar(select(Node.id).where(Node.name == "h1"))
     session.execute(update(Node).where(Node.id == h1).values(state="cordoned"))
@@ -557,6 +559,7 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
     from sqlalchemy.orm import Session
 
     from app.core.db import get_engine
+    from app.scheduling import apply, snapshot
     from app.scheduling import cycle as P
     from app.workloads.tasks import check, provision
 
@@ -584,8 +587,8 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
     def same():
         session.rollback()  # one database snapshot for both reads
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        kept = P._load(session, "r1", kept=True)
-        fresh = P._load(session, "r1")
+        kept = snapshot.load(session, "r1", kept=True)
+        fresh = snapshot.load(session, "r1")
         assert kept is not None and fresh is not None
 
         def held(loaded):
@@ -633,7 +636,7 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
         assert set(same()) == {uuid.UUID(w) for w in ids[2:] + more}
 
         def conflict(*_a, **_k):
-            raise P.PlanConflict("lost the race")
+            raise apply.PlanConflict("lost the race")
 
         # A change whose transaction began before a read of the kept state and commits after
         # it: the read cannot see it, and the next one must.
@@ -658,8 +661,8 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
         assert victim not in same()
 
         submit(shapes[0])
-        monkeypatch.setattr(P, "claim", conflict)  # dropped after the core allocated
-        with pytest.raises(P.PlanConflict):
+        monkeypatch.setattr(apply, "claim", conflict)  # dropped after the core allocated
+        with pytest.raises(apply.PlanConflict):
             cycle()
         same()
     finally:

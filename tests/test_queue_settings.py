@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.core.config import get_settings
-from app.scheduling.cycle import _Loaded
+from app.scheduling.snapshot import Loaded
 from tests.placement.conftest import node, snap
 
 
@@ -20,7 +20,7 @@ def settings_env(monkeypatch):
 
 
 def _scheduler():
-    return _Loaded(SimpleNamespace(snap=snap(node("n1"))), {}, [], {}).scheduler()
+    return Loaded(SimpleNamespace(snap=snap(node("n1"))), {}, [], {}).scheduler()
 
 
 def test_fair_share_cap_and_grace_come_from_the_environment(settings_env):

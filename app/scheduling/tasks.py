@@ -15,7 +15,8 @@ from app.core.logging import get_logger
 from app.models.workloads import CYCLE_BUCKETS, PlacementCycleStats, Workload, cycle_bucket_column
 from app.outbox import kicks
 from app.outbox.service import publish
-from app.scheduling.cycle import PlanConflict, run_cycle
+from app.scheduling.apply import PlanConflict
+from app.scheduling.cycle import run_cycle
 from app.scheduling.lifecycle import State
 
 log = get_logger(__name__)

@@ -21,8 +21,8 @@ from app.outbox import kicks
 from app.outbox.service import enqueue
 from app.placement.catalog import GPU_MODELS
 from app.scheduling import lifecycle
+from app.scheduling.apply import release, stopped
 from app.scheduling.cycle import dry_run as what_if
-from app.scheduling.cycle import release, stopped
 from app.scheduling.lifecycle import HOLDING, TERMINAL, State
 from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import scoped_select

@@ -20,7 +20,7 @@ from app.models.workloads import (
 )
 from app.outbox.service import enqueue
 from app.scheduling import lifecycle
-from app.scheduling.cycle import release, stopped, unstopped_holders
+from app.scheduling.apply import release, stopped, unstopped_holders
 from app.scheduling.lifecycle import State
 from app.scheduling.providers import Provider, get_provider
 from app.workloads.service import finish, kick_placement, requeue_reason
