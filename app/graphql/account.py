@@ -25,6 +25,7 @@ from app.core.schemas import PERIOD_PATTERN, PageParams, paginate
 from app.fleet import service as fleet_service
 from app.fleet.schemas import Capacity, CapacityRow
 from app.graphql.context import Context
+from app.graphql.permissions import ReadsPrices, TenantRead
 from app.graphql.types import Connection, connection
 from app.graphql.views import input_view, parse, shape, view
 from app.keys.schemas import KeyOut
@@ -88,28 +89,31 @@ def aware(name: str, value: datetime) -> datetime:
 
 @strawberry.type
 class AccountQuery:
-    @strawberry.field(description="Your API keys (REST: GET /v1/keys)")
+    @strawberry.field(
+        permission_classes=[TenantRead], description="Your API keys (REST: GET /v1/keys)"
+    )
     def api_keys(self, info: Info, first: int = 50, after: str | None = None) -> Connection[ApiKey]:  # type: ignore[valid-type]
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         rows, nxt = paginate(
             info.context.session, scoped_select(auth, Row), Row, page_params(first, after)
         )
         return connection(rows, lambda r: shape(KeyOut, r), nxt)
 
-    @strawberry.field(description="Your quotas per GPU model with what you hold and queue")
+    @strawberry.field(
+        permission_classes=[TenantRead],
+        description="Your quotas per GPU model with what you hold and queue",
+    )
     def quotas(self, info: Info) -> list[Quota]:  # type: ignore[valid-type]
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         return shape(
             QuotaList, workloads_service.quota_list(info.context.session, auth.tenant_id)
         ).items
 
     @strawberry.field(
-        description="Free capacity by region and GPU model: whole GPUs, milli-GPU, MIG slices"
+        permission_classes=[ReadsPrices],
+        description="Free capacity by region and GPU model: whole GPUs, milli-GPU, MIG slices",
     )
     def capacity(self, info: Info) -> list[CapacityRowView]:  # type: ignore[valid-type]
-        reader(info.context.auth)
         return shape(Capacity, {"items": fleet_service.capacity(info.context.session)}).items
 
     @strawberry.field(description="Your usage by time bucket, grouped by ledger dimensions")
@@ -144,40 +148,44 @@ class AccountQuery:
             raise ValidationFailed("period is a month: YYYY-MM.", code="validation_error")
         return shape(BillingSummary, billing_service.bill(info.context.session, auth, period))
 
-    @strawberry.field(description="This month so far: the upcoming invoice, running work accrued")
+    @strawberry.field(
+        permission_classes=[TenantRead],
+        description="This month so far: the upcoming invoice, running work accrued",
+    )
     def upcoming_bill(self, info: Info) -> Bill:  # type: ignore[valid-type]
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         return shape(BillingSummary, billing_service.upcoming_bill(info.context.session, auth))
 
-    @strawberry.field(description="Your budget, this month's use and alerts; null without one")
+    @strawberry.field(
+        permission_classes=[TenantRead],
+        description="Your budget, this month's use and alerts; null without one",
+    )
     def budget(self, info: Info) -> BudgetView | None:  # type: ignore[valid-type]
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         try:
             return shape(BudgetOut, budgets.view(info.context.session, auth, auth.tenant_id))
         except NotFound:
             return None
 
-    @strawberry.field(description="Your reserved capacity (commitments)")
+    @strawberry.field(
+        permission_classes=[TenantRead], description="Your reserved capacity (commitments)"
+    )
     def commitments(self, info: Info) -> list[CommitmentView]:  # type: ignore[valid-type]
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         got = commitments.of_tenant(info.context.session, auth, auth.tenant_id)
         return shape(CommitmentList, got).items
 
-    @strawberry.field(description="The price book, every version")
+    @strawberry.field(permission_classes=[ReadsPrices], description="The price book, every version")
     def prices(self, info: Info) -> list[PriceView]:  # type: ignore[valid-type]
-        reader(info.context.auth)
         return shape(PriceList, billing_service.price_book(info.context.session)).items
 
     @strawberry.field(
+        permission_classes=[TenantRead],
         description="What-if: where a workload would land now, whom it would preempt, or when "
-        "it would start (REST: POST /v1/workloads:dry-run)"
+        "it would start (REST: POST /v1/workloads:dry-run)",
     )
     def dry_run(self, info: Info, input: WorkloadInput) -> DryRun:  # type: ignore[valid-type]
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         body = parse_or_fail(WorkloadCreate, input)
         return shape(DryRunOut, workloads_service.dry_run(info.context.session, auth, body))
 

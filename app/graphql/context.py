@@ -5,47 +5,27 @@ return another tenant's row)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Depends
 from graphql import GraphQLError
-from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
-from strawberry.dataloader import DataLoader
 from strawberry.fastapi import BaseContext
 
 from app.core.db import session_dependency
-from app.core.errors import AppError, Unauthorized
-from app.fleet.service import holders
-from app.models.fleet import Gpu, Rack, Region
-from app.models.workloads import Workload, WorkloadEvent
-from app.tenancy.auth import AuthContext, authenticate, charge_anonymous, credential_of
-from app.tenancy.scoping import restrict
-
-EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
-# What a workload's events show (app/graphql/types.WorkloadEvent), and whose they are.
-_EVENT_COLUMNS = (
-    WorkloadEvent.workload_id,
-    WorkloadEvent.seq,
-    WorkloadEvent.kind,
-    WorkloadEvent.from_state,
-    WorkloadEvent.to_state,
-    WorkloadEvent.reason,
-    WorkloadEvent.details,
-    WorkloadEvent.at,
-)
-# A workload's newest events, correlated to the workload of the enclosing query.
-_NEWEST = (
-    select(*_EVENT_COLUMNS)
-    .where(WorkloadEvent.workload_id == Workload.id)
-    .order_by(WorkloadEvent.seq.desc())
-    .limit(EVENTS_PER_WORKLOAD)
-    .lateral("newest")
+from app.core.errors import AppError, Forbidden, Unauthorized
+from app.graphql.dataloaders import Loaders
+from app.ratelimit import service as ratelimit
+from app.tenancy.auth import (
+    AuthContext,
+    Credential,
+    authenticate,
+    charge_anonymous,
+    credential_of,
 )
 
 
@@ -71,11 +51,7 @@ class Context(BaseContext):
     def fresh_loaders(self) -> None:
         """Loaders for one operation (a websocket's context lives for many: each operation
         reads the database as it is now, and caches nothing past its end)."""
-        self.events = DataLoader(self._locked(self._load_events))
-        # Operators' fleet views (the fields check the platform scope before loading).
-        self.gpus = DataLoader(self._locked(self._load_gpus))
-        self.holders = DataLoader(self._locked(self._load_holders))
-        self.racks = DataLoader(self._locked(self._load_racks))
+        self.loaders = Loaders.build(self._locked, lambda: self.session, lambda: self.auth)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the thread pool, alone on this context's session; a service's
@@ -107,78 +83,46 @@ class Context(BaseContext):
             )
         return self._auth
 
-    def _load_events(self, ids: list[uuid.UUID]) -> list[list[Any]]:
-        by = self.newest_events(ids)
-        return [by.get(i, []) for i in ids]
 
-    def newest_events(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, list[Any]]:
-        """The newest events of each workload (oldest first), in one statement, through the
-        tenant scope: rows, not ORM objects (a page of 50 workloads is 1,000 events at most;
-        as objects they, and the aliased entity the query needed, were cyclic garbage that
-        only full collections freed)."""
-        by: dict[uuid.UUID, list[Any]] = defaultdict(list)
-        if not ids:
-            return by
-        if self.session.get_bind().dialect.name == "postgresql":
-            # Per workload, its newest events by the (workload, seq) index: a LATERAL join
-            # reads 20 rows a workload, however long its history. The owned workloads are
-            # the scoped part; the lateral subquery is built once.
-            stmt = restrict(
-                self.auth,
-                select(*_NEWEST.c)
-                .select_from(Workload)
-                .join(_NEWEST, true())
-                .where(Workload.id.in_(ids))
-                .order_by(_NEWEST.c.workload_id, _NEWEST.c.seq),
-                Workload,
-            )
-        else:
-            rank = (
-                func.row_number()
-                .over(partition_by=WorkloadEvent.workload_id, order_by=WorkloadEvent.seq.desc())
-                .label("rank")
-            )
-            ranked = restrict(
-                self.auth,
-                select(*_EVENT_COLUMNS, rank).where(WorkloadEvent.workload_id.in_(ids)),
-                WorkloadEvent,
-            ).subquery()
-            stmt = (
-                select(*[ranked.c[c.key] for c in _EVENT_COLUMNS])
-                .where(ranked.c.rank <= EVENTS_PER_WORKLOAD)
-                .order_by(ranked.c.workload_id, ranked.c.seq)
-            )
-        for e in self.session.execute(stmt):
-            by[e.workload_id].append(e)
-        return by
+async def sign_in(context: Context, cred: Credential, scope: Any, kind: str = "read") -> None:
+    """Check a websocket's credential as REST checks a request's, and take a token of the
+    caller's `kind` rate limit: when it connects, and again for every operation on it
+    (app/graphql/schema.py `PerOperation`). A refusal is kept to answer the operation with.
 
-    def _load_gpus(self, node_ids: list[uuid.UUID]) -> list[list[Any]]:
-        by: dict[uuid.UUID, list[Any]] = defaultdict(list)
-        for g in self.session.execute(  # rows, not objects: the fleet view reads hundreds
-            select(Gpu.node_id, Gpu.index, Gpu.model, Gpu.health, Gpu.health_reason, Gpu.perf)
-            .where(Gpu.node_id.in_(node_ids))
-            .order_by(Gpu.node_id, Gpu.index)
-        ):
-            by[g.node_id].append(g)
-        return [by.get(i, []) for i in node_ids]
-
-    def _load_holders(self, node_ids: list[uuid.UUID]) -> list[dict[int, list[dict]]]:
-        held = holders(self.session, node_ids)
-        by: dict[uuid.UUID, dict[int, list[dict]]] = defaultdict(dict)
-        for (node_id, index), hs in held.items():
-            by[node_id][index] = hs
-        return [by.get(i, {}) for i in node_ids]
-
-    def _load_racks(self, rack_ids: list[uuid.UUID]) -> list[tuple[str, str]]:
-        names = {
-            rid: (rack, region)
-            for rid, rack, region in self.session.execute(
-                select(Rack.id, Rack.name, Region.name)
-                .join(Region, Rack.region_id == Region.id)
-                .where(Rack.id.in_(rack_ids))
+    A portal session's cookie rides on the handshake of any page the browser opens, so it
+    counts only from a page of this origin (a websocket has no CSRF header: its Origin is the
+    check, as OWASP advises against cross-site websocket hijacking)."""
+    context._ws_cred = cred  # type: ignore[attr-defined]
+    context.ws_scope = scope
+    try:
+        if cred.kind == "session" and not _same_origin(scope):
+            raise Forbidden(
+                "A portal session's websocket must come from the portal's own origin.",
+                code="cross_origin_websocket",
             )
-        }
-        return [names.get(i, ("", "")) for i in rack_ids]
+        auth = await cred.resolve()
+        await ratelimit.check_async(
+            scope,
+            kind,
+            key=str(auth.key_id),
+            tenant=str(auth.tenant_id),
+            operator=auth.tenant_id is None,
+        )
+    except AppError as e:
+        context._auth, context._auth_error = None, e
+        return
+    context._auth, context._auth_error = auth, None
+
+
+def _same_origin(scope: Any) -> bool:
+    headers = {
+        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
+    }
+    origin = headers.get("origin")
+    if not origin:  # browsers always send one; a cookie without it is no page's
+        return False
+    hosts = {headers.get("host"), headers.get("x-forwarded-host")} - {None}
+    return urlsplit(origin).netloc in hosts
 
 
 async def get_context(
@@ -190,8 +134,6 @@ async def get_context(
     app/graphql/subscriptions.py) is checked when it connects; a refused one is the error of
     every operation on it, with REST's code, rather than a closed socket."""
     if request.scope["type"] == "websocket":
-        from app.graphql.subscriptions import sign_in
-
         context = Context(None, session)
         cred = credential_of(request)
         if cred is not None:

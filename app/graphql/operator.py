@@ -35,6 +35,7 @@ from app.fleet.service import change_node_state, list_racks, list_regions
 from app.graphql.account import Granularity, PriceView, Quota, aware, page_params
 from app.graphql.context import Context
 from app.graphql.mutations import _results, _run
+from app.graphql.permissions import IsOperator
 from app.graphql.types import Connection, Node, connection, node_id
 from app.graphql.views import input_view, parse, shape, text_args, view
 from app.health import idle
@@ -132,23 +133,18 @@ class QuotaSetDone:
     quotas: list[Quota]  # type: ignore[valid-type]
 
 
-def _operator(info: Info):
-    auth = info.context.auth
-    require_platform(auth)
-    return auth
-
-
 @strawberry.type
 class OperatorQuery:
-    @strawberry.field(description="Operators: regions")
+    @strawberry.field(permission_classes=[IsOperator], description="Operators: regions")
     def regions(
         self, info: Info, first: int = 50, after: str | None = None
     ) -> Connection[RegionView]:  # type: ignore[valid-type]
-        _operator(info)
         rows, nxt = list_regions(info.context.session, page_params(first, after))
         return connection(rows, lambda r: shape(RegionOut, r), nxt)
 
-    @strawberry.field(description="Operators: racks, in one region if asked")
+    @strawberry.field(
+        permission_classes=[IsOperator], description="Operators: racks, in one region if asked"
+    )
     def racks(
         self,
         info: Info,
@@ -156,7 +152,6 @@ class OperatorQuery:
         after: str | None = None,
         region_id: strawberry.ID | None = None,
     ) -> Connection[RackView]:  # type: ignore[valid-type]
-        _operator(info)
         rows, nxt = list_racks(
             info.context.session,
             page_params(first, after),
@@ -164,7 +159,7 @@ class OperatorQuery:
         )
         return connection(rows, lambda r: shape(RackOut, r), nxt)
 
-    @strawberry.field(description="Operators: tenants, by status")
+    @strawberry.field(permission_classes=[IsOperator], description="Operators: tenants, by status")
     def tenants(
         self,
         info: Info,
@@ -172,7 +167,7 @@ class OperatorQuery:
         after: str | None = None,
         status: str | None = None,
     ) -> Connection[TenantView]:  # type: ignore[valid-type]
-        auth = _operator(info)
+        auth = info.context.auth
         try:
             st = TenantStatus(status) if status is not None else None
         except ValueError:
@@ -182,13 +177,18 @@ class OperatorQuery:
         rows, nxt = list_tenants(info.context.session, auth, page_params(first, after), status=st)
         return connection(rows, lambda t: shape(TenantOut, t), nxt)
 
-    @strawberry.field(description="Operators: a tenant's quotas and use")
+    @strawberry.field(
+        permission_classes=[IsOperator], description="Operators: a tenant's quotas and use"
+    )
     def tenant_quotas(self, info: Info, tenant_id: strawberry.ID) -> list[Quota]:  # type: ignore[valid-type]
-        auth = _operator(info)
+        auth = info.context.auth
         tenant = get_owned(info.context.session, auth, Tenant, str(tenant_id), what="tenant")
         return shape(QuotaList, workloads_service.quota_list(info.context.session, tenant.id)).items
 
-    @strawberry.field(description="Operators: allocated vs idle GPU-hours by region and model")
+    @strawberry.field(
+        permission_classes=[IsOperator],
+        description="Operators: allocated vs idle GPU-hours by region and model",
+    )
     def utilisation(
         self,
         info: Info,
@@ -196,7 +196,7 @@ class OperatorQuery:
         to: datetime,
         granularity: Granularity = Granularity.DAY,
     ) -> UtilisationView:  # type: ignore[valid-type]
-        auth = _operator(info)
+        auth = info.context.auth
         report = metering_service.utilisation_report(
             info.context.session,
             metering_service.visible_to(auth),
@@ -207,8 +207,9 @@ class OperatorQuery:
         return shape(UtilisationOut, report)
 
     @strawberry.field(
+        permission_classes=[IsOperator],
         description="Operators: idle GPU-hours by cause (no demand, stranded, unhealthy, "
-        "cordoned) over time"
+        "cordoned) over time",
     )
     def idle_time(
         self,
@@ -217,22 +218,23 @@ class OperatorQuery:
         to: datetime,
         granularity: Granularity = Granularity.HOUR,
     ) -> IdleTimeView:  # type: ignore[valid-type]
-        _operator(info)
         report = idle.report(
             info.context.session, aware("from", from_), aware("to", to), granularity.value
         )
         return shape(IdleTimeOut, report)
 
-    @strawberry.field(description="Operators: the fleet's health, incidents and breaker state")
+    @strawberry.field(
+        permission_classes=[IsOperator],
+        description="Operators: the fleet's health, incidents and breaker state",
+    )
     def fleet_health(self, info: Info) -> FleetHealthView:  # type: ignore[valid-type]
-        _operator(info)
         return shape(FleetHealth, health.summary(info.context.session))
 
     @strawberry.field(
-        description="Operators: every GPU's state as one compact map, for the fleet heatmap"
+        permission_classes=[IsOperator],
+        description="Operators: every GPU's state as one compact map, for the fleet heatmap",
     )
     def fleet_map(self, info: Info, region: str | None = None) -> FleetMap:
-        _operator(info)
         text_args(region=region)
         m = fleet_map(info.context.session, region)
         return FleetMap(
@@ -242,29 +244,38 @@ class OperatorQuery:
             legend=[MapState(**x) for x in m["legend"]],
         )
 
-    @strawberry.field(description="Operators: a fleet import's progress and summary")
+    @strawberry.field(
+        permission_classes=[IsOperator],
+        description="Operators: a fleet import's progress and summary",
+    )
     def fleet_import(self, info: Info, id: strawberry.ID) -> FleetImportView:  # type: ignore[valid-type]
-        _operator(info)
         row = get_or_404(info.context.session, FleetImport, str(id), what="fleet_import")
         return shape(FleetImportOut, row)
 
-    @strawberry.field(description="Operators: ledger against what Stripe was sent, per tenant")
+    @strawberry.field(
+        permission_classes=[IsOperator],
+        description="Operators: ledger against what Stripe was sent, per tenant",
+    )
     def reconciliation(self, info: Info, period: str) -> ReconciliationView:  # type: ignore[valid-type]
-        auth = _operator(info)
+        auth = info.context.auth
         if not re.fullmatch(PERIOD_PATTERN, period):
             raise ValidationFailed("period is a month: YYYY-MM.", code="validation_error")
         return shape(Reconciliation, stripe_export.reconcile(info.context.session, auth, period))
 
-    @strawberry.field(description="Operators: a tenant (REST: GET /v1/admin/tenants/{id})")
+    @strawberry.field(
+        permission_classes=[IsOperator],
+        description="Operators: a tenant (REST: GET /v1/admin/tenants/{id})",
+    )
     def tenant(self, info: Info, id: strawberry.ID) -> TenantView:  # type: ignore[valid-type]
-        auth = _operator(info)
+        auth = info.context.auth
         return shape(
             TenantOut, get_owned(info.context.session, auth, Tenant, str(id), what="tenant")
         )
 
     @strawberry.field(
+        permission_classes=[IsOperator],
         description="Operators: chaos experiments, oldest first, in one state if asked "
-        "(REST: GET /v1/admin/chaos/experiments); each one's report: `chaosExperiment`"
+        "(REST: GET /v1/admin/chaos/experiments); each one's report: `chaosExperiment`",
     )
     def chaos_experiments(
         self,
@@ -273,7 +284,6 @@ class OperatorQuery:
         after: str | None = None,
         state: str | None = None,
     ) -> Connection[ChaosExperimentSummaryView]:  # type: ignore[valid-type]
-        _operator(info)
         try:
             st = ExperimentState(state).value if state is not None else None
         except ValueError:
@@ -286,12 +296,12 @@ class OperatorQuery:
         return connection(rows, lambda x: shape(ExperimentSummaryOut, x), nxt)
 
     @strawberry.field(
+        permission_classes=[IsOperator],
         description="Operators: a chaos experiment and its report: per fault, the times to "
         "detect, quarantine, requeue and run again; the invariants "
-        "(REST: GET /v1/admin/chaos/experiments/{id})"
+        "(REST: GET /v1/admin/chaos/experiments/{id})",
     )
     def chaos_experiment(self, info: Info, id: strawberry.ID) -> ChaosExperimentView:  # type: ignore[valid-type]
-        _operator(info)
         session = info.context.session
         exp = get_or_404(session, ChaosExperiment, str(id), what="experiment")
         return shape(ExperimentOut, chaos.experiment_view(session, exp))

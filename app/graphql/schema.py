@@ -36,6 +36,7 @@ from app.core.routing import REPLAY, stored_response
 from app.fleet.service import list_nodes
 from app.graphql.account import AccountQuery, page_params
 from app.graphql.context import Context, get_context
+from app.graphql.dataloaders.events import newest as newest_events
 from app.graphql.limits import (
     MAX_JSON_DEPTH,
     ExpensiveFields,
@@ -47,6 +48,7 @@ from app.graphql.limits import (
     load_body,
 )
 from app.graphql.operator import OperatorQuery
+from app.graphql.permissions import IsOperator, TenantRead, TenantReadAnyStatus
 from app.graphql.types import (
     Node,
     NodeConnection,
@@ -63,7 +65,6 @@ from app.graphql.views import BIG_INT, BigInt, text_args
 from app.models.tenants import Tenant
 from app.models.workloads import Workload as Row
 from app.scheduling.lifecycle import State
-from app.tenancy.auth import require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned
 from app.workloads import service
 
@@ -158,10 +159,9 @@ def _selects(selections: list[Any], *path: str) -> bool:
 
 @strawberry.type
 class CoreQuery:
-    @strawberry.field(description="The calling tenant")
+    @strawberry.field(permission_classes=[TenantReadAnyStatus], description="The calling tenant")
     def viewer(self, info: strawberry.Info[Context, None]) -> Viewer:
         auth = info.context.auth
-        require_tenant_scope(auth, "read", allow_inactive=True)
         t = info.context.session.get(Tenant, auth.tenant_id)
         if t is None:
             raise NotFound("The key's tenant is gone.")
@@ -173,7 +173,9 @@ class CoreQuery:
             isolation_policy=list(t.isolation_policy or []),
         )
 
-    @strawberry.field(description="The caller's workloads, oldest first")
+    @strawberry.field(
+        permission_classes=[TenantRead], description="The caller's workloads, oldest first"
+    )
     def workloads(
         self,
         info: strawberry.Info[Context, None],
@@ -191,7 +193,6 @@ class CoreQuery:
         ] = None,
     ) -> WorkloadConnection:
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         page = page_params(first, after)
         try:
             st = State(state) if state is not None else None
@@ -227,7 +228,7 @@ class CoreQuery:
         if rows and any(
             _selects(f.selections, "edges", "node", "events") for f in info.selected_fields
         ):
-            events = info.context.newest_events([w.id for w in rows])
+            events = newest_events(info.context.session, info.context.auth, [w.id for w in rows])
         return WorkloadConnection(
             edges=[
                 WorkloadEdge(
@@ -239,7 +240,9 @@ class CoreQuery:
             page_info=PageInfo(has_next_page=nxt is not None, end_cursor=nxt),
         )
 
-    @strawberry.field(description="Operators: the fleet's nodes, oldest first")
+    @strawberry.field(
+        permission_classes=[IsOperator], description="Operators: the fleet's nodes, oldest first"
+    )
     def nodes(
         self,
         info: strawberry.Info[Context, None],
@@ -249,8 +252,6 @@ class CoreQuery:
         gpu_model: str | None = None,
         name: str | None = None,
     ) -> NodeConnection:
-        auth = info.context.auth
-        require_platform(auth)
         page = page_params(first, after)
         text_args(state=state, gpu_model=gpu_model, name=name)
         rows, nxt = list_nodes(
@@ -265,10 +266,9 @@ class CoreQuery:
             page_info=PageInfo(has_next_page=nxt is not None, end_cursor=nxt),
         )
 
-    @strawberry.field(description="One of the caller's workloads")
+    @strawberry.field(permission_classes=[TenantRead], description="One of the caller's workloads")
     def workload(self, info: strawberry.Info[Context, None], id: strawberry.ID) -> Workload:
         auth = info.context.auth
-        require_tenant_scope(auth, "read")
         wid: uuid.UUID | None = node_id(str(id))
         if wid is None:
             raise NotFound(f"No workload with id {id}.", code="workload_not_found")

@@ -29,7 +29,6 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import strawberry
 from starlette.concurrency import run_in_threadpool
@@ -38,8 +37,8 @@ from strawberry.types.unset import UNSET
 
 from app.core import logtail, pubsub
 from app.core.db import as_aware, get_sessionmaker
-from app.core.errors import AppError, Forbidden, ValidationFailed
-from app.graphql.context import Context, coded
+from app.core.errors import AppError, ValidationFailed
+from app.graphql.context import Context, coded, sign_in
 from app.graphql.types import WorkloadEvent
 from app.graphql.views import text_args
 from app.health.service import FLEET_TOPIC
@@ -47,7 +46,6 @@ from app.models.fleet import Node
 from app.models.health import HealthEvent
 from app.models.workloads import Workload
 from app.models.workloads import WorkloadEvent as Row
-from app.ratelimit import service as ratelimit
 from app.scheduling.lifecycle import events_topic
 from app.tenancy.auth import AuthContext, Credential, require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned, scoped_select
@@ -58,47 +56,6 @@ RECHECK_S = 30.0  # how often a subscription checks that its key is still live
 
 
 # --- authentication of a websocket --------------------------------------------------------------
-
-
-async def sign_in(context: Context, cred: Credential, scope: Any, kind: str = "read") -> None:
-    """Check a websocket's credential as REST checks a request's, and take a token of the
-    caller's `kind` rate limit: when it connects, and again for every operation on it
-    (app/graphql/schema.py `PerOperation`). A refusal is kept to answer the operation with.
-
-    A portal session's cookie rides on the handshake of any page the browser opens, so it
-    counts only from a page of this origin (a websocket has no CSRF header: its Origin is the
-    check, as OWASP advises against cross-site websocket hijacking)."""
-    context._ws_cred = cred  # type: ignore[attr-defined]
-    context.ws_scope = scope
-    try:
-        if cred.kind == "session" and not _same_origin(scope):
-            raise Forbidden(
-                "A portal session's websocket must come from the portal's own origin.",
-                code="cross_origin_websocket",
-            )
-        auth = await cred.resolve()
-        await ratelimit.check_async(
-            scope,
-            kind,
-            key=str(auth.key_id),
-            tenant=str(auth.tenant_id),
-            operator=auth.tenant_id is None,
-        )
-    except AppError as e:
-        context._auth, context._auth_error = None, e
-        return
-    context._auth, context._auth_error = auth, None
-
-
-def _same_origin(scope: Any) -> bool:
-    headers = {
-        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
-    }
-    origin = headers.get("origin")
-    if not origin:  # browsers always send one; a cookie without it is no page's
-        return False
-    hosts = {headers.get("host"), headers.get("x-forwarded-host")} - {None}
-    return urlsplit(origin).netloc in hosts
 
 
 def _payload_key(params: Any) -> str | None:

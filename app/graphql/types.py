@@ -104,7 +104,7 @@ class Workload:
         return self._loaded_events(info)  # type: ignore[return-value]
 
     async def _loaded_events(self, info: strawberry.Info) -> list[WorkloadEvent]:
-        rows = await info.context.events.load(self._row.id)
+        rows = await info.context.loaders.events.load(self._row.id)
         return [WorkloadEvent.of(e) for e in rows]
 
     @strawberry.field(
@@ -224,18 +224,18 @@ class Node:
 
     @strawberry.field
     async def rack(self, info: strawberry.Info) -> str:
-        return (await info.context.racks.load(self._row.rack_id))[0]
+        return (await info.context.loaders.racks.load(self._row.rack_id))[0]
 
     @strawberry.field
     async def region(self, info: strawberry.Info) -> str:
-        return (await info.context.racks.load(self._row.rack_id))[1]
+        return (await info.context.loaders.racks.load(self._row.rack_id))[1]
 
     @strawberry.field
     async def gpus(self, info: strawberry.Info) -> list[Gpu]:
         # The GPUs and their holders together: one await per node, not one per GPU (a page of
         # 100 nodes is 800 GPUs; each await through a loader cost more than its fields).
-        gpus = await info.context.gpus.load(self._row.id)
-        held = await info.context.holders.load(self._row.id)
+        gpus = await info.context.loaders.gpus.load(self._row.id)
+        held = await info.context.loaders.holders.load(self._row.id)
         return [
             Gpu(
                 index=g.index,
