@@ -121,28 +121,50 @@ def plan(session: Session, now: datetime | None = None) -> PlanReport:
     on a full pass, for every closed bucket in Stripe's window."""
     now = now or utcnow()
     report = PlanReport()
+    cursor = _claim_cursor(session)
+    step = _step_ms()
+    hi = closed_until(now)
+    horizon = metering.to_ms(now) - STRIPE_PAST_MS
+    horizon -= horizon % step
+    lo = _plan_from(session, cursor, now, horizon, step)
+    customers = _customers(session)
+    cursor.last_run_at = now
+    if lo >= hi or not customers:
+        cursor.planned_through = metering.from_ms(max(hi, lo))
+        return report
+    report.window = (metering.from_ms(lo), metering.from_ms(hi))
+    ledger = ledger_by_key(session, metering.visible_to(SYSTEM, list(customers)), lo, hi, now)
+    rows, adjusted = _exported_by_key(session, report.window)
+    for key in sorted(set(ledger) | set(rows) | set(adjusted), key=str):
+        tenant = key[0]
+        if tenant not in customers:
+            continue
+        owed = ledger.get(key, 0) - adjusted.get(key, 0)
+        _settle(session, key, owed, rows.get(key, []), customers[tenant], horizon, now, report)
+    prev = hi if cursor.planned_through is None else metering.to_ms(cursor.planned_through)
+    cursor.planned_through = metering.from_ms(max(hi, prev))
+    session.flush()
+    return report
+
+
+def _claim_cursor(session: Session) -> MeterExportCursor:
+    """The planner's cursor, locked (one planner at a time), created on the first run."""
     if _is_pg(session):
         session.execute(select(func.pg_advisory_xact_lock(_LOCK_NS, 0)))
     cursor = session.get(MeterExportCursor, 1, with_for_update=True)
     if cursor is None:
         cursor = MeterExportCursor(id=1)
         session.add(cursor)
-    step = _step_ms()
-    hi = closed_until(now)
-    horizon = metering.to_ms(now) - STRIPE_PAST_MS
-    horizon -= horizon % step
-    full = cursor.full_pass_at is None or now - as_aware(cursor.full_pass_at) >= timedelta(
-        seconds=get_settings().meter_full_pass_seconds
-    )
-    if not full and cursor.last_run_at is not None:
-        # A commitment recorded since the last run over a term already begun re-prices the past
-        # (found here rather than signalled, so recording one never waits for this lock).
-        since = as_aware(cursor.last_run_at) - LATE_MARGIN
-        recent = restrict(SYSTEM, select(func.count()).select_from(Commitment), Commitment)
-        recent = recent.where(
-            Commitment.created_at >= since, Commitment.starts_at < Commitment.created_at
-        )
-        full = bool(session.scalar(recent))
+    return cursor
+
+
+def _plan_from(
+    session: Session, cursor: MeterExportCursor, now: datetime, horizon: int, step: int
+) -> int:
+    """Start (ms, on a bucket boundary) of this run's window: Stripe's horizon on a full pass
+    (marked as done now); else where the last run stopped, or earlier for usage the ledger
+    recorded late since then."""
+    full = _full_pass_due(session, cursor, now)
     lo = horizon if full else metering.to_ms(cursor.planned_through or now)
     if full:
         cursor.full_pass_at = now
@@ -155,72 +177,98 @@ def plan(session: Session, now: datetime | None = None) -> PlanReport:
         if earliest is not None:
             lo = min(lo, metering.to_ms(earliest))
     lo -= lo % step
-    customers = _customers(session)
-    cursor.last_run_at = now
-    if lo >= hi or not customers:
-        cursor.planned_through = metering.from_ms(max(hi, lo))
-        return report
-    report.window = (metering.from_ms(lo), metering.from_ms(hi))
-    ledger = ledger_by_key(session, metering.visible_to(SYSTEM, list(customers)), lo, hi, now)
+    return lo
+
+
+def _full_pass_due(session: Session, cursor: MeterExportCursor, now: datetime) -> bool:
+    """Whether this run rechecks every bucket in Stripe's window: none yet, the last one too
+    long ago, or a commitment recorded since the last run re-prices the past."""
+    full = cursor.full_pass_at is None or now - as_aware(cursor.full_pass_at) >= timedelta(
+        seconds=get_settings().meter_full_pass_seconds
+    )
+    if not full and cursor.last_run_at is not None:
+        # A commitment recorded since the last run over a term already begun re-prices the past
+        # (found here rather than signalled, so recording one never waits for this lock).
+        since = as_aware(cursor.last_run_at) - LATE_MARGIN
+        recent = restrict(SYSTEM, select(func.count()).select_from(Commitment), Commitment)
+        recent = recent.where(
+            Commitment.created_at >= since, Commitment.starts_at < Commitment.created_at
+        )
+        full = bool(session.scalar(recent))
+    return full
+
+
+def _exported_by_key(
+    session: Session, window: tuple[datetime, datetime]
+) -> tuple[dict[Key, list[MeterExport]], dict[Key, int]]:
+    """What the outbox holds per key in the window (its rows), and what adjustments cover."""
     rows: dict[Key, list[MeterExport]] = defaultdict(list)
     for r in session.scalars(
         restrict(SYSTEM, select(MeterExport), MeterExport).where(
-            MeterExport.bucket_start >= report.window[0],
-            MeterExport.bucket_start < report.window[1],
+            MeterExport.bucket_start >= window[0],
+            MeterExport.bucket_start < window[1],
         )
     ):
         rows[(r.tenant_id, r.meter, r.tier, r.region, metering.to_ms(r.bucket_start))].append(r)
     adjusted: dict[Key, int] = defaultdict(int)
     for a in session.scalars(
         restrict(SYSTEM, select(BillingAdjustment), BillingAdjustment).where(
-            BillingAdjustment.bucket_start >= report.window[0],
-            BillingAdjustment.bucket_start < report.window[1],
+            BillingAdjustment.bucket_start >= window[0],
+            BillingAdjustment.bucket_start < window[1],
         )
     ):
         adjusted[(a.tenant_id, a.meter, a.tier, a.region, metering.to_ms(a.bucket_start))] += (
             a.quantity
         )
-    for key in sorted(set(ledger) | set(rows) | set(adjusted), key=str):
-        tenant, meter, tier, region, bucket = key
-        if tenant not in customers:
-            continue
-        mine = rows.get(key, [])
-        if any(r.state not in (ExportState.sent.value, ExportState.cancelled.value) for r in mine):
-            continue  # in flight (or failed and waiting for an operator): decide after
-        live = [r for r in mine if r.state == ExportState.sent.value]
-        delta = ledger.get(key, 0) - sum(r.value for r in live) - adjusted.get(key, 0)
-        if delta == 0:
-            continue
-        if bucket < horizon:
-            _adjust(session, key, delta, "bucket older than Stripe's 35-day meter window", report)
-        elif delta > 0:
-            seq = max((r.seq for r in mine), default=0) + 1
-            session.add(
-                MeterExport(
-                    identifier=identifier(tenant, meter, tier, region, bucket, seq),
-                    tenant_id=tenant,
-                    customer_id=customers[tenant],
-                    meter=meter,
-                    tier=tier,
-                    region=region,
-                    bucket_start=metering.from_ms(bucket),
-                    seq=seq,
-                    value=delta,
-                    state=ExportState.pending.value,
-                    created_at=now,
-                )
+    return rows, adjusted
+
+
+def _settle(
+    session: Session,
+    key: Key,
+    owed: int,
+    mine: list[MeterExport],
+    customer_id: str,
+    horizon: int,
+    now: datetime,
+    report: PlanReport,
+) -> None:
+    """Bring one key's exported total to what it `owes` Stripe (the ledger's usage less the
+    adjustments): a new meter event, cancellations, or an adjustment. A key with rows still
+    in flight waits for them."""
+    tenant, meter, tier, region, bucket = key
+    if any(r.state not in (ExportState.sent.value, ExportState.cancelled.value) for r in mine):
+        return  # in flight (or failed and waiting for an operator): decide after
+    live = [r for r in mine if r.state == ExportState.sent.value]
+    delta = owed - sum(r.value for r in live)
+    if delta == 0:
+        return
+    if bucket < horizon:
+        _adjust(session, key, delta, "bucket older than Stripe's 35-day meter window", report)
+    elif delta > 0:
+        seq = max((r.seq for r in mine), default=0) + 1
+        session.add(
+            MeterExport(
+                identifier=identifier(tenant, meter, tier, region, bucket, seq),
+                tenant_id=tenant,
+                customer_id=customer_id,
+                meter=meter,
+                tier=tier,
+                region=region,
+                bucket_start=metering.from_ms(bucket),
+                seq=seq,
+                value=delta,
+                state=ExportState.pending.value,
+                created_at=now,
             )
-            report.events += 1
-        elif live and all(as_aware(r.sent_at) >= now - CANCEL_WINDOW for r in live):
-            for r in live:
-                r.state = ExportState.cancel_pending.value
-            report.cancels += len(live)
-        else:
-            _adjust(session, key, delta, "correction after Stripe's 24-hour cancel window", report)
-    prev = hi if cursor.planned_through is None else metering.to_ms(cursor.planned_through)
-    cursor.planned_through = metering.from_ms(max(hi, prev))
-    session.flush()
-    return report
+        )
+        report.events += 1
+    elif live and all(as_aware(r.sent_at) >= now - CANCEL_WINDOW for r in live):
+        for r in live:
+            r.state = ExportState.cancel_pending.value
+        report.cancels += len(live)
+    else:
+        _adjust(session, key, delta, "correction after Stripe's 24-hour cancel window", report)
 
 
 def _adjust(session: Session, key: Key, quantity: int, reason: str, report: PlanReport) -> None:

@@ -15,7 +15,7 @@ from pydantic import Field, StrictInt, ValidationError, model_validator
 from app.core.errors import format_loc
 from app.core.schemas import StrictModel
 from app.models.fleet import NodeState
-from app.placement.catalog import GPU_MODELS, RACK_KINDS
+from app.placement.catalog import GPU_MODELS, RACK_KINDS, RackKindSpec
 
 Name = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -232,17 +232,17 @@ def parse(text: str, *, fmt: str | None = None) -> tuple[Any, dict[tuple, tuple[
     return data, _line_map(node)
 
 
-def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> dict[str, Any]:
-    """Validate a parsed document whole and return its normalised form (every node explicit).
+class _Errors:
+    """The problems found so far, each located by field path and, where the line map knows
+    it, by line and column. Called with a field path and a message, it records one."""
 
-    Raises FleetDocumentError listing every problem, each with field path and line.
-    """
-    lines = lines or {}
-    errors: list[dict[str, Any]] = []
+    def __init__(self, lines: dict[tuple, tuple[int, int]]):
+        self.lines = lines
+        self.items: list[dict[str, Any]] = []
 
-    def err(loc: tuple, message: str) -> None:
-        pos = _locate(lines, loc)
-        errors.append(
+    def __call__(self, loc: tuple, message: str) -> None:
+        pos = _locate(self.lines, loc)
+        self.items.append(
             {
                 "field": format_loc(loc),
                 "line": pos[0] if pos else None,
@@ -251,19 +251,14 @@ def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> di
             }
         )
 
-    if not isinstance(data, dict):
-        err((), "the fleet document must be a mapping with a `regions` list")
-        raise FleetDocumentError(errors)
-    try:
-        doc = FleetDocument.model_validate(data)
-    except ValidationError as e:
-        for item in e.errors():
-            loc = tuple(
-                p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-"))
-            )
-            err(loc, item["msg"])
-        raise FleetDocumentError(errors) from None
 
+def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> dict[str, Any]:
+    """Validate a parsed document whole and return its normalised form (every node explicit).
+
+    Raises FleetDocumentError listing every problem, each with field path and line.
+    """
+    err = _Errors(lines or {})
+    doc = _schema(data, err)
     regions_seen: set[str] = set()
     nodes_seen: dict[str, tuple] = {}
     out_regions = []
@@ -278,116 +273,157 @@ def validate(data: Any, lines: dict[tuple, tuple[int, int]] | None = None) -> di
             if rack.name in racks_seen:
                 err(rloc + ("name",), f"rack {rack.name!r} appears twice in region {region.name!r}")
             racks_seen.add(rack.name)
-            spec = RACK_KINDS[rack.kind]
-            rack_model = rack.gpu_model or spec.gpu_models[0]
-            rack_model_ok = rack_model in spec.gpu_models
-            if not rack_model_ok:
-                err(
-                    rloc + ("gpu_model",),
-                    f"gpu_model {rack_model!r} is not sold in {rack.kind} racks "
-                    f"(allowed: {', '.join(spec.gpu_models)})",
-                )
-            nodes: list[tuple[tuple, dict[str, Any]]] = []
-            if rack.node_template is not None:
-                t = rack.node_template
-                for i in range(t.count):
-                    nodes.append(
-                        (
-                            rloc + ("node_template",),
-                            {
-                                "name": f"{t.name_prefix}{i + 1:03d}",
-                                "gpu_model": t.gpu_model,
-                                "gpus": None,
-                                "cpus": t.cpus,
-                                "memory_gib": t.memory_gib,
-                                "state": "ready",
-                                "mig_gpus": list(t.mig_gpus),
-                            },
-                        )
-                    )
-            elif rack.nodes is not None:
-                for ni, n in enumerate(rack.nodes):
-                    nodes.append((rloc + ("nodes", ni), n.model_dump(mode="json")))
-            else:  # nvl72 with no nodes listed: its 18 compute trays
-                for i in range(spec.nodes_per_rack or 0):
-                    nodes.append(
-                        (
-                            rloc,
-                            {
-                                "name": f"{rack.name}-tray{i + 1:02d}",
-                                "gpu_model": None,
-                                "gpus": None,
-                                "cpus": None,
-                                "memory_gib": None,
-                                "state": "ready",
-                                "mig_gpus": [],
-                            },
-                        )
-                    )
-            if spec.nodes_per_rack is not None and len(nodes) != spec.nodes_per_rack:
-                err(
-                    rloc + ("nodes",),
-                    f"an {rack.kind} rack has exactly {spec.nodes_per_rack} compute "
-                    f"trays; got {len(nodes)}",
-                )
-            out_nodes = []
-            for nloc, n in nodes:
-                model = n["gpu_model"] or rack_model
-                gpus = n["gpus"] or spec.gpus_per_node
-                if n["gpu_model"] is None and not rack_model_ok:
-                    pass  # the rack's gpu_model is wrong, and said so once, at the rack's field
-                elif model not in GPU_MODELS:
-                    err(
-                        nloc + ("gpu_model",),
-                        f"unknown GPU model {model!r} (known: {', '.join(GPU_MODELS)})",
-                    )
-                elif model not in spec.gpu_models:
-                    err(nloc + ("gpu_model",), f"{model} is not sold in {rack.kind} racks")
-                if gpus != spec.gpus_per_node:
-                    err(
-                        nloc + ("gpus",),
-                        f"{rack.kind} nodes have {spec.gpus_per_node} GPUs; got {gpus}",
-                    )
-                bad_mig = [i for i in n["mig_gpus"] if i >= gpus]
-                if bad_mig:
-                    err(
-                        nloc + ("mig_gpus",),
-                        f"GPU indices {bad_mig} do not exist on a {gpus}-GPU node",
-                    )
-                if n["name"] in nodes_seen:
-                    err(
-                        nloc + ("name",),
-                        f"node {n['name']!r} appears twice (first at "
-                        f"{format_loc(nodes_seen[n['name']])})",
-                    )
-                nodes_seen.setdefault(n["name"], nloc)
-                out_nodes.append(
-                    {
-                        "name": n["name"],
-                        "gpu_model": model,
-                        "gpus": gpus,
-                        "cpu_milli": int(
-                            round((n["cpus"] or spec.default_cpu_milli / 1000) * 1000)
-                        ),
-                        "memory_mib": int(round(n["memory_gib"] * 1024))
-                        if n["memory_gib"]
-                        else spec.default_memory_mib,
-                        "state": n["state"],
-                        "mig_gpus": sorted(set(n["mig_gpus"])),
-                    }
-                )
-            out_racks.append(
-                {
-                    "name": rack.name,
-                    "kind": rack.kind,
-                    "block": rack.block or rack.name,
-                    "nodes": out_nodes,
-                }
-            )
+            out_racks.append(_rack(rack, rloc, nodes_seen, err))
         out_regions.append({"name": region.name, "racks": out_racks})
-    if errors:
-        raise FleetDocumentError(errors)
+    if err.items:
+        raise FleetDocumentError(err.items)
     return {"regions": out_regions}
+
+
+def _schema(data: Any, err: _Errors) -> FleetDocument:
+    """The document's shape, field by field; raises FleetDocumentError with every mismatch."""
+    if not isinstance(data, dict):
+        err((), "the fleet document must be a mapping with a `regions` list")
+        raise FleetDocumentError(err.items)
+    try:
+        return FleetDocument.model_validate(data)
+    except ValidationError as e:
+        for item in e.errors():
+            loc = tuple(
+                p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-"))
+            )
+            err(loc, item["msg"])
+        raise FleetDocumentError(err.items) from None
+
+
+def _rack(
+    rack: RackSpec, rloc: tuple, nodes_seen: dict[str, tuple], err: _Errors
+) -> dict[str, Any]:
+    """A rack normalised, its nodes made explicit; its problems (and its nodes') recorded."""
+    spec = RACK_KINDS[rack.kind]
+    rack_model = rack.gpu_model or spec.gpu_models[0]
+    rack_model_ok = rack_model in spec.gpu_models
+    if not rack_model_ok:
+        err(
+            rloc + ("gpu_model",),
+            f"gpu_model {rack_model!r} is not sold in {rack.kind} racks "
+            f"(allowed: {', '.join(spec.gpu_models)})",
+        )
+    nodes = _rack_nodes(rack, rloc, spec)
+    if spec.nodes_per_rack is not None and len(nodes) != spec.nodes_per_rack:
+        err(
+            rloc + ("nodes",),
+            f"an {rack.kind} rack has exactly {spec.nodes_per_rack} compute "
+            f"trays; got {len(nodes)}",
+        )
+    out_nodes = [
+        _node(n, nloc, rack.kind, spec, rack_model, rack_model_ok, nodes_seen, err)
+        for nloc, n in nodes
+    ]
+    return {
+        "name": rack.name,
+        "kind": rack.kind,
+        "block": rack.block or rack.name,
+        "nodes": out_nodes,
+    }
+
+
+def _rack_nodes(
+    rack: RackSpec, rloc: tuple, spec: RackKindSpec
+) -> list[tuple[tuple, dict[str, Any]]]:
+    """A rack's nodes as (where they are written, fields), from its list, its template, or
+    (an nvl72 rack listing none) its compute trays."""
+    nodes: list[tuple[tuple, dict[str, Any]]] = []
+    if rack.node_template is not None:
+        t = rack.node_template
+        for i in range(t.count):
+            nodes.append(
+                (
+                    rloc + ("node_template",),
+                    {
+                        "name": f"{t.name_prefix}{i + 1:03d}",
+                        "gpu_model": t.gpu_model,
+                        "gpus": None,
+                        "cpus": t.cpus,
+                        "memory_gib": t.memory_gib,
+                        "state": "ready",
+                        "mig_gpus": list(t.mig_gpus),
+                    },
+                )
+            )
+    elif rack.nodes is not None:
+        for ni, n in enumerate(rack.nodes):
+            nodes.append((rloc + ("nodes", ni), n.model_dump(mode="json")))
+    else:  # nvl72 with no nodes listed: its 18 compute trays
+        for i in range(spec.nodes_per_rack or 0):
+            nodes.append(
+                (
+                    rloc,
+                    {
+                        "name": f"{rack.name}-tray{i + 1:02d}",
+                        "gpu_model": None,
+                        "gpus": None,
+                        "cpus": None,
+                        "memory_gib": None,
+                        "state": "ready",
+                        "mig_gpus": [],
+                    },
+                )
+            )
+    return nodes
+
+
+def _node(
+    n: dict[str, Any],
+    nloc: tuple,
+    kind: str,
+    spec: RackKindSpec,
+    rack_model: str,
+    rack_model_ok: bool,
+    nodes_seen: dict[str, tuple],
+    err: _Errors,
+) -> dict[str, Any]:
+    """A node normalised against its rack (`kind`, `spec`, the rack's GPU model and whether
+    that model was valid); its problems recorded, a name already seen among them."""
+    model = n["gpu_model"] or rack_model
+    gpus = n["gpus"] or spec.gpus_per_node
+    if n["gpu_model"] is None and not rack_model_ok:
+        pass  # the rack's gpu_model is wrong, and said so once, at the rack's field
+    elif model not in GPU_MODELS:
+        err(
+            nloc + ("gpu_model",),
+            f"unknown GPU model {model!r} (known: {', '.join(GPU_MODELS)})",
+        )
+    elif model not in spec.gpu_models:
+        err(nloc + ("gpu_model",), f"{model} is not sold in {kind} racks")
+    if gpus != spec.gpus_per_node:
+        err(
+            nloc + ("gpus",),
+            f"{kind} nodes have {spec.gpus_per_node} GPUs; got {gpus}",
+        )
+    bad_mig = [i for i in n["mig_gpus"] if i >= gpus]
+    if bad_mig:
+        err(
+            nloc + ("mig_gpus",),
+            f"GPU indices {bad_mig} do not exist on a {gpus}-GPU node",
+        )
+    if n["name"] in nodes_seen:
+        err(
+            nloc + ("name",),
+            f"node {n['name']!r} appears twice (first at {format_loc(nodes_seen[n['name']])})",
+        )
+    nodes_seen.setdefault(n["name"], nloc)
+    return {
+        "name": n["name"],
+        "gpu_model": model,
+        "gpus": gpus,
+        "cpu_milli": int(round((n["cpus"] or spec.default_cpu_milli / 1000) * 1000)),
+        "memory_mib": int(round(n["memory_gib"] * 1024))
+        if n["memory_gib"]
+        else spec.default_memory_mib,
+        "state": n["state"],
+        "mig_gpus": sorted(set(n["mig_gpus"])),
+    }
 
 
 def load(text: str, *, fmt: str | None = None) -> dict[str, Any]:
