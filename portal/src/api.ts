@@ -229,7 +229,7 @@ export function gpuShare(milli: number): string {
   return milli % 1000 === 0 ? `${milli / 1000}` : (milli / 1000).toFixed(2);
 }
 
-// ISO 4217 currencies without minor units (as app/billing/money.py); the rest have two.
+// ISO 4217 currencies without minor units (as app/core/money.py); the rest have two.
 const ZERO_DECIMAL = "bif clp djf gnf jpy kmf krw mga pyg rwf ugx vnd vuv xaf xof xpf".split(" ");
 
 export function exponent(currency: string): number {

@@ -2,7 +2,7 @@
 simulated fleet, with faults drawn at published rates, replayed under several recovery policies.
 
 It drives the same code as the service, never a copy:
-- the queueing core (`app/placement/queueing.py`) places the job, its replacements, its hot
+- the queueing core (`app/placement/queueing/`) places the job, its replacements, its hot
   spares and the background work (the Philly trace's jobs), with priorities and preemption;
 - the health loop's action table (`app/health/actions.py`) says what each fault does: which
   hardware leaves service (the GPU, the node, the NVLink domain) and how it is repaired (reset,

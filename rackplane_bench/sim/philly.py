@@ -1,4 +1,4 @@
-"""Replay of the Microsoft Philly jobs through the queueing core (app/placement/queueing.py).
+"""Replay of the Microsoft Philly jobs through the queueing core (app/placement/queueing/).
 
 Each job becomes a workload of its `cluster` (the tenant): `num_gpus` whole GPUs, one 8-GPU
 node when it fits in one, otherwise a gang of 8-GPU (or 4-GPU) replicas that prefers one rack.

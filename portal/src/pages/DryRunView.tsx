@@ -15,7 +15,7 @@ export const DRY_RUN_FIELDS = `placeableNow tier region reason expectedStart pre
   preemptsOthers { priority count }
   placement { replica rack node gpuIndices gpuModel migProfile migSlot milli }`;
 
-/** The API's answer as one of four outcomes (app/placement/queueing.py `what_if`):
+/** The API's answer as one of four outcomes (app/placement/queueing/ `what_if`):
  * - now: placeable now, nobody preempted;
  * - preempts: placeable once the workloads it preempts have stopped (after their grace);
  * - waits: not placeable now, but it would queue and start later: when running work ends
