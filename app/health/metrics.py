@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -68,142 +68,165 @@ class FleetCollector(Collector):
             log.warning("fleet_metrics_failed", error=str(exc)[:300])
 
     def _collect(self) -> Iterator:
-        placeable = [h.value for h in PLACEABLE]
         with session_scope() as s:
-            effective = case((Node.health.in_(placeable), Gpu.health), else_=Node.health)
-            usable = (
-                (Node.state == "ready") & Node.health.in_(placeable) & Gpu.health.in_(placeable)
-            )
-            used = func.coalesce(GpuUsage.milli_used, 0) > 0
-            alloc = case((used, "allocated"), (usable, "idle"), else_="unavailable")
-            rows = s.execute(
-                select(Region.name, Gpu.model, effective, alloc, func.count())
-                .select_from(Gpu)
-                .join(Node, Gpu.node_id == Node.id)
-                .join(Rack, Node.rack_id == Rack.id)
-                .join(Region, Rack.region_id == Region.id)
-                .outerjoin(
-                    GpuUsage,
-                    (GpuUsage.node_id == Gpu.node_id) & (GpuUsage.gpu_index == Gpu.index),
-                )
-                .where(Node.state != "retired")
-                .group_by(Region.name, Gpu.model, effective, alloc)
-            ).all()
-            by_health = GaugeMetricFamily(
-                "rackplane_gpus", "GPUs by health state", labels=["region", "model", "health"]
-            )
-            by_alloc = GaugeMetricFamily(
-                "rackplane_gpus_allocation",
-                "GPUs allocated, idle (ready, nothing on them) or unavailable (out of the pool)",
-                labels=["region", "model", "state"],
-            )
-            health_n: dict[tuple, int] = {}
-            alloc_n: dict[tuple, int] = {}
-            for region, model, health, a, n in rows:
-                health_n[(region, model, health)] = health_n.get((region, model, health), 0) + n
-                alloc_n[(region, model, a)] = alloc_n.get((region, model, a), 0) + n
-            for k, n in sorted(health_n.items()):
-                by_health.add_metric(list(k), n)
-            for k, n in sorted(alloc_n.items()):
-                by_alloc.add_metric(list(k), n)
-            yield by_health
-            yield by_alloc
-            idle = CounterMetricFamily(
-                "rackplane_idle_gpu_seconds",
-                "Idle iron: GPU-seconds ready, healthy GPUs spent with nothing on them",
-                labels=["region", "model"],
-            )
-            for r in s.scalars(select(IdleIron).order_by(IdleIron.region, IdleIron.gpu_model)):
-                idle.add_metric([r.region, r.gpu_model], r.gpu_seconds)
-            yield idle
-            faults = CounterMetricFamily(
-                "rackplane_health_incidents",
-                "Fault incidents (bursts) by their class: the Xid (or signal) and the action",
-                labels=["signal", "xid", "action"],
-            )
-            for signal, code, action, n in s.execute(
-                select(
-                    HealthIncident.signal, HealthIncident.code, HealthIncident.action, func.count()
-                ).group_by(HealthIncident.signal, HealthIncident.code, HealthIncident.action)
-            ):
-                xid = str(code) if signal == "xid" and code is not None else ""
-                faults.add_metric([signal, xid, action], n)
-            yield faults
-            held = s.scalar(select(func.count()).where(HealthIncident.held_back.is_not(None)))
-            c = CounterMetricFamily(
-                "rackplane_health_breaker_held",
-                "Incidents whose quarantine the circuit breaker held back",
-            )
-            c.add_metric([], held or 0)
-            yield c
-            # Repair durations (provider's repair + validation), and how long hardware was out:
-            # from its incident's start to its return.
-            since = utcnow() - timedelta(days=30)
-            repairs: dict[str, list[float]] = {}
-            outs: dict[str, list[float]] = {}
-            for kind, started, finished, opened in s.execute(
-                select(
-                    HealthRepair.kind,
-                    HealthRepair.started_at,
-                    HealthRepair.finished_at,
-                    HealthIncident.opened_at,
-                )
-                .outerjoin(HealthIncident, HealthIncident.id == HealthRepair.incident_id)
-                .where(HealthRepair.outcome == "ok", HealthRepair.finished_at >= since)
-            ):
-                done = as_aware(finished)
-                repairs.setdefault(kind, []).append((done - as_aware(started)).total_seconds())
-                if opened is not None:
-                    outs.setdefault(kind, []).append((done - as_aware(opened)).total_seconds())
-            yield _histogram(
-                "rackplane_health_repair_seconds",
-                "Successful repairs (last 30 days): the provider's reset or reboot and validation",
-                "kind",
-                repairs,
-                DURATION_BUCKETS,
-            )
-            yield _histogram(
-                "rackplane_health_quarantine_seconds",
-                "Hardware out of service for a fault (last 30 days): incident to return",
-                "kind",
-                outs,
-                DURATION_BUCKETS,
-            )
-            # Work: what faults cost, and what waits.
-            lost, interrupted = s.execute(
-                select(
-                    func.coalesce(func.sum(Workload.lost_work_gpu_s), 0.0),
-                    func.coalesce(func.sum(Workload.interruptions), 0),
-                )
-            ).one()
-            c = CounterMetricFamily(
-                "rackplane_lost_work_gpu_seconds",
-                "Work lost to hardware faults: GPUs x seconds since each stopped workload's last "
-                "checkpoint",
-            )
-            c.add_metric([], float(lost))
-            yield c
-            c = CounterMetricFamily(
-                "rackplane_workload_interruptions", "Workloads stopped by hardware faults"
-            )
-            c.add_metric([], int(interrupted))
-            yield c
+            yield from _gpus(s)
+            yield _idle_iron(s)
+            yield from _incidents(s)
+            yield from _repairs(s)
+            yield from _lost_work(s)
             yield _cycles(s)
-            now = utcnow()
-            waits: dict[str, list[float]] = {}
-            for priority, created in s.execute(
-                select(Workload.priority, Workload.created_at).where(
-                    Workload.state == State.queued.value
-                )
-            ):
-                waits.setdefault(priority, []).append((now - as_aware(created)).total_seconds())
-            yield _histogram(
-                "rackplane_queue_wait_seconds",
-                "How long the workloads waiting now have waited, by priority",
-                "priority",
-                waits,
-                WAIT_BUCKETS,
-            )
+            yield _queue_waits(s)
+
+
+def _gpus(s: Any) -> Iterator:
+    """GPUs by health state (a GPU's node's when the node is out) and by allocation."""
+    placeable = [h.value for h in PLACEABLE]
+    effective = case((Node.health.in_(placeable), Gpu.health), else_=Node.health)
+    usable = (Node.state == "ready") & Node.health.in_(placeable) & Gpu.health.in_(placeable)
+    used = func.coalesce(GpuUsage.milli_used, 0) > 0
+    alloc = case((used, "allocated"), (usable, "idle"), else_="unavailable")
+    rows = s.execute(
+        select(Region.name, Gpu.model, effective, alloc, func.count())
+        .select_from(Gpu)
+        .join(Node, Gpu.node_id == Node.id)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .outerjoin(
+            GpuUsage,
+            (GpuUsage.node_id == Gpu.node_id) & (GpuUsage.gpu_index == Gpu.index),
+        )
+        .where(Node.state != "retired")
+        .group_by(Region.name, Gpu.model, effective, alloc)
+    ).all()
+    by_health = GaugeMetricFamily(
+        "rackplane_gpus", "GPUs by health state", labels=["region", "model", "health"]
+    )
+    by_alloc = GaugeMetricFamily(
+        "rackplane_gpus_allocation",
+        "GPUs allocated, idle (ready, nothing on them) or unavailable (out of the pool)",
+        labels=["region", "model", "state"],
+    )
+    health_n: dict[tuple, int] = {}
+    alloc_n: dict[tuple, int] = {}
+    for region, model, health, a, n in rows:
+        health_n[(region, model, health)] = health_n.get((region, model, health), 0) + n
+        alloc_n[(region, model, a)] = alloc_n.get((region, model, a), 0) + n
+    for k, n in sorted(health_n.items()):
+        by_health.add_metric(list(k), n)
+    for k, n in sorted(alloc_n.items()):
+        by_alloc.add_metric(list(k), n)
+    yield by_health
+    yield by_alloc
+
+
+def _idle_iron(s: Any) -> CounterMetricFamily:
+    idle = CounterMetricFamily(
+        "rackplane_idle_gpu_seconds",
+        "Idle iron: GPU-seconds ready, healthy GPUs spent with nothing on them",
+        labels=["region", "model"],
+    )
+    for r in s.scalars(select(IdleIron).order_by(IdleIron.region, IdleIron.gpu_model)):
+        idle.add_metric([r.region, r.gpu_model], r.gpu_seconds)
+    return idle
+
+
+def _incidents(s: Any) -> Iterator:
+    """Fault incidents by class, and those the circuit breaker held back."""
+    faults = CounterMetricFamily(
+        "rackplane_health_incidents",
+        "Fault incidents (bursts) by their class: the Xid (or signal) and the action",
+        labels=["signal", "xid", "action"],
+    )
+    for signal, code, action, n in s.execute(
+        select(
+            HealthIncident.signal, HealthIncident.code, HealthIncident.action, func.count()
+        ).group_by(HealthIncident.signal, HealthIncident.code, HealthIncident.action)
+    ):
+        xid = str(code) if signal == "xid" and code is not None else ""
+        faults.add_metric([signal, xid, action], n)
+    yield faults
+    held = s.scalar(select(func.count()).where(HealthIncident.held_back.is_not(None)))
+    c = CounterMetricFamily(
+        "rackplane_health_breaker_held",
+        "Incidents whose quarantine the circuit breaker held back",
+    )
+    c.add_metric([], held or 0)
+    yield c
+
+
+def _repairs(s: Any) -> Iterator:
+    """Repair durations (provider's repair + validation), and how long hardware was out: from
+    its incident's start to its return."""
+    since = utcnow() - timedelta(days=30)
+    repairs: dict[str, list[float]] = {}
+    outs: dict[str, list[float]] = {}
+    for kind, started, finished, opened in s.execute(
+        select(
+            HealthRepair.kind,
+            HealthRepair.started_at,
+            HealthRepair.finished_at,
+            HealthIncident.opened_at,
+        )
+        .outerjoin(HealthIncident, HealthIncident.id == HealthRepair.incident_id)
+        .where(HealthRepair.outcome == "ok", HealthRepair.finished_at >= since)
+    ):
+        done = as_aware(finished)
+        repairs.setdefault(kind, []).append((done - as_aware(started)).total_seconds())
+        if opened is not None:
+            outs.setdefault(kind, []).append((done - as_aware(opened)).total_seconds())
+    yield _histogram(
+        "rackplane_health_repair_seconds",
+        "Successful repairs (last 30 days): the provider's reset or reboot and validation",
+        "kind",
+        repairs,
+        DURATION_BUCKETS,
+    )
+    yield _histogram(
+        "rackplane_health_quarantine_seconds",
+        "Hardware out of service for a fault (last 30 days): incident to return",
+        "kind",
+        outs,
+        DURATION_BUCKETS,
+    )
+
+
+def _lost_work(s: Any) -> Iterator:
+    """What faults cost the work."""
+    lost, interrupted = s.execute(
+        select(
+            func.coalesce(func.sum(Workload.lost_work_gpu_s), 0.0),
+            func.coalesce(func.sum(Workload.interruptions), 0),
+        )
+    ).one()
+    c = CounterMetricFamily(
+        "rackplane_lost_work_gpu_seconds",
+        "Work lost to hardware faults: GPUs x seconds since each stopped workload's last "
+        "checkpoint",
+    )
+    c.add_metric([], float(lost))
+    yield c
+    c = CounterMetricFamily(
+        "rackplane_workload_interruptions", "Workloads stopped by hardware faults"
+    )
+    c.add_metric([], int(interrupted))
+    yield c
+
+
+def _queue_waits(s: Any) -> HistogramMetricFamily:
+    """How long the workloads waiting now have waited."""
+    now = utcnow()
+    waits: dict[str, list[float]] = {}
+    for priority, created in s.execute(
+        select(Workload.priority, Workload.created_at).where(Workload.state == State.queued.value)
+    ):
+        waits.setdefault(priority, []).append((now - as_aware(created)).total_seconds())
+    return _histogram(
+        "rackplane_queue_wait_seconds",
+        "How long the workloads waiting now have waited, by priority",
+        "priority",
+        waits,
+        WAIT_BUCKETS,
+    )
 
 
 def _cycles(s: Any) -> HistogramMetricFamily:
@@ -226,7 +249,5 @@ def register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    from prometheus_client import REGISTRY
-
     REGISTRY.register(FleetCollector())
     _REGISTERED = True

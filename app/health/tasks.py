@@ -4,17 +4,18 @@ redelivered or repeated message is harmless."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.core.config import get_settings
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
-from app.health import service
+from app.health import idle, service
 from app.health.states import Health
 from app.models.fleet import Gpu, Node
 from app.models.health import HealthIncident, HealthRepair, IdleIron, IncidentState, NodeHeartbeat
@@ -100,110 +101,13 @@ def sweep() -> dict:
     """Beat: nodes whose agent went silent (a fault: `heartbeat_lost`) or came back; repairs
     whose message was lost; incidents whose burst window ended; suspect GPUs with no new
     evidence within the window (back to healthy)."""
-    s = get_settings()
     now = utcnow()
-    silent_since = now - timedelta(seconds=s.heartbeat_timeout_seconds)
     out = {"silent": 0, "back": 0, "repairs": 0, "closed": 0, "cleared": 0}
     with session_scope() as session:
-        # Only nodes with an agent can fall silent: on evidence of one (a stream of reports,
-        # `NodeHeartbeat`), or cut off by a chaos experiment (whose agent it plays). A node that
-        # was pushed telemetry once (an operator, a chaos injection) is not expected to go on.
-        # Only those that fell silent or may have come back (the heartbeat's index), not every
-        # node with an agent.
-        expected = NodeHeartbeat.agent | NodeHeartbeat.partitioned
-        rows = session.execute(
-            select(Node.id, Node.health, Node.health_since, NodeHeartbeat.last_seen_at, expected)
-            .join(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
-            .where(
-                ((NodeHeartbeat.last_seen_at < silent_since) & expected)
-                | (Node.health == H.unreachable.value)
-            )
-        ).all()
-        for node_id, health, since, seen, agent in rows:
-            seen = as_aware(seen)
-            if (
-                agent
-                and seen < silent_since
-                and health
-                in (
-                    H.healthy.value,
-                    H.suspect.value,
-                    H.quarantined.value,
-                    H.draining.value,
-                    H.validating.value,
-                )
-            ):
-                enqueue(
-                    session,
-                    "health.evaluate",
-                    queue="health",
-                    node_id=str(node_id),
-                    signals=[
-                        {
-                            "gpu_index": None,
-                            "signal": "heartbeat_lost",
-                            "code": None,
-                            "value": (now - seen).total_seconds(),
-                            "at": seen.timestamp() + s.heartbeat_timeout_seconds,
-                            # Its last report: a report since makes the signal old news.
-                            "seen": seen.timestamp(),
-                            "received": now.timestamp(),
-                        }
-                    ],
-                )
-                out["silent"] += 1
-            elif (
-                seen >= silent_since
-                and health == H.unreachable.value
-                and (since is None or seen > as_aware(since))  # reported since it went silent
-            ):
-                node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
-                if node is not None and node.health == H.unreachable.value:
-                    at = service.where(session, node)
-                    service.move(session, at, node, H.validating, "the node agent reports again")
-                    service.start_validation(session, node, [], "return", now)
-                    out["back"] += 1
-        late = now - timedelta(seconds=LATE_AFTER_SECONDS)
-        for (rid,) in session.execute(
-            select(HealthRepair.id)
-            .where(HealthRepair.finished_at.is_(None), HealthRepair.due_at < late)
-            .limit(1000)
-        ):
-            enqueue(session, "health.repair", queue="health", repair_id=str(rid))
-            out["repairs"] += 1
-        window = timedelta(seconds=s.incident_window_seconds)
-        for inc in session.scalars(
-            select(HealthIncident)
-            .where(
-                HealthIncident.state == IncidentState.open,
-                HealthIncident.last_signal_at < now - window,
-            )
-            .limit(1000)
-        ):
-            inc.state = IncidentState.closed
-            inc.closed_at = inc.last_signal_at + window
-            out["closed"] += 1
-        # Suspect GPUs with no new evidence for a whole breaker window: back to healthy.
-        quiet = now - timedelta(seconds=s.breaker_window_seconds)
-        for gpu in session.scalars(
-            select(Gpu)
-            .where(Gpu.health == H.suspect.value, Gpu.health_since < quiet)
-            .limit(1000)
-            .with_for_update(skip_locked=True)
-        ):
-            node = session.get(Node, gpu.node_id)
-            if node is None:
-                continue
-            service.move(
-                session,
-                service.where(session, node),
-                gpu,
-                H.healthy,
-                "no new fault evidence within the watch window",
-            )
-            out["cleared"] += 1
-        from app.health import idle
-
+        out["silent"], out["back"] = _silent_or_back(session, now)
+        out["repairs"] = _resend_late_repairs(session, now)
+        out["closed"] = _close_incidents(session, now)
+        out["cleared"] = _clear_suspects(session, now)
         # One look at why each GPU is idle serves both records: idle iron and idle by cause.
         idle_now = idle.idle_now(session)
         out["idle_gpus"] = add_idle_iron(session, now, idle_now)
@@ -213,28 +117,150 @@ def sweep() -> dict:
     return out
 
 
+def _silent_or_back(session: Session, now: datetime) -> tuple[int, int]:
+    """Nodes whose agent went silent get a `heartbeat_lost` signal; unreachable nodes that
+    report again are validated. Returns how many of each."""
+    s = get_settings()
+    silent_since = now - timedelta(seconds=s.heartbeat_timeout_seconds)
+    silent = back = 0
+    # Only nodes with an agent can fall silent: on evidence of one (a stream of reports,
+    # `NodeHeartbeat`), or cut off by a chaos experiment (whose agent it plays). A node that
+    # was pushed telemetry once (an operator, a chaos injection) is not expected to go on.
+    # Only those that fell silent or may have come back (the heartbeat's index), not every
+    # node with an agent.
+    expected = NodeHeartbeat.agent | NodeHeartbeat.partitioned
+    rows = session.execute(
+        select(Node.id, Node.health, Node.health_since, NodeHeartbeat.last_seen_at, expected)
+        .join(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
+        .where(
+            ((NodeHeartbeat.last_seen_at < silent_since) & expected)
+            | (Node.health == H.unreachable.value)
+        )
+    ).all()
+    for node_id, health, since, seen, agent in rows:
+        seen = as_aware(seen)
+        if (
+            agent
+            and seen < silent_since
+            and health
+            in (
+                H.healthy.value,
+                H.suspect.value,
+                H.quarantined.value,
+                H.draining.value,
+                H.validating.value,
+            )
+        ):
+            enqueue(
+                session,
+                "health.evaluate",
+                queue="health",
+                node_id=str(node_id),
+                signals=[
+                    {
+                        "gpu_index": None,
+                        "signal": "heartbeat_lost",
+                        "code": None,
+                        "value": (now - seen).total_seconds(),
+                        "at": seen.timestamp() + s.heartbeat_timeout_seconds,
+                        # Its last report: a report since makes the signal old news.
+                        "seen": seen.timestamp(),
+                        "received": now.timestamp(),
+                    }
+                ],
+            )
+            silent += 1
+        elif (
+            seen >= silent_since
+            and health == H.unreachable.value
+            and (since is None or seen > as_aware(since))  # reported since it went silent
+        ):
+            node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
+            if node is not None and node.health == H.unreachable.value:
+                at = service.where(session, node)
+                service.move(session, at, node, H.validating, "the node agent reports again")
+                service.start_validation(session, node, [], "return", now)
+                back += 1
+    return silent, back
+
+
+def _resend_late_repairs(session: Session, now: datetime) -> int:
+    """Repairs past their due time lost their message: sent again. Returns how many."""
+    n = 0
+    late = now - timedelta(seconds=LATE_AFTER_SECONDS)
+    for (rid,) in session.execute(
+        select(HealthRepair.id)
+        .where(HealthRepair.finished_at.is_(None), HealthRepair.due_at < late)
+        .limit(1000)
+    ):
+        enqueue(session, "health.repair", queue="health", repair_id=str(rid))
+        n += 1
+    return n
+
+
+def _close_incidents(session: Session, now: datetime) -> int:
+    """Open incidents whose burst window passed without a signal are closed. Returns how many."""
+    n = 0
+    window = timedelta(seconds=get_settings().incident_window_seconds)
+    for inc in session.scalars(
+        select(HealthIncident)
+        .where(
+            HealthIncident.state == IncidentState.open,
+            HealthIncident.last_signal_at < now - window,
+        )
+        .limit(1000)
+    ):
+        inc.state = IncidentState.closed
+        inc.closed_at = inc.last_signal_at + window
+        n += 1
+    return n
+
+
+def _clear_suspects(session: Session, now: datetime) -> int:
+    """Suspect GPUs with no new evidence for a whole breaker window: back to healthy. Returns
+    how many."""
+    n = 0
+    quiet = now - timedelta(seconds=get_settings().breaker_window_seconds)
+    for gpu in session.scalars(
+        select(Gpu)
+        .where(Gpu.health == H.suspect.value, Gpu.health_since < quiet)
+        .limit(1000)
+        .with_for_update(skip_locked=True)
+    ):
+        node = session.get(Node, gpu.node_id)
+        if node is None:
+            continue
+        service.move(
+            session,
+            service.where(session, node),
+            gpu,
+            H.healthy,
+            "no new fault evidence within the watch window",
+        )
+        n += 1
+    return n
+
+
 def add_idle_iron(session, now, idle_now: dict | None = None) -> int:
     """Add the GPU-seconds since the last sweep that ready, healthy GPUs spent idle, per
     region and model (idle iron): the idle GPUs `app.health.idle` finds with nothing wrong
     with them (no demand, or stranded). Returns the GPUs idle now."""
-    from app.health import idle as why
-
     if idle_now is None:
-        idle_now = why.idle_now(session)
-    idle: dict[tuple[str, str], int] = {}
+        idle_now = idle.idle_now(session)
+    counts: dict[tuple[str, str], int] = {}
     for (region, model, cause), n in idle_now.items():
-        if cause in why.AVAILABLE:
-            idle[(region, model)] = idle.get((region, model), 0) + n
+        if cause in idle.AVAILABLE:
+            counts[(region, model)] = counts.get((region, model), 0) + n
     rows = {(r.region, r.gpu_model): r for r in session.scalars(select(IdleIron).with_for_update())}
     # Each sweep counts the idle GPUs it sees for the time since the previous one (at most
     # two sweep periods: a stopped beat does not turn into a burst of idle time).
     cap = 2 * get_settings().health_sweep_seconds
-    for key in set(idle) | set(rows):
+    for key in set(counts) | set(rows):
         row = rows.get(key)
         if row is None:
             session.add(IdleIron(region=key[0], gpu_model=key[1], gpu_seconds=0.0, updated_at=now))
             continue
         dt = min(cap, max(0.0, (now - as_aware(row.updated_at)).total_seconds()))
-        row.gpu_seconds += idle.get(key, 0) * dt
+        row.gpu_seconds += counts.get(key, 0) * dt
         row.updated_at = now
-    return sum(idle.values())
+    return sum(counts.values())
