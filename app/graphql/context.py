@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import strawberry
 from fastapi import Depends
 from graphql import GraphQLError
 from sqlalchemy.orm import Session
@@ -84,10 +85,13 @@ class Context(BaseContext):
         return self._auth
 
 
+Info = strawberry.Info[Context, None]  # a resolver's `info`, its context typed
+
+
 async def sign_in(context: Context, cred: Credential, scope: Any, kind: str = "read") -> None:
     """Check a websocket's credential as REST checks a request's, and take a token of the
     caller's `kind` rate limit: when it connects, and again for every operation on it
-    (app/graphql/schema.py `PerOperation`). A refusal is kept to answer the operation with.
+    (app/graphql/extensions.py `PerOperation`). A refusal is kept to answer the operation with.
 
     A portal session's cookie rides on the handshake of any page the browser opens, so it
     counts only from a page of this origin (a websocket has no CSRF header: its Origin is the

@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 import strawberry
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 from strawberry.scalars import JSON
 from strawberry.types.unset import UNSET
@@ -39,8 +40,8 @@ from app.core import logtail, pubsub
 from app.core.db import as_aware, get_sessionmaker
 from app.core.errors import AppError, ValidationFailed
 from app.graphql.context import Context, coded, sign_in
-from app.graphql.types import WorkloadEvent
 from app.graphql.views import text_args
+from app.graphql.workloads import WorkloadEvent
 from app.health.service import FLEET_TOPIC
 from app.models.fleet import Node
 from app.models.health import HealthEvent
@@ -255,8 +256,6 @@ class Subscription:
         after: str | None = None,
         region: str | None = None,
     ) -> AsyncGenerator[FleetChange, None]:
-        from sqlalchemy import select
-
         try:
             require_platform(info.context.auth)
             cursor = _start(after)

@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any, NewType
 
 import strawberry
-from pydantic import BaseModel
+from graphql import IntValueNode, StringValueNode
+from pydantic import BaseModel, ValidationError
 from strawberry.experimental.pydantic import type as pydantic_type
 from strawberry.scalars import JSON
 
@@ -39,8 +40,6 @@ def _big(value: Any) -> int:
 
 
 def _big_literal(node: Any, _variables: Any = None) -> int:
-    from graphql import IntValueNode, StringValueNode
-
     if isinstance(node, IntValueNode | StringValueNode):
         return _big(int(node.value) if isinstance(node, IntValueNode) else node.value)
     raise ValueError("BigInt is an integer or its decimal text.")
@@ -194,6 +193,18 @@ def parse(model: type[BaseModel], value: Any) -> Any:
 def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """The input's faults (`parse`'s ValidationError) as REST's 422 names them: each field's
+    path from `input` (GraphQL's camelCase names) and what is wrong with it."""
+    return [
+        {
+            "path": ["input", *[camel(p) if isinstance(p, str) else str(p) for p in err["loc"]]],
+            "message": err["msg"],
+        }
+        for err in exc.errors()
+    ]
 
 
 def text_args(**values: Any) -> None:
