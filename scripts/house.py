@@ -2,8 +2,8 @@
 
     python scripts/house.py [--json] [ROOT]
 
-A package is a folder directly under ROOT (default `app`) or a module there (`app/main.py`,
-`app/cli.py`). An import between packages is counted where it is written: at module level, or
+A package is a folder directly under ROOT (default `app`) or a module there (`app/main.py`).
+An import between packages is counted where it is written: at module level, or
 inside a function (how a cycle hides). A cycle is a strongly connected set of packages.
 """
 

@@ -1,0 +1,215 @@
+"""`rackplane fleet ...`: register and inspect the fleet, and take GPUs out of the pool and back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+from sqlalchemy import select
+
+from app.cli.common import console, err, fail
+from app.core.db import session_scope
+from app.core.errors import AppError
+from app.fleet import document
+from app.fleet.service import apply_document, capacity, refuse_conflicts
+from app.health.schemas import FleetHealth
+from app.health.service import history, operator_action, summary
+from app.models.fleet import Gpu, Node
+
+fleet_cli = typer.Typer(help="Register and inspect the fleet.", no_args_is_help=True)
+
+
+@fleet_cli.command("import")
+def fleet_import(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    dry_run: bool = typer.Option(False, help="Validate only."),
+) -> None:
+    """Validate a fleet file whole and apply it (nothing is written unless all of it is valid)."""
+    fmt = "json" if file.suffix.lower() == ".json" else "yaml"
+    try:
+        doc = document.load(file.read_text(encoding="utf-8"), fmt=fmt)
+    except document.FleetDocumentError as exc:
+        for e in exc.errors:
+            where = f"{file}:{e['line']}" if e.get("line") else str(file)
+            err.print(f"{where}: [bold]{e['field'] or '(document)'}[/bold]: {e['message']}")
+        fail(f"{len(exc.errors)} error(s); nothing was imported", 2)
+    try:
+        with session_scope() as session:
+            if dry_run:  # against the fleet as it is, as the import itself checks
+                refuse_conflicts(session, doc)
+                console.print(f"valid: {document.summarize(doc)}")
+                return
+            applied = apply_document(session, doc)
+    except AppError as exc:
+        for e in exc.extra.get("errors", []):
+            err.print(f"{file}: [bold]{e['field']}[/bold]: {e['message']}")
+        fail(exc.detail, 2)
+    console.print(json.dumps(applied))
+
+
+@fleet_cli.command("show")
+def fleet_show() -> None:
+    """Capacity by region and GPU model."""
+    with session_scope() as session:
+        rows = capacity(session)
+    table = Table("region", "gpu model", "total", "free whole", "free milli", "free MIG")
+    for r in rows:
+        mig = ", ".join(f"{k}: {v}" for k, v in sorted(r["free_mig"].items()))
+        table.add_row(
+            r["region"],
+            r["gpu_model"],
+            str(r["total_gpus"]),
+            str(r["free_gpus"]),
+            str(r["free_milli"]),
+            mig or "-",
+        )
+    console.print(table)
+
+
+@fleet_cli.command("health")
+def fleet_health(
+    as_json: bool = typer.Option(False, "--json", help="The same as GET /v1/admin/health."),
+) -> None:
+    """What is out of the pool and why, per region and rack; open incidents."""
+    with session_scope() as session:
+        report = FleetHealth.model_validate(summary(session))
+    if as_json:
+        console.print_json(report.model_dump_json())
+        return
+    table = Table(
+        "region",
+        "rack",
+        "GPUs",
+        "healthy",
+        "suspect",
+        "out",
+        "out of service",
+        "allocated",
+        "idle",
+        "unavailable",
+    )
+    for reg in report.regions:
+        for rk in reg.racks:
+            h = rk.by_health
+            out = sum(v for k, v in h.items() if k not in ("healthy", "suspect", "out_of_service"))
+            table.add_row(
+                reg.region,
+                rk.rack,
+                str(rk.gpus),
+                str(h.get("healthy", 0)),
+                str(h.get("suspect", 0)),
+                str(out),
+                str(h.get("out_of_service", 0)),
+                str(rk.by_allocation.allocated),
+                str(rk.by_allocation.idle),
+                str(rk.by_allocation.unavailable),
+            )
+    console.print(table)
+    out_table = Table("region", "rack", "node", "GPU", "state", "since", "why")
+    for reg in report.regions:
+        for rk in reg.racks:
+            for o in rk.out:
+                out_table.add_row(
+                    reg.region,
+                    rk.rack,
+                    o.node,
+                    "node" if o.gpu_index is None else str(o.gpu_index),
+                    o.health,
+                    f"{o.since:%Y-%m-%d %H:%M:%S}" if o.since else "-",
+                    o.reason or "-",
+                )
+    if out_table.row_count:
+        console.print(out_table)
+    else:
+        console.print("Every GPU is healthy.")
+    if report.incidents:
+        inc = Table("opened", "node", "class", "what", "GPUs", "signals", "state", "held back")
+        for i in report.incidents:
+            inc.add_row(
+                f"{i.opened_at:%H:%M:%S}",
+                i.node or "-",
+                i.action,
+                i.what,
+                ",".join(map(str, i.gpu_indices)) or "-",
+                str(i.signals),
+                i.state,
+                i.held_back or "-",
+            )
+        console.print(inc)
+
+
+def _health_action(action: str, node_name: str, gpu: int | None, reason: str | None) -> None:
+    try:
+        with session_scope() as session:
+            node = session.scalar(select(Node).where(Node.name == node_name).with_for_update())
+            if node is None:
+                fail(f"no node named {node_name}", 2)
+            target = None
+            if gpu is not None:
+                target = session.scalar(
+                    select(Gpu).where(Gpu.node_id == node.id, Gpu.index == gpu).with_for_update()
+                )
+                if target is None:
+                    fail(f"node {node_name} has no GPU {gpu}", 2)
+            health = operator_action(session, node, target, action, reason)
+    except AppError as exc:
+        fail(exc.detail, 2)
+    what = f"GPU {gpu} of {node_name}" if gpu is not None else node_name
+    console.print(f"{what}: {health}")
+
+
+@fleet_cli.command("quarantine")
+def fleet_quarantine(
+    node: str,
+    gpu: int | None = typer.Option(None, help="One GPU (its index); default: the whole node."),
+    reason: str | None = typer.Option(None),
+) -> None:
+    """Take a GPU (or node) out of the pool now; its work is requeued ahead of its peers."""
+    _health_action("quarantine", node, gpu, reason)
+
+
+@fleet_cli.command("release")
+def fleet_release(
+    node: str,
+    gpu: int | None = typer.Option(None, help="One GPU (its index); default: the whole node."),
+    reason: str | None = typer.Option(None),
+) -> None:
+    """Return a GPU (or node) to service (through validation if it was out of service)."""
+    _health_action("release", node, gpu, reason)
+
+
+@fleet_cli.command("retire")
+def fleet_retire(
+    node: str,
+    gpu: int | None = typer.Option(None, help="One GPU (its index); default: the whole node."),
+    reason: str | None = typer.Option(None),
+) -> None:
+    """Take a GPU (or node) out of service (RMA); its work is requeued."""
+    _health_action("retire", node, gpu, reason)
+
+
+@fleet_cli.command("history")
+def fleet_history(
+    node: str,
+    gpu: int | None = typer.Option(None, help="Only this GPU's transitions."),
+    limit: int = typer.Option(50, min=1, max=1000),
+) -> None:
+    """A node's (and its GPUs') health transitions, newest first."""
+    with session_scope() as session:
+        row = session.scalar(select(Node).where(Node.name == node))
+        if row is None:
+            fail(f"no node named {node}", 2)
+        events = history(session, row, gpu, limit)
+        table = Table("at", "GPU", "from", "to", "by", "cause")
+        for e in events:
+            table.add_row(
+                f"{e.at:%Y-%m-%d %H:%M:%S}",
+                "node" if e.gpu_index is None else str(e.gpu_index),
+                e.from_state,
+                e.to_state,
+                e.actor,
+                e.cause,
+            )
+    console.print(table)
