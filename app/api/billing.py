@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import Depends, Query
+from fastapi import Query
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.billing import budgets, commitments, exports, service, stripe_export
@@ -22,14 +21,12 @@ from app.billing.schemas import (
     PriceOut,
     Reconciliation,
 )
-from app.core.db import session_dependency
-from app.core.errors import NotFound, ValidationFailed
-from app.core.routing import api_router
+from app.core.errors import NotFound
+from app.core.routing import DbSession, api_router
 from app.core.schemas import PERIOD_PATTERN
 from app.models.billing import Commitment, Price
-from app.models.fleet import Region
 from app.models.tenants import Tenant
-from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
+from app.tenancy.auth import AuthContext, Platform, TenantRead, TenantWrite
 from app.tenancy.scoping import get_owned
 
 router = api_router(prefix="/v1", tags=["billing"])
@@ -38,16 +35,12 @@ admin = api_router(prefix="/v1/admin", tags=["admin: billing"])
 
 
 @router.get("/prices", response_model=PriceList, summary="The price book, every version")
-def prices(
-    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
-) -> dict:
+def prices(auth: TenantRead, session: DbSession) -> dict:
     return service.price_book(session)
 
 
 @admin.get("/prices", response_model=PriceList, summary="The price book, every version")
-def admin_prices(
-    auth: AuthContext = Depends(platform), session: Session = Depends(session_dependency)
-) -> dict:
+def admin_prices(auth: Platform, session: DbSession) -> dict:
     return service.price_book(session)
 
 
@@ -57,11 +50,7 @@ def admin_prices(
     response_model=PriceOut,
     summary="Add a price version (effective from a date; earlier versions stay)",
 )
-def add_price(
-    body: PriceIn,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Price:
+def add_price(body: PriceIn, auth: Platform, session: DbSession) -> Price:
     return service.create_price(session, **body.model_dump())
 
 
@@ -70,11 +59,7 @@ def add_price(
     response_model=BillingSummary,
     summary="Your bill for a month: line items per SKU, tier, region, plan and price version",
 )
-def summary(
-    period: str = PERIOD,
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def summary(*, period: str = PERIOD, auth: TenantRead, session: DbSession) -> dict:
     return service.bill(session, auth, period)
 
 
@@ -83,16 +68,12 @@ def summary(
     response_model=BillingSummary,
     summary="Upcoming invoice preview: this month so far, running work accrued up to now",
 )
-def upcoming(
-    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
-) -> dict:
+def upcoming(auth: TenantRead, session: DbSession) -> dict:
     return service.upcoming_bill(session, auth)
 
 
 @router.get("/budget", response_model=BudgetOut, summary="Your budget, this month's use and alerts")
-def my_budget(
-    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
-) -> dict:
+def my_budget(auth: TenantRead, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
     return budgets.view(session, auth, tenant.id)
 
@@ -102,31 +83,21 @@ def my_budget(
     response_model=BudgetOut,
     summary="Set your monthly budget (spend and/or GPU-hour limit); evaluated at once",
 )
-def put_my_budget(
-    body: BudgetIn,
-    auth: AuthContext = Depends(tenant_write),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def put_my_budget(body: BudgetIn, auth: TenantWrite, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
     budgets.set_budget(session, tenant.id, **body.model_dump())
     return budgets.view(session, auth, tenant.id)
 
 
 @router.delete("/budget", status_code=204, summary="Remove your budget (no limits)")
-def delete_my_budget(
-    auth: AuthContext = Depends(tenant_write), session: Session = Depends(session_dependency)
-) -> None:
+def delete_my_budget(auth: TenantWrite, session: DbSession) -> None:
     budgets.remove(session, auth)
 
 
 @admin.get(
     "/tenants/{tenant_id}/budget", response_model=BudgetOut, summary="A tenant's budget and use"
 )
-def tenant_budget(
-    tenant_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def tenant_budget(tenant_id: str, auth: Platform, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     return budgets.view(session, auth, tenant.id)
 
@@ -136,12 +107,7 @@ def tenant_budget(
     response_model=BudgetOut,
     summary="Set a tenant's monthly budget; evaluated at once",
 )
-def put_tenant_budget(
-    tenant_id: str,
-    body: BudgetIn,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def put_tenant_budget(tenant_id: str, body: BudgetIn, auth: Platform, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     budgets.set_budget(session, tenant.id, **body.model_dump())
     return budgets.view(session, auth, tenant.id)
@@ -175,10 +141,11 @@ def _export(session: Session, auth: AuthContext, period: str, fmt: str) -> Strea
     summary="Your month as rows for finance (CSV or JSON lines), streamed",
 )
 def my_export(
+    *,
     period: str = PERIOD,
     format: Literal["csv", "jsonl"] = Query("csv"),
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
+    auth: TenantRead,
+    session: DbSession,
 ) -> StreamingResponse:
     return _export(session, auth, period, format)
 
@@ -190,10 +157,11 @@ def my_export(
     summary="Every tenant's month as rows for finance (CSV or JSON lines), streamed",
 )
 def admin_export(
+    *,
     period: str = PERIOD,
     format: Literal["csv", "jsonl"] = Query("csv"),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> StreamingResponse:
     return _export(session, auth, period, format)
 
@@ -203,11 +171,7 @@ def admin_export(
     response_model=Reconciliation,
     summary="Ledger totals against what Stripe was sent, per tenant, meter and month",
 )
-def reconciliation(
-    period: str = PERIOD,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def reconciliation(*, period: str = PERIOD, auth: Platform, session: DbSession) -> dict:
     return stripe_export.reconcile(session, auth, period)
 
 
@@ -216,9 +180,7 @@ def reconciliation(
     response_model=CommitmentList,
     summary="Your reserved capacity: usage up to it is priced at the reserved price",
 )
-def my_commitments(
-    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
-) -> dict:
+def my_commitments(auth: TenantRead, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
     return commitments.of_tenant(session, auth, tenant.id)
 
@@ -228,11 +190,7 @@ def my_commitments(
     response_model=CommitmentList,
     summary="A tenant's commitments (reserved capacity)",
 )
-def tenant_commitments(
-    tenant_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def tenant_commitments(tenant_id: str, auth: Platform, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     return commitments.of_tenant(session, auth, tenant.id)
 
@@ -244,17 +202,10 @@ def tenant_commitments(
     summary="Reserve capacity for a tenant: GPUs of a model (and region) for every hour of a term",
 )
 def add_commitment(
-    tenant_id: str,
-    body: CommitmentIn,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    tenant_id: str, body: CommitmentIn, auth: Platform, session: DbSession
 ) -> Commitment:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
-    if (
-        body.region != "*"
-        and session.scalar(select(Region.id).where(Region.name == body.region)) is None
-    ):
-        raise ValidationFailed(f"No region named {body.region!r}.", code="unknown_region")
+    commitments.check_region(session, body.region)
     fields = body.model_dump(exclude={"gpus"})
     return commitments.create(session, tenant.id, gpus_milli=body.gpus * 1000, **fields)
 
@@ -265,10 +216,7 @@ def add_commitment(
     summary="Withdraw a commitment whose term has not begun (409 once it has)",
 )
 def delete_commitment(
-    tenant_id: str,
-    commitment_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    tenant_id: str, commitment_id: str, auth: Platform, session: DbSession
 ) -> None:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
     c = get_owned(session, auth, Commitment, commitment_id, what="commitment", for_update=True)

@@ -1,15 +1,14 @@
 from __future__ import annotations
 
 from fastapi import Depends
-from sqlalchemy.orm import Session
 
 from app.chaos import service
 from app.chaos.schemas import ExperimentIn, ExperimentOut, ExperimentState, ExperimentSummaryOut
-from app.core.db import get_or_404, session_dependency
-from app.core.routing import api_router
+from app.core.db import get_or_404
+from app.core.routing import DbSession, api_router
 from app.core.schemas import Page, PageParams
 from app.models.chaos import ChaosExperiment
-from app.tenancy.auth import AuthContext, platform
+from app.tenancy.auth import Platform
 
 admin = api_router(prefix="/v1/admin/chaos", tags=["admin: chaos"])
 
@@ -26,11 +25,7 @@ admin = api_router(prefix="/v1/admin/chaos", tags=["admin: chaos"])
         "per the schedule: each round is checked again, with what earlier rounds touched)."
     ),
 )
-def start_experiment(
-    body: ExperimentIn,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def start_experiment(body: ExperimentIn, auth: Platform, session: DbSession) -> dict:
     exp = service.start(session, body)
     return service.experiment_view(session, exp)
 
@@ -41,10 +36,11 @@ def start_experiment(
     summary="List chaos experiments, oldest first (each one's report: GET .../{experiment_id})",
 )
 def list_experiments(
+    *,
     state: ExperimentState | None = None,
     page: PageParams = Depends(),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
     items, nxt = service.list_experiments(session, page, state=state.value if state else None)
     return {"items": items, "next_cursor": nxt}
@@ -55,11 +51,7 @@ def list_experiments(
     response_model=ExperimentOut,
     summary="A chaos experiment and its report: times to detect, quarantine, requeue, run",
 )
-def read_experiment(
-    experiment_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def read_experiment(experiment_id: str, auth: Platform, session: DbSession) -> dict:
     return service.experiment_view(
         session, get_or_404(session, ChaosExperiment, experiment_id, what="experiment")
     )
@@ -70,11 +62,7 @@ def read_experiment(
     response_model=ExperimentOut,
     summary="Stop a chaos experiment and undo what it injected",
 )
-def stop_experiment(
-    experiment_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def stop_experiment(experiment_id: str, auth: Platform, session: DbSession) -> dict:
     exp = get_or_404(session, ChaosExperiment, experiment_id, what="experiment", for_update=True)
     service.stop(session, exp)
     return service.experiment_view(session, exp)

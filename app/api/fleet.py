@@ -2,14 +2,12 @@ from __future__ import annotations
 
 from fastapi import Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
 
 from app.core.config import get_settings
-from app.core.db import get_or_404, session_dependency, utcnow
+from app.core.db import get_or_404
 from app.core.errors import PayloadTooLarge, ValidationFailed
-from app.core.routing import api_router
-from app.core.schemas import Page, PageParams, paginate, text_query
+from app.core.routing import DbSession, api_router
+from app.core.schemas import Page, PageParams, text_query
 from app.fleet import document
 from app.fleet.schemas import (
     Capacity,
@@ -28,14 +26,16 @@ from app.fleet.service import (
     change_node_state,
     gpu_detail,
     holders,
+    node_detail,
+    queue_import,
     refuse_conflicts,
 )
+from app.fleet.service import list_gpus as gpus_page
 from app.fleet.service import list_nodes as nodes_page
 from app.fleet.service import list_racks as racks_page
 from app.fleet.service import list_regions as regions_page
 from app.models.fleet import FleetImport, Gpu, Node, NodeState, Rack
-from app.outbox.service import enqueue
-from app.tenancy.auth import AuthContext, platform, tenant_read
+from app.tenancy.auth import Platform, TenantRead
 
 router = api_router(prefix="/v1", tags=["capacity"])
 admin = api_router(prefix="/v1/admin", tags=["admin: fleet"])
@@ -62,9 +62,7 @@ async def _raw_body(request: Request) -> bytes:
 
 
 @router.get("/capacity", response_model=Capacity, summary="Fleet capacity by region and GPU model")
-def get_capacity(
-    auth: AuthContext = Depends(tenant_read), session: Session = Depends(session_dependency)
-) -> dict:
+def get_capacity(auth: TenantRead, session: DbSession) -> dict:
     return {"items": capacity(session)}
 
 
@@ -77,13 +75,14 @@ def get_capacity(
     summary="Import a fleet file (validated whole; applied by a worker)",
 )
 def import_fleet(
+    *,
     request: Request,
     response: Response,
     raw: bytes = Depends(_raw_body),
     dry_run: bool = Query(False, description="Validate only; write nothing."),
     source: str | None = text_query(max_length=300, description="File name, for the record."),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ):
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     fmt = "json" if ctype.endswith("json") else "yaml"
@@ -106,10 +105,7 @@ def import_fleet(
         return JSONResponse(
             FleetValidation(valid=True, totals=document.summarize(doc)).model_dump()
         )
-    imp = FleetImport(document=doc, source=source, created_at=utcnow())
-    session.add(imp)
-    session.flush()
-    enqueue(session, "fleet.import", queue="fleet", import_id=str(imp.id))
+    imp = queue_import(session, doc, source)
     response.headers["Location"] = f"/v1/admin/fleet/imports/{imp.id}"
     return FleetImportOut.model_validate(imp).model_dump(mode="json")
 
@@ -117,53 +113,43 @@ def import_fleet(
 @admin.get(
     "/fleet/imports/{import_id}", response_model=FleetImportOut, summary="A fleet import's status"
 )
-def read_import(
-    import_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> FleetImport:
+def read_import(import_id: str, auth: Platform, session: DbSession) -> FleetImport:
     return get_or_404(session, FleetImport, import_id, what="fleet_import")
 
 
 @admin.get("/regions", response_model=Page[RegionOut], summary="List regions")
-def list_regions(
-    page: PageParams = Depends(),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def list_regions(*, page: PageParams = Depends(), auth: Platform, session: DbSession) -> dict:
     items, nxt = regions_page(session, page)
     return {"items": items, "next_cursor": nxt}
 
 
 @admin.get("/racks", response_model=Page[RackOut], summary="List racks")
 def list_racks(
+    *,
     region_id: str | None = text_query(),
     page: PageParams = Depends(),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
     items, nxt = racks_page(session, page, region_id=region_id)
     return {"items": items, "next_cursor": nxt}
 
 
 @admin.get("/racks/{rack_id}", response_model=RackOut, summary="Read a rack")
-def read_rack(
-    rack_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Rack:
+def read_rack(rack_id: str, auth: Platform, session: DbSession) -> Rack:
     return get_or_404(session, Rack, rack_id, what="rack")
 
 
 @admin.get("/nodes", response_model=Page[NodeOut], summary="List nodes")
 def list_nodes(
+    *,
     rack_id: str | None = text_query(),
     state: NodeState | None = None,
     gpu_model: str | None = text_query(max_length=32),
     name: str | None = text_query(max_length=63, description="Node name"),
     page: PageParams = Depends(),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
     items, nxt = nodes_page(
         session,
@@ -177,18 +163,8 @@ def list_nodes(
 
 
 @admin.get("/nodes/{node_id}", response_model=NodeDetail, summary="Read a node and its GPUs")
-def read_node(
-    node_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
-    node = get_or_404(session, Node, node_id, what="node")
-    session.scalars(select(Node).where(Node.id == node.id).options(selectinload(Node.gpus))).one()
-    held = holders(session, [node.id])
-    return {
-        **NodeOut.model_validate(node).model_dump(),
-        "gpus": [gpu_detail(g, held.get((node.id, g.index), [])) for g in node.gpus],
-    }
+def read_node(node_id: str, auth: Platform, session: DbSession) -> dict:
+    return node_detail(session, get_or_404(session, Node, node_id, what="node"))
 
 
 @admin.patch(
@@ -196,35 +172,24 @@ def read_node(
     response_model=NodeOut,
     summary="Change a node's state (cordon, drain, mark down, return to ready)",
 )
-def change_node(
-    node_id: str,
-    body: NodeStateChange,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Node:
+def change_node(node_id: str, body: NodeStateChange, auth: Platform, session: DbSession) -> Node:
     node = get_or_404(session, Node, node_id, what="node")
     return change_node_state(session, node, body.state.value, body.reason)
 
 
 @admin.get("/gpus", response_model=Page[GpuOut], summary="List GPUs")
 def list_gpus(
+    *,
     node_id: str | None = text_query(),
     page: PageParams = Depends(),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
-    stmt = select(Gpu)
-    if node_id:
-        stmt = stmt.where(Gpu.node_id == get_or_404(session, Node, node_id, what="node").id)
-    items, nxt = paginate(session, stmt, Gpu, page)
+    items, nxt = gpus_page(session, page, node_id=node_id)
     return {"items": items, "next_cursor": nxt}
 
 
 @admin.get("/gpus/{gpu_id}", response_model=GpuDetail, summary="Read a GPU and who holds it")
-def read_gpu(
-    gpu_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def read_gpu(gpu_id: str, auth: Platform, session: DbSession) -> dict:
     gpu = get_or_404(session, Gpu, gpu_id, what="gpu")
     return gpu_detail(gpu, holders(session, [gpu.node_id]).get((gpu.node_id, gpu.index), []))

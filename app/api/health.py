@@ -6,9 +6,9 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import get_or_404, session_dependency
+from app.core.db import get_or_404
 from app.core.errors import PayloadTooLarge, ValidationFailed
-from app.core.routing import api_router
+from app.core.routing import DbSession, api_router
 from app.health import service, telemetry
 from app.health.schemas import (
     FleetHealth,
@@ -19,7 +19,7 @@ from app.health.schemas import (
     TelemetryResult,
 )
 from app.models.fleet import Gpu, Node
-from app.tenancy.auth import AuthContext, platform
+from app.tenancy.auth import Platform
 
 admin = api_router(prefix="/v1/admin", tags=["admin: health"])
 
@@ -72,10 +72,7 @@ async def _raw_body(request: Request) -> bytes:
     ),
 )
 def push_telemetry(
-    request: Request,
-    raw: bytes = Depends(_raw_body),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    *, request: Request, raw: bytes = Depends(_raw_body), auth: Platform, session: DbSession
 ) -> dict:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     try:
@@ -124,9 +121,7 @@ def _ingest_json(session: Session, text: str) -> telemetry.IngestResult:
 
 
 @admin.get("/health", response_model=FleetHealth, summary="Fleet health: what is out and why")
-def fleet_health(
-    auth: AuthContext = Depends(platform), session: Session = Depends(session_dependency)
-) -> dict:
+def fleet_health(auth: Platform, session: DbSession) -> dict:
     return service.summary(session)
 
 
@@ -136,10 +131,7 @@ def fleet_health(
     summary="Quarantine, release or retire a node by hand",
 )
 def node_health_action(
-    node_id: str,
-    body: HealthActionIn,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    node_id: str, body: HealthActionIn, auth: Platform, session: DbSession
 ) -> dict:
     node = get_or_404(session, Node, node_id, what="node", for_update=True)
     return service.act(session, node, None, body.action, body.reason)
@@ -151,10 +143,7 @@ def node_health_action(
     summary="Quarantine, release or retire a GPU by hand",
 )
 def gpu_health_action(
-    gpu_id: str,
-    body: HealthActionIn,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    gpu_id: str, body: HealthActionIn, auth: Platform, session: DbSession
 ) -> dict:
     gpu = get_or_404(session, Gpu, gpu_id, what="gpu", for_update=True)
     node = get_or_404(session, Node, str(gpu.node_id), what="node", for_update=True)
@@ -167,11 +156,12 @@ def gpu_health_action(
     summary="A node's and its GPUs' health history, newest first",
 )
 def node_health_history(
+    *,
     node_id: str,
     gpu_index: int | None = Query(None, ge=0, le=63, description="Only this GPU's"),
     limit: int = Query(100, ge=1, le=1000),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
     node = get_or_404(session, Node, node_id, what="node")
     return {"items": service.history(session, node, gpu_index, limit)}

@@ -5,13 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import Depends, Query
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from fastapi import Query
 
-from app.core.db import session_dependency
 from app.core.errors import ValidationFailed
-from app.core.routing import api_router
+from app.core.routing import DbSession, api_router
 from app.core.schemas import QueryDatetime
 from app.health import idle
 from app.health.schemas import IdleTimeOut
@@ -22,8 +19,7 @@ from app.metering.schemas import (
     UsageOut,
     UtilisationOut,
 )
-from app.models.tenants import Tenant
-from app.tenancy.auth import AuthContext, platform, tenant_read
+from app.tenancy.auth import Platform, TenantRead
 
 router = api_router(prefix="/v1", tags=["usage"])
 admin = api_router(prefix="/v1/admin", tags=["admin: usage"])
@@ -52,12 +48,13 @@ def _group_by(raw: str) -> list[str]:
 
 @router.get("/usage", response_model=UsageOut, summary="Your usage, by time bucket and dimension")
 def usage(
+    *,
     start: From,
     end: To,
     granularity: str = GRANULARITY,
     group_by: str = GROUP_BY,
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
+    auth: TenantRead,
+    session: DbSession,
 ) -> dict:
     groups = _group_by(group_by)
     return service.usage_report(session, service.visible_to(auth), start, end, granularity, groups)
@@ -65,13 +62,14 @@ def usage(
 
 @admin.get("/usage", response_model=UsageOut, summary="Any tenant's usage, or everyone's")
 def admin_usage(
+    *,
     start: From,
     end: To,
     granularity: str = GRANULARITY,
     group_by: str = GROUP_BY,
     tenant_id: uuid.UUID | None = None,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
     groups = _group_by(group_by)
     scope = service.visible_to(auth, tenant_id)
@@ -84,11 +82,7 @@ def admin_usage(
     summary="Fleet utilisation: allocated vs idle GPU-hours by region and GPU model",
 )
 def utilisation(
-    start: From,
-    end: To,
-    granularity: str = GRANULARITY,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    *, start: From, end: To, granularity: str = GRANULARITY, auth: Platform, session: DbSession
 ) -> dict:
     return service.utilisation_report(session, service.visible_to(auth), start, end, granularity)
 
@@ -99,11 +93,7 @@ def utilisation(
     summary="Idle GPU-hours by cause (no demand, stranded, unhealthy, cordoned) over time",
 )
 def idle_time(
-    start: From,
-    end: To,
-    granularity: str = GRANULARITY,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    *, start: From, end: To, granularity: str = GRANULARITY, auth: Platform, session: DbSession
 ) -> dict:
     return idle.report(session, start, end, granularity)
 
@@ -113,17 +103,11 @@ def idle_time(
     response_model=IngestOut,
     summary="Ingest usage events (providers, replays, corrections); repeats are skipped",
 )
-def ingest(
-    body: UsageEventBatch,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
-    wanted = {e.tenant_id for e in body.events}
-    known = set(session.scalars(select(Tenant.id).where(Tenant.id.in_(wanted))))
-    if wanted - known:
+def ingest(body: UsageEventBatch, auth: Platform, session: DbSession) -> dict:
+    unknown = service.unknown_tenants(session, {e.tenant_id for e in body.events})
+    if unknown:
         raise ValidationFailed(
-            f"Unknown tenant(s): {', '.join(sorted(map(str, wanted - known)))}.",
-            code="unknown_tenant",
+            f"Unknown tenant(s): {', '.join(sorted(map(str, unknown)))}.", code="unknown_tenant"
         )
     new = service.ingest(session, (e.model_dump() for e in body.events))
     return {"received": len(body.events), "new": new}

@@ -2,16 +2,14 @@ from __future__ import annotations
 
 from fastapi import Depends, Request
 from pydantic import BaseModel
-from sqlalchemy.orm import Session
 
-from app.core.db import session_dependency
-from app.core.routing import api_router
+from app.core.routing import DbSession, api_router
 from app.core.schemas import Page, PageParams
 from app.keys.schemas import SignupKey
 from app.keys.service import create_key
 from app.models.tenants import Tenant, TenantStatus
 from app.ratelimit import service as ratelimit
-from app.tenancy.auth import AuthContext, platform, tenant_read_any_status
+from app.tenancy.auth import Platform, TenantReadAnyStatus
 from app.tenancy.scoping import get_owned
 from app.tenants import service
 from app.tenants.schemas import SignupRequest, TenantCreate, TenantOut, TenantUpdate
@@ -38,9 +36,7 @@ def _signup_limit(request: Request) -> None:
     summary="Self-service signup: a pending tenant and its first admin key",
 )
 def signup(
-    body: SignupRequest,
-    _limit: None = Depends(_signup_limit),
-    session: Session = Depends(session_dependency),
+    *, body: SignupRequest, _limit: None = Depends(_signup_limit), session: DbSession
 ) -> SignupResponse:
     tenant = service.create_tenant(
         session,
@@ -56,19 +52,12 @@ def signup(
 
 
 @router.get("/tenant", response_model=TenantOut, summary="The calling tenant")
-def get_self(
-    auth: AuthContext = Depends(tenant_read_any_status),
-    session: Session = Depends(session_dependency),
-) -> Tenant:
+def get_self(auth: TenantReadAnyStatus, session: DbSession) -> Tenant:
     return get_owned(session, auth, Tenant, auth.tenant_id, what="tenant")
 
 
 @admin.post("/tenants", status_code=201, response_model=TenantOut, summary="Create a tenant")
-def create(
-    body: TenantCreate,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Tenant:
+def create(body: TenantCreate, auth: Platform, session: DbSession) -> Tenant:
     return service.create_tenant(
         session,
         name=body.name,
@@ -81,21 +70,18 @@ def create(
 
 @admin.get("/tenants", response_model=Page[TenantOut], summary="List tenants")
 def list_tenants(
+    *,
     status: TenantStatus | None = None,
     page: PageParams = Depends(),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
     items, nxt = service.list_tenants(session, auth, page, status=status)
     return {"items": items, "next_cursor": nxt}
 
 
 @admin.get("/tenants/{tenant_id:segment}", response_model=TenantOut, summary="Read a tenant")
-def read(
-    tenant_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Tenant:
+def read(tenant_id: str, auth: Platform, session: DbSession) -> Tenant:
     return get_owned(session, auth, Tenant, tenant_id, what="tenant")
 
 
@@ -110,12 +96,7 @@ def read(
         "(409 tenant_status_refused)."
     ),
 )
-def update(
-    tenant_id: str,
-    body: TenantUpdate,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Tenant:
+def update(tenant_id: str, body: TenantUpdate, auth: Platform, session: DbSession) -> Tenant:
     return service.update_tenant(
         session, get_owned(session, auth, Tenant, tenant_id, what="tenant"), body
     )
@@ -126,11 +107,7 @@ def update(
     response_model=TenantOut,
     summary="Approve a pending (self-service) tenant",
 )
-def approve(
-    tenant_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Tenant:
+def approve(tenant_id: str, auth: Platform, session: DbSession) -> Tenant:
     return service.approve(get_owned(session, auth, Tenant, tenant_id, what="tenant"))
 
 
@@ -145,11 +122,7 @@ def approve(
         "to stop them. 409 `tenant_not_active` unless the tenant is active."
     ),
 )
-def suspend(
-    tenant_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Tenant:
+def suspend(tenant_id: str, auth: Platform, session: DbSession) -> Tenant:
     return service.suspend(get_owned(session, auth, Tenant, tenant_id, what="tenant"))
 
 
@@ -159,9 +132,5 @@ def suspend(
     summary="Reactivate a suspended tenant: its keys work again",
     description="409 `tenant_not_suspended` unless the tenant is suspended.",
 )
-def reactivate(
-    tenant_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Tenant:
+def reactivate(tenant_id: str, auth: Platform, session: DbSession) -> Tenant:
     return service.reactivate(get_owned(session, auth, Tenant, tenant_id, what="tenant"))

@@ -5,18 +5,17 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, Query, Response
 from pydantic import StringConstraints
-from sqlalchemy.orm import Session
 
-from app.core.db import session_dependency, utcnow
-from app.core.routing import api_router
+from app.core.db import utcnow
+from app.core.routing import DbSession, api_router
 from app.core.schemas import Page, PageParams, text_query
 from app.health.service import report_step_times
 from app.models.tenants import Tenant
 from app.models.workloads import Workload, WorkloadEvent
 from app.scheduling.lifecycle import State
-from app.tenancy.auth import AuthContext, platform, tenant_read, tenant_write
+from app.tenancy.auth import Platform, TenantRead, TenantWrite
 from app.tenancy.scoping import get_owned
-from app.workloads import service
+from app.workloads import quotas, reads, service
 from app.workloads.schemas import (
     AdminWorkloadOut,
     CheckpointIn,
@@ -46,10 +45,7 @@ admin = api_router(prefix="/v1/admin", tags=["admin: quotas"])
     summary="Submit a workload: an instance, a VM or a gang job",
 )
 def submit(
-    body: WorkloadCreate,
-    response: Response,
-    auth: AuthContext = Depends(tenant_write),
-    session: Session = Depends(session_dependency),
+    body: WorkloadCreate, response: Response, auth: TenantWrite, session: DbSession
 ) -> Workload:
     w = service.submit(session, auth, body)
     response.headers["Location"] = f"/v1/workloads/{w.id}"
@@ -61,16 +57,13 @@ def submit(
     response_model=DryRunOut,
     summary="What-if: where a workload would land now, whom it would preempt, or when it starts",
 )
-def dry_run(
-    body: WorkloadCreate,
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def dry_run(body: WorkloadCreate, auth: TenantRead, session: DbSession) -> dict:
     return service.dry_run(session, auth, body)
 
 
 @router.get("/workloads", response_model=Page[WorkloadOut], summary="List workloads")
 def list_workloads(
+    *,
     state: State | None = None,
     active: bool | None = Query(
         None, description="true: not yet ended (queued to running); false: ended"
@@ -83,10 +76,10 @@ def list_workloads(
         description="`key=value`, repeatable: workloads carrying every one of these labels",
     ),
     page: PageParams = Depends(),
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
+    auth: TenantRead,
+    session: DbSession,
 ) -> dict:
-    items, nxt = service.list_workloads(
+    items, nxt = reads.list_workloads(
         session,
         auth,
         page,
@@ -94,28 +87,20 @@ def list_workloads(
         active=active,
         kind=kind,
         priority=priority,
-        labels=service.parse_labels(label),
+        labels=reads.parse_labels(label),
     )
     return {"items": items, "next_cursor": nxt}
 
 
 @router.get("/workloads/{workload_id}", response_model=WorkloadOut, summary="Read a workload")
-def read(
-    workload_id: str,
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
-) -> Workload:
+def read(workload_id: str, auth: TenantRead, session: DbSession) -> Workload:
     return get_owned(session, auth, Workload, workload_id, what="workload")
 
 
 @router.delete(
     "/workloads/{workload_id}", response_model=WorkloadOut, summary="Terminate a workload"
 )
-def terminate(
-    workload_id: str,
-    auth: AuthContext = Depends(tenant_write),
-    session: Session = Depends(session_dependency),
-) -> Workload:
+def terminate(workload_id: str, auth: TenantWrite, session: DbSession) -> Workload:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     service.terminate(session, w)
     return w
@@ -126,13 +111,9 @@ def terminate(
     response_model=dict,
     summary="The Kubernetes manifest a real cluster would run for this placed workload",
 )
-def manifest(
-    workload_id: str,
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def manifest(workload_id: str, auth: TenantRead, session: DbSession) -> dict:
     w = get_owned(session, auth, Workload, workload_id, what="workload")
-    return service.manifest(session, w)
+    return reads.manifest(session, w)
 
 
 @router.get(
@@ -140,13 +121,9 @@ def manifest(
     response_model=EventPage,
     summary="The workload's timeline: every transition with its reason",
 )
-def events(
-    workload_id: str,
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def events(workload_id: str, auth: TenantRead, session: DbSession) -> dict:
     w = get_owned(session, auth, Workload, workload_id, what="workload")
-    return {"items": service.events_of(session, auth, w)}
+    return {"items": reads.events_of(session, auth, w)}
 
 
 @router.post(
@@ -156,10 +133,7 @@ def events(
     summary="Report a completed checkpoint (preemption then loses only later work)",
 )
 def checkpoint(
-    workload_id: str,
-    body: CheckpointIn,
-    auth: AuthContext = Depends(tenant_write),
-    session: Session = Depends(session_dependency),
+    workload_id: str, body: CheckpointIn, auth: TenantWrite, session: DbSession
 ) -> WorkloadEvent:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     return service.report_checkpoint(session, w, body.completed_at, body.size_bytes)
@@ -171,12 +145,7 @@ def checkpoint(
     tags=["admin: workloads"],
     summary="A node agent reports that a workload's process exited (0: succeeded, else failed)",
 )
-def report_exit(
-    workload_id: str,
-    body: ExitIn,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> Workload:
+def report_exit(workload_id: str, body: ExitIn, auth: Platform, session: DbSession) -> Workload:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     ok = body.exit_code == 0
     service.finish(
@@ -198,6 +167,7 @@ def report_exit(
     summary="Every tenant's workloads, by tenant, state, kind, region, node or priority",
 )
 def admin_list_workloads(
+    *,
     tenant_id: uuid.UUID | None = None,
     state: State | None = None,
     kind: Literal["instance", "vm", "job"] | None = None,
@@ -205,10 +175,10 @@ def admin_list_workloads(
     region: str | None = text_query(description="Region name"),
     node: str | None = text_query(description="Node name: the workloads holding GPUs on it"),
     page: PageParams = Depends(),
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
+    auth: Platform,
+    session: DbSession,
 ) -> dict:
-    items, nxt = service.list_workloads(
+    items, nxt = reads.list_workloads(
         session,
         auth,
         page,
@@ -223,23 +193,16 @@ def admin_list_workloads(
 
 
 @router.get("/quotas", response_model=QuotaList, summary="The tenant's quotas and current use")
-def my_quotas(
-    auth: AuthContext = Depends(tenant_read),
-    session: Session = Depends(session_dependency),
-) -> dict:
-    return service.quota_list(session, auth.tenant_id)
+def my_quotas(auth: TenantRead, session: DbSession) -> dict:
+    return quotas.quota_list(session, auth.tenant_id)
 
 
 @admin.get(
     "/tenants/{tenant_id}/quotas", response_model=QuotaList, summary="A tenant's quotas and use"
 )
-def tenant_quotas(
-    tenant_id: str,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def tenant_quotas(tenant_id: str, auth: Platform, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
-    return service.quota_list(session, tenant.id)
+    return quotas.quota_list(session, tenant.id)
 
 
 @admin.put(
@@ -247,15 +210,10 @@ def tenant_quotas(
     response_model=QuotaList,
     summary="Set a tenant's quotas (replaces them): guarantee, hard limit and weight per model",
 )
-def put_quotas(
-    tenant_id: str,
-    body: QuotaSet,
-    auth: AuthContext = Depends(platform),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def put_quotas(tenant_id: str, body: QuotaSet, auth: Platform, session: DbSession) -> dict:
     tenant = get_owned(session, auth, Tenant, tenant_id, what="tenant")
-    service.set_quotas(session, tenant.id, body.quotas)
-    return service.quota_list(session, tenant.id)
+    quotas.set_quotas(session, tenant.id, body.quotas)
+    return quotas.quota_list(session, tenant.id)
 
 
 @router.post(
@@ -263,12 +221,7 @@ def put_quotas(
     response_model=ProgressOut,
     summary="Report per-rank step times (a slow rank points at its GPU)",
 )
-def progress(
-    workload_id: str,
-    body: ProgressIn,
-    auth: AuthContext = Depends(tenant_write),
-    session: Session = Depends(session_dependency),
-) -> dict:
+def progress(workload_id: str, body: ProgressIn, auth: TenantWrite, session: DbSession) -> dict:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     slow, unknown, noisy = report_step_times(
         session, w, {r.rank: r.step_time_s for r in body.ranks}

@@ -1,4 +1,4 @@
-"""Recording audit entries.
+"""Recording audit entries, and reading them back (`list_entries`).
 
 - **Requests.** Every POST, PUT, PATCH and DELETE is recorded once. When its endpoint commits,
   the entry is written in that same transaction (`before_commit`, called by the routing layer
@@ -23,6 +23,7 @@ import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -33,8 +34,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.db import insert_objects, session_scope, utcnow
 from app.core.logging import get_logger
+from app.core.schemas import PageParams, paginate
 from app.models.audit import AuditEntry
-from app.tenancy.auth import extract_key, on_authenticated, parse_prefix
+from app.tenancy.auth import AuthContext, extract_key, on_authenticated, parse_prefix
+from app.tenancy.scoping import restrict, scoped_select
 
 log = get_logger(__name__)
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -368,3 +371,35 @@ def record_operation(
         return
     with session_scope() as alone:
         alone.add(entry)
+
+
+def list_entries(
+    session: Session,
+    auth: AuthContext,
+    page: PageParams,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    action: str | None = None,
+    target_type: str | None = None,
+    target_id: str | None = None,
+    tenant_id: uuid.UUID | None = None,
+) -> tuple[list[AuditEntry], str | None]:
+    """The entries `auth` may read (its tenant's; every tenant's for operators, or one
+    tenant's with `tenant_id`), oldest first, a page at a time: those at or after `since`,
+    before `until`, and with the action and target given."""
+    stmt = scoped_select(auth, AuditEntry)
+    if since is not None:
+        stmt = stmt.where(AuditEntry.created_at >= since)
+    if until is not None:
+        stmt = stmt.where(AuditEntry.created_at < until)
+    for column, value in (
+        (AuditEntry.action, action),
+        (AuditEntry.target_type, target_type),
+        (AuditEntry.target_id, target_id),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if tenant_id is not None:
+        stmt = restrict(tenant_id, stmt, AuditEntry)
+    return paginate(session, stmt, AuditEntry, page)

@@ -28,7 +28,7 @@ from app.models.tenants import Tenant
 from app.models.workloads import Workload
 from app.scheduling.lifecycle import HOLDING
 from app.tenancy.auth import SYSTEM
-from app.tenancy.scoping import get_owned, scoped_select
+from app.tenancy.scoping import get_owned, restrict, scoped_select
 from app.workloads.budget_gate import period_of
 from app.workloads.service import terminate
 
@@ -56,7 +56,7 @@ def evaluate(
     period = period_of(now)
     stmt = select(Budget).order_by(Budget.tenant_id).with_for_update()
     if tenant_ids is not None:
-        stmt = stmt.where(Budget.tenant_id.in_(tenant_ids))
+        stmt = restrict(tenant_ids, stmt, Budget)
     budgets = list(session.scalars(stmt))
     if not budgets:
         return []
@@ -119,9 +119,8 @@ def _record(session: Session, alerts: list[dict[str, Any]]) -> list[dict[str, An
 def stop_preemptible(session: Session, tenant_id: uuid.UUID, period: str) -> int:
     """Terminate the tenant's preemptible workloads that hold GPUs. Returns how many."""
     rows = session.scalars(
-        select(Workload)
+        scoped_select(tenant_id, Workload)
         .where(
-            Workload.tenant_id == tenant_id,
             Workload.priority == "preemptible",
             Workload.state.in_([s.value for s in HOLDING]),
         )
@@ -157,8 +156,8 @@ def set_budget(session: Session, tenant_id: uuid.UUID, **fields: Any) -> Budget:
 def alerts_of(session: Session, tenant_id: uuid.UUID, period: str) -> list[BudgetAlert]:
     return list(
         session.scalars(
-            select(BudgetAlert)
-            .where(BudgetAlert.tenant_id == tenant_id, BudgetAlert.period == period)
+            scoped_select(tenant_id, BudgetAlert)
+            .where(BudgetAlert.period == period)
             .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
         )
     )
@@ -169,8 +168,8 @@ def view(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
     b = get_owned(session, auth, Budget, tenant_id, what="budget")
     period = period_of(utcnow())
     alerts = session.scalars(
-        scoped_select(auth, BudgetAlert)
-        .where(BudgetAlert.tenant_id == tenant_id, BudgetAlert.period == period)
+        restrict(tenant_id, scoped_select(auth, BudgetAlert), BudgetAlert)
+        .where(BudgetAlert.period == period)
         .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
     )
     current = b.period == period

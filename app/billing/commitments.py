@@ -32,7 +32,8 @@ from app.core.db import utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.metering import service as metering
 from app.models.billing import Commitment, Plan
-from app.tenancy.scoping import scoped_select
+from app.models.fleet import Region
+from app.tenancy.scoping import restrict, scoped_select
 
 HOUR_MS = 3_600_000
 UNUSED = "unused-commitment"
@@ -158,6 +159,12 @@ def usage_by_plan(
     return out
 
 
+def check_region(session: Session, region: str) -> None:
+    """A commitment names a region of the fleet, or '*' (any region)."""
+    if region != "*" and session.scalar(select(Region.id).where(Region.name == region)) is None:
+        raise ValidationFailed(f"No region named {region!r}.", code="unknown_region")
+
+
 def create(session: Session, tenant_id: uuid.UUID, **fields: Any) -> Commitment:
     start, end = fields["starts_at"], fields["ends_at"]
     for name, at in (("starts_at", start), ("ends_at", end)):
@@ -185,9 +192,7 @@ def cancel(session: Session, c: Commitment, now: datetime | None = None) -> None
 
 def of_tenant(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
     """A tenant's commitments, by start (scoped to what the caller may see)."""
-    stmt = (
-        scoped_select(auth, Commitment)
-        .where(Commitment.tenant_id == tenant_id)
-        .order_by(Commitment.starts_at, Commitment.gpu_model, Commitment.id)
+    stmt = restrict(tenant_id, scoped_select(auth, Commitment), Commitment).order_by(
+        Commitment.starts_at, Commitment.gpu_model, Commitment.id
     )
     return {"items": list(session.scalars(stmt))}

@@ -2,10 +2,11 @@
 
 FastAPI exits a yield dependency of default scope only after the response has been sent, so a
 session committed there would answer 201 before its COMMIT, and a failed commit would reach
-no one. A sync endpoint that takes the request's session (`Depends(session_dependency)`) is
-wrapped here so that the commit, and what it releases (outbox messages, kicks), runs on the
-endpoint's own worker thread as soon as it returns: before the response is serialised or sent,
-and without a second thread-pool hop. `session_dependency` then only cleans up.
+no one. A sync endpoint that takes the request's session (`session: DbSession`, that is
+`Depends(session_dependency)`) is wrapped here so that the commit, and what it releases (outbox
+messages, kicks), runs on the endpoint's own worker thread as soon as it returns: before the
+response is serialised or sent, and without a second thread-pool hop. `session_dependency` then
+only cleans up.
 
 Every endpoint is also where a stored `Idempotency-Key` result is replayed (REPLAY, set by the
 idempotency middleware): only after FastAPI has solved the route's dependencies, so a replay
@@ -18,22 +19,36 @@ import functools
 import inspect
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
-from fastapi import APIRouter, params
+from fastapi import APIRouter, Depends, params
+from fastapi.dependencies.utils import get_typed_signature
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from sqlalchemy.orm import Session
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.routing import compile_path
 
 from app.core.db import finish_request_session, session_dependency
 
+# The request's session, typed: `session: DbSession` is `Depends(session_dependency)`.
+DbSession = Annotated[Session, Depends(session_dependency)]
+
+
+def _depends_on(param: inspect.Parameter, dependency: Callable[..., Any]) -> bool:
+    """Whether a parameter is `Depends(dependency)`, as its default or in its `Annotated` type."""
+    marks = [param.default]
+    if get_origin(param.annotation) is Annotated:
+        marks += get_args(param.annotation)[1:]
+    return any(isinstance(m, params.Depends) and m.dependency is dependency for m in marks)
+
 
 def _session_params(endpoint: Callable[..., Any]) -> list[str]:
+    # The signature FastAPI reads (string annotations resolved), so an alias counts too.
     return [
         p.name
-        for p in inspect.signature(endpoint).parameters.values()
-        if isinstance(p.default, params.Depends) and p.default.dependency is session_dependency
+        for p in get_typed_signature(endpoint).parameters.values()
+        if _depends_on(p, session_dependency)
     ]
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import and_, case, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from app.core.db import get_or_404, new_id, utcnow
 from app.core.errors import Conflict
 from app.core.schemas import paginate
-from app.models.fleet import Gpu, Node, NodeState, Rack, Region
+from app.fleet.schemas import GpuOut, NodeOut
+from app.models.fleet import FleetImport, Gpu, Node, NodeState, Rack, Region
 from app.models.health import PLACEABLE, Health
 from app.models.workloads import Allocation, GpuUsage, MigClaim
+from app.outbox.service import enqueue
 from app.placement.catalog import RACK_KINDS
 from app.placement.mig import PROFILES, free_starts, profile_name
-from app.workloads.service import forget_regions, node_state_changed
+from app.workloads.disruptions import node_state_changed
+from app.workloads.regions import forget_regions
 
 # Allowed operator transitions of a node's state.
 NODE_TRANSITIONS: dict[str, set[str]] = {
@@ -98,6 +101,15 @@ def refuse_conflicts(session: Session, doc: dict[str, Any]) -> None:
             + ". Nothing was imported.",
             errors=found,
         )
+
+
+def queue_import(session: Session, doc: dict[str, Any], source: str | None) -> FleetImport:
+    """Store a validated fleet document for a worker to apply (`apply_document`)."""
+    imp = FleetImport(document=doc, source=source, created_at=utcnow())
+    session.add(imp)
+    session.flush()
+    enqueue(session, "fleet.import", queue="fleet", import_id=str(imp.id))
+    return imp
 
 
 def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
@@ -327,13 +339,31 @@ def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]
 
 
 def gpu_detail(gpu: Gpu, held: list[dict[str, Any]]) -> dict[str, Any]:
-    from app.fleet.schemas import GpuOut
-
     return {
         **GpuOut.model_validate(gpu).model_dump(),
         "holders": held,
         "free_milli": max(0, 1000 - sum(h["milli"] for h in held)),
     }
+
+
+def node_detail(session: Session, node: Node) -> dict[str, Any]:
+    """A node with its GPUs, each with who holds it (operators' view)."""
+    session.scalars(select(Node).where(Node.id == node.id).options(selectinload(Node.gpus))).one()
+    held = holders(session, [node.id])
+    return {
+        **NodeOut.model_validate(node).model_dump(),
+        "gpus": [gpu_detail(g, held.get((node.id, g.index), [])) for g in node.gpus],
+    }
+
+
+def list_gpus(
+    session: Session, page: Any, *, node_id: str | None = None
+) -> tuple[list[Gpu], str | None]:
+    """GPUs, oldest first; on one node (by id) if asked (NotFound if there is none)."""
+    stmt = select(Gpu)
+    if node_id:
+        stmt = stmt.where(Gpu.node_id == get_or_404(session, Node, node_id, what="node").id)
+    return paginate(session, stmt, Gpu, page)
 
 
 def list_nodes(

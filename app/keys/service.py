@@ -6,9 +6,11 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
+from app.core.schemas import PageParams, paginate
 from app.keys.schemas import KeyCreated, KeyOut
 from app.models.keys import ApiKey
-from app.tenancy.auth import PLATFORM_SCOPE, generate_key
+from app.tenancy.auth import PLATFORM_SCOPE, AuthContext, generate_key
+from app.tenancy.scoping import restrict, scoped_select
 
 
 def create_key(
@@ -41,3 +43,14 @@ def revoke(key: ApiKey) -> ApiKey:
     if key.revoked_at is None:
         key.revoked_at = utcnow()
     return key
+
+
+def list_keys(
+    session: Session, auth: AuthContext, page: PageParams, *, tenant_id: uuid.UUID | None = None
+) -> tuple[list[ApiKey], str | None]:
+    """The keys `auth` may read (its tenant's; every key for operators, or one tenant's with
+    `tenant_id`), oldest first, a page at a time."""
+    stmt = scoped_select(auth, ApiKey)
+    if tenant_id is not None:
+        stmt = restrict(tenant_id, stmt, ApiKey)
+    return paginate(session, stmt, ApiKey, page)

@@ -24,6 +24,7 @@ from app.core.db import as_aware, utcnow
 from app.core.errors import ValidationFailed
 from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.metering import UsageEvent, UsageKind
+from app.models.tenants import Tenant
 from app.tenancy.scoping import restrict
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -58,13 +59,15 @@ def visible_to(auth, tenant_id: uuid.UUID | Collection[uuid.UUID] | None = None)
 
     def scope(stmt, model: Any = UsageEvent):
         stmt = restrict(auth, stmt, model)
-        if tenant_id is None:
-            return stmt
-        if isinstance(tenant_id, uuid.UUID):
-            return stmt.where(model.tenant_id == tenant_id)
-        return stmt.where(model.tenant_id.in_(list(tenant_id)))
+        return stmt if tenant_id is None else restrict(tenant_id, stmt, model)
 
     return scope
+
+
+def unknown_tenants(session: Session, tenant_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of `tenant_ids` no tenant has (events must name a tenant that exists)."""
+    known = set(session.scalars(select(Tenant.id).where(Tenant.id.in_(tenant_ids))))
+    return set(tenant_ids) - known
 
 
 def start_key(allocation_id: uuid.UUID | str) -> str:

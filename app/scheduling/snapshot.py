@@ -32,6 +32,7 @@ from app.placement.queueing import (
 )
 from app.placement.snapshot import DEGRADED, FAILED, HEALTHY, NodeSpec, Snapshot
 from app.scheduling.lifecycle import HOLDING, State
+from app.tenancy.scoping import scoped_select
 
 EPOCH = datetime(2026, 1, 1, tzinfo=utcnow().tzinfo)
 
@@ -244,7 +245,7 @@ def _quotas(session: Session, tenant_ids: set[uuid.UUID]) -> dict[str, TenantQuo
     quotas: dict[str, TenantQuota] = {}
     if not tenant_ids:
         return quotas
-    for q in session.scalars(select(QuotaRow).where(QuotaRow.tenant_id.in_(list(tenant_ids)))):
+    for q in session.scalars(scoped_select(tenant_ids, QuotaRow)):
         cur = quotas.get(str(q.tenant_id)) or TenantQuota(guaranteed={}, limit={})
         lim = dict(cur.limit)
         if q.limit_milli is not None:

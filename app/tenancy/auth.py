@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import event, select
-from sqlalchemy.orm import Mapper, Session
+from sqlalchemy.orm import Mapper, Session, object_session
 from sqlalchemy.orm.attributes import get_history
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
@@ -490,8 +491,6 @@ def _watched(mapper: Mapper) -> Callable[[set[str]], bool] | None:
 
 
 def _changed(target) -> None:
-    from sqlalchemy.orm import object_session
-
     session = object_session(target)
     if session is not None:
         session.info[_CHANGED] = True
@@ -582,3 +581,10 @@ tenant_read_any_status = _tenant_scope("read", allow_inactive=True)
 tenant_write = _tenant_scope("write")
 tenant_admin = _tenant_scope("admin")
 platform = _platform
+
+# A route's caller, typed: `auth: TenantRead` is `auth: AuthContext = Depends(tenant_read)`.
+TenantRead = Annotated[AuthContext, Depends(tenant_read)]
+TenantReadAnyStatus = Annotated[AuthContext, Depends(tenant_read_any_status)]
+TenantWrite = Annotated[AuthContext, Depends(tenant_write)]
+TenantAdmin = Annotated[AuthContext, Depends(tenant_admin)]
+Platform = Annotated[AuthContext, Depends(platform)]

@@ -1,22 +1,30 @@
 """The one place tenancy is enforced for reads and writes of tenant-owned rows.
 
-Every tenant-owned model names its owning column in `__tenant_column__`. Queries of such
-models are built with `scoped_select`/`restrict`, and single objects are fetched with
-`get_owned`, which answers 404 (never 403) for another tenant's object.
+Every tenant-owned model names its owning column in `__tenant_column__`. Every statement over
+such a model is narrowed by `restrict` (or built by `scoped_select`, a select of the model so
+narrowed), for a caller (its AuthContext) or for tenants named outright (an operator's or a
+background job's choice); single objects are fetched with `get_owned`, which answers 404 (never
+403) for another tenant's object. No tenant filter is written anywhere else.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, select
+from sqlalchemy import Delete, Select, Update, select
 from sqlalchemy.orm import Session
 
 from app.core.errors import NotFound
 from app.tenancy.auth import AuthContext
 
 M = TypeVar("M")
+S = TypeVar("S", Select, Update, Delete)
+
+# Whose rows a statement may touch: a caller's (its AuthContext), one tenant's (its id) or
+# several tenants' (a collection of ids).
+Owner = AuthContext | uuid.UUID | Collection[uuid.UUID]
 
 
 def _owner_column(model: Any):
@@ -26,17 +34,26 @@ def _owner_column(model: Any):
     return getattr(model, name)
 
 
-def restrict(auth: AuthContext, stmt: Select, model: Any) -> Select:
-    """Add the tenant filter for `model` to `stmt`. Operators (platform scope) see every tenant."""
-    if auth.is_platform:
-        return stmt
-    if auth.tenant_id is None:  # defensive: a non-platform key always has a tenant
-        return stmt.where(False)
-    return stmt.where(_owner_column(model) == auth.tenant_id)
+def restrict(owner: Owner, stmt: S, model: Any) -> S:
+    """`stmt` narrowed to the rows of `model` that `owner` may touch (the one tenant filter).
+
+    A caller: operators (platform scope) touch every tenant's rows, a tenant key its own, and
+    a key that is neither nothing. A tenant id: that tenant's rows (None: rows of no tenant).
+    A collection of tenant ids: those tenants' rows."""
+    if isinstance(owner, AuthContext):
+        if owner.is_platform:
+            return stmt
+        if owner.tenant_id is None:  # defensive: a non-platform key always has a tenant
+            return stmt.where(False)
+        return stmt.where(_owner_column(model) == owner.tenant_id)
+    if isinstance(owner, Collection) and not isinstance(owner, str):
+        return stmt.where(_owner_column(model).in_(list(owner)))
+    return stmt.where(_owner_column(model) == owner)
 
 
-def scoped_select(auth: AuthContext, model: type[M]) -> Select[tuple[M]]:
-    return restrict(auth, select(model), model)
+def scoped_select(owner: Owner, model: type[M]) -> Select[tuple[M]]:
+    """A select of `model`'s rows that `owner` may read (see `restrict`)."""
+    return restrict(owner, select(model), model)
 
 
 def get_owned(

@@ -23,7 +23,8 @@ from app.scheduling import lifecycle
 from app.scheduling.apply import release, stopped, unstopped_holders
 from app.scheduling.lifecycle import State
 from app.scheduling.providers import Provider, get_provider
-from app.workloads.service import finish, kick_placement, requeue_reason
+from app.workloads.queueing import kick_placement, requeue_reason
+from app.workloads.service import finish
 
 log = get_logger(__name__)
 POLL_SECONDS = 0.5

@@ -1,0 +1,278 @@
+"""What the hardware does to the work on it: a node's state changing (drain, down, retired), a
+GPU fault, a suspect GPU's work moved at its checkpoint, and the owner told what the health loop
+saw."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.audit import service as audit
+from app.core.config import get_settings
+from app.core.db import as_aware, utcnow
+from app.models.fleet import Node
+from app.models.workloads import Allocation, Workload
+from app.outbox.service import enqueue
+from app.scheduling import lifecycle
+from app.scheduling.apply import release
+from app.scheduling.lifecycle import State
+from app.workloads.queueing import kick_placement, requeue_reason
+from app.workloads.regions import fail_what_no_longer_fits, node_region
+
+# What a node's state does to the work on it: the one table (operators' PATCH of a node).
+# ready, cordoned: nothing runs differently (cordoned only stops new placements).
+NODE_STATE_EFFECT = {
+    "ready": "none",
+    "cordoned": "none",
+    "draining": "checkpoint then move",  # running work gets its grace, then is requeued
+    "down": "stop now",  # the hardware is gone: stopped (usage too) and requeued at once
+    # Gone for good: stopped and requeued like `down`; then waiting work the region can no
+    # longer hold fails with the reason (fail_what_no_longer_fits).
+    "retired": "stop now",
+}
+
+
+def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: str) -> int:
+    """Apply NODE_STATE_EFFECT to every workload holding GPUs on the node. Returns how many
+    were moved. Work not yet running (placing, provisioning) goes back to the queue at once."""
+    effect = NODE_STATE_EFFECT[state]
+    if effect == "none":
+        return 0
+    ids = select(Allocation.workload_id).where(
+        Allocation.node_id == node_id, Allocation.released_at.is_(None)
+    )
+    ws = list(
+        session.scalars(
+            select(Workload).where(Workload.id.in_(ids)).order_by(Workload.id).with_for_update()
+        )
+    )
+    now, grace = utcnow(), get_settings().preemption_grace_seconds
+    regions, entries = set(), []
+    for w in ws:
+        regions.add(w.region)
+        running = w.state == State.running.value
+        if effect == "checkpoint then move" and running:
+            deadline = now + timedelta(seconds=grace)
+            w.evicted_at, w.stop_deadline = now, deadline
+            lifecycle.transition(
+                session,
+                w,
+                State.checkpointing,
+                f"node {name} is draining: checkpoint before {deadline:%H:%M:%S}, then it moves",
+                {"reason": "node_draining", "node": name, "deadline": deadline.isoformat()},
+                at=now,
+            )
+            release(session, w, now, reason="node_draining")
+            enqueue(
+                session,
+                "workloads.finish_preemption",
+                queue="provisioning",
+                workload_id=str(w.id),
+                countdown=grace,
+            )
+            entries.append((w.tenant_id, "workload", w.id, {"reason": "node_draining"}, {}))
+            continue
+        if w.state == State.checkpointing.value:
+            if effect == "stop now":  # its grace ends with the hardware
+                release(session, w, now, reason="node_down")
+                lifecycle.transition(
+                    session, w, State.preempted, f"stopped: node {name} is {state}", at=now
+                )
+                reason, details = requeue_reason(w)
+                lifecycle.transition(session, w, State.queued, reason, details, at=now)
+            continue  # draining: already on its way off
+        release(session, w, now, reason=f"node_{state}")
+        if running:
+            lifecycle.transition(
+                session, w, State.preempted, f"stopped: node {name} is {state}", at=now
+            )
+            reason, details = requeue_reason(w)
+        else:  # placing or provisioning: it never started there
+            reason = f"node {name} is {state} before it started: back in the queue"
+            details = {"node": name}
+        lifecycle.transition(session, w, State.queued, reason, details, at=now)
+        entries.append((w.tenant_id, "workload", w.id, {"reason": f"node_{state}"}, {}))
+    audit.record_system(session, "workload.requeue", entries)
+    if state == "retired":
+        session.flush()  # the requeued work is judged on the fleet without the node
+        fail_what_no_longer_fits(session, node_region(session, node_id))
+    for region in regions:
+        kick_placement(session, region)
+    return len(ws)
+
+
+def _holders(
+    session: Session, node: Node, gpu_indices: list[int] | None, scope: str = "gpu"
+) -> list[Workload]:
+    """Workloads with live allocations on `node` (on those GPUs, if given), locked. Scope
+    "domain": also the multi-GPU work on the other nodes of the node's NVLink domain."""
+    nodes = [node.id]
+    if scope == "domain":
+        nodes = list(
+            session.scalars(select(Node.id).where(Node.nvlink_domain == node.nvlink_domain))
+        )
+    rows = session.execute(
+        select(Allocation.workload_id, Allocation.node_id, Allocation.gpu_indices).where(
+            Allocation.node_id.in_(nodes), Allocation.released_at.is_(None)
+        )
+    ).all()
+    wanted = set(gpu_indices) if gpu_indices is not None else None
+    on_node: set[uuid.UUID] = set()
+    elsewhere: set[uuid.UUID] = set()
+    for wid, nid, indices in rows:
+        if nid == node.id and (wanted is None or wanted & set(indices or [])):
+            on_node.add(wid)
+        elif nid != node.id:
+            elsewhere.add(wid)
+    ids = on_node | elsewhere
+    if not ids:
+        return []
+    ws = list(
+        session.scalars(
+            select(Workload).where(Workload.id.in_(ids)).order_by(Workload.id).with_for_update()
+        )
+    )
+    # Other nodes of the domain: only work spread over GPUs (it talks over the NVLink fabric).
+    return [w for w in ws if w.id in on_node or w.gpu_milli > 1000]
+
+
+def interrupt_on_fault(
+    session: Session,
+    node: Node,
+    gpu_indices: list[int] | None,
+    scope: str,
+    fault_at: datetime,
+    cause: str,
+    details: dict,
+) -> int:
+    """A hardware fault took GPUs away (app/health): every workload holding them stops on all
+    its replicas (a gang is one unit). Its usage ends at the fault, not when this runs; the work
+    since its last checkpoint is recorded as lost; it goes back to the queue ahead of its
+    priority peers, to resume from its last checkpoint. Returns how many were stopped."""
+    now = utcnow()
+    regions, entries = set(), []
+    ws = _holders(session, node, gpu_indices, scope)
+    for w in ws:
+        state = State(w.state)
+        if state not in (State.running, State.placing, State.provisioning):
+            continue
+        regions.add(w.region)
+        if state is State.running:
+            run_start = as_aware(w.run_started_at) if w.run_started_at else fault_at
+            at = min(max(fault_at, run_start), now)
+            ckpt = as_aware(w.last_checkpoint_at) if w.last_checkpoint_at else None
+            since = max(run_start, ckpt) if ckpt is not None else run_start
+            lost = round(w.gpu_milli / 1000 * max(0.0, (at - since).total_seconds()), 3)
+            release(session, w, at, reason="gpu_fault")
+            lifecycle.transition(
+                session,
+                w,
+                State.preempted,
+                f"interrupted by a hardware fault: {cause}",
+                {
+                    **details,
+                    "fault_at": at.isoformat(),
+                    "lost_work_gpu_s": lost,
+                    "work_since": since.isoformat(),
+                },
+                at=at,
+            )
+            w.interruptions = (w.interruptions or 0) + 1
+            w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
+            reason, more = requeue_reason(w)
+        else:  # placed but not started: nothing ran, nothing is lost
+            release(session, w, now, reason="gpu_fault")
+            reason, more = f"{cause} before it started: back in the queue", {}
+        w.expedited = True
+        lifecycle.transition(
+            session,
+            w,
+            State.queued,
+            f"{reason}; ahead of its priority peers",
+            {**more, "expedited": True, "incident": details.get("incident")},
+            at=now,
+        )
+        enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+        entries.append((w.tenant_id, "workload", w.id, {"reason": "gpu_fault"}, {"cause": cause}))
+    audit.record_system(session, "workload.requeue", entries)
+    for region in regions:
+        kick_placement(session, region)
+    return len(entries)
+
+
+def move_off_suspect(
+    session: Session, w: Workload, words: str, *, reason: str = "suspect_gpu"
+) -> None:
+    """A running workload on a suspect GPU just checkpointed and healthy capacity exists: stop
+    it now and requeue it ahead of its peers, to resume from that checkpoint elsewhere."""
+    now = utcnow()
+    ckpt = as_aware(w.last_checkpoint_at) if w.last_checkpoint_at else now
+    lost = round(w.gpu_milli / 1000 * max(0.0, (now - ckpt).total_seconds()), 3)
+    release(session, w, now, reason="moved_off_suspect_gpu")
+    lifecycle.transition(
+        session,
+        w,
+        State.preempted,
+        f"moved at its checkpoint: {words}",
+        {"reason": reason, "lost_work_gpu_s": lost},
+        at=now,
+    )
+    w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
+    w.migrate_at_checkpoint = False
+    w.expedited = True
+    reason, more = requeue_reason(w)
+    lifecycle.transition(
+        session,
+        w,
+        State.queued,
+        f"{reason}; ahead of its priority peers, on healthy GPUs",
+        {**more, "expedited": True},
+        at=now,
+    )
+    enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+    kick_placement(session, w.region)
+
+
+def health_notice(
+    session: Session,
+    node_id: uuid.UUID,
+    gpu_indices: list[int] | None,
+    words: str,
+    details: dict,
+    *,
+    migrate: bool,
+) -> int:
+    """Tell the workloads running on those GPUs what the health loop saw (an event each). With
+    `migrate` (a suspect GPU), work that checkpoints moves off at its next checkpoint."""
+    node = session.get(Node, node_id)
+    if node is None:
+        return 0
+    told = 0
+    for w in _holders(session, node, gpu_indices):
+        if w.state != State.running.value:
+            continue
+        tell_owner(session, w, words, details, move_to="healthy GPUs" if migrate else None)
+        told += 1
+    return told
+
+
+def tell_owner(
+    session: Session, w: Workload, words: str, details: dict, *, move_to: str | None
+) -> None:
+    """A `health` event for the workload's owner; with `move_to`, work that checkpoints moves
+    there at its next checkpoint (and the event says so)."""
+    if move_to and w.checkpoint_interval_s:
+        w.migrate_at_checkpoint = True
+        words += f"; it moves to {move_to} at its next checkpoint"
+    lifecycle.record(
+        session,
+        w,
+        kind="health",
+        from_state=w.state,
+        to_state=w.state,
+        reason=words[:500],
+        details=details,
+    )
