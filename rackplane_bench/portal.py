@@ -139,8 +139,10 @@ _UTILISATION = """query($from: DateTime!, $to: DateTime!) { utilisation(from: $f
 
 def _utilisation(url: str, operator: str, runs: int) -> list[float]:
     """The utilisation chart's query, timed from request to answer (after one warm-up)."""
-    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    window = {"from": (now - timedelta(days=1)).isoformat(), "to": now.isoformat()}
+    # The page's window: the last 24 hours up to the end of this one (Fleet.tsx), so the fleet
+    # the seed registered this hour is in it (a window ending at this hour's start had none).
+    to = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    window = {"from": (to - timedelta(days=1)).isoformat(), "to": to.isoformat()}
     times: list[float] = []
     with httpx.Client(base_url=url, timeout=60) as client:
         for i in range(runs + 1):

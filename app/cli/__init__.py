@@ -35,6 +35,7 @@ from app.cli.tenants import tenants_cli
 from app.core.config import get_settings
 from app.core.processes import stop_groups
 from app.core.secrets import MissingSecret, check_server_secrets
+from app.portal import DIST
 from workers.settings import worker_command
 
 __all__ = ["DEMO_FLEET", "ROOT", "cli", "main", "migrate_db"]
@@ -93,8 +94,6 @@ def up(
 ) -> None:
     """Migrate, seed a demo on first start, and run the API, a Celery worker and beat."""
     import uvicorn  # deferred: `up` alone runs a server (~11 ms with watchfiles)
-
-    from app.portal.router import DIST  # deferred: a path, for ~20 ms of router and pydantic.v1
 
     settings = get_settings()
     host = host or settings.api_host

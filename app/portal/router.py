@@ -4,14 +4,11 @@ GraphQL, REST session calls and websocket need no CORS. Nothing comes from a CDN
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from app.core.errors import AppError, NotFound
-
-DIST = Path(__file__).parent / "dist"
+from app.portal import DIST
 
 # The page runs only its own scripts and styles and talks only to its origin (fetch and the
 # GraphQL websocket); no one may frame it.
