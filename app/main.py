@@ -14,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 from app import models  # noqa: F401  (register every model)
 from app.api import (
+    agents,
     audit,
     billing,
     chaos,
@@ -88,6 +89,7 @@ def create_app() -> FastAPI:
         health,
         chaos,
         sessions,
+        agents,
     ):
         if hasattr(module, "router"):
             app.include_router(module.router)

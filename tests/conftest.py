@@ -138,6 +138,8 @@ TABLES = [
     "workloads",
     "tenant_quotas",
     "gpus",
+    "node_join_tokens",
+    "node_credentials",
     "nodes",
     "racks",
     "regions",

@@ -19,6 +19,7 @@ PUBLIC = {
     ("GET", "/metrics"),
     ("POST", "/v1/signup"),
     ("POST", "/v1/sessions"),
+    ("POST", "/v1/agent/join"),  # a join token in the body is its credential (test_agents_join)
 }
 # Valid bodies for tenant routes that have both a path parameter and a body, so the 404 (not a
 # 422) is what the other tenant sees.
@@ -210,11 +211,14 @@ def test_without_or_with_bad_keys_every_private_route_is_401(client, matrix):
             assert r.headers["content-type"].startswith("application/problem+json")
             # A portal session's own routes want its cookie, whatever key is sent.
             session_only = {"no_session"} if path.startswith("/v1/sessions/") else set()
+            # A node agent's routes take its node credential, never an API key.
+            node_only = {"invalid_node_credential"} if path.startswith("/v1/agent/") else set()
             assert r.json()["code"] in {
                 "missing_api_key",
                 "invalid_api_key",
                 "revoked_api_key",
                 *session_only,
+                *node_only,
             }
 
 
@@ -232,7 +236,10 @@ def test_other_tenants_objects_are_404_and_never_leak(client, matrix):
     checked = 0
     for method, path, op in _operations(client):
         # A portal session's routes answer only for the cookie's own session (test_sessions).
-        if (method, path) in PUBLIC or path.startswith(("/v1/admin/", "/v1/sessions/")):
+        # A node agent's routes answer to node credentials only (test_agents_join).
+        if (method, path) in PUBLIC or path.startswith(
+            ("/v1/admin/", "/v1/sessions/", "/v1/agent/")
+        ):
             continue
         body = BODIES.get((method, path))
         if "{" in path:

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 from sqlalchemy import select
 
+from app.agents.service import create_join_token, node_named
 from app.cli.common import console, err, fail
 from app.core.db import session_scope
 from app.core.errors import AppError
@@ -213,3 +214,22 @@ def fleet_history(
                 e.cause,
             )
     console.print(table)
+
+
+@fleet_cli.command("join-token")
+def fleet_join_token(
+    node: str,
+    ttl: int = typer.Option(900, min=60, max=86400, help="Seconds it may be used in (once)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """A single-use join token for NODE's agent (`rackplane agent --token`), shown once."""
+    with session_scope() as session:
+        row = node_named(session, node)
+        if row is None:
+            fail(f"no node named {node}", 2)
+        made = create_join_token(session, row, ttl)
+    if as_json:
+        print(made.model_dump_json())
+        return
+    console.print(made.token)
+    err.print(f"for {made.node_name}, single use, until {made.expires_at:%Y-%m-%d %H:%M:%S}Z")

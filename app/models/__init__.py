@@ -1,6 +1,7 @@
 """Import every model so `Base.metadata` is complete (Alembic and tests use this)."""
 
 from app.core.db import Base
+from app.models.agents import NodeCredential, NodeJoinToken
 from app.models.audit import AuditEntry
 from app.models.billing import (
     BillingAdjustment,
@@ -60,7 +61,9 @@ __all__ = [
     "HealthRepair",
     "IdleIron",
     "IdleTime",
+    "NodeCredential",
     "NodeHeartbeat",
+    "NodeJoinToken",
     "IdempotencyRecord",
     "Node",
     "OutboxMessage",

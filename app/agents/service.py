@@ -1,0 +1,110 @@
+"""Joining: an operator's single-use, expiring token for one node, traded by that node's agent
+for a node credential. Rotating and revoking credentials touches no running work."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.agents.schemas import CredentialsRevoked, Joined, JoinTokenOut, NodeIdentity
+from app.core.db import utcnow
+from app.core.errors import Unauthorized
+from app.models.agents import NodeCredential, NodeJoinToken
+from app.models.fleet import Gpu, Node, Rack, Region
+from app.tenancy.auth import hash_secret
+from app.tenancy.nodes import JOIN_PREFIX, NODE_PREFIX, NodeCaller, new_secret, well_formed
+
+
+class InvalidJoinToken(Unauthorized):
+    code = "invalid_join_token"
+
+
+def create_join_token(session: Session, node: Node, ttl_s: int = 900) -> JoinTokenOut:
+    token, digest = new_secret(JOIN_PREFIX)
+    row = NodeJoinToken(
+        node_id=node.id, token_hash=digest, expires_at=utcnow() + timedelta(seconds=ttl_s)
+    )
+    session.add(row)
+    session.flush()
+    return JoinTokenOut(
+        node_id=node.id, node_name=node.name, token=token, expires_at=row.expires_at
+    )
+
+
+def _issue(session: Session, node: Node) -> Joined:
+    credential, digest = new_secret(NODE_PREFIX)
+    prefix = credential[len(NODE_PREFIX) : len(NODE_PREFIX) + 8]
+    session.add(NodeCredential(node_id=node.id, prefix=prefix, secret_hash=digest))
+    session.flush()
+    return Joined(
+        node_id=node.id, node_name=node.name, credential=credential, credential_prefix=prefix
+    )
+
+
+def join(session: Session, token: str) -> Joined:
+    """Trade a join token for a node credential. The token is spent by one conditional UPDATE,
+    so two agents racing with it get one credential between them."""
+    node_id = None
+    if well_formed(token, JOIN_PREFIX):
+        now = utcnow()
+        node_id = session.scalar(
+            update(NodeJoinToken)
+            .where(
+                NodeJoinToken.token_hash == hash_secret(token),
+                NodeJoinToken.used_at.is_(None),
+                NodeJoinToken.expires_at > now,
+            )
+            .values(used_at=now)
+            .returning(NodeJoinToken.node_id)
+        )
+    if node_id is None:
+        raise InvalidJoinToken(
+            "This join token is unknown, already used or expired: ask an operator for a new "
+            "one (`rackplane fleet join-token NODE`)."
+        )
+    return _issue(session, session.get_one(Node, node_id))
+
+
+def rotate(session: Session, caller: NodeCaller) -> Joined:
+    """A new credential for the calling node; the one it called with stops working."""
+    session.execute(
+        update(NodeCredential)
+        .where(NodeCredential.id == caller.credential_id)
+        .values(revoked_at=utcnow())
+    )
+    return _issue(session, session.get_one(Node, caller.node_id))
+
+
+def revoke_all(session: Session, node: Node) -> CredentialsRevoked:
+    """Stop a node's agent speaking for it (401 from its next request); its running work and
+    the fleet's record of the node are left alone."""
+    result = session.execute(
+        update(NodeCredential)
+        .where(NodeCredential.node_id == node.id, NodeCredential.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
+    return CredentialsRevoked(node_id=node.id, revoked=result.rowcount or 0)
+
+
+def identity(session: Session, caller: NodeCaller) -> NodeIdentity:
+    node, rack, region = session.execute(
+        select(Node, Rack.name, Region.name)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .where(Node.id == caller.node_id)
+    ).one()
+    gpus = session.scalar(select(func.count()).where(Gpu.node_id == node.id)) or 0
+    return NodeIdentity(
+        node_id=node.id,
+        node_name=node.name,
+        region=region,
+        rack=rack,
+        gpu_model=node.gpu_model,
+        gpus=gpus,
+    )
+
+
+def node_named(session: Session, name: str) -> Node | None:
+    return session.scalar(select(Node).where(Node.name == name))
