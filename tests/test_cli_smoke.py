@@ -74,6 +74,7 @@ CASES: dict[str, Case] = {
     "fleet release": Case("fleet release h100-a-004 --gpu 2", says="GPU 2 of h100-a-004: healthy"),
     "fleet retire": Case("fleet retire a100-w-002 --gpu 0", says="out_of_service"),
     "fleet history": Case("fleet history h100-a-004", says="quarantined by an operator: smoke"),
+    "fleet join-token": Case("fleet join-token h100-a-004 --ttl 120", says="rpj_"),
     "tenants create": Case(
         "tenants create --name Acme --slug acme --email ops@acme.io",
         says="admin key (shown once): rp_",
