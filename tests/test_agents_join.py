@@ -136,3 +136,18 @@ def test_the_cli_makes_a_join_token(world, client):
         timeout=120,
     )
     assert missing.returncode == 2 and "no node named nope" in missing.stderr
+
+
+def test_a_replayed_join_never_carries_the_credential(client, world):
+    """An anonymous request's replay goes to whoever sends the same key and body: a join's
+    answer is the node's credential, so the replay names the node and withholds it."""
+    world.fleet(SMALL_FLEET)
+    op = world.key()
+    node = _node_id(client, op, "h100-1")
+    token = client.post(f"/v1/admin/nodes/{node}/join-tokens", headers=auth(op)).json()["token"]
+    headers = {"Idempotency-Key": "join-once"}
+    first = client.post("/v1/agent/join", json={"token": token}, headers=headers)
+    assert first.status_code == 201 and first.json()["credential"].startswith("rpn_")
+    replay = client.post("/v1/agent/join", json={"token": token}, headers=headers)
+    assert replay.status_code == 201, replay.text
+    assert replay.json()["node_name"] == "h100-1" and replay.json()["credential"] is None

@@ -41,6 +41,7 @@ from app.core.routing import REPLAY
 from app.core.secrets import seal, unseal
 from app.models.idempotency import IdempotencyRecord
 from app.tenancy.auth import AUTH_STATE, AuthContext, context_of, credential_of, parse_prefix
+from app.tenancy.nodes import is_node_secret
 
 # A first request still marked in flight after this long is presumed dead; its key may be reused.
 IN_FLIGHT_TIMEOUT = timedelta(seconds=60)
@@ -87,7 +88,8 @@ def namespace(ctx: AuthContext | None, req_hash: str) -> str:
 
 
 def withhold_secrets(body: bytes) -> bytes:
-    """The body with every API key in it replaced by null (what anonymous replays get)."""
+    """The body with every API key, join token and node credential in it replaced by null
+    (what anonymous replays get: an agent's join answers with its node's credential)."""
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
@@ -98,7 +100,7 @@ def withhold_secrets(body: bytes) -> bytes:
             return {k: walk(x) for k, x in v.items()}
         if isinstance(v, list):
             return [walk(x) for x in v]
-        if isinstance(v, str) and parse_prefix(v) is not None:
+        if isinstance(v, str) and (parse_prefix(v) is not None or is_node_secret(v)):
             return None
         return v
 

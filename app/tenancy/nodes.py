@@ -45,6 +45,11 @@ def well_formed(value: str, prefix: str) -> bool:
     return value.startswith(prefix) and len(body) == SECRET_LEN and body.isalnum()
 
 
+def is_node_secret(value: str) -> bool:
+    """A join token or a node credential (what a replayed answer must never carry)."""
+    return well_formed(value, JOIN_PREFIX) or well_formed(value, NODE_PREFIX)
+
+
 @dataclass(frozen=True)
 class NodeCaller:
     """A node agent, by the credential it presented."""
