@@ -41,7 +41,7 @@ openapi: install
 	$(BIN)/rackplane openapi
 
 lint: install
-	$(BIN)/ruff check app workers tests benchmarks rackplane_bench scripts
+	$(BIN)/ruff check app workers tests benchmarks rackplane_bench rackplane_agent rackplane_wire examples scripts
 	$(BIN)/mypy app/placement --ignore-missing-imports
 	$(BIN)/lint-imports --no-cache
 

@@ -21,6 +21,7 @@ from app.api import (
     fleet,
     health,
     keys,
+    logs,
     metering,
     probes,
     sessions,
@@ -90,6 +91,7 @@ def create_app() -> FastAPI:
         chaos,
         sessions,
         agents,
+        logs,
     ):
         if hasattr(module, "router"):
             app.include_router(module.router)
@@ -115,13 +117,19 @@ def create_app() -> FastAPI:
         large_paths={
             "/v1/admin/fleet:import": settings.max_import_bytes,
             "/v1/admin/telemetry": settings.max_telemetry_bytes,
+            "/v1/agent/telemetry": settings.max_telemetry_bytes,
+            "/v1/agent/logs": settings.max_telemetry_bytes,
         },
     )
     # Telemetry is data, not anyone's decision: what it causes is in the health history.
-    # GraphQL's mutations write their entries where they commit; its queries are reads.
+    # So are workload logs and agents' run reports (what they cause is in the workloads'
+    # timelines). GraphQL's mutations write their entries where they commit; its queries are
+    # reads.
     app.add_middleware(
         audit_service.AuditMiddleware,
-        exempt=frozenset({"/v1/admin/telemetry"}),
+        exempt=frozenset(
+            {"/v1/admin/telemetry", "/v1/agent/logs", "/v1/agent/status", "/v1/agent/telemetry"}
+        ),
         commits_only=frozenset({"/graphql"}),
     )
     app.add_middleware(

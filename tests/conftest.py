@@ -111,6 +111,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 TABLES = [
+    "workload_logs",
+    "workload_log_sizes",
+    "agent_nodes",
     "audit_log",
     "chaos_injections",
     "sim_provider_faults",

@@ -10,15 +10,22 @@ import time
 
 import pytest
 
-from tests.conftest import auth
+from tests.conftest import CORDONED_H100, auth
 
 FAKE_ID = "00000000-0000-4000-8000-000000000000"
 
 
 @pytest.fixture
-def keys(world):
+def keys(world, client):
     t = world.tenant("acme")
-    return {"tenant": world.key(t), "operator": world.key(None)}
+    out = {"tenant": world.key(t), "operator": world.key(None)}
+    # A node agent's credential, for the agent's routes.
+    world.fleet(CORDONED_H100)
+    op = auth(out["operator"])
+    node = client.get("/v1/admin/nodes", headers=op).json()["items"][0]["id"]
+    token = client.post(f"/v1/admin/nodes/{node}/join-tokens", headers=op).json()["token"]
+    out["node"] = client.post("/v1/agent/join", json={"token": token}).json()["credential"]
+    return out
 
 
 def _doc(app) -> dict:
@@ -57,6 +64,8 @@ def _json_operations(doc: dict):
 
 
 def _key_for(path: str, keys: dict) -> dict:
+    if path.startswith("/v1/agent/"):
+        return auth(keys["node"])
     return auth(keys["operator"] if path.startswith("/v1/admin") else keys["tenant"])
 
 

@@ -52,7 +52,7 @@ class Case:
 # still imports and builds them as `rackplane` does. They and `openapi` touch no database, so
 # they run once, not per backend.
 HELP_ONLY = ["up", "worker"] + [c for c in registered() if c.split()[0] in ("sim", "bench")]
-NO_DATABASE = [*HELP_ONLY, "openapi"]
+NO_DATABASE = [*HELP_ONLY, "openapi", "agent"]
 BACKENDS = ("sqlite", "postgresql")
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
@@ -75,6 +75,10 @@ CASES: dict[str, Case] = {
     "fleet retire": Case("fleet retire a100-w-002 --gpu 0", says="out_of_service"),
     "fleet history": Case("fleet history h100-a-004", says="quarantined by an operator: smoke"),
     "fleet join-token": Case("fleet join-token h100-a-004 --ttl 120", says="rpj_"),
+    # The node agent's own program: with no NVML here and no inventory, it cannot start (2).
+    "agent": Case(
+        "agent --api http://127.0.0.1:9 --state-dir {tmp}/agent", code=2, says="no GPU inventory"
+    ),
     "tenants create": Case(
         "tenants create --name Acme --slug acme --email ops@acme.io",
         says="admin key (shown once): rp_",

@@ -21,6 +21,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _output(base: str, headers: dict, wid: str) -> str:
+    r = httpx.get(f"{base}/v1/workloads/{wid}/logs", headers=headers)
+    return "".join(c["data"] for c in r.json()["items"]) if r.status_code == 200 else ""
+
+
 def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -69,7 +74,8 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
         cap = httpx.get(
             f"{base}/v1/capacity", headers={"Authorization": f"Bearer {tenant_key}"}
         ).json()
-        assert sum(c["total_gpus"] for c in cap["items"]) == 152
+        # The demo fleet's 152 GPUs and the local node's 4 (examples/local-0.yaml).
+        assert sum(c["total_gpus"] for c in cap["items"]) == 156
         # On SQLite too, every instant read back is UTC with its offset.
         th = {"Authorization": f"Bearer {tenant_key}"}
         made = httpx.post(f"{base}/v1/keys", json={"name": "z"}, headers=th).json()
@@ -135,7 +141,99 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
         cap = httpx.get(
             f"{base}/v1/capacity", headers={"Authorization": f"Bearer {tenant_key}"}
         ).json()
-        assert sum(c["total_gpus"] for c in cap["items"]) == 224
+        assert sum(c["total_gpus"] for c in cap["items"]) == 228
+        # The local node's agent runs real processes: examples/train.py on its made-up GPUs,
+        # its output read back, its checkpoint reported with the run's own token.
+        assert "node agent local-0" in log()
+        job = httpx.post(
+            f"{base}/v1/workloads",
+            headers=th,
+            json={
+                "kind": "instance",
+                "gpus": 2,
+                "region": "local",
+                "command": [
+                    sys.executable,
+                    str(ROOT / "examples" / "train.py"),
+                    "--steps",
+                    "6",
+                    "--step-seconds",
+                    "0.2",
+                    "--checkpoint-every",
+                    "3",
+                    "--checkpoint-dir",
+                    str(tmp_path / "ckpt"),
+                ],
+            },
+        )
+        assert job.status_code == 201, job.text
+        wid = job.json()["id"]
+        done = wait_until(
+            lambda: (
+                (w := httpx.get(f"{base}/v1/workloads/{wid}", headers=th).json())["state"]
+                in ("succeeded", "failed")
+                and w
+            ),
+            timeout=120,
+            interval=1,
+        )
+        assert done["state"] == "succeeded", (done, log())
+        assert done["last_checkpoint_step"] == 6 and done["last_checkpoint_uri"].startswith("file:")
+        output = wait_until(
+            lambda: "step 6/6" in (o := _output(base, th, wid)) and o, timeout=30, interval=1
+        )
+        assert re.search(r"devices=GPU-10ca1000-\S+,GPU-10ca1000-", output), output
+        # The README's walkthrough: the node dies (agent and processes, SIGKILL) and its agent
+        # is started again by hand; the job resumes from its last checkpoint and succeeds.
+        ckpt = tmp_path / "ckpt2"
+        job = httpx.post(
+            f"{base}/v1/workloads",
+            headers=th,
+            json={
+                "kind": "job",
+                "gpus": 2,
+                "replicas": 2,
+                "region": "local",
+                "command": [sys.executable, str(ROOT / "examples" / "train.py"), "--steps", "40"]
+                + [
+                    "--step-seconds",
+                    "0.2",
+                    "--checkpoint-every",
+                    "5",
+                    "--checkpoint-dir",
+                    str(ckpt),
+                ],
+            },
+        )
+        wid = job.json()["id"]
+        w = lambda: httpx.get(f"{base}/v1/workloads/{wid}", headers=th).json()  # noqa: E731
+        wait_until(lambda: (w()["last_checkpoint_step"] or 0) >= 10, timeout=60, interval=0.5)
+        state_dir = tmp_path / "data" / "agent" / "local-0"
+        subprocess.run(["pkill", "-KILL", "-f", "--", f"--state-dir {state_dir}"])
+        subprocess.run(["pkill", "-KILL", "-f", "--", f"--checkpoint-dir {ckpt}"])
+        again = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "agent", "--api", base, "--state-dir", str(state_dir)]
+            + ["--inventory", str(ROOT / "examples" / "local-0.yaml"), "--address", "127.0.0.1"],
+            cwd=ROOT,
+            env=env,
+            stdout=open(tmp_path / "agent2.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            done = wait_until(
+                lambda: (x := w())["state"] in ("succeeded", "failed") and x, timeout=90
+            )
+        finally:
+            again.kill()
+            again.wait(timeout=10)
+        assert done["state"] == "succeeded" and done["attempts"] == 2, done
+        events = httpx.get(f"{base}/v1/workloads/{wid}/events", headers=th).json()["items"]
+        requeue = next(
+            e for e in events if (e["from_state"], e["to_state"]) == ("preempted", "queued")
+        )
+        step = requeue["details"]["checkpoint_step"]
+        assert step >= 10 and "process was lost" in events[events.index(requeue) - 1]["reason"]
+        assert f"resumed from step {step}" in _output(base, th, wid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -153,10 +251,24 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
         if leftovers:
             subprocess.run(["pkill", "-9", "-f", f"rackplane-{proc.pid}@"])
         assert not leftovers, f"worker processes left behind: {leftovers}"
+        agent = f"--state-dir {tmp_path / 'data' / 'agent'}"
+        stray = subprocess.run(["pgrep", "-f", "--", agent], capture_output=True, text=True).stdout
+        if stray.strip():
+            subprocess.run(["pkill", "-9", "-f", "--", agent])
+        assert not stray.strip(), f"the local agent was left behind: {stray}"
     # Started again on the same data: the keys are not shown again (only hashes are kept), so
     # the banner says how to make one, and that command works.
     restart = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "up", "--no-worker", "--port", str(_free_port())],
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "up",
+            "--no-worker",
+            "--no-agent",
+            "--port",
+            str(_free_port()),
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -6,6 +6,8 @@ operator key. Nested fields are reachable only through their root, whose check c
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from app.graphql.schema import schema
@@ -149,6 +151,11 @@ MATRIX = {
         (),
     ),
     "fleetChanges": ("platform", 'subscription { fleetChanges(after: "0") { cursor } }', ()),
+    "workloadLogs": (
+        "reader",
+        'subscription { workloadLogs(workloadId: "{id}") { id workloadId data } }',
+        (),
+    ),
 }
 
 
@@ -170,9 +177,10 @@ def test_every_root_field_has_a_row():
 def callers(client, world):
     from sqlalchemy import select
 
-    from app.core.db import session_scope
+    from app.core.db import session_scope, utcnow
     from app.keys.service import create_key
     from app.models.fleet import Node
+    from app.models.logs import WorkloadLog
 
     world.fleet(fleet(1))
     acme = world.tenant("acme", policy=ALL)
@@ -195,6 +203,19 @@ def callers(client, world):
     wid = client.post(
         "/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(keys["acme"])
     ).json()["id"]
+    with session_scope() as s:  # a line of its output, for workloadLogs to replay
+        s.add(
+            WorkloadLog(
+                workload_id=uuid.UUID(wid),
+                tenant_id=acme.id,
+                attempt=1,
+                replica=0,
+                offset=0,
+                data="hello\n",
+                bytes=6,
+                at=utcnow(),
+            )
+        )
     objects = {"{id}": wid, "{key}": str(spare), "{tenant}": str(acme.id), "{node}": str(node)}
     return keys, objects
 

@@ -58,6 +58,29 @@ def previewed(page, verdict: str) -> str:
     return box.inner_text()
 
 
+def created_by_api(api: str, key: str, wid: str) -> dict:
+    return httpx.get(f"{api}/v1/workloads/{wid}", headers=auth(key)).json()
+
+
+def _ship_output(api: str, op: str, workload: dict, text: str, replica: int = 1) -> None:
+    """What a node agent does with a run's output: join as the replica's node, post a chunk."""
+    node = next(p["node"] for p in workload["placement"] if p["replica"] == replica)
+    nodes = httpx.get(f"{api}/v1/admin/nodes", params={"limit": 50}, headers=auth(op)).json()
+    nid = next(n["id"] for n in nodes["items"] if n["name"] == node)
+    token = httpx.post(f"{api}/v1/admin/nodes/{nid}/join-tokens", headers=auth(op)).json()
+    cred = httpx.post(f"{api}/v1/agent/join", json={"token": token["token"]}).json()["credential"]
+    chunk = {
+        "workload_id": workload["id"],
+        "attempt": workload["attempts"],
+        "replica": replica,
+        "offset": 0,
+        "data": text,
+        "at": datetime.now(UTC).isoformat(),
+    }
+    r = httpx.post(f"{api}/v1/agent/logs", json={"chunks": [chunk]}, headers=auth(cred))
+    assert r.status_code == 200 and r.json() == {"accepted": 1, "stale": 0}, r.text
+
+
 def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world, browser):  # noqa: F811
     world.fleet(fleet(2))
     tenant = world.tenant("acme", policy=ALL)
@@ -137,6 +160,15 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         assert placement.locator("tbody tr").count() == 2
         assert "hgx-1" in placement.inner_text()
         shot(page, "workload-running")
+        # Its node's agent ships a line of replica 1's output: the log pane shows it live,
+        # and the replica selector narrows the pane to one replica.
+        _ship_output(api, world.key(), created_by_api(api, key, wid), "epoch 1: loss 0.42\n")
+        pane = page.get_by_test_id("log-pane")
+        wait_until(lambda: "[1] epoch 1: loss 0.42" in pane.inner_text(), timeout=20)
+        page.get_by_test_id("log-replica").select_option("0")
+        wait_until(lambda: "epoch 1" not in pane.inner_text(), timeout=10)
+        page.get_by_test_id("log-replica").select_option("all")
+        wait_until(lambda: "[1] epoch 1: loss 0.42" in pane.inner_text(), timeout=20)
         # The fleet is full now: a copy of it would be accepted and queue, not "fit now".
         page.get_by_role("button", name="Dry-run a copy").click()
         assert "It would queue, expected to start at" in previewed(page, "waits")

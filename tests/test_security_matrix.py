@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 import pytest
 
@@ -278,3 +279,72 @@ def test_operator_key_reaches_operator_routes(client, matrix):
             params = QUERIES.get((method, path))
             r = client.get(_fill(path, matrix["ids"]), params=params, headers=auth(matrix["op"]))
             assert r.status_code == 200, f"{path} -> {r.status_code} {r.text}"
+
+
+def test_node_and_workload_credentials_reach_only_their_own(client, matrix, session):
+    """A node credential speaks for its node only, a workload token for its workload's current
+    run only, and neither is an API key; a join token works once and never after it expires."""
+    from sqlalchemy import select, update
+
+    from app.models.agents import NodeJoinToken
+    from app.models.fleet import Node
+    from app.tenancy.run_tokens import mint
+
+    op = auth(matrix["op"])
+    nodes = {n.name: str(n.id) for n in session.scalars(select(Node)).all()}
+    a_name, b_name = sorted(nodes)[:2]
+
+    def token(node_id: str) -> str:
+        r = client.post(f"/v1/admin/nodes/{node_id}/join-tokens", headers=op)
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    t = token(nodes[a_name])
+    cred = client.post("/v1/agent/join", json={"token": t}).json()["credential"]
+    # Reused, or expired: refused.
+    again = client.post("/v1/agent/join", json={"token": t})
+    assert again.status_code == 401 and again.json()["code"] == "invalid_join_token"
+    late = token(nodes[b_name])
+    session.execute(update(NodeJoinToken).values(expires_at=NodeJoinToken.created_at))
+    session.commit()
+    expired = client.post("/v1/agent/join", json={"token": late})
+    assert expired.status_code == 401 and expired.json()["code"] == "invalid_join_token"
+
+    # The node's own state only: there is no way to name another node.
+    mine = client.get("/v1/agent/assignments", params={"wait": "0s"}, headers=auth(cred))
+    assert mine.status_code == 200 and mine.json()["node"] == a_name
+    # A node credential is no API key, and an API key no node credential.
+    for method, path in (("GET", "/v1/workloads"), ("GET", "/v1/admin/nodes")):
+        r = client.request(method, path, headers=auth(cred))
+        assert r.status_code == 401, (path, r.text)
+
+    # A workload token: its own workload's reports, its current run, nothing else.
+    w = matrix["ids"]["workload_id"]
+    other = client.post(
+        "/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(matrix["a_key"])
+    ).json()["id"]
+    from app.models.workloads import Workload
+
+    attempt = session.scalar(select(Workload.attempts).where(Workload.id == uuid.UUID(w)))
+    own = mint(uuid.UUID(w), attempt)
+    ok = client.post(
+        f"/v1/workloads/{w}/progress",
+        json=BODIES[("POST", "/v1/workloads/{workload_id}/progress")],
+        headers=auth(own),
+    )
+    assert ok.status_code != 401, ok.text  # past authentication (the workload is not running)
+    stale = mint(uuid.UUID(w), attempt + 7)  # another run of the same workload
+    for url, headers in (
+        (f"/v1/workloads/{other}/checkpoints", auth(own)),
+        (f"/v1/workloads/{w}/checkpoints", auth(stale)),
+    ):
+        r = client.post(url, json={"size_bytes": 1}, headers=headers)
+        assert r.status_code == 401 and r.json()["code"] == "invalid_workload_token", r.text
+    for method, path in (
+        ("GET", "/v1/workloads"),
+        ("GET", f"/v1/workloads/{w}"),
+        ("DELETE", f"/v1/workloads/{w}"),
+        ("GET", "/v1/agent/assignments"),
+    ):
+        r = client.request(method, path, headers=auth(own))
+        assert r.status_code == 401, (method, path, r.text)

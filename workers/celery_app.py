@@ -18,6 +18,7 @@ celery_app.autodiscover_tasks(
         "app.outbox",
         "app.idempotency",
         "app.sessions",
+        "app.logs",
         "app.scheduling",
         "app.workloads",
         "app.billing",

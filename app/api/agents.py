@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
-from fastapi import Request
+import re
+import time
 
-from app.agents import service
+from fastapi import Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from app.agents import inventory, runs, service
 from app.agents.schemas import (
     CredentialsRevoked,
     Joined,
@@ -14,11 +18,20 @@ from app.agents.schemas import (
     JoinTokenOut,
     NodeIdentity,
 )
-from app.core.db import get_or_404
+from app.api.health import EXPOSITION_PATTERN, PROMETHEUS_TYPES
+from app.core import pubsub
+from app.core.config import get_settings
+from app.core.db import get_or_404, session_scope
+from app.core.errors import PayloadTooLarge, ValidationFailed
+from app.core.middleware import RELEASE_SLOT
 from app.core.routing import DbSession, api_router
+from app.health import telemetry
+from app.health.schemas import TelemetryResult
 from app.models.fleet import Node
+from app.scheduling.lifecycle import agent_topic
 from app.tenancy.auth import Platform, charge_anonymous
-from app.tenancy.nodes import NodeAgent
+from app.tenancy.nodes import NodeAgent, NodeCaller
+from rackplane_wire import Assignments, Inventory, InventoryVerdict, StatusAck, StatusReport
 
 router = api_router(prefix="/v1/agent", tags=["agent"])
 admin = api_router(prefix="/v1/admin", tags=["admin: fleet"])
@@ -70,3 +83,160 @@ def node(caller: NodeAgent, session: DbSession) -> NodeIdentity:
 )
 def rotate(caller: NodeAgent, session: DbSession) -> Joined:
     return service.rotate(session, caller)
+
+
+@router.put(
+    "/inventory",
+    response_model=InventoryVerdict,
+    summary="What the host has (GPUs, MIG instances, driver): compared with the fleet's record",
+    description=(
+        "A difference (a GPU missing, another model, another MIG mode, a replaced GPU's UUID) "
+        "puts a ready node in `validating`, named in its state reason, and it takes no new "
+        "work; an inventory that matches again returns it to `ready`. Assignments name "
+        "devices by the UUIDs of the latest inventory."
+    ),
+)
+def put_inventory(body: Inventory, caller: NodeAgent, session: DbSession) -> InventoryVerdict:
+    return inventory.report(session, caller, body)
+
+
+_WAIT = re.compile(r"^(\d{1,6}(?:\.\d{1,3})?)(ms|s|m)?$")
+# Without a wake-up (PostgreSQL without Redis), a waiting agent's index is read again this often.
+_RECHECK_S = 5.0
+
+
+def _seconds(wait: str) -> float:
+    m = _WAIT.match(wait)
+    if m is None:
+        raise ValidationFailed(
+            "wait is a duration such as 30s, 500ms or 1m.", code="invalid_wait", field="wait"
+        )
+    value = float(m.group(1))
+    return {"ms": value / 1000, "m": value * 60}.get(m.group(2) or "s", value)
+
+
+def _newer(caller: NodeCaller, index: int) -> Assignments | None:
+    with session_scope() as session:
+        if runs.index_of(session, caller.node_id) <= index:
+            return None
+        return runs.assignments(session, caller)
+
+
+def _current(caller: NodeCaller) -> Assignments:
+    with session_scope() as session:
+        return runs.assignments(session, caller)
+
+
+@router.get(
+    "/assignments",
+    response_model=Assignments,
+    summary="The node's desired state: a blocking query on its index",
+    description=(
+        "Answers at once when the node's desired state is newer than `index` (0: always), "
+        "otherwise when it changes, otherwise after `wait` (at most a minute) with the same "
+        "index. The answer is the whole desired state, never a difference: every run the node "
+        "should have, to start or to stop; the agent stops anything else it runs."
+    ),
+)
+async def get_assignments(
+    request: Request,
+    caller: NodeAgent,
+    index: int = Query(0, ge=0, le=2**62, description="The index of the last answer"),
+    wait: str = Query(
+        "30s",
+        max_length=16,
+        pattern=_WAIT.pattern,
+        description="How long to wait for a change: `30s`, `500ms`, `1m`",
+    ),
+) -> Assignments:
+    seconds = min(_seconds(wait), get_settings().agent_max_wait_seconds)
+    deadline = time.monotonic() + seconds
+    waiter = pubsub.hub.register_topic(agent_topic(caller.node_name))
+    try:
+        while True:
+            waiter.clear()  # before the read: a change committed after it wakes us
+            out = await run_in_threadpool(_newer, caller, index)
+            if out is not None:
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return await run_in_threadpool(_current, caller)
+            # Waiting holds no connection: give the request's in-flight slot back, or a
+            # thousand waiting agents would starve every other request.
+            request.scope.get("state", {}).get(RELEASE_SLOT, lambda: None)()
+            await waiter.wait(min(left, _RECHECK_S))
+    finally:
+        pubsub.hub.unregister(waiter)
+
+
+@router.post(
+    "/status",
+    response_model=StatusAck,
+    summary="The state of the node's runs (batched); also its heartbeat",
+    description=(
+        "Each run's current state: running (with its pid), exited (code or signal, whether "
+        "the control plane had asked it to stop, the last lines of output), failed to start, "
+        "or lost. A report that repeats what is recorded changes nothing; one about a run the "
+        "control plane no longer holds (another attempt, another node) is counted as stale. "
+        "Every replica running starts the workload's run; an exit ends its usage at the exit: "
+        "0 from every replica is a success, anything else from any replica a failure."
+    ),
+)
+def post_status(body: StatusReport, caller: NodeAgent, session: DbSession) -> StatusAck:
+    return runs.report(session, caller, body)
+
+
+# What an agent pushes: dcgm-exporter's text as it is (or NVML samples in the same form).
+_TELEMETRY_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "Prometheus text, as dcgm-exporter serves it, about this node's GPUs.",
+        "content": {"text/plain": {"schema": {"type": "string", "pattern": EXPOSITION_PATTERN}}},
+    }
+}
+
+
+@router.post(
+    "/telemetry",
+    response_model=TelemetryResult,
+    openapi_extra=_TELEMETRY_BODY,
+    summary="Push this node's GPU telemetry (dcgm-exporter's text, as it is)",
+    description=(
+        "What the operator's `POST /v1/admin/telemetry` takes, for one node: samples labelled "
+        "with another node's hostname are rejected (`bad_label`), and a GPU named by UUID "
+        "alone is read as this node's. Also the node's heartbeat."
+    ),
+)
+async def push_telemetry(request: Request, caller: NodeAgent) -> dict:
+    raw = await request.body()
+    limit = get_settings().max_telemetry_bytes
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"Telemetry batches are limited to {limit} bytes.")
+    ctype = request.headers.get("content-type", "text/plain").split(";")[0].strip().lower()
+    if ctype not in PROMETHEUS_TYPES:
+        raise ValidationFailed(
+            f"Content-Type {ctype} is not one this endpoint reads: send text/plain "
+            "(Prometheus text exposition).",
+            code="unsupported_media_type",
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationFailed("Telemetry must be UTF-8 text.", code="malformed_sample") from None
+    return await run_in_threadpool(_ingest, text, caller.node_name)
+
+
+def _ingest(text: str, node: str) -> dict:
+    with session_scope() as session:
+        result = telemetry.ingest_from_node(session, text, node)
+        return {
+            "accepted": result.accepted,
+            "ignored": result.ignored,
+            "unknown": result.unknown,
+            "unknown_count": result.unknown_count,
+            "rejected": result.rejected,
+            "rejected_by_reason": result.rejected_by_reason,
+            "rejections": result.rejections,
+            "nodes": result.nodes,
+            "signals": result.signals,
+        }

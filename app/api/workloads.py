@@ -14,6 +14,7 @@ from app.models.tenants import Tenant
 from app.models.workloads import Workload, WorkloadEvent
 from app.scheduling.lifecycle import State
 from app.tenancy.auth import Platform, TenantRead, TenantWrite
+from app.tenancy.run_tokens import WorkloadWriter
 from app.tenancy.scoping import get_owned
 from app.workloads import quotas, reads, service
 from app.workloads.schemas import (
@@ -133,10 +134,28 @@ def events(workload_id: str, auth: TenantRead, session: DbSession) -> dict:
     summary="Report a completed checkpoint (preemption then loses only later work)",
 )
 def checkpoint(
-    workload_id: str, body: CheckpointIn, auth: TenantWrite, session: DbSession
+    workload_id: str, body: CheckpointIn, auth: WorkloadWriter, session: DbSession
 ) -> WorkloadEvent:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
-    return service.report_checkpoint(session, w, body.completed_at, body.size_bytes)
+    return service.report_checkpoint(
+        session, w, body.completed_at, body.size_bytes, body.uri, body.step
+    )
+
+
+@router.post(
+    "/workloads/{workload_id}/checkpoint-requests",
+    status_code=202,
+    response_model=WorkloadOut,
+    summary="Ask a running workload for a checkpoint now (its `checkpoint.signal`)",
+    description=(
+        "Its node agents send each replica the workload's `checkpoint.signal` (default SIGUSR1) "
+        "once; it keeps running and reports the checkpoint with `POST .../checkpoints`. 409 "
+        "unless it is running."
+    ),
+)
+def request_checkpoint(workload_id: str, auth: TenantWrite, session: DbSession) -> Workload:
+    w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
+    return service.request_checkpoint(session, w)
 
 
 @admin.post(
@@ -221,7 +240,7 @@ def put_quotas(tenant_id: str, body: QuotaSet, auth: Platform, session: DbSessio
     response_model=ProgressOut,
     summary="Report per-rank step times (a slow rank points at its GPU)",
 )
-def progress(workload_id: str, body: ProgressIn, auth: TenantWrite, session: DbSession) -> dict:
+def progress(workload_id: str, body: ProgressIn, auth: WorkloadWriter, session: DbSession) -> dict:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     slow, unknown, noisy = report_step_times(
         session, w, {r.rank: r.step_time_s for r in body.ranks}

@@ -25,6 +25,7 @@ import typer
 # the CLI changes there counts at once, as it does through the API.
 import app.models  # noqa: F401
 import app.tenancy.auth  # noqa: F401
+from app.cli import local_agent
 from app.cli.billing import billing_cli
 from app.cli.chaos import chaos_cli
 from app.cli.common import DEMO_FLEET, ROOT, console, err, fail
@@ -68,6 +69,34 @@ def _add_tools() -> None:
 _add_tools()
 
 
+def _add_programs() -> None:
+    """Programs installed beside the CLI that parse their own arguments (`rackplane agent`, the
+    node agent): loaded only when named, and never imported by the product."""
+
+    def runner(program):
+        def run(ctx: typer.Context) -> None:
+            sys.exit(program.load()(list(ctx.args)))
+
+        return run
+
+    for program in entry_points(group="rackplane.programs"):
+        run = runner(program)
+        cli.command(
+            name=program.name,
+            help=f"Run `{program.value.split(':')[0]}` (its own options: `rackplane "
+            f"{program.name} --help`).",
+            context_settings={
+                "allow_extra_args": True,
+                "ignore_unknown_options": True,
+                "help_option_names": [],
+            },
+            add_help_option=False,
+        )(run)
+
+
+_add_programs()
+
+
 def migrate_db() -> None:
     # Deferred: alembic (~120 ms) is for migrate and up alone, not every command.
     from alembic import command
@@ -91,6 +120,11 @@ def up(
     port: int = typer.Option(None, help="Port (default RACKPLANE_PORT or 8000)."),
     worker: bool = typer.Option(True, help="Start a Celery worker (with beat) process."),
     concurrency: int = typer.Option(2, help="Worker processes."),
+    agent: bool = typer.Option(
+        None,
+        help="Add the local node local-0 (4 made-up GPUs) and run its node agent "
+        "(default RACKPLANE_LOCAL_AGENT: on).",
+    ),
 ) -> None:
     """Migrate, seed a demo on first start, and run the API, a Celery worker and beat."""
     import uvicorn  # deferred: `up` alone runs a server (~11 ms with watchfiles)
@@ -139,6 +173,14 @@ def up(
             soft_wrap=True,
         )
     children: list[subprocess.Popen] = []
+    if agent if agent is not None else settings.local_agent:
+        if "RACKPLANE_PUBLIC_API_URL" not in os.environ:
+            settings.public_api_url = base  # what this process tells the runs to report to
+        children.append(local_agent.start(base))
+        console.print(
+            f"  node agent {local_agent.NODE} (4 made-up GPUs: examples/local-0.yaml), "
+            "runs work submitted with region `local`"
+        )
     if worker:
         cmd = worker_command(
             f"rackplane-{os.getpid()}@%h",
@@ -155,7 +197,16 @@ def up(
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        uvicorn.run("app.main:app", host=host, port=port, log_config=None, access_log=False)
+        # An agent's blocking query holds its request open for up to a minute: the server does
+        # not wait for it to stop (the agent asks again, of whichever server answers).
+        uvicorn.run(
+            "app.main:app",
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=3,
+        )
     except KeyboardInterrupt:
         pass
     finally:

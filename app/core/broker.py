@@ -32,7 +32,12 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "broker_connection_timeout": 3,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
+        # One unacknowledged message per pool process, so a crash loses nothing in flight.
+        # Not on the embedded SQLite broker: its transport has no event loop, so the worker
+        # takes acknowledgements between 2-second waits for messages (celery's synloop), one
+        # task per wait with a prefetch of 1 -- fewer than beat alone sends, and a submission
+        # queued behind the backlog for 30-50 s. It redelivers what was reserved on restart.
+        "worker_prefetch_multiplier": 1 if s.redis_url else 32,
         "task_ignore_result": True,
         "task_always_eager": s.celery_always_eager,
         "task_default_queue": "default",
@@ -42,6 +47,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "outbox.*": {"queue": "default"},
             "idempotency.*": {"queue": "default"},
             "sessions.*": {"queue": "default"},
+            "logs.*": {"queue": "default"},
             "placement.*": {"queue": "placement"},
             "workloads.*": {"queue": "provisioning"},
             "health.*": {"queue": "health"},
@@ -58,6 +64,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
             "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
             "sessions.purge": {"task": "sessions.purge", "schedule": 3600.0},
+            "logs.prune": {"task": "logs.prune", "schedule": 3600.0},
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
             "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},

@@ -69,6 +69,22 @@ class Settings(BaseSettings):
     # The simulated provider (embedded default and tests): boot time and failure rate.
     sim_boot_seconds: float = Field(default=3.0, ge=0, alias="RACKPLANE_SIM_BOOT_SECONDS")
     sim_fail_rate: float = Field(default=0.0, ge=0, le=1, alias="RACKPLANE_SIM_FAIL_RATE")
+    # Node agents (app/agents): a placed workload whose agents have not all started it this long
+    # after provisioning began goes back to the queue (image pulls count); an agent waiting for
+    # its assignments is answered after at most this long; the URL runs are told to report to.
+    agent_start_timeout_seconds: float = Field(
+        default=300.0, gt=0, alias="RACKPLANE_AGENT_START_TIMEOUT"
+    )
+    agent_max_wait_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_AGENT_MAX_WAIT")
+    public_api_url: str = Field(default="http://127.0.0.1:8000", alias="RACKPLANE_PUBLIC_API_URL")
+    # `rackplane up` adds the local node local-0 and runs its agent (the embedded walkthrough).
+    local_agent: bool = Field(default=True, alias="RACKPLANE_LOCAL_AGENT")
+    # Workload logs (app/logs): a workload keeps at most this many bytes of output (its oldest
+    # chunks go first), and no chunk longer than this many hours after it arrived.
+    log_max_bytes_per_workload: int = Field(
+        default=8 * 1_048_576, ge=1, alias="RACKPLANE_LOG_MAX_BYTES_PER_WORKLOAD"
+    )
+    log_retention_hours: float = Field(default=72.0, gt=0, alias="RACKPLANE_LOG_RETENTION_HOURS")
     # A preempted workload may checkpoint for this long before it is stopped.
     preemption_grace_seconds: float = Field(default=120.0, ge=0, alias="RACKPLANE_PREEMPTION_GRACE")
     # Unset: work-conserving fair share. A number >= 1: while others wait, no tenant starts more

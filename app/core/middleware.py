@@ -161,6 +161,8 @@ IN_FLIGHT_WAIT = Histogram(
     buckets=(0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10),
 )
 SHED = Counter("rackplane_http_shed_total", "Requests answered 503 after waiting for a slot")
+# The request state's key of a callable that hands the request's in-flight slot back early.
+RELEASE_SLOT = "release_in_flight_slot"
 
 
 class ConcurrencyLimitMiddleware:
@@ -195,7 +197,18 @@ class ConcurrencyLimitMiddleware:
                 f"No capacity to take the request within {self.timeout:g} s; retry shortly.",
                 headers=[(b"retry-after", b"1")],
             )
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.slots.release()
+
+        # A long-lived answer (a server-sent event stream) gives its slot back once it only
+        # waits: it holds no connection while it waits, and must not starve other requests.
+        scope.setdefault("state", {})[RELEASE_SLOT] = release
         try:
             await self.app(scope, receive, send)
         finally:
-            self.slots.release()
+            release()

@@ -78,6 +78,7 @@ class Waiter:
     """One reader's wake-up: set (from any thread) when a topic it matches is published."""
 
     def __init__(self, matches: Callable[[str], bool]):
+        self.topic: str | None = None
         self.matches = matches
         self.loop = asyncio.get_running_loop()
         self.event = asyncio.Event()
@@ -107,27 +108,50 @@ class Waiter:
 class Hub:
     def __init__(self) -> None:
         self._waiters: set[Waiter] = set()
+        # Waiters of one exact topic (a node agent's), found without asking every waiter.
+        self._by_topic: dict[str, set[Waiter]] = {}
         self._lock = threading.Lock()
 
     def register(self, matches: Callable[[str], bool]) -> Waiter:
         w = Waiter(matches)
         with self._lock:
             self._waiters.add(w)
+        self._listen()
+        return w
+
+    def register_topic(self, topic: str) -> Waiter:
+        """A waiter woken by `topic` alone; unregister it as any other."""
+        w = Waiter(topic.__eq__)
+        w.topic = topic
+        with self._lock:
+            self._by_topic.setdefault(topic, set()).add(w)
+        self._listen()
+        return w
+
+    def _listen(self) -> None:
         s = get_settings()
         if s.redis_url:
             _listener.ensure()
         elif s.is_sqlite:
             _watcher.ensure(s.sqlalchemy_url.split("///", 1)[-1])
-        return w
 
     def unregister(self, w: Waiter) -> None:
         with self._lock:
             self._waiters.discard(w)
+            if w.topic is not None:
+                same = self._by_topic.get(w.topic)
+                if same is not None:
+                    same.discard(w)
+                    if not same:
+                        del self._by_topic[w.topic]
 
     def notify(self, topics: Iterable[str]) -> None:
         topics = list(topics)
         with self._lock:
             waiters = list(self._waiters)
+            exact = [w for t in topics for w in self._by_topic.get(t, ())]
+        for w in exact:
+            w.wake()
         for w in waiters:
             if any(w.matches(t) for t in topics):
                 w.wake()
@@ -135,11 +159,12 @@ class Hub:
     def notify_all(self) -> None:
         with self._lock:
             waiters = list(self._waiters)
+            waiters += [w for same in self._by_topic.values() for w in same]
         for w in waiters:
             w.wake()
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return len(self._waiters) + sum(len(same) for same in self._by_topic.values())
 
 
 hub = Hub()

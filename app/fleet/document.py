@@ -396,10 +396,11 @@ def _node(
         )
     elif model not in spec.gpu_models:
         err(nloc + ("gpu_model",), f"{model} is not sold in {kind} racks")
-    if gpus != spec.gpus_per_node:
+    if gpus != spec.gpus_per_node and gpus not in spec.other_gpu_counts:
+        counts = " or ".join(str(c) for c in (spec.gpus_per_node, *spec.other_gpu_counts))
         err(
             nloc + ("gpus",),
-            f"{kind} nodes have {spec.gpus_per_node} GPUs; got {gpus}",
+            f"{kind} nodes have {counts} GPUs; got {gpus}",
         )
     bad_mig = [i for i in n["mig_gpus"] if i >= gpus]
     if bad_mig:

@@ -27,6 +27,7 @@ NODE_TRANSITIONS: dict[str, set[str]] = {
     NodeState.draining.value: {"cordoned", "ready", "down", "retired"},
     NodeState.down.value: {"ready", "cordoned", "retired"},
     NodeState.retired.value: set(),  # for good
+    NodeState.validating.value: {"ready", "cordoned", "down", "retired"},
 }
 
 

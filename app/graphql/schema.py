@@ -57,6 +57,7 @@ from app.graphql.limits import (
     cost_rule,
     load_body,
 )
+from app.graphql.logs import LogSubscription
 from app.graphql.metering import MeteringQuery
 from app.graphql.quotas import QuotaMutation, QuotaQuery
 from app.graphql.tenants import TenantMutation, TenantQuery
@@ -95,6 +96,7 @@ MUTATION_FIELDS = (
     "removeBudget setNodeState setTenantQuotas approveTenant suspendTenant reactivateTenant "
     "updateTenant createPrice setNodeHealth setGpuHealth stopChaosExperiment"
 ).split()
+SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 
 
 def _graphql_name(field: Any) -> str:
@@ -120,6 +122,9 @@ def in_order(name: str, parts: tuple[type, ...], order: list[str]) -> type:
 
 Query = in_order("Query", QUERIES, QUERY_FIELDS)
 Mutation = in_order("Mutation", MUTATIONS, MUTATION_FIELDS)
+Subscription = in_order(
+    "Subscription", (subscriptions.Subscription, LogSubscription), SUBSCRIPTION_FIELDS
+)
 
 
 class Schema(strawberry.Schema):
@@ -155,7 +160,7 @@ def build_schema() -> strawberry.Schema:
     return Schema(
         query=Query,
         mutation=Mutation,
-        subscription=subscriptions.Subscription,
+        subscription=Subscription,
         extensions=extensions,
         config=StrawberryConfig(scalar_map={BigInt: BIG_INT}),
     )

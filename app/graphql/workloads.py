@@ -103,6 +103,16 @@ class Workload:
     topology: JSON | None = strawberry.field(description="A gang's topology constraint")
     preemptions: int
     last_checkpoint_at: datetime | None
+    last_checkpoint_uri: str | None = strawberry.field(
+        description="Where its latest checkpoint is: its next run resumes from it"
+    )
+    last_checkpoint_step: int | None
+    command: list[str] | None = strawberry.field(
+        description="The argv each replica's node agent runs (none: the replica holds its GPUs)"
+    )
+    env: JSON = strawberry.field(description="Its processes' environment (besides the agent's)")
+    runtime: str = strawberry.field(description="`process` or `podman`")
+    attempts: int = strawberry.field(description="How many times it has been placed")
     _row: strawberry.Private[Any]
     # Its newest events when the page read them with the workloads (see `events`).
     _events: strawberry.Private[list[Any] | None] = None
@@ -152,6 +162,12 @@ class Workload:
             topology=dict(w.topology) if w.topology else None,
             preemptions=w.preemptions or 0,
             last_checkpoint_at=w.last_checkpoint_at,
+            last_checkpoint_uri=w.last_checkpoint_uri,
+            last_checkpoint_step=w.last_checkpoint_step,
+            command=list(w.command) if w.command is not None else None,
+            env=dict(w.env or {}),
+            runtime=w.runtime or "process",
+            attempts=w.attempts or 0,
             _row=w,
             _events=events,
         )
@@ -325,7 +341,9 @@ class WorkloadMutation:
             require_tenant_scope(ctx.auth, "write")
             body = parse(CheckpointIn, input)
             w = _workload(ctx, id)
-            ev = service.report_checkpoint(ctx.session, w, body.completed_at, body.size_bytes)
+            ev = service.report_checkpoint(
+                ctx.session, w, body.completed_at, body.size_bytes, body.uri, body.step
+            )
             return {"workload_id": str(id), "body": body}, ev, WorkloadEvent.of(ev)
 
         return run_mutation(info, "reportCheckpoint", act)

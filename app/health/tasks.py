@@ -162,7 +162,9 @@ def _silent_or_back(session: Session, now: datetime) -> tuple[int, int]:
                         "signal": "heartbeat_lost",
                         "code": None,
                         "value": (now - seen).total_seconds(),
-                        "at": seen.timestamp() + s.heartbeat_timeout_seconds,
+                        # The fault is dated at its last report: nothing shows its work ran
+                        # past it, so its usage ends there (not when the silence was noticed).
+                        "at": seen.timestamp(),
                         # Its last report: a report since makes the signal old news.
                         "seen": seen.timestamp(),
                         "received": now.timestamp(),

@@ -586,3 +586,44 @@ def partition(session: Session, node_id: uuid.UUID, cut: bool) -> None:
         for node in tel.nodes.values():
             if node.node_id == node_id:
                 node.partitioned = cut
+
+
+def agent_joined(session: Session, node_id: uuid.UUID) -> None:
+    """A node agent with a credential reported the node's inventory: the node has an agent on
+    the best evidence there is, so its silence from now on is a fault (no stream of heartbeats
+    is waited for, as it is for pushes that may be an operator's or a test's)."""
+    t = NodeHeartbeat.__table__
+    now = utcnow()
+    ins = dialect_insert(session, t)
+    stmt = ins.on_conflict_do_update(
+        index_elements=["node_id"],
+        set_={"last_seen_at": ins.excluded.last_seen_at, "agent": True},
+    )
+    session.execute(
+        stmt,
+        {
+            "node_id": node_id,
+            "last_seen_at": now,
+            "stream_since": now,
+            "stream_beats": 1,
+            "agent": True,
+        },
+    )
+
+
+def ingest_from_node(session: Session, text: str, node: str) -> IngestResult:
+    """A node agent's push (dcgm-exporter's text, or its own NVML samples rendered the same
+    way): it speaks for its own node only. A sample labelled with another node's hostname is
+    rejected (a bad label, never looked up); one naming its GPU by UUID alone is read as this
+    node's (a UUID another node's GPU holds is then refused as a conflict). Every push is the
+    node's heartbeat."""
+    samples, targets = parse_exposition(text)
+    for key, target in targets.items():
+        if isinstance(target, str):
+            continue
+        host, gpu, uuid_ = target
+        if host is None:
+            targets[key] = (node, gpu, uuid_)
+        elif host != node:
+            targets[key] = BAD_LABEL
+    return ingest(session, samples, targets, heartbeat_nodes=[node])

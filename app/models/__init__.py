@@ -24,6 +24,7 @@ from app.models.health import (
 )
 from app.models.idempotency import IdempotencyRecord
 from app.models.keys import ApiKey
+from app.models.logs import WorkloadLog, WorkloadLogSize
 from app.models.metering import UsageEvent
 from app.models.outbox import OutboxMessage
 from app.models.sessions import BrowserSession
@@ -76,4 +77,6 @@ __all__ = [
     "UsageEvent",
     "Workload",
     "WorkloadEvent",
+    "WorkloadLog",
+    "WorkloadLogSize",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import DateTime, ForeignKey, String
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, new_id, utcnow
@@ -36,3 +36,26 @@ class NodeCredential(Base):
     secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+
+
+class AgentNode(Base):
+    """A node run by an agent (the agent provider's), from its first inventory: what the host
+    reported, and the index of the node's desired state that the agent long-polls."""
+
+    __tablename__ = "agent_nodes"
+
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    node_name: Mapped[str] = mapped_column(String(63), unique=True)
+    # Bumped in the transaction of every change to what the node should run (a run to start,
+    # to stop, to forget): an agent waiting with an older index is answered.
+    desired_index: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
+    address: Mapped[str] = mapped_column(String(253))
+    agent_version: Mapped[str] = mapped_column(String(32))
+    runtimes: Mapped[list] = mapped_column(JSON, default=list)
+    inventory: Mapped[dict] = mapped_column(JSON)
+    # What differs between the host's inventory and the fleet's record, in words; empty: none.
+    differences: Mapped[list] = mapped_column(JSON, default=list)
+    inventory_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_report_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

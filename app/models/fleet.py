@@ -32,6 +32,9 @@ class NodeState(str, enum.Enum):
     draining = "draining"
     down = "down"
     retired = "retired"  # out of the fleet for good: work that needed it fails, not waits
+    # Its agent's inventory differs from the fleet's record (a GPU missing, another model):
+    # no new work until an inventory matches again or an operator decides.
+    validating = "validating"
 
 
 class Region(TimestampMixin, Base):

@@ -146,6 +146,21 @@ class Workload(TimestampMixin, Base):
     checkpoint_cost_s: Mapped[int] = mapped_column(Integer, default=0)
     labels: Mapped[dict] = mapped_column(JSON, default=dict)
     image: Mapped[str | None] = mapped_column(String(500), default=None)
+    # What a node agent runs (app/agents): the argv, with `env`; `podman` runs it in `image`.
+    command: Mapped[list | None] = mapped_column(JSON, default=None)
+    env: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
+    runtime: Mapped[str] = mapped_column(String(16), default="process", server_default="process")
+    # The signal that asks the process for a checkpoint now (it keeps running).
+    checkpoint_signal: Mapped[str] = mapped_column(
+        String(12), default="SIGUSR1", server_default="SIGUSR1"
+    )
+    # Goes up each time someone asks for a checkpoint: agents send the signal once per step.
+    checkpoint_requests: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Where its latest checkpoint is, and the step it holds: the next run resumes from it.
+    last_checkpoint_uri: Mapped[str | None] = mapped_column(String(2000), default=None)
+    last_checkpoint_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # How many times it has been placed: (id, attempt, replica) names one run on a node.
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     placement: Mapped[list | None] = mapped_column(JSON, default=None)
     last_checkpoint_at: Mapped[datetime | None] = mapped_column(default=None)
     last_checkpoint_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
@@ -282,6 +297,14 @@ class Allocation(TimestampMixin, Base):
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     released_at: Mapped[datetime | None] = mapped_column(default=None)
+    # The replica's process, as its node agent reports it (app/agents): running, exited,
+    # failed_to_start or lost; NULL until a report (and always, on a simulated node).
+    run_state: Mapped[str | None] = mapped_column(String(16), default=None)
+    run_pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    run_started_at: Mapped[datetime | None] = mapped_column(default=None)
+    run_ended_at: Mapped[datetime | None] = mapped_column(default=None)
+    exit_code: Mapped[int | None] = mapped_column(SmallInteger, default=None)
+    exit_signal: Mapped[str | None] = mapped_column(String(16), default=None)
 
 
 class GpuUsage(Base):

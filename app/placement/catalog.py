@@ -41,6 +41,8 @@ class RackKindSpec:
     rack_is_nvlink_domain: bool
     default_cpu_milli: int
     default_memory_mib: int
+    # GPUs a node may have besides `gpus_per_node` (HGX boards come with 4 GPUs, too).
+    other_gpu_counts: tuple[int, ...] = ()
 
 
 RACK_KINDS: dict[str, RackKindSpec] = {
@@ -53,5 +55,6 @@ RACK_KINDS: dict[str, RackKindSpec] = {
         False,
         224_000,
         2048 * 1024,
+        other_gpu_counts=(4,),
     ),
 }

@@ -225,6 +225,7 @@ def _admit(
             for b, (row, model) in zip(adm.bindings, rows, strict=True)
         ]
         w.placement = [describe(world, b) for b in adm.bindings]
+        w.attempts = (w.attempts or 0) + 1  # a new run: its agents start it afresh
         victims = [(v, touched.rows[v].tenant_id, touched.rows[v].priority) for v in adm.victims]
         own, others = disclose(w.tenant_id, victims)
         named = ", ".join([*own, *([_others(others)] if others else [])])

@@ -14,6 +14,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.core import pubsub
 from app.core.db import utcnow
 from app.core.errors import Conflict
+from app.models.agents import AgentNode
 from app.models.workloads import State, Workload, WorkloadEvent
 
 S = State
@@ -75,6 +76,8 @@ def record(
     back as objects, and the ORM would INSERT each with RETURNING for its id."""
     if seq is None:
         seq = (w.last_event_seq or 0) + 1
+    if w.placement and to_state not in _SAME_RUNS:
+        session.info.setdefault(_NODES, set()).update(p["node"] for p in w.placement)
     w.last_event_seq = max(w.last_event_seq or 0, seq)
     session.info.setdefault(_EVENTS, []).append(
         {
@@ -94,10 +97,24 @@ def record(
 
 
 _EVENTS = "rackplane_events_pending"
+_NODES = "rackplane_agent_nodes_changed"
+# Moves after which a node runs the same processes as before: placed (not started yet: its
+# GPUs' previous holders may still be stopping) and running (what the agent reported).
+_SAME_RUNS = frozenset({State.placing.value, State.running.value})
 
 
 def write_events(session: Session) -> None:
-    """INSERT the events recorded in this session and not yet written."""
+    """INSERT the events recorded in this session and not yet written; bump the desired-state
+    index of the agent-run nodes whose runs they change, and wake those nodes' agents."""
+    nodes = session.info.pop(_NODES, None)
+    if nodes:
+        t = AgentNode.__table__
+        session.execute(
+            update(t)
+            .where(t.c.node_name.in_(sorted(nodes)))
+            .values(desired_index=t.c.desired_index + 1)
+        )
+        pubsub.mark(session, *(agent_topic(n) for n in nodes))
     rows = session.info.pop(_EVENTS, None)
     if not rows:
         return
@@ -106,6 +123,18 @@ def write_events(session: Session) -> None:
     session.execute(insert(WorkloadEvent.__table__), rows)
     # Subscribers of these tenants' events read again once (if) this transaction commits.
     pubsub.mark(session, *{events_topic(r["tenant_id"]) for r in rows})
+
+
+def runs_changed(session: Session, w: Workload) -> None:
+    """What `w`'s node agents should do changed without a transition (a checkpoint asked for):
+    their nodes' desired-state index goes up with this transaction."""
+    if w.placement:
+        session.info.setdefault(_NODES, set()).update(p["node"] for p in w.placement)
+
+
+def agent_topic(node_name: str) -> str:
+    """The feed topic that wakes the agent of `node_name` waiting for its assignments."""
+    return f"agent-node:{node_name}"
 
 
 def events_topic(tenant_id: Any) -> str:
@@ -121,6 +150,7 @@ def _write_pending(session: Session) -> None:
 @event.listens_for(Session, "after_rollback")
 def _drop_pending(session: Session) -> None:
     session.info.pop(_EVENTS, None)
+    session.info.pop(_NODES, None)
 
 
 def transition(
@@ -173,6 +203,7 @@ _MOVED = (
     "run_started_at",
     "run_deadline_at",
     "expedited",
+    "attempts",
 )
 
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from app.core.db import session_scope
 from app.core.errors import Unauthorized
 from app.models.agents import NodeCredential
+from app.models.fleet import Node
 from app.tenancy.auth import charge_anonymous, hash_secret
 
 JOIN_PREFIX = "rpj_"
@@ -55,6 +56,7 @@ class NodeCaller:
     """A node agent, by the credential it presented."""
 
     node_id: uuid.UUID
+    node_name: str
     credential_id: uuid.UUID
 
 
@@ -63,11 +65,13 @@ def node_of(session: Session, raw: str | None) -> NodeCaller | None:
     if not raw or not well_formed(raw, NODE_PREFIX):
         return None
     row = session.execute(
-        select(NodeCredential.id, NodeCredential.node_id).where(
-            NodeCredential.secret_hash == hash_secret(raw), NodeCredential.revoked_at.is_(None)
-        )
+        select(NodeCredential.id, NodeCredential.node_id, Node.name)
+        .join(Node, Node.id == NodeCredential.node_id)
+        .where(NodeCredential.secret_hash == hash_secret(raw), NodeCredential.revoked_at.is_(None))
     ).first()
-    return None if row is None else NodeCaller(node_id=row.node_id, credential_id=row.id)
+    if row is None:
+        return None
+    return NodeCaller(node_id=row.node_id, node_name=row.name, credential_id=row.id)
 
 
 def node_caller(

@@ -147,9 +147,11 @@ def interrupt_on_fault(
     fault_at: datetime,
     cause: str,
     details: dict,
+    only: set[uuid.UUID] | None = None,
 ) -> int:
-    """A hardware fault took GPUs away (app/health): every workload holding them stops on all
-    its replicas (a gang is one unit). Its usage ends at the fault, not when this runs; the work
+    """A hardware fault took GPUs away (app/health), or a node agent lost the process of one of
+    its runs (`only` that workload): every workload holding them stops on all its replicas (a
+    gang is one unit). Its usage ends at the fault, not when this runs; the work
     since its last checkpoint is recorded as lost; it goes back to the queue ahead of its
     priority peers, to resume from its last checkpoint. Returns how many were stopped."""
     now = utcnow()
@@ -158,6 +160,8 @@ def interrupt_on_fault(
     for w in ws:
         state = State(w.state)
         if state not in (State.running, State.placing, State.provisioning):
+            continue
+        if only is not None and w.id not in only:
             continue
         regions.add(w.region)
         if state is State.running:

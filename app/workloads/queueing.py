@@ -18,10 +18,16 @@ def requeue_reason(w: Workload) -> tuple[str, dict]:
             "last_checkpoint_at": None,
             "resumes_from": "start",
         }
-    return f"requeued: resumes from its checkpoint of {as_aware(at):%Y-%m-%d %H:%M:%S} UTC", {
-        "last_checkpoint_at": at.isoformat(),
-        "resumes_from": "checkpoint",
-    }
+    where = f" ({w.last_checkpoint_uri})" if w.last_checkpoint_uri else ""
+    return (
+        f"requeued: resumes from its checkpoint of {as_aware(at):%Y-%m-%d %H:%M:%S} UTC{where}",
+        {
+            "last_checkpoint_at": at.isoformat(),
+            "resumes_from": "checkpoint",
+            "checkpoint_uri": w.last_checkpoint_uri,
+            "checkpoint_step": w.last_checkpoint_step,
+        },
+    )
 
 
 def kick_placement(session: Session, region: str | None) -> None:

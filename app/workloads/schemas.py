@@ -116,6 +116,30 @@ class CheckpointPolicy(StrictModel):
         None, ge=60, le=7 * 86400, description="The workload checkpoints this often."
     )
     cost_s: int = Field(0, ge=0, le=3600, description="Seconds it takes to write a checkpoint.")
+    signal: Literal["SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT", "SIGTERM"] = Field(
+        "SIGUSR1",
+        description="The signal a node agent sends its processes to ask for a checkpoint now "
+        "(they keep running). A stop is always SIGTERM, then SIGKILL after the grace.",
+    )
+
+
+# What a workload's process is given: names as POSIX shells allow, none of the agent's own.
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+ENV_RESERVED_PREFIX = "RACKPLANE_"
+# Set by the node agent for each replica: a workload cannot override them either.
+ENV_RESERVED = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+MAX_ENV_BYTES = 32 * 1024
+MAX_COMMAND_BYTES = 64 * 1024
 
 
 class WorkloadCreate(StrictModel):
@@ -155,8 +179,8 @@ class WorkloadCreate(StrictModel):
         None,
         ge=1,
         le=30 * 86400,
-        description="Simulated provider only (demos, tests): the process exits 0 after running "
-        "this long. Real providers report exits: `POST /v1/admin/workloads/{id}/exit`.",
+        description="The process exits 0 after running this long: on a simulated node (demos, "
+        "tests), and on an agent's node when no `command` is given (a `sleep`).",
     )
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     labels: dict[
@@ -166,8 +190,57 @@ class WorkloadCreate(StrictModel):
         None,
         max_length=500,
         pattern=r"^[a-z0-9][a-z0-9._/:@-]*$",
-        description="Container (or VM disk) image for the rendered manifest; default: CUDA base.",
+        description="Container (or VM disk) image: what the `podman` runtime runs, and the "
+        "rendered manifest's (default: CUDA base).",
     )
+    command: list[Annotated[str, Field(max_length=16384)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="The argv each replica runs on its node (its agent starts it in its own "
+        "process group, with its GPUs). Omitted: the replica holds its GPUs (an interactive "
+        "instance), for `run_for_s` if given.",
+    )
+    env: dict[Annotated[str, Field(pattern=ENV_NAME)], Annotated[str, Field(max_length=16384)]] = (
+        Field(
+            default_factory=dict,
+            max_length=256,
+            description="Environment of each replica's process (32 KiB in all). Names the agent "
+            "sets (`RACKPLANE_*`, `CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`, `RANK`, "
+            "`WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) are refused.",
+        )
+    )
+    runtime: Literal["process", "podman"] = Field(
+        "process",
+        description="`process`: the command as a process on the host; `podman`: in `image`, "
+        "its GPUs passed as CDI devices.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(k for k in env if k.startswith(ENV_RESERVED_PREFIX) or k in ENV_RESERVED)
+        if reserved:
+            raise ValueError(f"env may not set {', '.join(reserved)}: the node agent sets them")
+        if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
+            raise ValueError(f"env is larger than {MAX_ENV_BYTES} bytes")
+        return env
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, command: list[str] | None) -> list[str] | None:
+        if command is not None:
+            if sum(len(a) + 1 for a in command) > MAX_COMMAND_BYTES:
+                raise ValueError(f"command is larger than {MAX_COMMAND_BYTES} bytes")
+            if not command[0]:
+                raise ValueError("command's first element (the program) is empty")
+        return command
+
+    @model_validator(mode="after")
+    def _runtime(self) -> WorkloadCreate:
+        if self.runtime == "podman" and not self.image:
+            raise ValueError("the podman runtime needs an image")
+        return self
 
     @model_validator(mode="after")
     def _shape(self) -> WorkloadCreate:
@@ -253,6 +326,17 @@ class WorkloadOut(OutModel):
     checkpoint_cost_s: int
     labels: dict[str, str]
     image: str | None
+    command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    runtime: str = "process"
+    checkpoint_signal: str = "SIGUSR1"
+    last_checkpoint_uri: str | None = Field(
+        None,
+        description="Where its latest checkpoint is: its next run gets it as "
+        "`RACKPLANE_RESUME_FROM`",
+    )
+    last_checkpoint_step: int | None = None
+    attempts: int = Field(0, description="How many times it has been placed (runs started)")
     placement: list | None = Field(
         None, description="Per replica: region, rack, node, GPU indices, MIG profile and slot."
     )
@@ -306,6 +390,14 @@ class ExitIn(StrictModel):
 class CheckpointIn(StrictModel):
     completed_at: AwareDatetime | None = Field(None, description="Default: now. With an offset.")
     size_bytes: int = Field(..., ge=0, le=MAX_JSON_INT)
+    uri: str | None = Field(
+        None,
+        max_length=2000,
+        pattern=r"^[a-z][a-z0-9+.-]*://\S+$",
+        description="Where it is (`s3://...`, `file:///...`): the next run resumes from it "
+        "(`RACKPLANE_RESUME_FROM`)",
+    )
+    step: int | None = Field(None, ge=0, le=2**31 - 1, description="The step it holds")
 
 
 class RankStep(StrictModel):

@@ -48,6 +48,7 @@ __all__ = [
     "forget_regions",
     "health_notice",
     "interrupt_on_fault",
+    "request_checkpoint",
     "kick_placement",
     "list_workloads",
     "manifest",
@@ -97,6 +98,12 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         checkpoint_cost_s=body.checkpoint.cost_s,
         labels=dict(body.labels),
         image=body.image,
+        command=list(body.command) if body.command is not None else None,
+        env=dict(body.env),
+        runtime=body.runtime,
+        checkpoint_signal=body.checkpoint.signal,
+        checkpoint_requests=0,
+        attempts=0,
         generation=0,
         preemptions=0,
         interruptions=0,
@@ -209,13 +216,42 @@ def finish(
         stopped(session, w)
 
 
+def request_checkpoint(session: Session, w: Workload) -> Workload:
+    """Ask a running workload for a checkpoint now (the caller holds `w` locked): its node
+    agents send each replica its `checkpoint.signal` once; it reports the checkpoint as any
+    other. Asking again before it is sent asks once more."""
+    if w.state != State.running.value:
+        raise NotRunning(
+            f"A {w.state} workload cannot be asked for a checkpoint; only a running one.",
+            state=w.state,
+        )
+    w.checkpoint_requests = (w.checkpoint_requests or 0) + 1
+    lifecycle.runs_changed(session, w)
+    lifecycle.record(
+        session,
+        w,
+        kind="checkpoint",
+        from_state=w.state,
+        to_state=w.state,
+        reason=f"checkpoint requested ({w.checkpoint_signal} to each replica)",
+        details={"requests": w.checkpoint_requests, "signal": w.checkpoint_signal},
+    )
+    session.flush()
+    return w
+
+
 class NotRunning(Conflict):
     code = "workload_not_running"
     title = "The workload is not running"
 
 
 def report_checkpoint(
-    session: Session, w: Workload, completed_at: datetime | None, size_bytes: int
+    session: Session,
+    w: Workload,
+    completed_at: datetime | None,
+    size_bytes: int,
+    uri: str | None = None,
+    step: int | None = None,
 ) -> WorkloadEvent:
     """Record a completed checkpoint (the caller holds `w` locked); the event it added."""
     if State(w.state) not in (State.running, State.checkpointing):
@@ -231,6 +267,7 @@ def report_checkpoint(
     if w.last_checkpoint_at is None or at > as_aware(w.last_checkpoint_at):
         w.last_checkpoint_at = at
         w.last_checkpoint_bytes = size_bytes
+        w.last_checkpoint_uri, w.last_checkpoint_step = uri, step
         if w.migrate_at_checkpoint and w.state == State.running.value:
             # On a suspect GPU: move now, if healthy capacity exists (health.migrate decides).
             enqueue(session, "health.migrate", queue="health", workload_id=str(w.id))
@@ -241,7 +278,12 @@ def report_checkpoint(
         from_state=w.state,
         to_state=w.state,
         reason="checkpoint reported",
-        details={"completed_at": at.isoformat(), "size_bytes": size_bytes},
+        details={
+            "completed_at": at.isoformat(),
+            "size_bytes": size_bytes,
+            **({"uri": uri} if uri else {}),
+            **({"step": step} if step is not None else {}),
+        },
     )
     return session.scalars(
         select(WorkloadEvent)

@@ -22,7 +22,8 @@ from app.outbox.service import enqueue
 from app.scheduling import lifecycle
 from app.scheduling.apply import release, stopped, unstopped_holders
 from app.scheduling.lifecycle import State
-from app.scheduling.providers import Provider, get_provider
+from app.scheduling.providers import PerNodeProvider, get_provider
+from app.workloads import runs
 from app.workloads.queueing import kick_placement, requeue_reason
 from app.workloads.service import finish
 
@@ -136,14 +137,15 @@ def provision(workload_ids: list[str] | None = None, workload_id: str | None = N
             )
         ws = [w for w in ws if w.id not in wait]
         moved = [w for w in ws if w.state == State.placing.value]
+        provider = get_provider(session)
         for w in moved:
+            by = provider.for_workload(w).name
             lifecycle.transition(
-                session, w, State.provisioning, "provisioning (simulated)", at=now, flush=False
+                session, w, State.provisioning, f"provisioning ({by})", at=now, flush=False
             )
         lifecycle.write(session, moved)
         session.flush()
         since = _provisioning_since(session, ws)
-        provider = get_provider()
         _check_later(session, {str(w.id): provider.provision(w, since.get(w.id, now)) for w in ws})
         return len(ws)
 
@@ -164,17 +166,12 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
             status = provider.status(w, since.get(w.id, now))
             out[status] += 1
             if status == "booting":
-                later[str(w.id)] = POLL_SECONDS
+                later[str(w.id)] = provider.poll_seconds(w)
             elif status == "ready":
-                lifecycle.transition(
-                    session, w, State.running, "the provider reports it up", at=now, flush=False
-                )
-                w.run_deadline_at = run_deadline(w, now, provider)
                 ready.append(w)
             else:
                 failed.append((w, status))
-        lifecycle.write(session, ready)
-        _expire_later(session, {str(w.id): w.run_deadline_at for w in ready}, now)
+        runs.start(session, ready, now, provider)
         audit.record_system(
             session,
             "workload.requeue",
@@ -202,26 +199,6 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
         return out
 
 
-def run_deadline(w: Workload, start: datetime, provider) -> datetime:
-    """When the run that starts at `start` ends at the latest: its max_runtime_s, or sooner
-    when the provider knows its process exits by itself (the simulated run)."""
-    seconds = float(w.max_runtime_s)
-    exits = provider.run_for(w)
-    if exits is not None:
-        seconds = min(seconds, exits)
-    return start + timedelta(seconds=seconds)
-
-
-def _expire_later(session, deadlines: dict[str, datetime], now: datetime) -> None:
-    """One `workloads.expire` per deadline second for the workloads due then."""
-    due: dict[float, list[str]] = {}
-    for wid, deadline in deadlines.items():
-        step = max(0.0, math.ceil((as_aware(deadline) - now).total_seconds()))
-        due.setdefault(step, []).append(wid)
-    for step, ids in sorted(due.items()):
-        enqueue(session, "workloads.expire", queue="provisioning", countdown=step, workload_ids=ids)
-
-
 @_task("workloads.expire")
 def expire(workload_ids: list[str] | None = None, workload_id: str | None = None) -> dict:
     """Runs at their deadline end (see `end_run`). A workload whose run changed since
@@ -233,7 +210,7 @@ def expire(workload_ids: list[str] | None = None, workload_id: str | None = None
             _ids(workload_ids, workload_id),
             {State.running.value, State.checkpointing.value},
         )
-        now, provider = utcnow(), get_provider()
+        now, provider = utcnow(), get_provider(session)
         for w in ws:
             ended = end_run(session, w, provider, now)
             if ended is not None:
@@ -241,7 +218,7 @@ def expire(workload_ids: list[str] | None = None, workload_id: str | None = None
         return out
 
 
-def end_run(session, w: Workload, provider: Provider, now: datetime) -> str | None:
+def end_run(session, w: Workload, provider: PerNodeProvider, now: datetime) -> str | None:
     """End `w`'s run (running, or checkpointing in its grace) if its deadline is past: a
     simulated run that reached its declared length exits 0 (succeeded), any other run past
     max_runtime_s is stopped (failed, max_runtime_exceeded). Usage stops at the deadline, not
@@ -273,18 +250,18 @@ def end_run(session, w: Workload, provider: Provider, now: datetime) -> str | No
 
 
 @_task("workloads.finish_preemption")
-def finish_preemption(workload_id: str) -> str:
+def finish_preemption(workload_id: str, all_stopped: bool = False) -> str:
     """The grace period is over: the victim stops and waits again, from its checkpoint; its
     preemptor may start now. A run that ended by itself during the grace (a simulated run of
     declared length) ended as any run does, not preempted. Sent early (a reconcile), it comes
-    back at the deadline."""
+    back at the deadline, unless `all_stopped`: its node agents saw every replica stop."""
     with session_scope() as session:
         w = _locked(session, workload_id)
         if w is None or w.state != State.checkpointing.value:
             return "skipped"
-        now, provider = utcnow(), get_provider()
+        now, provider = utcnow(), get_provider(session)
         left = _until(w.stop_deadline, now)
-        if left > 0:
+        if left > 0 and not all_stopped:
             enqueue(
                 session,
                 "workloads.finish_preemption",
@@ -316,7 +293,7 @@ def deprovision(workload_id: str) -> str:
         w = session.get(Workload, uuid.UUID(workload_id))
         if w is None:
             return "missing"
-        get_provider().deprovision(w)
+        get_provider(session).deprovision(w)
         return "done"
 
 

@@ -33,6 +33,18 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
     if (v("topology")) input.topology = { level: v("topology"), mode: v("topologyMode") };
   }
   if (v("runForS")) input.runForS = num("runForS");
+  // What its node agents run: one argument per line, and NAME=value lines.
+  const lines = (n: string) => v(n).split("\n").map((l) => l.trim()).filter((l) => l !== "");
+  const command = lines("command");
+  if (command.length) input.command = command;
+  const env = lines("env");
+  if (env.length) {
+    input.env = Object.fromEntries(
+      env.map((l) => (l.includes("=") ? [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)] : [l, ""])),
+    );
+  }
+  if (v("runtime") !== "process") input.runtime = v("runtime");
+  if (v("image")) input.image = v("image");
   return input;
 }
 
@@ -195,7 +207,25 @@ export function Submit() {
             <option value={p}>{p}</option>
           ))}
         </select>
-        <label for="runForS">Run for (seconds, simulated provider)</label>
+        <label for="command">Command (one argument per line; run by the node agent)</label>
+        <textarea
+          id="command"
+          name="command"
+          rows={3}
+          spellcheck={false}
+          placeholder={"python3\ntrain.py\n--steps\n100"}
+          aria-invalid={!!bad("command")}
+        />
+        <label for="env">Environment (one KEY=value per line)</label>
+        <textarea id="env" name="env" rows={2} spellcheck={false} placeholder="LR=0.001" aria-invalid={!!bad("env")} />
+        <label for="runtime">Runtime</label>
+        <select id="runtime" name="runtime">
+          <option value="process">process</option>
+          <option value="podman">podman (needs an image)</option>
+        </select>
+        <label for="image">Image</label>
+        <input id="image" name="image" placeholder="nvcr.io/nvidia/pytorch:24.10-py3" aria-invalid={!!bad("image")} />
+        <label for="runForS">Run for (seconds: a simulated node, or a replica without a command)</label>
         <input id="runForS" name="runForS" type="number" min={1} aria-invalid={!!bad("runForS")} />
         <div class="actions">
           <button type="submit" name="action" value="dry" disabled={busy}>

@@ -1,6 +1,7 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, gql, isProblem, PROBLEM_FIELDS, shapeText, subscribe, when, type Problem, type WorkloadSummary } from "../api";
 import { DRY_RUN_FIELDS, DryRunView, type DryRun } from "./DryRunView";
+import { LogPane } from "./LogPane";
 
 const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   id name kind state tier priority replicas gpuMilli region shape topology labels
@@ -247,6 +248,7 @@ export function WorkloadPage({ id }: { id: string }) {
             ))}
           </ol>
         </section>
+        <LogPane id={w.id} replicas={w.replicas} />
       </div>
     </>
   );

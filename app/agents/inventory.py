@@ -1,0 +1,101 @@
+"""What a node's agent says the host has, against what the fleet records: GPUs by index, their
+model, MIG mode and UUID. A difference is never silent: the node goes to `validating` with the
+difference named, and comes back to `ready` by itself once an inventory matches again."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.core.db import utcnow
+from app.health import telemetry
+from app.models.agents import AgentNode
+from app.models.fleet import Gpu, Node, NodeState
+from app.tenancy.nodes import NodeCaller
+from rackplane_wire import GpuInfo, Inventory, InventoryVerdict
+
+# Why a node is validating, as its state_reason begins: the agent lifts only what it set.
+REASON = "inventory differs from the fleet's record: "
+
+
+def differences(gpus: list[Gpu], reported: list[GpuInfo]) -> list[str]:
+    """Each way the host's GPUs differ from the fleet's record of the node, in words."""
+    have = {g.index: g for g in reported}
+    out = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        r = have.pop(g.index, None)
+        if r is None:
+            out.append(f"GPU {g.index} missing (the fleet records a {g.model})")
+            continue
+        if r.model != g.model:
+            out.append(f"GPU {g.index} is a {r.model}, the fleet records a {g.model}")
+        if r.mig_mode != g.mig_mode:
+            on = "on" if r.mig_mode else "off"
+            out.append(f"GPU {g.index} has MIG mode {on}, the fleet records it {_onoff(g)}")
+        if g.uuid is not None and r.uuid != g.uuid:
+            out.append(f"GPU {g.index} is {r.uuid}, the fleet records {g.uuid} (replaced?)")
+    for index, r in sorted(have.items()):
+        out.append(f"GPU {index} ({r.model}) is not in the fleet's record")
+    uuids = [r.uuid for r in reported]
+    for u in sorted({u for u in uuids if uuids.count(u) > 1}):
+        out.append(f"UUID {u} is reported for more than one GPU")
+    return out
+
+
+def _onoff(g: Gpu) -> str:
+    return "on" if g.mig_mode else "off"
+
+
+def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVerdict:
+    """Take the agent's inventory: compare, record the GPUs' UUIDs where they match, keep the
+    inventory (assignments name devices by it), and move the node in or out of `validating`."""
+    node = session.scalar(select(Node).where(Node.id == caller.node_id).with_for_update())
+    assert node is not None  # the credential's node (a node's credentials go with it)
+    gpus = list(session.scalars(select(Gpu).where(Gpu.node_id == node.id)))
+    diff = differences(gpus, inv.gpus)
+    if not diff:
+        _learn_uuids(session, node, gpus, inv.gpus)
+    now = utcnow()
+    row = session.get(AgentNode, node.id)
+    document = inv.model_dump(mode="json")
+    if row is None:
+        row = AgentNode(node_id=node.id, node_name=node.name, desired_index=1)
+        session.add(row)
+    row.address = inv.address
+    row.agent_version = inv.agent_version
+    row.runtimes = list(inv.runtimes)
+    row.inventory = document
+    row.differences = diff
+    row.inventory_at = now
+    if diff and node.state in (NodeState.ready.value, NodeState.validating.value):
+        node.state = NodeState.validating.value
+        node.state_reason = (REASON + "; ".join(diff))[:500]
+    elif (
+        not diff
+        and node.state == NodeState.validating.value
+        and (node.state_reason or "").startswith(REASON)
+    ):
+        node.state = NodeState.ready.value
+        node.state_reason = None
+    session.flush()
+    telemetry.agent_joined(session, node.id)
+    return InventoryVerdict(
+        node=node.name, matches=not diff, differences=diff, node_state=node.state
+    )
+
+
+def _learn_uuids(session: Session, node: Node, gpus: list[Gpu], reported: list[GpuInfo]) -> None:
+    """Record the UUIDs the fleet does not know yet (telemetry then names GPUs by them). A UUID
+    recorded on another node's GPU moves here: the GPU was moved, and this host has it now."""
+    by_index = {r.index: r.uuid for r in reported}
+    new = {g.id: by_index[g.index] for g in gpus if g.uuid is None and g.index in by_index}
+    if not new:
+        return
+    session.execute(
+        update(Gpu)
+        .where(Gpu.uuid.in_(list(new.values())), Gpu.node_id != node.id)
+        .values(uuid=None)
+    )
+    for g in gpus:
+        if g.id in new:
+            g.uuid = new[g.id]

@@ -1,0 +1,342 @@
+"""A node's desired state (what its agent should run) and the agent's reports of what runs.
+
+Level-triggered both ways. The desired state is computed, never queued: the node's live
+allocations of provisioning and running workloads (run them) and the allocations that
+checkpointing workloads held until their eviction (stop them by their deadline). Anything else
+the agent runs, it stops. Reports carry each run's whole current state; one that repeats what
+is recorded changes nothing, and one about a run the control plane no longer holds is stale.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.core.db import as_aware, utcnow
+from app.health import telemetry
+from app.models.agents import AgentNode
+from app.models.fleet import Node
+from app.models.health import NodeHeartbeat
+from app.models.workloads import Allocation, State, Workload
+from app.outbox.service import enqueue
+from app.scheduling.providers import FAILED_RUNS, get_provider
+from app.tenancy.nodes import NodeCaller
+from app.tenancy.run_tokens import mint
+from app.workloads import runs as workload_runs
+from app.workloads.service import finish, interrupt_on_fault
+from rackplane_wire import Assignment, Assignments, RunReport, StatusAck, StatusReport
+
+RUNNING = (State.provisioning.value, State.running.value)
+# A run's placeholder when the workload names no command: it holds its GPUs (an interactive
+# instance's), exiting 0 after `run_for_s` when it has one.
+HOLD = ["sleep", "infinity"]
+TAIL_IN_EVENT = 20
+
+
+def index_of(session: Session, node_id: uuid.UUID) -> int:
+    """The node's desired-state index (0 before its first inventory: nothing to run yet)."""
+    return session.scalar(select(AgentNode.desired_index).where(AgentNode.node_id == node_id)) or 0
+
+
+def _held(node_id: uuid.UUID | None = None):
+    """The allocations a node's agent should know of: live ones of workloads starting or
+    running, and those checkpointing workloads gave up at their eviction."""
+    live = and_(Allocation.released_at.is_(None), Workload.state.in_(RUNNING))
+    stopping = and_(
+        Workload.state == State.checkpointing.value,
+        Allocation.released_at >= Workload.evicted_at,
+    )
+    stmt = (
+        select(Allocation, Workload)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(or_(live, stopping))
+    )
+    return stmt if node_id is None else stmt.where(Allocation.node_id == node_id)
+
+
+def assignments(session: Session, caller: NodeCaller) -> Assignments:
+    """The node's whole desired state, at its current index."""
+    agent = session.get(AgentNode, caller.node_id)
+    settings = get_settings()
+    heartbeat = settings.heartbeat_timeout_seconds / 3
+    if agent is None:
+        return Assignments(node=caller.node_name, index=0, assignments=[], heartbeat_s=heartbeat)
+    rows = session.execute(_held(caller.node_id).order_by(Allocation.workload_id)).all()
+    masters = _masters(session, {w.id for _, w in rows if w.replicas > 1})
+    devices = _devices(agent.inventory)
+    now = utcnow()
+    out = []
+    for a, w in rows:
+        local = sorted(b.replica for b, v in rows if v.id == w.id)
+        gpus = _device_ids(a, devices)
+        env = {
+            **(w.env or {}),
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+            "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
+            "RANK": str(a.replica),
+            "WORLD_SIZE": str(w.replicas),
+            "LOCAL_RANK": str(local.index(a.replica)),
+            "RACKPLANE_WORKLOAD_ID": str(w.id),
+            "RACKPLANE_REPLICA": str(a.replica),
+            "RACKPLANE_ATTEMPT": str(w.attempts),
+            "RACKPLANE_API": settings.public_api_url,
+            "RACKPLANE_TOKEN": mint(w.id, w.attempts),
+        }
+        if w.replicas > 1:
+            env["MASTER_ADDR"] = masters.get(w.id, agent.address)
+            env["MASTER_PORT"] = str(master_port(w.id))
+        if w.last_checkpoint_uri:
+            env["RACKPLANE_RESUME_FROM"] = w.last_checkpoint_uri
+        stopping = w.state == State.checkpointing.value
+        deadline = as_aware(w.stop_deadline) if stopping and w.stop_deadline else None
+        out.append(
+            Assignment(
+                workload_id=str(w.id),
+                attempt=w.attempts,
+                replica=a.replica,
+                desired="stop" if stopping else "run",
+                runtime=w.runtime,  # type: ignore[arg-type]
+                command=list(w.command or _hold(w)),
+                image=w.image,
+                env=env,
+                devices=gpus,
+                stop_deadline=deadline,
+                grace_s=max(0.0, (deadline - now).total_seconds()) if deadline else 30.0,
+                checkpoint_signal=w.checkpoint_signal,
+                checkpoint_requests=w.checkpoint_requests,
+                cpu_milli=a.cpu_milli,
+                memory_mib=a.memory_mib,
+            )
+        )
+    return Assignments(
+        node=caller.node_name, index=agent.desired_index, assignments=out, heartbeat_s=heartbeat
+    )
+
+
+def master_port(workload_id: uuid.UUID) -> int:
+    """A gang's rendezvous port: fixed per workload, in 20000-29999 (two gangs whose rank 0s
+    share a host rarely collide; torchrun's default 29500 would always)."""
+    return 20000 + int(workload_id.hex[:8], 16) % 10000
+
+
+def _hold(w: Workload) -> list[str]:
+    return ["sleep", str(w.run_for_s)] if w.run_for_s else HOLD
+
+
+def _masters(session: Session, gangs: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The address of the node each gang's replica 0 runs on (its MASTER_ADDR)."""
+    if not gangs:
+        return {}
+    rows = session.execute(
+        select(Allocation.workload_id, AgentNode.address)
+        .join(AgentNode, AgentNode.node_id == Allocation.node_id)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(
+            Allocation.workload_id.in_(gangs),
+            Allocation.replica == 0,
+            or_(Allocation.released_at.is_(None), Allocation.released_at >= Workload.evicted_at),
+        )
+    )
+    return {wid: address for wid, address in rows}
+
+
+def _devices(inventory: dict) -> dict[tuple[int, int | None], str]:
+    """The host's devices by (GPU index, MIG start or None for the whole GPU): their UUIDs."""
+    out: dict[tuple[int, int | None], str] = {}
+    for g in inventory.get("gpus", []):
+        out[(g["index"], None)] = g["uuid"]
+        for m in g.get("mig_instances") or []:
+            if m.get("start") is not None:
+                out[(g["index"], m["start"])] = m["uuid"]
+    return out
+
+
+def _device_ids(a: Allocation, devices: dict[tuple[int, int | None], str]) -> list[str]:
+    """The allocation's GPUs (or MIG instance) by UUID. One the host did not report is named
+    so that the agent refuses the run (and the workload is placed again), never a guess."""
+    if a.mig_profile:
+        key = (a.gpu_indices[0], a.mig_start)
+        return [devices.get(key, f"MIG-missing-{a.gpu_indices[0]}-{a.mig_start}")]
+    return [devices.get((i, None), f"GPU-missing-{i}") for i in a.gpu_indices]
+
+
+# --- reports ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Outcome:
+    started: list[Workload]
+    ended: list[Workload]
+
+
+def report(session: Session, caller: NodeCaller, status: StatusReport) -> StatusAck:
+    """Take an agent's report: a heartbeat, and the runs whose state is news."""
+    # When the node was last heard before this report: a process the agent lost since (its
+    # host restarted) was last known to run then.
+    heard = session.scalar(
+        select(NodeHeartbeat.last_seen_at).where(NodeHeartbeat.node_id == caller.node_id)
+    )
+    telemetry.ingest(session, [], {}, heartbeat_nodes=[caller.node_name])
+    if not status.runs:
+        return StatusAck(accepted=0, stale=0)
+    reported: dict[tuple[uuid.UUID, int], RunReport] = {}
+    stale = 0
+    for r in status.runs:
+        try:
+            reported[(uuid.UUID(r.workload_id), r.replica)] = r
+        except ValueError:
+            stale += 1
+    wids = sorted({wid for wid, _ in reported})
+    # Workloads first, in id order (the lock order of every task), then their allocations.
+    ws = {
+        w.id: w
+        for w in session.scalars(
+            select(Workload).where(Workload.id.in_(wids)).order_by(Workload.id).with_for_update()
+        )
+    }
+    rows = session.execute(
+        _held(caller.node_id).where(Allocation.workload_id.in_(wids)).with_for_update(of=Allocation)
+    ).all()
+    now = utcnow()
+    matched: set[tuple[uuid.UUID, int]] = set()
+    news: set[uuid.UUID] = set()
+    for a, w in rows:
+        r = reported.get((w.id, a.replica))
+        if r is None or r.attempt != w.attempts:
+            continue
+        matched.add((w.id, a.replica))
+        if _take(a, r, now):
+            news.add(w.id)
+    stale += len(reported) - len(matched)
+    tails = {(uuid.UUID(r.workload_id), r.replica): r for r in status.runs if r.tail}
+    for wid in sorted(news):
+        _settle(session, ws[wid], tails, as_aware(heard) if heard else now)
+    return StatusAck(accepted=len(matched), stale=stale)
+
+
+def _clamp(at: datetime, low: datetime | None, now: datetime) -> datetime:
+    at = min(as_aware(at), now)
+    return max(at, as_aware(low)) if low is not None else at
+
+
+def _take(a: Allocation, r: RunReport, now: datetime) -> bool:
+    """Record what the report says of the run, if it is news; whether it was."""
+    if a.run_state in FAILED_RUNS:
+        return False  # an ended run stays ended
+    if r.state == "running":
+        if a.run_state == "running":
+            return False
+        a.run_state, a.run_pid = "running", r.pid
+        a.run_started_at = _clamp(r.at, a.created_at, now)
+        return True
+    a.run_state = "exited" if r.state == "exited" else r.state
+    a.exit_code = r.exit_code
+    a.exit_signal = ("STOPPED:" if r.stopped else "") + (r.signal or "") or None
+    a.run_started_at = a.run_started_at or _clamp(r.at, a.created_at, now)
+    a.run_ended_at = _clamp(r.at, a.run_started_at, now)
+    return True
+
+
+def _failure(a: Allocation) -> bool:
+    """A run that ended badly by itself (not an exit the control plane asked for)."""
+    if a.run_state not in FAILED_RUNS:
+        return False
+    stopped = (a.exit_signal or "").startswith("STOPPED:")
+    return not stopped and not (a.run_state == "exited" and a.exit_code == 0)
+
+
+def _settle(
+    session: Session,
+    w: Workload,
+    tails: dict[tuple[uuid.UUID, int], RunReport],
+    heard: datetime,
+) -> None:
+    """What the workload's runs, as now recorded, mean for it (`heard`: when their node was
+    last heard before this report)."""
+    allocs = [a for a, _ in session.execute(_held().where(Allocation.workload_id == w.id)).all()]
+    if w.state == State.provisioning.value:
+        if any(_failure(a) for a in allocs):
+            # A start that went wrong: `workloads.check` puts it back in the queue, at once.
+            enqueue(session, "workloads.check", queue="provisioning", workload_ids=[str(w.id)])
+            return
+        if not allocs or any(a.run_state is None for a in allocs):
+            return  # replicas still starting
+        # Every replica is up (or already done): it runs from when the last one started.
+        began = max(as_aware(a.run_started_at) for a in allocs)
+        workload_runs.start(session, [w], began, get_provider(session))
+    if w.state not in (State.running.value, State.checkpointing.value):
+        return
+    lost = [a for a in allocs if a.run_state == "lost" and _failure(a)]
+    if lost and w.state == State.running.value:
+        # Its process vanished with its host (a reboot, a power cut): not the workload's fault.
+        # It goes back to the queue from its checkpoint, as from any hardware fault.
+        a = min(lost, key=lambda a: as_aware(a.run_ended_at))
+        r = tails.get((w.id, a.replica))
+        # Its usage ends when it was last known to run, not when the agent came back.
+        at = max(min(as_aware(a.run_ended_at), heard), as_aware(a.run_started_at))
+        interrupt_on_fault(
+            session,
+            session.get_one(Node, a.node_id),
+            list(a.gpu_indices),
+            "gpu",
+            at,
+            f"replica {a.replica}'s process was lost on its node (the host restarted?)",
+            {"replica": a.replica, "message": r.message if r else None},
+            only={w.id},
+        )
+        return
+    failed = sorted((a for a in allocs if _failure(a)), key=lambda a: a.run_ended_at)
+    if failed:
+        a = failed[0]
+        r = tails.get((w.id, a.replica))
+        code = f"code {a.exit_code}" if a.exit_code is not None else a.exit_signal or a.run_state
+        finish(
+            session,
+            w,
+            succeeded=False,
+            reason=f"replica {a.replica}'s process {_ended(a)} ({code}) on its node",
+            at=as_aware(a.run_ended_at),
+            details={
+                "cause": "exited_nonzero" if a.run_state == "exited" else a.run_state,
+                "replica": a.replica,
+                "exit_code": a.exit_code,
+                "signal": a.exit_signal,
+                "tail": list(r.tail[-TAIL_IN_EVENT:]) if r else [],
+                "message": r.message if r else None,
+            },
+        )
+        return
+    ended = [a for a in allocs if a.run_state in FAILED_RUNS]
+    if allocs and len(ended) == len(allocs):
+        if all(a.run_state == "exited" and a.exit_code == 0 for a in ended) and not any(
+            (a.exit_signal or "").startswith("STOPPED:") for a in ended
+        ):
+            last = max(as_aware(a.run_ended_at) for a in ended)
+            finish(
+                session,
+                w,
+                succeeded=True,
+                reason="every replica's process exited with code 0",
+                at=last,
+                details={"exit_code": 0, "cause": "exited"},
+            )
+        elif w.state == State.checkpointing.value:
+            # Every replica stopped within its grace: its preemptor need not wait for the end.
+            enqueue(
+                session,
+                "workloads.finish_preemption",
+                queue="provisioning",
+                workload_id=str(w.id),
+                all_stopped=True,
+            )
+
+
+def _ended(a: Allocation) -> str:
+    return {"exited": "exited", "failed_to_start": "failed to start", "lost": "was lost"}.get(
+        a.run_state or "", "ended"
+    )

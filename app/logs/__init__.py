@@ -1,0 +1,1 @@
+"""Workload logs: what node agents ship of each replica's output, and tenants' reads of it."""

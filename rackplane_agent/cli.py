@@ -1,0 +1,102 @@
+"""`python -m rackplane_agent`: the node agent's command line.
+
+    python -m rackplane_agent --api https://rackplane.example --token rpj_...
+        [--state-dir DIR] [--inventory FILE] [--address HOST] [--runtime process|podman]
+        [--dcgm-exporter URL] [--poll-wait 30] [--log-level INFO]
+
+Exit codes: 0 stopped (SIGTERM/SIGINT), 1 an unexpected error, 2 cannot start (no join token,
+a refused token, no inventory, another agent on the state directory), 3 the control plane
+refused the node's credential. In every case the runs are left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from rackplane_agent import __version__
+from rackplane_agent.config import EXIT_USAGE, AgentConfig, default_state_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rackplane-agent",
+        description="Rackplane's node agent: joins the control plane, reports this host's "
+        "GPUs and runs the work assigned to the node.",
+    )
+    p.add_argument("--api", required=True, help="the control plane's base URL")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("RACKPLANE_JOIN_TOKEN"),
+        help="a join token (rpj_...), used once when the node has no credential yet "
+        "(default: $RACKPLANE_JOIN_TOKEN)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the credential and the runs are kept "
+        "(default: $RACKPLANE_AGENT_STATE_DIR, else /var/lib/rackplane-agent)",
+    )
+    p.add_argument(
+        "--inventory",
+        type=Path,
+        help="a YAML file of the host's GPUs, used when NVML does not answer",
+    )
+    p.add_argument("--address", help="how other hosts reach this one (default: its FQDN)")
+    p.add_argument(
+        "--runtime",
+        action="append",
+        choices=["process", "podman"],
+        help="a runtime to offer (repeatable; default: process, and podman when installed); "
+        "process is always offered",
+    )
+    p.add_argument("--dcgm-exporter", metavar="URL", help="dcgm-exporter's /metrics URL")
+    p.add_argument(
+        "--poll-wait", type=float, default=30.0, help="seconds a poll for assignments may wait"
+    )
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument("--version", action="version", version=f"rackplane-agent {__version__}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rackplane_agent import logfmt
+
+    try:
+        logfmt.setup(args.log_level)
+    except ValueError:
+        print(f"rackplane-agent: unknown --log-level {args.log_level!r}")
+        return EXIT_USAGE
+    if args.poll_wait <= 0:
+        print("rackplane-agent: --poll-wait must be positive")
+        return EXIT_USAGE
+    config = AgentConfig(
+        api=args.api,
+        state_dir=args.state_dir or default_state_dir(),
+        token=args.token or None,
+        inventory_file=args.inventory,
+        address=args.address,
+        runtimes=args.runtime,
+        dcgm_exporter=args.dcgm_exporter,
+        poll_wait=args.poll_wait,
+    )
+    from rackplane_agent.runner import Agent
+
+    agent = Agent(config)
+    if threading.current_thread() is threading.main_thread():
+
+        def stop(signum, frame) -> None:
+            logging.getLogger("rackplane_agent").info(
+                f"shutdown signal={signal.Signals(signum).name} runs=left_running"
+            )
+            agent.shutdown()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+    return agent.run()

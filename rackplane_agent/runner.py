@@ -1,0 +1,881 @@
+"""The agent: join, inventory, then the sync loop (Nomad's client, in small).
+
+Threads:
+- sync: checks the credential (`GET /node`), puts the inventory, then long-polls
+  `GET /assignments` and keeps the latest `Assignments` (the node's whole desired state);
+- reporter: `POST /status` (at once when something changed, else a heartbeat) and
+  `POST /logs` (new output, about once a second);
+- telemetry: dcgm-exporter's text, or NVML's samples, every 10 s;
+- main: the reconciler, every `reconcile_interval` or when woken: starts, stops, kills,
+  checkpoints and watches runs; forgets a run once its end is acknowledged and nobody names it.
+
+Nothing the control plane says or fails to say kills a run by itself: a refused credential, an
+unreachable server, the agent's own restart all leave the runs running. Every run is watched
+by polling (its shim's pid and create time, and its exit file), so a run started by an earlier
+agent process is adopted like one of this one's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, cast
+
+import psutil
+
+from rackplane_agent import inventory as inventory_mod
+from rackplane_agent import logs as logs_mod
+from rackplane_agent import runtimes
+from rackplane_agent.cgroups import Cgroups
+from rackplane_agent.client import (
+    ApiError,
+    Backoff,
+    Client,
+    CredentialRefused,
+    JoinRefused,
+    RouteMissing,
+    TransientError,
+)
+from rackplane_agent.config import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_REVOKED,
+    EXIT_USAGE,
+    AgentConfig,
+)
+from rackplane_agent.logfmt import kv
+from rackplane_agent.shim import signal_name
+from rackplane_agent.state import (
+    RunRecord,
+    StateDir,
+    StateDirBusy,
+    iso,
+    read_exit,
+    run_key,
+)
+from rackplane_wire import (
+    Assignment,
+    Assignments,
+    Inventory,
+    LogBatch,
+    LogChunk,
+    RunReport,
+    RunState,
+    StatusReport,
+)
+
+log = logging.getLogger("rackplane_agent")
+
+RUNNING, EXITED, FAILED_TO_START, LOST = "running", "exited", "failed_to_start", "lost"
+LOG_BATCH_BYTES = 512 * 1024
+_CREATE_TIME_SLACK = 0.05
+
+
+class StartupError(Exception):
+    """The agent cannot start (exit 2): no token, no inventory, a busy state directory."""
+
+
+def parse_signal(name: str) -> signal.Signals | None:
+    """`SIGUSR1`, `USR1` or `10` -> the signal; None when it is none."""
+    name = name.strip().upper()
+    if name.isdigit():
+        try:
+            return signal.Signals(int(name))
+        except ValueError:
+            return None
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        return None
+
+
+def _signal_group(pid: int | None, sig: int) -> bool:
+    """Signal the run's process group (its shim leads it); False when it is gone."""
+    if not pid:
+        return False
+    try:
+        os.killpg(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError as exc:
+        log.warning(kv("signal_refused", pid=pid, signal=signal.Signals(sig).name, error=exc))
+        return False
+
+
+def _parse_iso(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: Client | None = None,
+        *,
+        inventory: Inventory | None = None,
+        nvml: Any | None = None,
+        clock: Callable[[], float] = time.time,
+        environ: dict[str, str] | None = None,
+    ):
+        self.config = config
+        self.state = StateDir(config.state_dir)
+        self.client = client or Client(
+            config.api,
+            timeout=config.request_timeout,
+            backoff_initial=config.backoff_initial,
+            backoff_max=config.backoff_max,
+        )
+        self.inventory = inventory
+        self.clock = clock
+        self._nvml = nvml
+        self._environ = os.environ if environ is None else environ
+        self._lock = threading.RLock()
+        self._wake = threading.Event()  # the reconciler: new assignments, or shutdown
+        self._report_wake = threading.Event()  # the reporter: something changed
+        self._stop = threading.Event()
+        self._inventory_sent = threading.Event()
+        self._fatal: BaseException | None = None
+        self._runs: dict[str, RunRecord] = {}
+        self._assignments: Assignments | None = None
+        self._heartbeat_s = config.heartbeat_s
+        self._last_report_ok: float | None = None  # monotonic
+        self._next_report_at = 0.0
+        self._report_backoff = Backoff(config.backoff_initial, config.backoff_max)
+        self._logs_enabled = True
+        self._next_logs_at = 0.0
+        self._logs_backoff = Backoff(config.backoff_initial, config.backoff_max)
+        self._logs_budget = LOG_BATCH_BYTES
+        self._runtime_names: list[str] = []
+        self._runtimes: dict[str, runtimes.Runtime] = {}
+        self._device_ids: set[str] = set()
+        self._cgroups = Cgroups() if config.cgroups else None
+        self._prepared = False
+        self._threads: list[threading.Thread] = []
+
+    # --- start -----------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Everything local: the state directory (locked), the inventory, the runs found in
+        it. Raises StartupError."""
+        if self._prepared:
+            return
+        self.state.ensure()
+        try:
+            self.state.lock()
+        except StateDirBusy as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            self._runtime_names = runtimes.available(self.config.runtimes)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        self._runtimes = {name: runtimes.make(name, self._environ) for name in self._runtime_names}
+        if self.inventory is None:
+            if self._nvml is None:
+                self._nvml = inventory_mod.load_nvml()
+            try:
+                self.inventory = inventory_mod.collect(
+                    inventory_file=self.config.inventory_file,
+                    address=self.config.address,
+                    runtimes=self._runtime_names,
+                    nvml=self._nvml,
+                )
+            except inventory_mod.InventoryError as exc:
+                raise StartupError(str(exc)) from None
+        self._device_ids = inventory_mod.device_ids(self.inventory)
+        log.info(
+            kv(
+                "inventory",
+                source=self.inventory.source,
+                gpus=len(self.inventory.gpus),
+                mig_instances=sum(len(g.mig_instances) for g in self.inventory.gpus),
+                hostname=self.inventory.hostname,
+                address=self.inventory.address,
+                runtimes=",".join(self.inventory.runtimes),
+            )
+        )
+        self._scan()
+        self._prepared = True
+
+    def connect(self) -> None:
+        """The node credential: the stored one, else a join with the token. Raises
+        StartupError (no token, a refused token)."""
+        credential = self.state.read_credential()
+        if credential:
+            self.client.credential = credential
+            node = self.state.read_node()
+            log.info(kv("credential_loaded", node=node.get("node_name"), state_dir=self.state.root))
+            return
+        if not self.config.token:
+            raise StartupError(
+                f"this node has not joined (no {self.state.credential_file}) and no join token "
+                "was given: pass --token rpj_... or set RACKPLANE_JOIN_TOKEN"
+            )
+        try:
+            joined = self.client.join(self.config.token, attempts=None, stop_event=self._stop)
+        except JoinRefused as exc:
+            raise StartupError(f"the join token was refused: {exc.code} {exc.detail}") from None
+        except TransientError as exc:
+            raise StartupError(f"cannot reach {self.config.api} to join: {exc}") from None
+        except ApiError as exc:
+            raise StartupError(f"join failed: {exc}") from None
+        node = {k: joined.get(k) for k in ("node_id", "node_name", "credential_prefix")}
+        self.state.write_credential(joined["credential"], {**node, "joined_at": iso(time.time())})
+        log.info(
+            kv(
+                "joined",
+                node=node["node_name"],
+                node_id=node["node_id"],
+                credential_prefix=node["credential_prefix"],
+            )
+        )
+
+    def _scan(self) -> None:
+        """Runs left by an earlier agent: adopted when their process lives on, else ended."""
+        for run_dir in self.state.run_dirs():
+            try:
+                rec = RunRecord.load(run_dir)
+            except (OSError, ValueError, TypeError) as exc:
+                log.error(kv("run_unreadable", dir=run_dir, error=exc))
+                continue
+            self._runs[rec.key] = rec
+            if rec.state != RUNNING:
+                continue
+            if self._alive(rec):
+                log.info(kv("run_adopted", run=rec.key, pid=rec.pid))
+            else:
+                self._ended(rec, self.clock(), while_down=True)
+
+    # --- the desired state -----------------------------------------------------------------
+
+    def set_assignments(self, assignments: Assignments) -> None:
+        with self._lock:
+            self._assignments = assignments
+            self._heartbeat_s = assignments.heartbeat_s
+        self._wake.set()
+
+    @property
+    def runs(self) -> dict[str, RunRecord]:
+        with self._lock:
+            return dict(self._runs)
+
+    # --- the reconciler --------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One pass: reconcile, then report (when due)."""
+        self.reconcile()
+        self.report()
+
+    def reconcile(self) -> None:
+        with self._lock:
+            now = self.clock()
+            for rec in list(self._runs.values()):
+                if rec.state == RUNNING and not self._alive(rec):
+                    self._ended(rec, now)
+            desired = self._assignments
+            if desired is not None:
+                named: dict[str, Assignment] = {}
+                for a in desired.assignments:
+                    named[run_key(a.workload_id, a.attempt, a.replica)] = a
+                for key, a in named.items():
+                    known = self._runs.get(key)
+                    if known is None:
+                        if a.desired == "run":
+                            self._start(a, now)
+                        continue
+                    self._follow(known, a, now)
+                for key, rec in list(self._runs.items()):
+                    if key not in named and rec.state == RUNNING and rec.stop_seen_at is None:
+                        self._begin_stop(rec, now, rec.grace_s, None, "no longer assigned")
+            for rec in list(self._runs.values()):
+                if rec.state == RUNNING and rec.kill_at is not None and rec.kill_sent_at is None:
+                    if now >= rec.kill_at:
+                        self._kill(rec, now)
+            self._forget()
+
+    def _changed(self, rec: RunRecord) -> None:
+        rec.version += 1
+        rec.save()
+        self._report_wake.set()
+
+    def _refusal(self, a: Assignment) -> str | None:
+        if a.runtime not in self._runtimes:
+            return (
+                f"runtime {a.runtime} is not available on this node "
+                f"(it has: {', '.join(self._runtime_names)})"
+            )
+        missing = [d for d in a.devices if d not in self._device_ids]
+        if missing:
+            return f"device(s) not on this node: {', '.join(missing)}"
+        try:
+            self._runtimes[a.runtime].check(a)
+        except runtimes.StartError as exc:
+            return str(exc)
+        return None
+
+    def _start(self, a: Assignment, now: float) -> None:
+        run_dir = self.state.run_dir(a.workload_id, a.attempt, a.replica)
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        rec = RunRecord(
+            workload_id=a.workload_id,
+            attempt=a.attempt,
+            replica=a.replica,
+            assignment=a.model_dump(mode="json"),
+            grace_s=a.grace_s,
+            checkpoints_sent=a.checkpoint_requests,
+            run_dir=run_dir,
+        )
+        self._runs[rec.key] = rec
+        problem = self._refusal(a)
+        if problem is None:
+            rec.exit_file.unlink(missing_ok=True)
+            cgroup = None
+            if a.runtime == "process" and self._cgroups is not None:
+                cgroup = self._cgroups.create(rec.key, a.cpu_milli, a.memory_mib)
+            try:
+                popen = self._runtimes[a.runtime].start(a, run_dir, cgroup)
+            except (runtimes.StartError, OSError) as exc:
+                problem = str(exc)
+                if self._cgroups is not None:
+                    self._cgroups.remove(cgroup)
+            else:
+                rec.popen = popen
+                rec.pid = popen.pid
+                rec.cgroup = cgroup
+                rec.started_at = now
+                try:
+                    rec.create_time = psutil.Process(popen.pid).create_time()
+                except psutil.Error:
+                    rec.create_time = None  # already gone: the next pass sees its exit
+                log.info(
+                    kv(
+                        "run_started",
+                        run=rec.key,
+                        pid=rec.pid,
+                        runtime=a.runtime,
+                        devices=",".join(a.devices) or None,
+                    )
+                )
+        if problem is not None:
+            rec.state = FAILED_TO_START
+            rec.ended_at = now
+            rec.message = problem[:2000]
+            log.warning(kv("run_failed_to_start", run=rec.key, reason=problem))
+        self._changed(rec)
+
+    def _follow(self, rec: RunRecord, a: Assignment, now: float) -> None:
+        """An existing run and its (latest) assignment."""
+        copy = a.model_dump(mode="json")
+        if copy != rec.assignment:
+            rec.assignment = copy
+            rec.grace_s = a.grace_s
+            rec.save()
+        if rec.state != RUNNING:
+            return
+        if a.desired == "stop":
+            if rec.stop_seen_at is None:
+                deadline = a.stop_deadline.timestamp() if a.stop_deadline else None
+                self._begin_stop(rec, now, a.grace_s, deadline, "asked to stop")
+            return
+        if a.checkpoint_requests > rec.checkpoints_sent and rec.stop_seen_at is None:
+            if (
+                rec.started_at is not None
+                and now - rec.started_at < self.config.checkpoint_min_age_s
+            ):
+                return  # its handlers may not be installed yet: next pass
+            sig = parse_signal(a.checkpoint_signal)
+            if sig is None:
+                log.warning(
+                    kv("checkpoint_signal_unknown", run=rec.key, signal=a.checkpoint_signal)
+                )
+            else:
+                _signal_group(rec.pid, sig)
+                log.info(
+                    kv(
+                        "checkpoint_requested",
+                        run=rec.key,
+                        signal=sig.name,
+                        request=a.checkpoint_requests,
+                    )
+                )
+            rec.checkpoints_sent = a.checkpoint_requests
+            rec.save()
+
+    def _begin_stop(
+        self, rec: RunRecord, now: float, grace: float, deadline: float | None, why: str
+    ) -> None:
+        rec.stop_seen_at = now
+        rec.stopped = True
+        rec.kill_at = now + grace if deadline is None else min(now + grace, deadline)
+        if rec.term_sent_at is None:
+            _signal_group(rec.pid, signal.SIGTERM)
+            rec.term_sent_at = now
+        log.info(
+            kv(
+                "run_stopping",
+                run=rec.key,
+                pid=rec.pid,
+                reason=why,
+                kill_in_s=round(rec.kill_at - now, 2),
+            )
+        )
+        self._changed(rec)
+
+    def _kill(self, rec: RunRecord, now: float) -> None:
+        _signal_group(rec.pid, signal.SIGKILL)
+        rec.kill_sent_at = now
+        log.warning(
+            kv(
+                "run_killed",
+                run=rec.key,
+                pid=rec.pid,
+                after_s=round(now - (rec.term_sent_at or now), 2),
+            )
+        )
+        runtime = self._runtimes.get(rec.assignment.get("runtime", "process"))
+        if runtime is not None:
+            try:
+                runtime.killed(Assignment.model_validate(rec.assignment))
+            except Exception as exc:
+                log.warning(kv("runtime_kill_cleanup_failed", run=rec.key, error=exc))
+        rec.save()
+
+    # --- watching processes ----------------------------------------------------------------
+
+    def _alive(self, rec: RunRecord) -> bool:
+        if rec.pid is None:
+            return False
+        if rec.popen is not None:
+            return rec.popen.poll() is None  # reaps our own child
+        try:  # a child of this process that another Agent object started (tests), reaped here
+            pid, _ = os.waitpid(rec.pid, os.WNOHANG)
+            if pid == rec.pid:
+                return False
+        except ChildProcessError:
+            pass
+        try:
+            proc = psutil.Process(rec.pid)
+            if rec.create_time is not None:
+                if abs(proc.create_time() - rec.create_time) > _CREATE_TIME_SLACK:
+                    return False  # the pid was reused
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
+            return True
+
+    def _ended(self, rec: RunRecord, now: float, while_down: bool = False) -> None:
+        exit_record = read_exit(rec.exit_file)
+        returncode = rec.popen.returncode if rec.popen is not None else None
+        rec.popen = None
+        if exit_record is not None:
+            rec.state = EXITED
+            code = exit_record.get("exit_code")
+            rec.exit_code = code if isinstance(code, int) and -255 <= code <= 255 else None
+            sig = exit_record.get("signal")
+            rec.signal = str(sig)[:16] if sig else None
+            rec.ended_at = _parse_iso(exit_record.get("at")) or now
+        elif rec.kill_sent_at is not None:
+            rec.state, rec.signal, rec.stopped = EXITED, "SIGKILL", True
+            rec.ended_at = now
+        elif returncode is not None and returncode < 0:
+            rec.state = EXITED
+            rec.signal = signal_name(-returncode)
+            rec.ended_at = now
+            rec.message = "the run's shim was killed"
+        else:
+            rec.state = LOST
+            rec.ended_at = now
+            rec.message = "the run's process is gone and left no exit record"
+        log.info(
+            kv(
+                "run_ended",
+                run=rec.key,
+                state=rec.state,
+                exit_code=rec.exit_code,
+                signal=rec.signal,
+                stopped=rec.stopped,
+                while_agent_down=while_down or None,
+            )
+        )
+        self._changed(rec)
+
+    def _forget(self) -> None:
+        """Runs that ended, whose end the control plane acknowledged, that no assignment names
+        and whose output is shipped: their directory goes."""
+        if self._assignments is None:
+            return
+        named = {
+            run_key(a.workload_id, a.attempt, a.replica) for a in self._assignments.assignments
+        }
+        for key, rec in list(self._runs.items()):
+            if rec.state == RUNNING or key in named or rec.acked_version < rec.version:
+                continue
+            if self._logs_enabled:
+                try:
+                    size = rec.output.stat().st_size
+                except OSError:
+                    size = 0
+                if rec.log_offset < size:
+                    continue
+            if self._cgroups is not None:
+                self._cgroups.remove(rec.cgroup)
+            StateDir.remove_run(rec.run_dir)
+            del self._runs[key]
+            log.info(kv("run_forgotten", run=key))
+
+    # --- reports ---------------------------------------------------------------------------
+
+    def _run_report(self, rec: RunRecord) -> RunReport:
+        if rec.state == RUNNING:
+            at = rec.started_at
+        else:
+            at = rec.ended_at
+        at_dt = datetime.fromtimestamp(at if at is not None else self.clock()).astimezone()
+        tail = logs_mod.tail(rec.output) if rec.state in (EXITED, LOST) else []
+        return RunReport(
+            workload_id=rec.workload_id,
+            attempt=rec.attempt,
+            replica=rec.replica,
+            state=cast(RunState, rec.state),
+            at=at_dt,
+            pid=rec.pid,
+            exit_code=rec.exit_code if rec.state == EXITED else None,
+            signal=rec.signal if rec.state == EXITED else None,
+            stopped=rec.stopped and rec.state != FAILED_TO_START,
+            message=rec.message,
+            tail=tail,
+        )
+
+    def report(self, force: bool = False) -> bool:
+        """POST /status when something changed, or a heartbeat is due; True when sent.
+        Raises CredentialRefused."""
+        mono = time.monotonic()
+        with self._lock:
+            changed = any(r.version > r.acked_version for r in self._runs.values())
+            heartbeat_due = (
+                self._last_report_ok is None
+                or mono - self._last_report_ok >= 0.8 * self._heartbeat_s
+            )
+            if not (force or changed or heartbeat_due) or mono < self._next_report_at:
+                return False
+            sent = [(r.key, r.version) for r in self._runs.values()]
+            reports = [self._run_report(r) for r in self._runs.values()]
+        try:
+            ack = self.client.status(StatusReport(runs=reports))
+        except (TransientError, ApiError) as exc:
+            if isinstance(exc, CredentialRefused):
+                raise
+            delay = self._report_backoff.next(exc)
+            self._next_report_at = time.monotonic() + delay
+            log.warning(kv("status_failed", error=exc, retry_in_s=round(delay, 2)))
+            return False
+        with self._lock:
+            for key, version in sent:
+                rec = self._runs.get(key)
+                if rec is not None:
+                    rec.acked_version = max(rec.acked_version, version)
+            self._last_report_ok = time.monotonic()
+            self._next_report_at = 0.0
+            self._report_backoff.reset()
+            self._forget()
+        if reports:
+            log.debug(kv("status_sent", runs=len(reports), accepted=ack.accepted, stale=ack.stale))
+        return True
+
+    def ship_logs(self) -> bool:
+        """POST /logs with new output of every run; True when more is waiting."""
+        if not self._logs_enabled or time.monotonic() < self._next_logs_at:
+            return False
+        with self._lock:
+            items = [
+                (r.key, r.workload_id, r.attempt, r.replica, r.output, r.log_offset, r.state)
+                for r in self._runs.values()
+            ]
+        chunks: list[LogChunk] = []
+        ends: dict[str, int] = {}
+        budget = self._logs_budget
+        more = False
+        now_dt = datetime.fromtimestamp(self.clock()).astimezone()
+        for key, wid, attempt, replica, path, offset, state in items:
+            if budget <= 0 or len(chunks) >= 400:
+                more = True
+                break
+            pieces = logs_mod.read_chunks(path, offset, final=state != RUNNING, max_bytes=budget)
+            for at, data in pieces:
+                chunks.append(
+                    LogChunk(
+                        workload_id=wid,
+                        attempt=attempt,
+                        replica=replica,
+                        offset=at,
+                        data=logs_mod.decode(data),
+                        at=now_dt,
+                    )
+                )
+                ends[key] = at + len(data)
+                budget -= len(data)
+        if not chunks:
+            return False
+        try:
+            self.client.logs(LogBatch(chunks=chunks))
+        except RouteMissing:
+            log.warning(
+                kv(
+                    "logs_route_missing",
+                    detail="the control plane has no POST /v1/agent/logs; "
+                    "output stays in the run directories",
+                )
+            )
+            self._logs_enabled = False
+            return False
+        except CredentialRefused:
+            raise
+        except TransientError as exc:
+            delay = self._logs_backoff.next(exc)
+            self._next_logs_at = time.monotonic() + delay
+            log.warning(kv("logs_failed", error=exc, retry_in_s=round(delay, 2)))
+            return False
+        except ApiError as exc:
+            # Offsets advance only on a 2xx: the same output is offered again, later (a 413:
+            # in smaller batches).
+            if exc.status == 413 and self._logs_budget > logs_mod.CHUNK_BYTES:
+                self._logs_budget = max(logs_mod.CHUNK_BYTES, self._logs_budget // 2)
+                delay = 0.0
+            else:
+                delay = self.config.backoff_max
+            self._next_logs_at = time.monotonic() + delay
+            log.error(kv("logs_refused", error=exc, chunks=len(chunks), retry_in_s=delay))
+            return False
+        self._logs_backoff.reset()
+        with self._lock:
+            for key, end in ends.items():
+                rec = self._runs.get(key)
+                if rec is not None and end > rec.log_offset:
+                    rec.log_offset = end
+                    rec.save()
+        return more or budget <= 0
+
+    # --- threads ---------------------------------------------------------------------------
+
+    def _set_fatal(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = exc
+        self._stop.set()
+        self._wake.set()
+        self._report_wake.set()
+
+    def _check_node(self, retry: dict[str, Any]) -> None:
+        try:
+            node = self.client.node(**retry)
+        except RouteMissing:
+            log.warning(kv("node_route_missing", detail="no GET /v1/agent/node; going on"))
+            return
+        known = self.state.read_node()
+        if node.get("node_name") and node.get("node_name") != known.get("node_name"):
+            self.state.write_node(
+                {**known, "node_id": node.get("node_id"), "node_name": node.get("node_name")}
+            )
+        log.info(
+            kv("node", name=node.get("node_name"), rack=node.get("rack"), region=node.get("region"))
+        )
+
+    def _send_inventory(self, retry: dict[str, Any]) -> None:
+        assert self.inventory is not None
+        try:
+            verdict = self.client.put_inventory(self.inventory, **retry)
+        except RouteMissing:
+            log.warning(
+                kv("inventory_route_missing", detail="no PUT /v1/agent/inventory; going on")
+            )
+        else:
+            (log.info if verdict.matches else log.warning)(
+                kv(
+                    "inventory_verdict",
+                    node=verdict.node,
+                    matches=verdict.matches,
+                    node_state=verdict.node_state,
+                    differences="; ".join(verdict.differences) or None,
+                )
+            )
+        self._inventory_sent.set()
+        self._report_wake.set()
+
+    def _sync_loop(self) -> None:
+        """GET /node, PUT /inventory, then the long poll for assignments, for ever."""
+        backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
+        retry: dict[str, Any] = {"attempts": None, "stop_event": self._stop}
+        steps = ["node", "inventory"]
+        index = 0
+        while not self._stop.is_set():
+            step = steps[0] if steps else "assignments"
+            try:
+                if step == "node":
+                    self._check_node(retry)
+                    steps.pop(0)
+                    continue
+                if step == "inventory":
+                    self._send_inventory(retry)
+                    steps.pop(0)
+                    continue
+                began = time.monotonic()
+                assignments = self.client.assignments(index, self.config.poll_wait, **retry)
+                if assignments.index != index or self._assignments is None:
+                    log.info(
+                        kv(
+                            "assignments",
+                            index=assignments.index,
+                            runs=len(assignments.assignments),
+                        )
+                    )
+                quick = time.monotonic() - began < 0.05 and assignments.index == index
+                index = assignments.index
+                self.set_assignments(assignments)
+                backoff.reset()
+                if quick:  # a server answering at once with nothing new: do not spin
+                    self._stop.wait(min(1.0, self.config.poll_wait))
+            except CredentialRefused as exc:
+                self._set_fatal(exc)
+                return
+            except Exception as exc:  # ApiError (retried by going round), or a bug
+                if self._stop.is_set():
+                    return  # a TransientError when stopping, or the client closed under it
+                delay = backoff.next()
+                if isinstance(exc, ApiError):
+                    log.error(kv("sync_error", step=step, error=exc, retry_in_s=round(delay, 2)))
+                else:
+                    log.exception(kv("sync_crashed", step=step, error=exc))
+                self._stop.wait(delay)
+
+    def _report_loop(self) -> None:
+        last_logs = 0.0
+        while not self._stop.is_set():
+            try:
+                if self._inventory_sent.is_set():
+                    self.report()
+                    mono = time.monotonic()
+                    if mono - last_logs >= self.config.log_interval:
+                        last_logs = mono
+                        if self.ship_logs():
+                            last_logs = 0.0  # a backlog: next round at once
+            except CredentialRefused as exc:
+                self._set_fatal(exc)
+                return
+            except Exception as exc:
+                log.exception(kv("reporter_crashed", error=exc))
+            self._report_wake.wait(self.config.reconcile_interval)
+            self._report_wake.clear()
+
+    def _telemetry_source(self) -> Any | None:
+        from rackplane_agent import telemetry
+
+        if self.config.dcgm_exporter:
+            return telemetry.DcgmScraper(self.config.dcgm_exporter)
+        if self._nvml is not None and self.inventory is not None:
+            return telemetry.NvmlSampler(self._nvml, self.inventory.hostname)
+        return None
+
+    def _telemetry_loop(self) -> None:
+        try:
+            source = self._telemetry_source()
+        except Exception as exc:
+            log.warning(kv("telemetry_unavailable", error=exc))
+            return
+        if source is None:
+            return
+        self._inventory_sent.wait()
+        while not self._stop.is_set():
+            try:
+                text = source.collect()
+                if text:
+                    self.client.telemetry(text)
+            except RouteMissing:
+                log.warning(
+                    kv(
+                        "telemetry_route_missing",
+                        detail="the control plane has no POST /v1/agent/telemetry",
+                    )
+                )
+                break
+            except CredentialRefused as exc:
+                self._set_fatal(exc)
+                break
+            except Exception as exc:  # the exporter or the server: next time
+                log.warning(kv("telemetry_failed", error=exc))
+            self._stop.wait(self.config.telemetry_interval)
+        source.close()
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        t = threading.Thread(target=target, name=f"rackplane-agent-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    # --- the whole program -----------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until shutdown() (0) or a refused credential (3); 2 when it cannot start."""
+        try:
+            self.prepare()
+            self.connect()
+        except StartupError as exc:
+            stopped = self._stop.is_set()
+            if not stopped:
+                log.error(kv("cannot_start", reason=exc))
+            self.close()
+            return EXIT_OK if stopped else EXIT_USAGE
+        if self._stop.is_set():
+            self.close()
+            return EXIT_OK
+        self._spawn("sync", self._sync_loop)
+        self._spawn("reporter", self._report_loop)
+        self._spawn("telemetry", self._telemetry_loop)
+        code = EXIT_OK
+        try:
+            while not self._stop.is_set():
+                self.reconcile()
+                self._wake.wait(self.config.reconcile_interval)
+                self._wake.clear()
+        except Exception as exc:
+            log.exception(kv("agent_crashed", error=exc))
+            code = EXIT_ERROR
+        if isinstance(self._fatal, CredentialRefused):
+            with self._lock:
+                running = [r.key for r in self._runs.values() if r.state == RUNNING]
+            log.error(
+                kv(
+                    "credential_revoked",
+                    detail=f"the control plane refused this node's credential "
+                    f"({self._fatal.code}); runs are left running; remove "
+                    f"{self.state.credential_file} and start again with a new --token to rejoin",
+                    running=",".join(running) or None,
+                )
+            )
+            code = EXIT_REVOKED
+        self.close()
+        return code
+
+    def shutdown(self) -> None:
+        """Stop the agent (not its runs)."""
+        self._stop.set()
+        self._wake.set()
+        self._report_wake.set()
+        self._inventory_sent.set()  # releases the telemetry thread
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2.0)
+        self.state.unlock()
+        self.client.close()

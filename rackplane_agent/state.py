@@ -1,0 +1,199 @@
+"""The state directory: the node's credential, and one directory per run.
+
+    <state>/credential            the node credential (rpn_...), mode 0600
+    <state>/node.json             the node's name and id, as the join answered
+    <state>/agent.lock            held (flock) by the one agent using this directory
+    <state>/runs/<wid>.<attempt>.<replica>/
+        run.json                  what the agent knows of the run (`RunRecord`)
+        output.log                the process's stdout and stderr, appended by the process
+        exit.json                 written by the shim when the process ends
+
+Everything is written atomically (a temporary file, then a rename), so a crash leaves either
+the old or the new content.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+RUN_FILE = "run.json"
+OUTPUT_FILE = "output.log"
+EXIT_FILE = "exit.json"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class StateDirBusy(Exception):
+    """Another agent holds the state directory."""
+
+
+def iso(ts: float) -> str:
+    """Epoch seconds -> ISO 8601 in local time, with its offset."""
+    return datetime.fromtimestamp(ts).astimezone().isoformat()
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def run_key(workload_id: str, attempt: int, replica: int) -> str:
+    return f"{workload_id}.{attempt}.{replica}"
+
+
+def run_dir_name(workload_id: str, attempt: int, replica: int) -> str:
+    return f"{_UNSAFE.sub('_', workload_id)}.{attempt}.{replica}"
+
+
+@dataclass
+class RunRecord:
+    """One run, as `run.json` keeps it. Times are epoch seconds (the agent's wall clock)."""
+
+    workload_id: str
+    attempt: int
+    replica: int
+    assignment: dict[str, Any]
+    # running | exited | failed_to_start | lost
+    state: str = "running"
+    pid: int | None = None
+    create_time: float | None = None  # psutil's, to tell our process from a reused pid
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    message: str | None = None
+    stopped: bool = False
+    grace_s: float = 10.0
+    stop_seen_at: float | None = None  # when the agent first saw a reason to stop it
+    term_sent_at: float | None = None
+    kill_at: float | None = None
+    kill_sent_at: float | None = None
+    checkpoints_sent: int = 0
+    log_offset: int = 0  # bytes of output.log the control plane acknowledged
+    cgroup: str | None = None
+    # --- not persisted ---
+    run_dir: Path = field(default=Path("."), metadata={"persist": False})
+    version: int = field(default=1, metadata={"persist": False})
+    acked_version: int = field(default=0, metadata={"persist": False})
+    popen: Any = field(default=None, repr=False, metadata={"persist": False})
+
+    @property
+    def key(self) -> str:
+        return run_key(self.workload_id, self.attempt, self.replica)
+
+    @property
+    def output(self) -> Path:
+        return self.run_dir / OUTPUT_FILE
+
+    @property
+    def exit_file(self) -> Path:
+        return self.run_dir / EXIT_FILE
+
+    def to_json(self) -> bytes:
+        data = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("persist", True)
+        }
+        return json.dumps(data, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunRecord:
+        data = json.loads((run_dir / RUN_FILE).read_text())
+        known = {f.name for f in fields(cls) if f.metadata.get("persist", True)}
+        rec = cls(**{k: v for k, v in data.items() if k in known})
+        rec.run_dir = run_dir
+        return rec
+
+    def save(self) -> None:
+        write_atomic(self.run_dir / RUN_FILE, self.to_json(), 0o600)
+
+
+def read_exit(path: Path) -> dict[str, Any] | None:
+    """The shim's exit record, or None when there is none (or it is unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class StateDir:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.runs = self.root / "runs"
+        self._lock_fd: int | None = None
+
+    @property
+    def credential_file(self) -> Path:
+        return self.root / "credential"
+
+    @property
+    def node_file(self) -> Path:
+        return self.root / "node.json"
+
+    def ensure(self) -> None:
+        for d in (self.root, self.runs):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def lock(self) -> None:
+        fd = os.open(self.root / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StateDirBusy(f"another agent is using {self.root}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def read_credential(self) -> str | None:
+        try:
+            value = self.credential_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return value or None
+
+    def write_credential(self, credential: str, node: dict[str, Any]) -> None:
+        write_atomic(self.credential_file, credential.encode() + b"\n", 0o600)
+        self.write_node(node)
+
+    def read_node(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.node_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_node(self, node: dict[str, Any]) -> None:
+        write_atomic(self.node_file, json.dumps(node, indent=1, sort_keys=True).encode(), 0o600)
+
+    def run_dir(self, workload_id: str, attempt: int, replica: int) -> Path:
+        return self.runs / run_dir_name(workload_id, attempt, replica)
+
+    def run_dirs(self) -> list[Path]:
+        if not self.runs.is_dir():
+            return []
+        return sorted(p for p in self.runs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    @staticmethod
+    def remove_run(run_dir: Path) -> None:
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,215 @@
+"""The node agent's wire: what `rackplane agent` and the control plane say to each other.
+
+This package is the only code the agent (`rackplane_agent`) and the server (`app`) share. It
+imports pydantic and nothing else, so the agent stays a light program. Every message may be
+repeated or lost: assignments are the node's whole desired state (level-triggered, never a
+diff), and reports name the run they are about (workload, attempt, replica), so a report about
+a run the control plane no longer holds is counted as stale and ignored.
+
+Routes (all under `/v1/agent`, `Authorization: Bearer rpn_...` except `join`):
+
+- `POST /join` (`JoinIn` -> `Joined`): a single-use join token for the node's credential.
+- `PUT /inventory` (`Inventory` -> `InventoryVerdict`): what the host has; compared with the
+  fleet's record of the node.
+- `GET /assignments?index=N&wait=30s` (-> `Assignments`): a blocking query, as Nomad's. Answers
+  at once when the node's desired state is newer than `index`, else when it changes, else after
+  `wait` with the same index.
+- `POST /status` (`StatusReport` -> `StatusAck`): the runs that changed, batched; also a
+  heartbeat (send one at least every `Assignments.heartbeat_s`, even empty).
+- `POST /logs` (`LogBatch` -> `LogAck`): output, batched, each chunk at its byte offset in the
+  replica's output, so a repeated chunk is stored once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+WIRE_VERSION = 1
+
+# Every text field states what it may hold (and never a NUL character).
+FREE = r"^[^\x00]*$"
+DEVICE = r"^[A-Za-z0-9][A-Za-z0-9_./:-]*$"  # GPU-<uuid>, MIG-<uuid>, MIG-GPU-<uuid>/1/0
+HOST = r"^[A-Za-z0-9._:%\[\]-]+$"  # a name, an IPv4 or [IPv6] address
+TOKEN = r"^[A-Za-z0-9._+()-][A-Za-z0-9 ._+()-]*$"  # models, profiles, versions
+# A workload id as the control plane gave it (a UUID; anything else is a stale report).
+WORKLOAD = r"^[A-Za-z0-9-]{1,64}$"
+SIGNAL = r"^SIG[A-Z0-9]{1,12}$"
+MAX_INT = 2**53 - 1  # what JSON carries exactly
+
+RuntimeName = Literal["process", "podman"]
+# What the control plane wants of a run: started and kept running, or stopped (SIGTERM to its
+# process group, then SIGKILL at `stop_deadline`).
+Desired = Literal["run", "stop"]
+# What a run is, as the agent sees it:
+# - `running`: its process is up (`pid`, `at` = when it started);
+# - `exited`: its process ended (`exit_code`, or `signal` when a signal killed it; `at` = when);
+# - `failed_to_start`: it never ran (`message` says why: the image, the command, a GPU that is
+#   not on this host);
+# - `lost`: the agent knew the process and can no longer find it or its exit (after a host
+#   reboot, say); counted as a failure of the run.
+RunState = Literal["running", "exited", "failed_to_start", "lost"]
+
+
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False
+
+
+class _Wire(BaseModel):
+    # Unknown fields are ignored, both ways: a newer server or agent may add some.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: object) -> object:
+        # No text holds a NUL character: no name, path or output line needs one, and
+        # PostgreSQL cannot store one.
+        if _has_nul(value):
+            raise ValueError("text may not contain the NUL character (U+0000)")
+        return value
+
+
+class MigInstance(_Wire):
+    uuid: str = Field(
+        max_length=80, pattern=DEVICE, description="`MIG-...`: what CUDA_VISIBLE_DEVICES names"
+    )
+    profile: str = Field(max_length=16, pattern=TOKEN, description="e.g. `1g.10gb`")
+    start: int | None = Field(None, ge=0, le=7, description="First memory slice it occupies")
+
+
+class GpuInfo(_Wire):
+    index: int = Field(ge=0, le=255, description="The host's index (NVML's, nvidia-smi's)")
+    uuid: str = Field(max_length=80, pattern=DEVICE, description="`GPU-...`")
+    model: str = Field(
+        max_length=64, pattern=TOKEN, description="The fleet's model name, e.g. `H100-80GB`"
+    )
+    memory_mib: int = Field(0, ge=0, le=10**8)
+    pci_bus_id: str | None = Field(None, max_length=32, pattern=DEVICE)
+    mig_mode: bool = False
+    mig_instances: list[MigInstance] = Field(default_factory=list, max_length=7)
+    # GB200 NVL72: the NVLink fabric's clique (cluster UUID + clique id), if NVML reports one.
+    nvlink_clique: str | None = Field(None, max_length=80, pattern=DEVICE)
+
+
+class Inventory(_Wire):
+    hostname: str = Field(max_length=253, pattern=HOST)
+    # How other hosts reach this one (a gang's MASTER_ADDR when its rank 0 runs here).
+    address: str = Field(max_length=253, pattern=HOST)
+    source: Literal["nvml", "file"]
+    gpus: list[GpuInfo] = Field(max_length=256)
+    driver_version: str | None = Field(None, max_length=32, pattern=TOKEN)
+    cuda_version: str | None = Field(None, max_length=16, pattern=TOKEN)
+    runtimes: list[RuntimeName] = Field(default_factory=lambda: ["process"])
+    agent_version: str = Field(max_length=32, pattern=TOKEN)
+
+
+class InventoryVerdict(_Wire):
+    node: str
+    matches: bool
+    # Each difference between what the host has and what the fleet records, in words, e.g.
+    # "GPU 3 missing", "GPU 1 is A100-80GB, the fleet records H100-80GB".
+    differences: list[str]
+    node_state: str = Field(description="The node's state after this inventory")
+
+
+class Assignment(_Wire):
+    """One replica of one workload that the control plane wants on this node."""
+
+    workload_id: str
+    # The workload's run number: it goes up each time the workload is placed again (after a
+    # preemption or a fault). (workload_id, attempt, replica) names one run, everywhere.
+    attempt: int = Field(ge=0)
+    replica: int = Field(ge=0)
+    desired: Desired
+    runtime: RuntimeName = "process"
+    command: list[str] = Field(description="argv; for `podman`, the container's command")
+    image: str | None = None
+    # The whole environment the control plane gives the run: the workload's `env` and
+    # CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    # MASTER_PORT, RACKPLANE_WORKLOAD_ID, RACKPLANE_REPLICA, RACKPLANE_API, RACKPLANE_TOKEN and,
+    # when it resumes, RACKPLANE_RESUME_FROM. The agent adds nothing but PATH-like basics.
+    env: dict[str, str]
+    # The GPUs (or MIG instances) the run may use, by UUID: the agent refuses a run whose
+    # devices are not on this host (`failed_to_start`), and podman gets them as CDI devices.
+    devices: list[str]
+    # Set when `desired` is `stop`: SIGTERM now, SIGKILL at this instant (server clock; the
+    # agent uses `grace_s` from when it first saw the stop, whichever is sooner).
+    stop_deadline: datetime | None = None
+    grace_s: float = Field(30.0, ge=0)
+    checkpoint_signal: str = "SIGUSR1"
+    # Goes up each time the control plane asks for a checkpoint: send `checkpoint_signal` to the
+    # run's process group once per increase.
+    checkpoint_requests: int = Field(0, ge=0)
+    # Memory and CPU the run was allocated (cgroup v2 limits where the host allows them).
+    cpu_milli: int = Field(0, ge=0)
+    memory_mib: int = Field(0, ge=0)
+
+
+class Assignments(_Wire):
+    node: str
+    # The node's desired-state index: send it back as `?index=` to wait for the next change.
+    index: int = Field(ge=0)
+    assignments: list[Assignment]
+    # Report (POST /status) at least this often, even with nothing to say: a node silent for
+    # the heartbeat timeout is lost, and its work is moved.
+    heartbeat_s: float = Field(gt=0)
+
+
+class RunReport(_Wire):
+    workload_id: str = Field(pattern=WORKLOAD, max_length=64)
+    attempt: int = Field(ge=0, le=2**31 - 1)
+    replica: int = Field(ge=0, le=100_000)
+    state: RunState
+    at: datetime = Field(description="When the state began (the agent's clock, with offset)")
+    pid: int | None = Field(None, ge=1, le=2**31 - 1)
+    exit_code: int | None = Field(None, ge=-255, le=255)
+    signal: str | None = Field(
+        None, max_length=16, pattern=SIGNAL, description="e.g. SIGKILL, if one killed it"
+    )
+    # True when the run ended because the control plane asked it to stop (desired `stop`):
+    # such an exit is a stop, not a failure, whatever its code.
+    stopped: bool = False
+    message: str | None = Field(None, max_length=2000, pattern=FREE)
+    # The last lines of output, with an exit (at most 20, each cut to 500 characters).
+    tail: list[Annotated[str, Field(max_length=2000, pattern=FREE)]] = Field(
+        default_factory=list, max_length=20
+    )
+
+
+class StatusReport(_Wire):
+    runs: list[RunReport] = Field(default_factory=list, max_length=2000)
+
+
+class StatusAck(_Wire):
+    accepted: int
+    stale: int = Field(description="Reports about runs the control plane no longer holds")
+
+
+class LogChunk(_Wire):
+    workload_id: str = Field(pattern=WORKLOAD, max_length=64)
+    attempt: int = Field(ge=0, le=2**31 - 1)
+    replica: int = Field(ge=0, le=100_000)
+    offset: int = Field(ge=0, le=MAX_INT, description="Byte offset of `data` in the run's output")
+    data: str = Field(
+        max_length=256 * 1024,
+        pattern=FREE,
+        description="UTF-8 text (undecodable bytes as U+FFFD; NUL bytes as U+FFFD too)",
+    )
+    at: datetime
+
+
+class LogBatch(_Wire):
+    chunks: list[LogChunk] = Field(max_length=500)
+
+
+class LogAck(_Wire):
+    accepted: int
+    stale: int

@@ -1,0 +1,386 @@
+"""Real work on real processes: two `rackplane agent` processes (two nodes of four GPUs from
+inventory files) against a real API process and Celery worker on PostgreSQL and Redis, running
+`examples/train.py`. An agent restart re-adopts what runs; a preempted run checkpoints on SIGTERM
+and its next run resumes from it; a gang whose node is killed (agent and processes, SIGKILL) is
+requeued and resumes from its checkpoint's step, and its usage covers only the time it ran.
+
+The GPUs are not real: the inventory files name UUIDs and `CUDA_VISIBLE_DEVICES` carries them.
+On a GPU host the same runs would get NVML's inventory (not exercised here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+from sqlalchemy import select
+
+from tests.conftest import RUN_ID, auth, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = str(ROOT / "examples" / "train.py")
+HEARTBEAT_TIMEOUT = 6.0
+ALL = ["dedicated-gpu", "shared-timeslice", "shared-fractional", "shared-mig", "vm"]
+
+FLEET = """
+regions:
+  - name: r1
+    racks:
+      - name: hgx-e2e
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes:
+          - {name: e2e-a, gpus: 4}
+          - {name: e2e-b, gpus: 4}
+"""
+ADDRESS = {"e2e-a": "127.0.0.11", "e2e-b": "127.0.0.12"}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    # Agents report every heartbeat_timeout / 3; a silent node is lost after the timeout.
+    return {**os.environ, "RACKPLANE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT), **extra}
+
+
+@pytest.fixture(scope="module")
+def plane(database, tmp_path_factory):
+    """An API process and a worker (with beat) whose heartbeat timeout is a few seconds; the
+    session's worker may run beside it (its sweeps, with the default timeout, lose no node)."""
+    from rackplane_bench.deploy import api_command, free_port
+    from workers.settings import worker_command
+
+    logs = tmp_path_factory.mktemp("plane")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = _env(RACKPLANE_PUBLIC_API_URL=url, RACKPLANE_AGENT_START_TIMEOUT="60")
+    api = subprocess.Popen(
+        api_command(port),
+        cwd=ROOT,
+        env=env,
+        stdout=open(logs / "api.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    worker = subprocess.Popen(
+        worker_command(f"e2e-{RUN_ID}@%h", beat=True),
+        cwd=ROOT,
+        env={**env, "RACKPLANE_LOG_LEVEL": "INFO"},
+        stdout=open(logs / "worker.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=40)
+    wait_until(lambda: b"ready" in (logs / "worker.log").read_bytes(), timeout=60)
+    yield url
+    api.terminate()
+    from app.core.processes import stop_groups
+
+    stop_groups([worker])
+    api.wait(timeout=20)
+
+
+class Agents:
+    """The two nodes' agents: started, killed and restarted as a host's init would."""
+
+    def __init__(self, url: str, root: Path, tokens: dict[str, str]):
+        self.url, self.root, self.tokens = url, root, tokens
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def state(self, node: str) -> Path:
+        return self.root / node / "state"
+
+    def start(self, node: str) -> None:
+        inv = self.root / node / "inventory.yaml"
+        inv.parent.mkdir(parents=True, exist_ok=True)
+        gpus = [
+            {"index": i, "uuid": f"GPU-{node}-{i}", "model": "H100-80GB", "memory_mib": 81559}
+            for i in range(4)
+        ]
+        inv.write_text(yaml.safe_dump({"hostname": node, "gpus": gpus}))
+        argv = [sys.executable, "-m", "rackplane_agent", "--api", self.url]
+        argv += ["--state-dir", str(self.state(node)), "--inventory", str(inv)]
+        argv += ["--address", ADDRESS[node], "--poll-wait", "20"]
+        if not (self.state(node) / "credential").exists():
+            argv += ["--token", self.tokens[node]]
+        log = open(self.root / node / "agent.log", "ab")
+        self.procs[node] = subprocess.Popen(
+            argv, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def kill(self, node: str, with_work: bool) -> list[int]:
+        """SIGKILL the agent (and, `with_work`, every process of its runs); the runs' pids."""
+        proc = self.procs.pop(node)
+        proc.kill()
+        proc.wait(timeout=10)
+        pids = [p for p, _ in self.runs(node)]
+        if with_work:
+            for pid in pids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return pids
+
+    def runs(self, node: str) -> list[tuple[int, str]]:
+        """(pid, run name) of the runs in the node's state directory."""
+        out = []
+        for f in (self.state(node) / "runs").glob("*/run.json"):
+            rec = json.loads(f.read_text())
+            if rec.get("pid"):
+                out.append((rec["pid"], f.parent.name))
+        return out
+
+    def stop(self) -> None:
+        for node in list(self.procs):
+            self.kill(node, with_work=True)
+
+
+@pytest.fixture
+def agents(plane, world, client, tmp_path):
+    world.fleet(FLEET)
+    op = auth(world.key())
+    nodes = client.get("/v1/admin/nodes", headers=op).json()["items"]
+    tokens = {
+        n["name"]: client.post(f"/v1/admin/nodes/{n['id']}/join-tokens", headers=op).json()["token"]
+        for n in nodes
+    }
+    a = Agents(plane, tmp_path, tokens)
+    for node in tokens:
+        a.start(node)
+    http = httpx.Client(base_url=plane, timeout=10)
+    wait_until(
+        lambda: (
+            all(
+                n["state"] == "ready"
+                for n in http.get("/v1/admin/nodes", headers=op).json()["items"]
+            )
+            and _agent_nodes() == 2
+        ),
+        timeout=30,
+    )
+    yield a, http
+    a.stop()
+    http.close()
+
+
+def _agent_nodes() -> int:
+    from app.core.db import session_scope
+    from app.models.agents import AgentNode
+
+    with session_scope() as s:
+        return len(s.scalars(select(AgentNode.node_id)).all())
+
+
+def _train(steps: int, step_s: float, every: int, ckpt: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-u",
+        TRAIN,
+        "--steps",
+        str(steps),
+        "--step-seconds",
+        str(step_s),
+        "--checkpoint-every",
+        str(every),
+        "--checkpoint-dir",
+        str(ckpt),
+    ]
+
+
+def _get(http, key, wid) -> dict:
+    return http.get(f"/v1/workloads/{wid}", headers=auth(key)).json()
+
+
+def _logs(http, key, wid, replica: int | None = None) -> str:
+    params = {"limit": 1000, **({"replica": replica} if replica is not None else {})}
+    r = http.get(f"/v1/workloads/{wid}/logs", params=params, headers=auth(key))
+    assert r.status_code == 200, r.text
+    return "".join(c["data"] for c in r.json()["items"])
+
+
+def _processes(wid: str) -> list[psutil.Process]:
+    """The host's processes that run a replica of `wid` (by their environment)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            argv = p.info["cmdline"] or []
+            if (
+                TRAIN in argv
+                and "rackplane_agent.shim" not in argv  # the run's shim, its parent
+                and p.environ().get("RACKPLANE_WORKLOAD_ID") == wid
+            ):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def test_restart_readopts_and_preemption_resumes_from_the_sigterm_checkpoint(
+    agents, world, tmp_path
+):
+    a, http = agents
+    low = world.key(world.tenant("low", policy=ALL))
+    high = world.key(world.tenant("high", policy=ALL))
+    ckpt = tmp_path / "ckpt"
+
+    # A preemptible gang on all eight GPUs: it checkpoints every 1000 steps (never, here), so
+    # what it resumes from is what it wrote on SIGTERM.
+    made = http.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 4,
+            "replicas": 2,
+            "priority": "preemptible",
+            "command": _train(400, 0.1, 1000, ckpt),
+            "checkpoint": {"interval_s": 600, "cost_s": 1},
+        },
+        headers=auth(low),
+    )
+    assert made.status_code == 201, made.text
+    victim = made.json()["id"]
+    wait_until(lambda: _get(http, low, victim)["state"] == "running", timeout=40)
+    wait_until(lambda: len(_processes(victim)) == 2, timeout=10)
+    before = {p.pid for p in _processes(victim)}
+
+    # The agent of replica 0's node dies (SIGKILL, its work left alone) and comes back: it
+    # re-adopts the run, starts no second copy, and the workload never stops running.
+    node0 = _get(http, low, victim)["placement"][0]["node"]
+    a.kill(node0, with_work=False)
+    time.sleep(1.5)
+    a.start(node0)
+    wait_until(lambda: "adopt" in (a.root / node0 / "agent.log").read_text(), timeout=15)
+    time.sleep(2 * HEARTBEAT_TIMEOUT / 3)
+    assert {p.pid for p in _processes(victim)} == before
+    assert _get(http, low, victim)["state"] == "running"
+
+    # A production job needs four of its GPUs: the gang gets SIGTERM, writes its checkpoint
+    # within the grace, and waits; the job runs, then the gang resumes from that step.
+    job = http.post(
+        "/v1/workloads",
+        json={"kind": "instance", "gpus": 4, "command": _train(5, 0.1, 0, ckpt)},
+        headers=auth(high),
+    )
+    assert job.status_code == 201, job.text
+    wait_until(lambda: _get(http, high, job.json()["id"])["state"] == "succeeded", timeout=60)
+    events = http.get(f"/v1/workloads/{victim}/events", headers=auth(low)).json()["items"]
+    requeued = next(
+        e for e in events if e["to_state"] == "queued" and e["from_state"] == "preempted"
+    )
+    step = requeued["details"]["checkpoint_step"]
+    assert step and step > 0, requeued
+    assert requeued["details"]["checkpoint_uri"].startswith("file://")
+    wait_until(lambda: _get(http, low, victim)["attempts"] == 2, timeout=30)
+    try:
+        wait_until(lambda: f"resumed from step {step}" in _logs(http, low, victim, 0), timeout=40)
+    except AssertionError:
+        w = _get(http, low, victim)
+        evs = http.get(f"/v1/workloads/{victim}/events", headers=auth(low)).json()["items"]
+        raise AssertionError(
+            (
+                w["state"],
+                [(e["to_state"], e["reason"]) for e in evs],
+                _logs(http, low, victim)[-3000:],
+            )
+        ) from None
+    out = _logs(http, low, victim, 0)
+    assert "SIGTERM at step" in out and f"step {step + 1}/400" in out
+    # Never two copies of a replica at once.
+    assert len(_processes(victim)) <= 2
+
+
+def test_a_gang_killed_with_its_node_resumes_from_its_checkpoint_and_bills_what_ran(
+    agents, world, session, tmp_path
+):
+    from app.models.metering import UsageEvent
+
+    a, http = agents
+    key = world.key(world.tenant("acme"))
+    made = http.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 2,
+            "replicas": 2,
+            "command": _train(60, 0.15, 10, tmp_path / "ckpt"),
+        },
+        headers=auth(key),
+    )
+    assert made.status_code == 201, made.text
+    wid = made.json()["id"]
+    wait_until(lambda: _get(http, key, wid)["state"] == "running", timeout=40)
+
+    # Each replica: its own GPUs (UUIDs), its rank, one rendezvous address: rank 0's node's.
+    placement = _get(http, key, wid)["placement"]
+    wait_until(lambda: "step 2/60" in _logs(http, key, wid, 1), timeout=20)
+    starts = [re.search(r"^start .*$", _logs(http, key, wid, r), re.M).group(0) for r in (0, 1)]
+    devices = [set(re.search(r"devices=(\S+)", s).group(1).split(",")) for s in starts]
+    assert all(len(d) == 2 and all(g.startswith("GPU-e2e-") for g in d) for d in devices)
+    assert not devices[0] & devices[1]
+    assert [re.search(r"rank=(\d)", s).group(1) for s in starts] == ["0", "1"]
+    masters = {re.search(r"master=(\S+):", s).group(1) for s in starts}
+    assert masters == {ADDRESS[placement[0]["node"]]}
+
+    # Its agents' reports are heartbeats: the nodes are known to have agents, whose silence
+    # is a fault.
+    from app.models.health import NodeHeartbeat
+
+    def agents_shown() -> bool:
+        session.expire_all()
+        rows = session.execute(select(NodeHeartbeat.agent, NodeHeartbeat.stream_beats)).all()
+        return len(rows) == 2 and all(agent for agent, _ in rows)
+
+    wait_until(agents_shown, timeout=2 * HEARTBEAT_TIMEOUT)
+
+    # A checkpoint is reported (by rank 0, with the run's own token), then rank 0's node dies
+    # with everything on it.
+    wait_until(lambda: (_get(http, key, wid)["last_checkpoint_step"] or 0) >= 10, timeout=30)
+    node = placement[0]["node"]
+    killed_at = datetime.now(UTC)
+    a.kill(node, with_work=True)
+
+    # The node falls silent: the gang is requeued from its checkpoint, placed on the other
+    # node, resumes from that step (not from 0) and ends succeeded.
+    wait_until(lambda: _get(http, key, wid)["attempts"] >= 2, timeout=40)
+    done = wait_until(
+        lambda: (w := _get(http, key, wid))["state"] in ("succeeded", "failed") and w, timeout=60
+    )
+    assert done["state"] == "succeeded", done
+    events = http.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+    requeue = next(e for e in events if e["to_state"] == "queued" and e["from_state"] != "pending")
+    step = requeue["details"]["checkpoint_step"]
+    assert step >= 10, requeue
+    out = _logs(http, key, wid, 0)
+    assert f"resumed from step {step}" in out and "step 1/60" in out.split("resumed")[0]
+
+    # Usage: the killed run's ends no later than the node's last report (not at the moment
+    # the loss was noticed), the last run's at its exit.
+    session.expire_all()
+    stops = (
+        session.execute(
+            select(UsageEvent.occurred_at).where(
+                UsageEvent.workload_id == uuid.UUID(wid), UsageEvent.kind == "stop"
+            )
+        )
+        .scalars()
+        .all()
+    )
+    assert len(stops) == 4, stops
+    first = sorted(stops)[:2]
+    assert all(s <= killed_at for s in first), (first, killed_at)

@@ -1,0 +1,322 @@
+"""The control plane's side of node agents: inventory against the fleet's record, the node's
+desired state as a blocking query, and run reports that start, end and fail workloads. The
+agent here is the test itself, speaking the wire (tests/agent and test_agent_e2e run the real
+program)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+
+from tests.conftest import auth, wait_until
+
+FLEET = """
+regions:
+  - name: r1
+    racks:
+      - name: hgx-a
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes:
+          - {name: a-1, gpus: 4}
+          - {name: a-2, gpus: 4}
+"""
+
+
+def _gpus(node: str, n: int = 4, model: str = "H100-80GB") -> list[dict]:
+    return [
+        {"index": i, "uuid": f"GPU-{node}-{i:04d}", "model": model, "memory_mib": 81559}
+        for i in range(n)
+    ]
+
+
+def _inventory(node: str, gpus: list[dict] | None = None) -> dict:
+    return {
+        "hostname": node,
+        "address": f"{node}.test",
+        "source": "file",
+        "gpus": _gpus(node) if gpus is None else gpus,
+        "driver_version": "560.35.03",
+        "cuda_version": "12.6",
+        "runtimes": ["process"],
+        "agent_version": "test",
+    }
+
+
+def _join(client, op: str, node: str) -> str:
+    nodes = client.get("/v1/admin/nodes", params={"limit": 50}, headers=auth(op)).json()["items"]
+    nid = next(n["id"] for n in nodes if n["name"] == node)
+    token = client.post(f"/v1/admin/nodes/{nid}/join-tokens", headers=auth(op)).json()["token"]
+    return client.post("/v1/agent/join", json={"token": token}).json()["credential"]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _state(client, key, wid) -> str:
+    return client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()["state"]
+
+
+def test_inventory_assignments_and_reports_drive_a_gang(
+    client, world, session, celery_worker_process
+):
+    from app.models.fleet import Gpu, Node
+    from app.models.metering import UsageEvent
+
+    world.fleet(FLEET)
+    op = world.key()
+    key = world.key(world.tenant("acme"))
+    creds = {n: _join(client, op, n) for n in ("a-1", "a-2")}
+
+    # Before its inventory a node has nothing to run, and says so at once.
+    first = client.get("/v1/agent/assignments", params={"wait": "1s"}, headers=auth(creds["a-1"]))
+    assert first.status_code == 200, first.text
+    assert (first.json()["index"], first.json()["assignments"]) == (0, [])
+
+    # An inventory that differs is named, and the node takes no new work until one matches.
+    wrong = _gpus("a-2", 3) + [{"index": 3, "uuid": "GPU-x", "model": "A100-80GB"}]
+    verdict = client.put(
+        "/v1/agent/inventory", json=_inventory("a-2", wrong), headers=auth(creds["a-2"])
+    )
+    assert verdict.status_code == 200, verdict.text
+    v = verdict.json()
+    assert not v["matches"] and v["node_state"] == "validating"
+    assert v["differences"] == ["GPU 3 is a A100-80GB, the fleet records a H100-80GB"]
+    session.expire_all()
+    node = session.scalar(select(Node).where(Node.name == "a-2"))
+    assert node.state == "validating" and "GPU 3 is a A100-80GB" in node.state_reason
+    for n in ("a-1", "a-2"):
+        ok = client.put("/v1/agent/inventory", json=_inventory(n), headers=auth(creds[n]))
+        assert ok.json() == {
+            "node": n,
+            "matches": True,
+            "differences": [],
+            "node_state": "ready",
+        }, ok.text
+    session.expire_all()
+    assert (
+        session.scalar(select(Gpu.uuid).where(Gpu.index == 2, Gpu.node_id == node.id))
+        == "GPU-a-2-0002"
+    )
+
+    # Bad fields are named; the agent's own variables are not the workload's to set.
+    bad = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 2,
+            "replicas": 2,
+            "command": ["x"],
+            "env": {"RACKPLANE_TOKEN": "x"},
+        },
+        headers=auth(key),
+    )
+    assert bad.status_code == 422 and "RACKPLANE_TOKEN" in bad.text
+
+    # An agent waiting on its index is answered when the gang lands on its node.
+    idx = client.get("/v1/agent/assignments", headers=auth(creds["a-1"])).json()["index"]
+    answered: dict = {}
+
+    def wait() -> None:
+        t0 = time.monotonic()
+        r = client.get(
+            "/v1/agent/assignments",
+            params={"index": idx, "wait": "20s"},
+            headers=auth(creds["a-1"]),
+        )
+        answered.update(r.json(), took=time.monotonic() - t0)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    made = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 2,
+            "replicas": 2,
+            "command": ["python", "train.py", "--steps", "10"],
+            "env": {"LR": "0.1"},
+            "checkpoint": {"signal": "SIGUSR2"},
+        },
+        headers=auth(key),
+    )
+    assert made.status_code == 201, made.text
+    wid = made.json()["id"]
+    assert (made.json()["command"], made.json()["env"]) == (
+        ["python", "train.py", "--steps", "10"],
+        {"LR": "0.1"},
+    )
+    waiter.join(25)
+    assert answered["index"] > idx and answered["took"] < 15
+    wait_until(lambda: _state(client, key, wid) == "provisioning", timeout=20)
+
+    runs = {}
+    for n in ("a-1", "a-2"):
+        a = client.get("/v1/agent/assignments", headers=auth(creds[n])).json()["assignments"]
+        runs.update({x["replica"]: (n, x) for x in a})
+    assert sorted(runs) == [0, 1]
+    envs = [runs[r][1]["env"] for r in (0, 1)]
+    devices = [set(e["CUDA_VISIBLE_DEVICES"].split(",")) for e in envs]
+    assert all(len(d) == 2 for d in devices) and not devices[0] & devices[1]
+    assert all(d.startswith("GPU-") for ds in devices for d in ds)
+    assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] == f"{runs[0][0]}.test"
+    assert (
+        envs[0]["LR"] == "0.1"
+        and envs[0]["NVIDIA_VISIBLE_DEVICES"] == envs[0]["CUDA_VISIBLE_DEVICES"]
+    )
+    assert runs[0][1]["checkpoint_signal"] == "SIGUSR2" and runs[0][1]["desired"] == "run"
+    token = envs[0]["RACKPLANE_TOKEN"]
+
+    def report(replica: int, **run) -> dict:
+        node, a = runs[replica]
+        body = {
+            "runs": [
+                {
+                    "workload_id": wid,
+                    "attempt": a["attempt"],
+                    "replica": replica,
+                    "at": _now(),
+                    **run,
+                }
+            ]
+        }
+        r = client.post("/v1/agent/status", json=body, headers=auth(creds[node]))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    # One replica up is not the run; both are. A repeated report changes nothing.
+    assert report(0, state="running", pid=100) == {"accepted": 1, "stale": 0}
+    time.sleep(1)
+    assert _state(client, key, wid) == "provisioning"
+    report(1, state="running", pid=101)
+    report(1, state="running", pid=101)
+    wait_until(lambda: _state(client, key, wid) == "running", timeout=10)
+
+    # A report about another attempt, or from the wrong node, is stale.
+    node0, a0 = runs[0]
+    other = "a-2" if node0 == "a-1" else "a-1"
+    stale = client.post(
+        "/v1/agent/status",
+        json={
+            "runs": [
+                {
+                    "workload_id": wid,
+                    "attempt": a0["attempt"],
+                    "replica": 0,
+                    "at": _now(),
+                    "state": "exited",
+                    "exit_code": 1,
+                }
+            ]
+        },
+        headers=auth(creds[other]),
+    )
+    assert stale.json() == {"accepted": 0, "stale": 1}
+
+    # The run's own token reports its checkpoint (with a location); it is no key for anything else.
+    ck = client.post(
+        f"/v1/workloads/{wid}/checkpoints",
+        json={"size_bytes": 1024, "uri": "file:///ckpt/step-5.json", "step": 5},
+        headers=auth(token),
+    )
+    assert ck.status_code == 201, ck.text
+    assert client.get("/v1/workloads", headers=auth(token)).status_code == 401
+    other_w = client.post(
+        "/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(key)
+    ).json()["id"]
+    refused = client.post(
+        f"/v1/workloads/{other_w}/checkpoints", json={"size_bytes": 1}, headers=auth(token)
+    )
+    assert refused.status_code == 401 and refused.json()["code"] == "invalid_workload_token"
+
+    # A checkpoint asked for: the runs' nodes are told (a new index), once per request.
+    node0 = runs[0][0]
+    before = client.get("/v1/agent/assignments", headers=auth(creds[node0])).json()
+    asked = client.post(f"/v1/workloads/{wid}/checkpoint-requests", headers=auth(key))
+    assert asked.status_code == 202, asked.text
+    after = client.get(
+        "/v1/agent/assignments",
+        params={"index": before["index"], "wait": "5s"},
+        headers=auth(creds[node0]),
+    ).json()
+    assert after["index"] > before["index"]
+    mine = [x for x in after["assignments"] if x["workload_id"] == wid]
+    assert mine and all(x["checkpoint_requests"] == 1 for x in mine)
+    queued = client.post(f"/v1/workloads/{other_w}/checkpoint-requests", headers=auth(key))
+    assert queued.status_code == 409 and queued.json()["code"] == "workload_not_running"
+
+    # A non-zero exit fails the workload with its code and last lines; usage ends at the exit.
+    exit_at = datetime.now(UTC)
+    body = {
+        "runs": [
+            {
+                "workload_id": wid,
+                "attempt": runs[1][1]["attempt"],
+                "replica": 1,
+                "at": exit_at.isoformat(),
+                "state": "exited",
+                "exit_code": 3,
+                "tail": ["step 7/10", "Traceback: boom"],
+            }
+        ]
+    }
+    client.post("/v1/agent/status", json=body, headers=auth(creds[runs[1][0]]))
+    wait_until(lambda: _state(client, key, wid) == "failed", timeout=10)
+    ev = client.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"][-1]
+    assert ev["to_state"] == "failed" and ev["details"]["exit_code"] == 3
+    assert ev["details"]["tail"][-1] == "Traceback: boom" and "replica 1" in ev["reason"]
+    session.expire_all()
+    stops = session.scalars(
+        select(UsageEvent.occurred_at).where(
+            UsageEvent.workload_id == uuid.UUID(wid), UsageEvent.kind == "stop"
+        )
+    ).all()
+    assert stops and all(
+        abs((s.replace(tzinfo=UTC) if s.tzinfo is None else s) - exit_at).total_seconds() < 0.01
+        for s in stops
+    )
+
+    # Its runs leave the nodes' desired state: the agents stop them.
+    left = client.get("/v1/agent/assignments", headers=auth(creds["a-1"])).json()["assignments"]
+    assert all(x["workload_id"] != wid for x in left)
+
+
+def test_an_agent_pushes_telemetry_for_its_own_node_only(client, world, session):
+    from app.models.health import NodeHeartbeat
+
+    world.fleet(FLEET)
+    op = world.key()
+    cred = _join(client, op, "a-1")
+    assert client.put("/v1/agent/inventory", json=_inventory("a-1"), headers=auth(cred)).json()[
+        "matches"
+    ]
+    text = (
+        'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a-1-0000",Hostname="a-1"} 61\n'
+        'DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-a-2-0001",Hostname="a-2"} 62\n'
+        'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-a-1-0002"} 63\n'
+    )
+    r = client.post(
+        "/v1/agent/telemetry",
+        content=text,
+        headers={**auth(cred), "content-type": "text/plain; version=0.0.4"},
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    # Its own GPUs (by hostname, or by UUID alone); another node's sample is refused.
+    assert body["accepted"] == 2 and body["rejected"] == 1, body
+    assert (
+        client.post(
+            "/v1/agent/telemetry", content="not prometheus {", headers=auth(cred)
+        ).status_code
+        == 422
+    )
+    tenant = world.key(world.tenant("acme"))
+    assert client.post("/v1/agent/telemetry", content=text, headers=auth(tenant)).status_code == 401
+    session.expire_all()
+    assert session.scalar(select(NodeHeartbeat.agent))  # the agent is known: silence is a fault
