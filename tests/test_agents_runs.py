@@ -250,6 +250,27 @@ def test_inventory_assignments_and_reports_drive_a_gang(
     assert mine and all(x["checkpoint_requests"] == 1 for x in mine)
     queued = client.post(f"/v1/workloads/{other_w}/checkpoint-requests", headers=auth(key))
     assert queued.status_code == 409 and queued.json()["code"] == "workload_not_running"
+    # The same through GraphQL (one service function, one error code).
+    ask = """mutation($id: ID!) { requestCheckpoint(id: $id) {
+        __typename ... on Workload { id } ... on Problem { code } } }"""
+
+    def gql_ask(workload_id):
+        r = client.post(
+            "/graphql", json={"query": ask, "variables": {"id": workload_id}}, headers=auth(key)
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["data"]["requestCheckpoint"]
+
+    assert gql_ask(other_w) == {"__typename": "ConflictProblem", "code": "workload_not_running"}
+    assert gql_ask(wid)["__typename"] == "Workload"
+    again = client.get(
+        "/v1/agent/assignments",
+        params={"index": after["index"], "wait": "5s"},
+        headers=auth(creds[node0]),
+    ).json()
+    assert again["index"] > after["index"]
+    mine = [x for x in again["assignments"] if x["workload_id"] == wid]
+    assert mine and all(x["checkpoint_requests"] == 2 for x in mine)
 
     # A non-zero exit fails the workload with its code and last lines; usage ends at the exit.
     exit_at = datetime.now(UTC)

@@ -60,6 +60,11 @@ MATRIX = {
         f'mutation {{ reportCheckpoint(id: "{{id}}", input: {{sizeBytes: 1}}) {P} }}',
         ("workload_not_running",),
     ),
+    "requestCheckpoint": (
+        "tenant-write",
+        f'mutation {{ requestCheckpoint(id: "{{id}}") {P} }}',
+        ("workload_not_running",),
+    ),
     "createApiKey": ("tenant-admin", f'mutation {{ createApiKey(input: {{name: "ci"}}) {P} }}', ()),
     "revokeApiKey": ("tenant-admin", f'mutation {{ revokeApiKey(id: "{{key}}") {P} }}', ()),
     "setBudget": ("tenant-write", f"mutation {{ setBudget(input: {{spendLimit: 100}}) {P} }}", ()),

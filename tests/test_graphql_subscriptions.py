@@ -378,6 +378,34 @@ def test_with_redis_a_commit_wakes_the_listening_process_through_redis():
         w.close()
 
 
+def test_a_topic_cache_keeps_an_answer_until_its_topic_is_published(monkeypatch):
+    """The agents' long poll answers from it: a published topic drops its entry (a read that
+    began before the publish is not kept), and nothing is trusted without the listener."""
+    from app.core.config import get_settings
+
+    topic, other = f"test-topic:{uuid.uuid4()}", f"test-topic:{uuid.uuid4()}"
+    cache = pubsub.TopicCache(ttl_s=60)
+    w = Waiting(topic.__eq__)  # registering starts the listener
+    try:
+        wait_until(lambda: pubsub._listener.live, timeout=10, interval=0.05)
+        cache.put(topic, cache.begin(topic), "v1")
+        cache.put(other, cache.begin(other), "o1")
+        assert cache.get(topic) == "v1"
+        stale = cache.begin(topic)  # a read begins ...
+        pubsub.publish({topic})  # ... and the topic changes before it is kept
+        wait_until(lambda: cache.get(topic) is None, timeout=5, interval=0.02)
+        cache.put(topic, stale, "v1-stale")
+        assert cache.get(topic) is None, "a read that began before the change is not kept"
+        assert cache.get(other) == "o1", "another topic's answer stays"
+        cache.put(topic, cache.begin(topic), "v2")
+        assert cache.get(topic) == "v2"
+        monkeypatch.setattr(get_settings(), "redis_url", None)
+        assert cache.get(topic) is None and cache.begin(topic) is None, "no listener: no trust"
+    finally:
+        w.close()
+        pubsub.hub.caches.remove(cache)
+
+
 def test_the_sqlite_watcher_sees_another_connections_commit(tmp_path):
     import sqlite3
 

@@ -488,9 +488,7 @@ def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
         return {s.name: s for s in w.specs}
 
     first = specs()
-    assert (
-        world_of(session, "r1").specs is world_of(session, "r1").specs
-    )  # reused
+    assert world_of(session, "r1").specs is world_of(session, "r1").specs  # reused
     session.rollback()
     h1 = session.scalar(select(Node.id).where(Node.name == "h1"))
     session.execute(update(Node).where(Node.id == h1).values(state="cordoned"))

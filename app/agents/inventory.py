@@ -7,10 +7,12 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.core import pubsub
 from app.core.db import utcnow
 from app.health import telemetry
 from app.models.agents import AgentNode
 from app.models.fleet import Gpu, Node, NodeState
+from app.scheduling.lifecycle import agent_topic
 from app.tenancy.nodes import NodeCaller
 from rackplane_wire import GpuInfo, Inventory, InventoryVerdict
 
@@ -61,6 +63,11 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     if row is None:
         row = AgentNode(node_id=node.id, node_name=node.name, desired_index=1)
         session.add(row)
+    elif row.inventory != document or row.address != inv.address:
+        # Assignments name devices (and a gang's MASTER_ADDR) by the inventory: a new one is a
+        # new desired state, and cached answers of the old one go.
+        row.desired_index += 1
+        pubsub.mark(session, agent_topic(node.name))
     row.address = inv.address
     row.agent_version = inv.agent_version
     row.runtimes = list(inv.runtimes)

@@ -118,6 +118,23 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
     )
 
 
+def refreshed(out: Assignments) -> Assignments:
+    """A cached answer as it would be read now: a stop's grace is what is left of it."""
+    if not any(a.stop_deadline for a in out.assignments):
+        return out
+    now = utcnow()
+    return out.model_copy(
+        update={
+            "assignments": [
+                a.model_copy(update={"grace_s": max(0.0, (a.stop_deadline - now).total_seconds())})
+                if a.stop_deadline
+                else a
+                for a in out.assignments
+            ]
+        }
+    )
+
+
 def master_port(workload_id: uuid.UUID) -> int:
     """A gang's rendezvous port: fixed per workload, in 20000-29999 (two gangs whose rank 0s
     share a host rarely collide; torchrun's default 29500 would always)."""
@@ -176,14 +193,15 @@ class _Outcome:
 
 def report(session: Session, caller: NodeCaller, status: StatusReport) -> StatusAck:
     """Take an agent's report: a heartbeat, and the runs whose state is news."""
+    if not status.runs:  # a heartbeat alone
+        telemetry.ingest(session, [], {}, heartbeat_nodes=[caller.node_name])
+        return StatusAck(accepted=0, stale=0)
     # When the node was last heard before this report: a process the agent lost since (its
     # host restarted) was last known to run then.
     heard = session.scalar(
         select(NodeHeartbeat.last_seen_at).where(NodeHeartbeat.node_id == caller.node_id)
     )
     telemetry.ingest(session, [], {}, heartbeat_nodes=[caller.node_name])
-    if not status.runs:
-        return StatusAck(accepted=0, stale=0)
     reported: dict[tuple[uuid.UUID, int], RunReport] = {}
     stale = 0
     for r in status.runs:

@@ -103,6 +103,10 @@ def put_inventory(body: Inventory, caller: NodeAgent, session: DbSession) -> Inv
 _WAIT = re.compile(r"^(\d{1,6}(?:\.\d{1,3})?)(ms|s|m)?$")
 # Without a wake-up (PostgreSQL without Redis), a waiting agent's index is read again this often.
 _RECHECK_S = 5.0
+# Each node's last answer, kept until its agent topic is published: a poll that finds nothing
+# new, and a wait that times out, cost no database read. The TTL bounds what a lost message
+# (a publish that failed) could leave.
+_answers = pubsub.TopicCache(ttl_s=120.0)
 
 
 def _seconds(wait: str) -> float:
@@ -115,16 +119,26 @@ def _seconds(wait: str) -> float:
     return {"ms": value / 1000, "m": value * 60}.get(m.group(2) or "s", value)
 
 
-def _newer(caller: NodeCaller, index: int) -> Assignments | None:
+def _read(caller: NodeCaller, topic: str, index: int) -> Assignments | None:
+    token = _answers.begin(topic)
     with session_scope() as session:
-        if runs.index_of(session, caller.node_id) <= index:
+        # Where nothing can be cached, a poll that finds nothing newer reads only the index.
+        if token is None and index >= 0 and runs.index_of(session, caller.node_id) <= index:
             return None
-        return runs.assignments(session, caller)
+        out = runs.assignments(session, caller)
+    _answers.put(topic, token, out)
+    return out
 
 
-def _current(caller: NodeCaller) -> Assignments:
-    with session_scope() as session:
-        return runs.assignments(session, caller)
+async def _newer(caller: NodeCaller, topic: str, index: int) -> Assignments | None:
+    """The node's desired state if newer than `index` (-1: whatever it is), from the cache or
+    read in the thread pool (and cached)."""
+    out = _answers.get(topic)
+    if out is None:
+        out = await run_in_threadpool(_read, caller, topic, index)
+    else:
+        out = runs.refreshed(out)
+    return out if out is not None and out.index > index else None
 
 
 @router.get(
@@ -151,16 +165,15 @@ async def get_assignments(
 ) -> Assignments:
     seconds = min(_seconds(wait), get_settings().agent_max_wait_seconds)
     deadline = time.monotonic() + seconds
-    waiter = pubsub.hub.register_topic(agent_topic(caller.node_name))
+    topic = agent_topic(caller.node_name)
+    waiter = pubsub.hub.register_topic(topic)
     try:
         while True:
             waiter.clear()  # before the read: a change committed after it wakes us
-            out = await run_in_threadpool(_newer, caller, index)
+            left = deadline - time.monotonic()
+            out = await _newer(caller, topic, index if left > 0 else -1)
             if out is not None:
                 return out
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return await run_in_threadpool(_current, caller)
             # Waiting holds no connection: give the request's in-flight slot back, or a
             # thousand waiting agents would starve every other request.
             request.scope.get("state", {}).get(RELEASE_SLOT, lambda: None)()

@@ -105,12 +105,71 @@ class Waiter:
             pass
 
 
+class TopicCache:
+    """Answers read from the database under a topic, each kept until that topic is published
+    (or `ttl_s` passed): a reader that finds one trusts it without a read. Trusted only while
+    this process hears every message (the Redis listener is subscribed); otherwise, as when it
+    (re)subscribes, everything cached is dropped and every reader reads the database.
+
+    `begin(topic)` before the read and `put(topic, token, value)` after it: an answer whose
+    topic was published in between is not kept, since it may predate the change."""
+
+    MAX_ENTRIES = 100_000
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, Any]] = {}
+        self._dropped: dict[str, int] = {}  # topic -> how often it was published
+        self._cleared = 0  # how often everything was dropped
+        self._lock = threading.Lock()
+        hub.caches.append(self)
+
+    @staticmethod
+    def trusted() -> bool:
+        return bool(get_settings().redis_url) and _listener.live
+
+    def get(self, topic: str) -> Any | None:
+        if not self.trusted():
+            return None
+        hit = self._entries.get(topic)
+        if hit is None or time.monotonic() >= hit[0]:
+            return None
+        return hit[1]
+
+    def begin(self, topic: str) -> tuple[int, int] | None:
+        if not self.trusted():
+            return None
+        with self._lock:
+            return self._cleared, self._dropped.get(topic, 0)
+
+    def put(self, topic: str, token: tuple[int, int] | None, value: Any) -> None:
+        with self._lock:
+            if token is None or token != (self._cleared, self._dropped.get(topic, 0)):
+                return
+            if len(self._entries) >= self.MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[topic] = (time.monotonic() + self.ttl_s, value)
+
+    def drop(self, topics: Iterable[str]) -> None:
+        with self._lock:
+            for t in topics:
+                self._dropped[t] = self._dropped.get(t, 0) + 1
+                self._entries.pop(t, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cleared += 1
+            self._entries.clear()
+
+
 class Hub:
     def __init__(self) -> None:
         self._waiters: set[Waiter] = set()
         # Waiters of one exact topic (a node agent's), found without asking every waiter.
         self._by_topic: dict[str, set[Waiter]] = {}
         self._lock = threading.Lock()
+        # Dropped before any waiter wakes: a woken reader never finds what its wake-up replaced.
+        self.caches: list[TopicCache] = []
 
     def register(self, matches: Callable[[str], bool]) -> Waiter:
         w = Waiter(matches)
@@ -147,6 +206,8 @@ class Hub:
 
     def notify(self, topics: Iterable[str]) -> None:
         topics = list(topics)
+        for c in self.caches:
+            c.drop(topics)
         with self._lock:
             waiters = list(self._waiters)
             exact = [w for t in topics for w in self._by_topic.get(t, ())]
@@ -157,6 +218,8 @@ class Hub:
                 w.wake()
 
     def notify_all(self) -> None:
+        for c in self.caches:
+            c.clear()
         with self._lock:
             waiters = list(self._waiters)
             waiters += [w for same in self._by_topic.values() for w in same]
@@ -263,6 +326,8 @@ class _Listener:
 
         def on_down(exc: Exception) -> None:
             self.live = False
+            for c in hub.caches:
+                c.clear()
             log.warning("feed_listener_down", error=str(exc)[:300])
 
         redis.follow(url, lambda p: p.psubscribe(prefix + "*"), on_message, on_down, RETRY_S)

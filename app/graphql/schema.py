@@ -92,9 +92,10 @@ QUERY_FIELDS = (
     "fleetHealth fleetMap fleetImport reconciliation tenant chaosExperiments chaosExperiment"
 ).split()
 MUTATION_FIELDS = (
-    "submitWorkload terminateWorkload reportCheckpoint createApiKey revokeApiKey setBudget "
-    "removeBudget setNodeState setTenantQuotas approveTenant suspendTenant reactivateTenant "
-    "updateTenant createPrice setNodeHealth setGpuHealth stopChaosExperiment"
+    "submitWorkload terminateWorkload reportCheckpoint requestCheckpoint createApiKey "
+    "revokeApiKey setBudget removeBudget setNodeState setTenantQuotas approveTenant "
+    "suspendTenant reactivateTenant updateTenant createPrice setNodeHealth setGpuHealth "
+    "stopChaosExperiment"
 ).split()
 SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 

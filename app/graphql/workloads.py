@@ -347,3 +347,16 @@ class WorkloadMutation:
             return {"workload_id": str(id), "body": body}, ev, WorkloadEvent.of(ev)
 
         return run_mutation(info, "reportCheckpoint", act)
+
+    @strawberry.mutation(
+        description="Ask a running workload for a checkpoint now: its node agents send each "
+        "replica its checkpoint signal once (REST: POST /v1/workloads/{id}/checkpoint-requests)"
+    )
+    def request_checkpoint(self, info: Info, id: strawberry.ID) -> WorkloadResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            w = service.request_checkpoint(ctx.session, _workload(ctx, id))
+            return {"workload_id": str(id)}, w, Workload.of(w)
+
+        return run_mutation(info, "requestCheckpoint", act)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from app.audit import service as audit
 from app.core.db import dialect_insert, insert_objects, new_id, utcnow
 from app.metering import service as metering
+from app.models.agents import AgentNode
 from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.metering import UsageKind
 from app.models.workloads import Allocation, GpuUsage, MigClaim, Workload
@@ -34,6 +35,7 @@ from app.placement.queueing import (
 )
 from app.scheduling import lifecycle
 from app.scheduling.lifecycle import State
+from app.scheduling.providers import AgentProvider
 from app.scheduling.snapshot import Loaded, World, clock, qworkload
 
 
@@ -208,6 +210,7 @@ def _admit(
     new_allocs: list[tuple[Allocation, str]] = []
     provision: dict[float, list[str]] = {}  # countdown -> workloads to provision
     moved: list[Workload] = []
+    now_startable: list[Workload] = []  # nothing to wait for: no start time, no victims
     stamp = utcnow()  # after the snapshot was read: later than the release of anything it saw
     for adm in admissions:
         w = touched.locked(adm.workload)
@@ -247,9 +250,12 @@ def _admit(
         provision.setdefault(delay, []).append(str(w.id))
         admitted.append(adm.workload)
         moved.append(w)
+        if delay == 0 and not adm.victims:
+            now_startable.append(w)
     lifecycle.write(session, moved)  # before anything autoflushes them one by one
     insert_objects(session, [row for row, _ in new_allocs])
     claim(session, new_allocs)
+    _start_agent_runs(session, now_startable, now)
     for delay, ids in provision.items():  # one message per start time, not one per workload
         enqueue(
             session, "workloads.provision", queue="provisioning", countdown=delay, workload_ids=ids
@@ -363,6 +369,31 @@ def claim(session: Session, allocs: list[tuple[Allocation, str]], sign: int = 1)
         )
     insert_objects(session, claims)
     session.flush()
+
+
+AGENT = AgentProvider.name
+
+
+def _start_agent_runs(session: Session, ws: list[Workload], now: datetime) -> None:
+    """Agent-run workloads that may start at once are `provisioning` in the placement's own
+    transaction: their nodes' agents learn of them at its commit, instead of when a worker takes
+    up the provisioning message (queued behind the worker's other tasks: seconds under load),
+    which then only schedules the check of their start."""
+    if not ws:
+        return
+    with session.no_autoflush:
+        names = sorted({p["node"] for w in ws for p in w.placement or []})
+        agent_run = set(
+            session.scalars(select(AgentNode.node_name).where(AgentNode.node_name.in_(names)))
+        )
+        ws = [w for w in ws if any(p["node"] in agent_run for p in w.placement or [])]
+        waiting = unstopped_holders(session, ws)
+    ws = [w for w in ws if w.id not in waiting]
+    for w in ws:
+        lifecycle.transition(
+            session, w, State.provisioning, f"provisioning ({AGENT})", at=now, flush=False
+        )
+    lifecycle.write(session, ws)
 
 
 def unstopped_holders(

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -290,6 +290,18 @@ async def resolve_session(
     return ctx
 
 
+async def cache_lookup(digest: str, load: Callable[[], Any | None]) -> Any | None:
+    """What `load` reads (on a worker thread) for a credential's `digest`, cached as API keys
+    are (the rows it reads must be watched in `_WATCHED`); a miss (None) is not cached."""
+    epoch = _cache.epoch()
+    hit = _cache.get(digest, epoch)
+    if hit is None:
+        hit = await run_in_threadpool(load)
+        if hit is not None:
+            _cache.put(digest, epoch, hit, None)
+    return hit
+
+
 def _session_lookup(digest: str) -> tuple[AuthContext, datetime | None]:
 
     with session_scope() as session:
@@ -393,7 +405,8 @@ class _AuthCache:
     RETRY_S = 1.0
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[float, int, AuthContext, datetime | None]] = {}
+        # AuthContexts, and what `cache_lookup` keeps (a node agent's NodeCaller).
+        self.entries: dict[str, tuple[float, int, Any, datetime | None]] = {}
         self.local = 0  # moved on by every message and every (re)subscription
         self.live = False  # subscribed: the local epoch can be trusted
         self.thread: threading.Thread | None = None
@@ -434,7 +447,7 @@ class _AuthCache:
 
         redis.follow(url, lambda p: p.subscribe(self.channel()), on_message, on_down, self.RETRY_S)
 
-    def get(self, digest: str, epoch: int | None) -> AuthContext | None:
+    def get(self, digest: str, epoch: int | None) -> Any | None:
         hit = self.entries.get(digest) if epoch is not None else None
         if hit is None:
             return None
@@ -449,9 +462,7 @@ class _AuthCache:
             return None
         return ctx
 
-    def put(
-        self, digest: str, epoch: int | None, ctx: AuthContext, expires_at: datetime | None
-    ) -> None:
+    def put(self, digest: str, epoch: int | None, ctx: Any, expires_at: datetime | None) -> None:
         if epoch is None or epoch != self.local:  # a change arrived while the key was read
             return
         if len(self.entries) >= self.MAX_ENTRIES:
@@ -482,6 +493,8 @@ _WATCHED: dict[str, Callable[[set[str]], bool]] = {
     "TenantQuota": lambda cols: True,
     "Budget": lambda cols: "exhausted_period" in cols,
     "BrowserSession": lambda cols: bool(cols - {"last_seen_at"}),
+    # A node agent's credential (app/tenancy/nodes.py): revoked, rotated.
+    "NodeCredential": lambda cols: True,
 }
 
 

@@ -21,7 +21,7 @@ from app.core.db import session_scope
 from app.core.errors import Unauthorized
 from app.models.agents import NodeCredential
 from app.models.fleet import Node
-from app.tenancy.auth import charge_anonymous, hash_secret
+from app.tenancy.auth import cache_lookup, charge_anonymous, hash_secret
 
 JOIN_PREFIX = "rpj_"
 NODE_PREFIX = "rpn_"
@@ -74,14 +74,21 @@ def node_of(session: Session, raw: str | None) -> NodeCaller | None:
     return NodeCaller(node_id=row.node_id, node_name=row.name, credential_id=row.id)
 
 
-def node_caller(
+def _lookup(raw: str) -> NodeCaller | None:
+    with session_scope() as session:
+        return node_of(session, raw)
+
+
+async def node_caller(
     request: Request, bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)
 ) -> NodeCaller:
     """FastAPI dependency of the agent's routes: a live node credential, else 401 (and the
-    caller's address pays for the failure, as for a bad API key)."""
+    caller's address pays for the failure, as for a bad API key). Cached as API keys are: a
+    revoked or rotated credential leaves every process's cache when its change commits."""
     raw = bearer.credentials if bearer is not None else None
-    with session_scope() as session:
-        caller = node_of(session, raw)
+    caller = None
+    if raw and well_formed(raw, NODE_PREFIX):
+        caller = await cache_lookup("n:" + hash_secret(raw), lambda: _lookup(raw))
     if caller is None:
         charge_anonymous(request)
         raise Unauthorized(
