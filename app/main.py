@@ -25,6 +25,7 @@ from app.api import (
     metering,
     probes,
     sessions,
+    stacks,
     tenants,
     workloads,
 )
@@ -92,6 +93,7 @@ def create_app() -> FastAPI:
         sessions,
         agents,
         logs,
+        stacks,
     ):
         if hasattr(module, "router"):
             app.include_router(module.router)

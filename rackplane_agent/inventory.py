@@ -6,6 +6,10 @@ in), `source`, `agent_version` and `runtimes` are the agent's own:
 
     driver_version: "550.54.15"
     cuda_version: "12.4"
+    nccl_version: "2.21.5"            # optional, as are the next three
+    firmware_version: "96.00.89.00.01"
+    fabric_manager_version: "550.54.15"
+    os_image: "ubuntu-22.04-gpu-2026.10"
     gpus:
       - index: 0
         uuid: GPU-5f8c...
@@ -30,12 +34,13 @@ from pydantic import BaseModel
 
 from rackplane_agent import __version__
 from rackplane_agent.logfmt import kv
-from rackplane_wire import GpuInfo, Inventory, MigInstance, RuntimeName
+from rackplane_wire import TOKEN, GpuInfo, Inventory, MigInstance, RuntimeName
 
 log = logging.getLogger("rackplane_agent.inventory")
 
 _AGENT_FIELDS = ("source", "agent_version", "runtimes")
 _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb)", re.IGNORECASE)
+_TOKEN = re.compile(TOKEN)
 
 
 class InventoryError(Exception):
@@ -204,6 +209,30 @@ def gpus_from_nvml(nvml: Any) -> list[GpuInfo]:
     return gpus
 
 
+def _vbios(nvml: Any) -> str | None:
+    """GPU 0's VBIOS version (a stack pins one per model; GPUs of a node share it)."""
+    handle = _try(nvml.nvmlDeviceGetHandleByIndex, 0)
+    if handle is None:
+        return None
+    value = _try(lambda: _s(nvml.nvmlDeviceGetVbiosVersion(handle)))
+    return value if value and _TOKEN.match(value) else None
+
+
+def _os_image(path: Path = Path("/etc/os-release")) -> str | None:
+    """The OS image as /etc/os-release names it: IMAGE_ID-IMAGE_VERSION where the image says so
+    (built images do), else ID-VERSION_ID."""
+    try:
+        fields = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    except OSError:
+        return None
+    values = {k: v.strip().strip('"') for k, v in fields.items()}
+    for name, version in (("IMAGE_ID", "IMAGE_VERSION"), ("ID", "VERSION_ID")):
+        if values.get(name):
+            text = "-".join(v for v in (values[name], values.get(version)) if v)[:64]
+            return text if _TOKEN.match(text) else None
+    return None
+
+
 def from_nvml(nvml: Any, *, hostname: str, address: str, runtimes: list[str]) -> Inventory:
     return Inventory(
         hostname=hostname,
@@ -212,6 +241,8 @@ def from_nvml(nvml: Any, *, hostname: str, address: str, runtimes: list[str]) ->
         gpus=gpus_from_nvml(nvml),
         driver_version=_try(lambda: _s(nvml.nvmlSystemGetDriverVersion())),
         cuda_version=_cuda_version(nvml),
+        firmware_version=_vbios(nvml),
+        os_image=_os_image(),
         runtimes=cast(list[RuntimeName], runtimes),
         agent_version=__version__,
     )

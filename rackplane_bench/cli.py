@@ -38,14 +38,16 @@ def _seeds(seed: int, seeds: str | None) -> list[int]:
     return out
 
 
-def _one(args: tuple[str, str, str, int, bool]) -> dict:
+def _one(args: tuple[str, str, str, int, bool, int]) -> dict:
     from rackplane_bench.sim import openb
 
-    nodes_file, pods_file, policy, seed, bound = args
-    nodes = openb.load_nodes(Path(nodes_file))
+    nodes_file, pods_file, policy, seed, bound, stacks = args
+    nodes = openb.with_stacks(openb.load_nodes(Path(nodes_file)), stacks)
     pods = openb.load_pods(Path(pods_file))
     result = openb.replay(nodes, pods, policy, seed).as_dict()
     result["pods_file"] = Path(pods_file).name
+    if stacks > 1:
+        result["stacks"] = stacks
     if bound:
         b = openb.physical_bound(nodes, pods, seed)
         result["bound_pct_at_130"] = round(b.pct, 4)
@@ -74,13 +76,16 @@ def openb_cmd(
     bound: bool = typer.Option(
         False, help="Also compute the upper bound any policy could reach per run (LPs)."
     ),
+    stacks: int = typer.Option(
+        1, min=1, max=64, help="Software stacks the nodes take turns at running (1: none)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per run (and the mean)."),
 ) -> None:
     """The openb replay under the published FGD protocol (shared/traces/README.md)."""
     if policy not in POLICIES:
         err.print(f"[red]unknown policy {policy!r}[/red]; known: {', '.join(POLICIES)}")
         raise typer.Exit(2)
-    runs = [(str(nodes), str(pods), policy, s, bound) for s in _seeds(seed, seeds)]
+    runs = [(str(nodes), str(pods), policy, s, bound, stacks) for s in _seeds(seed, seeds)]
     results: list[dict] = []
     show = sys.stderr.isatty()
     with Progress(
@@ -216,14 +221,14 @@ def _share_cap(text: str) -> float | None:
     return cap
 
 
-def _philly_one(args: tuple[str, str | None, float, int, str, QueueConfig]) -> dict:
+def _philly_one(args: tuple[str, str | None, float, int, str, QueueConfig, int]) -> dict:
     from rackplane_bench.sim import philly
 
-    jobs_file, window, scale, nodes, policy, config = args
+    jobs_file, window, scale, nodes, policy, config, stacks = args
     jobs = philly.load_jobs(Path(jobs_file), philly.parse_window(window), scale)
     tenants = philly.quotas(jobs, nodes * philly.GPUS_PER_NODE)
-    out = philly.replay(jobs, nodes, policy, tenants, config).as_dict()
-    out.update(window=window or "all", scale=scale, nodes=nodes)
+    out = philly.replay(jobs, nodes, policy, tenants, config, stacks).as_dict()
+    out.update(window=window or "all", scale=scale, nodes=nodes, stacks=stacks)
     return out
 
 
@@ -241,6 +246,9 @@ def philly_cmd(
         None, help="START:END in days from the first arrival, e.g. 14:42 (default: all)."
     ),
     scale: float = typer.Option(1.0, help="Divide arrival times by this (compresses time)."),
+    stacks: int = typer.Option(
+        1, min=1, max=64, help="Software stacks the racks take turns at running (1: none)."
+    ),
     parallel: int = typer.Option(1, help="Policies replayed in parallel (processes)."),
     share_cap: str | None = typer.Option(
         None,
@@ -270,7 +278,7 @@ def philly_cmd(
         for p in names:
             if p not in REFERENCES:
                 configs[p] = replace(configs[p], share_cap=cap)
-    runs = [(str(jobs_file), window, scale, nodes, p, configs[p]) for p in names]
+    runs = [(str(jobs_file), window, scale, nodes, p, configs[p], stacks) for p in names]
     if parallel > 1 and len(runs) > 1:
         with ProcessPoolExecutor(min(parallel, len(runs))) as pool:
             results = list(pool.map(_philly_one, runs))

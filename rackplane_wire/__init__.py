@@ -107,6 +107,12 @@ class Inventory(_Wire):
     gpus: list[GpuInfo] = Field(max_length=256)
     driver_version: str | None = Field(None, max_length=32, pattern=TOKEN)
     cuda_version: str | None = Field(None, max_length=16, pattern=TOKEN)
+    # The rest of the node's software stack, where the host knows it (compared with the stack
+    # the node should run: a difference is drift).
+    nccl_version: str | None = Field(None, max_length=32, pattern=TOKEN)
+    firmware_version: str | None = Field(None, max_length=64, pattern=TOKEN)  # VBIOS
+    fabric_manager_version: str | None = Field(None, max_length=32, pattern=TOKEN)
+    os_image: str | None = Field(None, max_length=64, pattern=TOKEN)
     runtimes: list[RuntimeName] = Field(default_factory=lambda: ["process"])
     agent_version: str = Field(max_length=32, pattern=TOKEN)
 

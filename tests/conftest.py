@@ -144,6 +144,7 @@ TABLES = [
     "node_join_tokens",
     "node_credentials",
     "nodes",
+    "software_stacks",
     "racks",
     "regions",
     "fleet_imports",

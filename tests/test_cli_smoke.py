@@ -75,6 +75,15 @@ CASES: dict[str, Case] = {
     "fleet retire": Case("fleet retire a100-w-002 --gpu 0", says="out_of_service"),
     "fleet history": Case("fleet history h100-a-004", says="quarantined by an operator: smoke"),
     "fleet join-token": Case("fleet join-token h100-a-004 --ttl 120", says="rpj_"),
+    "fleet stack create": Case(
+        "fleet stack create h100-2026.10 --driver 560.35.03 --cuda 12.6 --nccl 2.23.4",
+        says="stack h100-2026.10: driver 560.35.03, cuda 12.6, nccl 2.23.4",
+    ),
+    "fleet stack assign": Case(
+        "fleet stack assign h100-2026.10 --node h100-a-003 --node h100-a-004",
+        says="2 node(s) should run h100-2026.10; 0 drifted",
+    ),
+    "fleet stack list": Case("fleet stack list --json", says='"nodes": 2'),
     # The node agent's own program: with no NVML here and no inventory, it cannot start (2).
     "agent": Case(
         "agent --api http://127.0.0.1:9 --state-dir {tmp}/agent", code=2, says="no GPU inventory"

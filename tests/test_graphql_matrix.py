@@ -144,6 +144,18 @@ MATRIX = {
         f'{{ chaosExperiment(id: "{MISSING}") {{ held report {{ detectS }} }} }}',
         ("experiment_not_found",),
     ),
+    "softwareStacks": ("platform", "{ softwareStacks { name components nodes drifted } }", ()),
+    "createStack": (
+        "platform",
+        'mutation { createStack(input: {name: "m", components: {driver: "1.0", cuda: "12.6"}}) '
+        f"{P} }}",
+        ("stack_exists",),
+    ),
+    "assignStack": (
+        "platform",
+        f'mutation {{ assignStack(name: "nope", input: {{pool: "p"}}) {P} }}',
+        ("stack_not_found",),
+    ),
     "stopChaosExperiment": (
         "platform",
         f'mutation {{ stopChaosExperiment(id: "{MISSING}") {P} }}',

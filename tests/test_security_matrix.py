@@ -123,6 +123,12 @@ def matrix(world, client, session):
         headers=auth(op_key),
     )
     assert experiment.status_code == 201, experiment.text
+    stack = client.post(
+        "/v1/admin/stacks",
+        json={"name": "matrix-stack", "components": {"driver": "560.35.03", "cuda": "12.6"}},
+        headers=auth(op_key),
+    )
+    assert stack.status_code == 201, stack.text
     ids = {
         "tenant_id": str(a.id),
         "commitment_id": commitment.json()["id"],
@@ -134,6 +140,7 @@ def matrix(world, client, session):
         "region_id": str(session.scalar(select(Region.id).limit(1))),
         "workload_id": w.json()["id"],
         "experiment_id": experiment.json()["id"],
+        "name": stack.json()["name"],
     }
     return {
         "a": a,

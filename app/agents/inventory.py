@@ -13,6 +13,7 @@ from app.health import telemetry
 from app.models.agents import AgentNode
 from app.models.fleet import Gpu, Node, NodeState
 from app.scheduling.lifecycle import agent_topic
+from app.stacks import service as stacks
 from app.tenancy.nodes import NodeCaller
 from rackplane_wire import GpuInfo, Inventory, InventoryVerdict
 
@@ -84,6 +85,7 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     ):
         node.state = NodeState.ready.value
         node.state_reason = None
+    stacks.refresh(session, node, document)
     session.flush()
     telemetry.agent_joined(session, node.id)
     return InventoryVerdict(

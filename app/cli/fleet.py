@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 from sqlalchemy import select
 
@@ -18,6 +19,8 @@ from app.fleet.service import apply_document, capacity, refuse_conflicts
 from app.health.schemas import FleetHealth
 from app.health.service import history, operator_action, summary
 from app.models.fleet import Gpu, Node
+from app.stacks import service as stacks
+from app.stacks.schemas import StackAssign, StackCreate
 
 fleet_cli = typer.Typer(help="Register and inspect the fleet.", no_args_is_help=True)
 
@@ -233,3 +236,89 @@ def fleet_join_token(
         return
     console.print(made.token)
     err.print(f"for {made.node_name}, single use, until {made.expires_at:%Y-%m-%d %H:%M:%S}Z")
+
+
+stack_cli = typer.Typer(
+    help="Software stacks: pinned driver, CUDA, NCCL, firmware... and which nodes run each.",
+    no_args_is_help=True,
+)
+fleet_cli.add_typer(stack_cli, name="stack")
+
+
+def _stack_call(fn):
+    """Run a stack service call in one transaction; its refusal is the CLI's exit 2."""
+    try:
+        with session_scope() as session:
+            return fn(session)
+    except AppError as exc:
+        fail(exc.detail, 2)
+    except ValidationError as exc:
+        fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
+
+
+@stack_cli.command("create")
+def stack_create(
+    name: str,
+    driver: str = typer.Option(..., help="NVIDIA driver, e.g. 560.35.03"),
+    cuda: str = typer.Option(..., help="CUDA, MAJOR.MINOR, e.g. 12.6"),
+    nccl: str | None = typer.Option(None),
+    firmware: str | None = typer.Option(None, help="GPU firmware / VBIOS"),
+    fabric_manager: str | None = typer.Option(None),
+    os_image: str | None = typer.Option(None),
+    description: str | None = typer.Option(None),
+) -> None:
+    """Declare a stack (stacks never change: a new version is a new name)."""
+    components = {
+        "driver": driver,
+        "cuda": cuda,
+        "nccl": nccl,
+        "firmware": firmware,
+        "fabric_manager": fabric_manager,
+        "os_image": os_image,
+    }
+    out = _stack_call(
+        lambda s: stacks.create(
+            s,
+            StackCreate.model_validate(
+                {
+                    "name": name,
+                    "description": description,
+                    "components": {k: v for k, v in components.items() if v is not None},
+                }
+            ),
+        )
+    )
+    console.print(f"stack {out.name}: " + ", ".join(f"{k} {v}" for k, v in out.components.items()))
+
+
+@stack_cli.command("list")
+def stack_list(as_json: bool = typer.Option(False, "--json")) -> None:
+    """The stacks, with how many nodes should run each and how many of those drifted."""
+    rows = _stack_call(stacks.list_all)
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in rows]))
+        return
+    table = Table("stack", "components", "nodes", "drifted")
+    for r in rows:
+        parts = ", ".join(f"{k} {v}" for k, v in r.components.items())
+        table.add_row(r.name, parts, str(r.nodes), str(r.drifted))
+    console.print(table)
+
+
+@stack_cli.command("assign")
+def stack_assign(
+    name: str,
+    pool: str | None = typer.Option(None, help="Every node of this pool"),
+    region: str | None = typer.Option(None, help="Every node of this region"),
+    node: list[str] | None = typer.Option(None, help="This node (repeat for more)"),
+) -> None:
+    """Declare that a pool's, a region's or the named nodes should run stack NAME, at once
+    (busy nodes move a batch at a time with an upgrade)."""
+    out = _stack_call(
+        lambda s: stacks.assign(
+            s,
+            stacks.get(s, name),
+            StackAssign.model_validate({"pool": pool, "region": region, "nodes": node or None}),
+        )
+    )
+    console.print(f"{out.nodes} node(s) should run {out.stack}; {out.drifted} drifted")

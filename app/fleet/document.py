@@ -36,6 +36,7 @@ class NodeSpec(StrictModel):
     mig_gpus: list[Annotated[StrictInt, Field(ge=0, le=71)]] = Field(
         default_factory=list, max_length=72, description="Indices of GPUs in MIG mode."
     )
+    pool: Name | None = Field(None, description="Defaults to the rack's pool.")
 
 
 class NodeTemplate(StrictModel):
@@ -57,6 +58,9 @@ class RackSpec(StrictModel):
     block: Name | None = Field(None, description="Spine group; defaults to the rack's own name.")
     gpu_model: str | None = Field(
         None, max_length=32, description="Default GPU model of the rack's nodes."
+    )
+    pool: Name | None = Field(
+        None, description="The pool of the rack's nodes (stacks and upgrades go by pool)."
     )
     nodes: list[NodeSpec] | None = None
     node_template: NodeTemplate | None = None
@@ -348,12 +352,15 @@ def _rack_nodes(
                         "memory_gib": t.memory_gib,
                         "state": "ready",
                         "mig_gpus": list(t.mig_gpus),
+                        "pool": rack.pool,
                     },
                 )
             )
     elif rack.nodes is not None:
         for ni, n in enumerate(rack.nodes):
-            nodes.append((rloc + ("nodes", ni), n.model_dump(mode="json")))
+            fields = n.model_dump(mode="json")
+            fields["pool"] = fields["pool"] or rack.pool
+            nodes.append((rloc + ("nodes", ni), fields))
     else:  # nvl72 with no nodes listed: its 18 compute trays
         for i in range(spec.nodes_per_rack or 0):
             nodes.append(
@@ -367,6 +374,7 @@ def _rack_nodes(
                         "memory_gib": None,
                         "state": "ready",
                         "mig_gpus": [],
+                        "pool": rack.pool,
                     },
                 )
             )
@@ -424,6 +432,7 @@ def _node(
         else spec.default_memory_mib,
         "state": n["state"],
         "mig_gpus": sorted(set(n["mig_gpus"])),
+        "pool": n["pool"],
     }
 
 

@@ -53,6 +53,12 @@ class NodeOut(OutModel):
     health_since: datetime | None
     nvlink_domain: str
     generation: int
+    pool: str | None = Field(description="The operator's grouping for stacks and upgrades")
+    stack_id: uuid.UUID | None = Field(description="The software stack it should run")
+    drift: list[str] = Field(
+        description="Each component its agent reports at another version than its stack pins "
+        "(empty: none); a drifted node takes no gang"
+    )
     created_at: datetime
 
 

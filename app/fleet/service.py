@@ -160,6 +160,9 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
                         node.cpu_milli, node.memory_mib = nd["cpu_milli"], nd["memory_mib"]
                         node.generation += 1
                         updated += 1
+                    if nd.get("pool") and node.pool != nd["pool"]:
+                        node.pool = nd["pool"]
+                        updated += 1
                     continue
                 node = Node(
                     rack_id=rack.id,
@@ -168,6 +171,7 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
                     cpu_milli=nd["cpu_milli"],
                     memory_mib=nd["memory_mib"],
                     state=nd["state"],
+                    pool=nd.get("pool"),
                     nvlink_domain=(
                         f"{reg['name']}/{rk['name']}"
                         if domain_of_rack

@@ -85,6 +85,11 @@ class Node:
     health: str
     health_reason: str | None
     nvlink_domain: str
+    pool: str | None = strawberry.field(description="The operator's grouping for stacks")
+    stack_id: strawberry.ID | None = strawberry.field(description="The stack it should run")
+    drift: list[str] = strawberry.field(
+        description="Each component its agent reports at another version than its stack pins"
+    )
     _row: strawberry.Private[Any]
 
     @strawberry.field
@@ -123,6 +128,9 @@ class Node:
             health=n.health,
             health_reason=n.health_reason,
             nvlink_domain=n.nvlink_domain,
+            pool=n.pool,
+            stack_id=strawberry.ID(str(n.stack_id)) if n.stack_id else None,
+            drift=list(n.drift or []),
             _row=n,
         )
 

@@ -60,6 +60,7 @@ from app.graphql.limits import (
 from app.graphql.logs import LogSubscription
 from app.graphql.metering import MeteringQuery
 from app.graphql.quotas import QuotaMutation, QuotaQuery
+from app.graphql.stacks import StackMutation, StackQuery
 from app.graphql.tenants import TenantMutation, TenantQuery
 from app.graphql.views import BIG_INT, BigInt
 from app.graphql.workloads import WorkloadMutation, WorkloadQuery
@@ -74,6 +75,7 @@ QUERIES = (
     BillingQuery,
     HealthQuery,
     ChaosQuery,
+    StackQuery,
 )
 MUTATIONS = (
     WorkloadMutation,
@@ -84,18 +86,20 @@ MUTATIONS = (
     TenantMutation,
     HealthMutation,
     ChaosMutation,
+    StackMutation,
 )
 # The root fields' order in the SDL (GraphQL names), as published: by when each was added.
 QUERY_FIELDS = (
     "viewer workloads nodes workload apiKeys quotas capacity usage bill upcomingBill budget "
     "commitments prices dryRun regions racks tenants tenantQuotas utilisation idleTime "
-    "fleetHealth fleetMap fleetImport reconciliation tenant chaosExperiments chaosExperiment"
+    "fleetHealth fleetMap fleetImport reconciliation tenant chaosExperiments chaosExperiment "
+    "softwareStacks"
 ).split()
 MUTATION_FIELDS = (
     "submitWorkload terminateWorkload reportCheckpoint requestCheckpoint createApiKey "
     "revokeApiKey setBudget removeBudget setNodeState setTenantQuotas approveTenant "
     "suspendTenant reactivateTenant updateTenant createPrice setNodeHealth setGpuHealth "
-    "stopChaosExperiment"
+    "stopChaosExperiment createStack assignStack"
 ).split()
 SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 

@@ -22,6 +22,7 @@ from app.graphql.permissions import TenantRead
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, text_args, view
 from app.models.workloads import Workload as Row
+from app.placement.model import cuda_text
 from app.scheduling.lifecycle import State
 from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
@@ -113,6 +114,8 @@ class Workload:
     env: JSON = strawberry.field(description="Its processes' environment (besides the agent's)")
     runtime: str = strawberry.field(description="`process` or `podman`")
     attempts: int = strawberry.field(description="How many times it has been placed")
+    stack: str | None = strawberry.field(description="The software stack it runs on, if it asked")
+    min_cuda: str | None = strawberry.field(description="The least CUDA version it runs on")
     _row: strawberry.Private[Any]
     # Its newest events when the page read them with the workloads (see `events`).
     _events: strawberry.Private[list[Any] | None] = None
@@ -168,6 +171,8 @@ class Workload:
             env=dict(w.env or {}),
             runtime=w.runtime or "process",
             attempts=w.attempts or 0,
+            stack=w.stack,
+            min_cuda=cuda_text(w.min_cuda or 0),
             _row=w,
             _events=events,
         )

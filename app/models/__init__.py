@@ -12,7 +12,7 @@ from app.models.billing import (
     Price,
 )
 from app.models.chaos import ChaosExperiment, ChaosInjection
-from app.models.fleet import FleetImport, Gpu, Node, Rack, Region
+from app.models.fleet import FleetImport, Gpu, Node, Rack, Region, SoftwareStack
 from app.models.health import (
     GpuTelemetry,
     HealthEvent,
@@ -41,6 +41,7 @@ from app.models.workloads import (
 
 __all__ = [
     "Allocation",
+    "SoftwareStack",
     "AuditEntry",
     "BillingAdjustment",
     "BrowserSession",

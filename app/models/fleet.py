@@ -64,6 +64,24 @@ class Rack(TimestampMixin, Base):
     nodes: Mapped[list[Node]] = relationship(back_populates="rack")
 
 
+# The components a software stack pins, in the order they are shown.
+STACK_COMPONENTS = ("driver", "cuda", "nccl", "firmware", "fabric_manager", "os_image")
+
+
+class SoftwareStack(TimestampMixin, Base):
+    """A node software stack: driver, CUDA, NCCL, firmware/VBIOS, fabric manager and OS image,
+    pinned together as one versioned artifact (a one-version skew inside a synchronous job
+    hangs it). Immutable: a new version is a new stack."""
+
+    __tablename__ = "software_stacks"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    description: Mapped[str | None] = mapped_column(String(500), default=None)
+    # component -> version, for the components in STACK_COMPONENTS the stack pins.
+    components: Mapped[dict] = mapped_column(JSON)
+
+
 class Node(TimestampMixin, Base):
     __tablename__ = "nodes"
 
@@ -86,6 +104,17 @@ class Node(TimestampMixin, Base):
     health_since: Mapped[datetime | None] = mapped_column(default=None)
     # Bumped on every change that affects placement (optimistic concurrency for apply).
     generation: Mapped[int] = mapped_column(Integer, default=0)
+    # The operator's grouping for stacks and upgrades (none: the node is its own).
+    pool: Mapped[str | None] = mapped_column(String(63), default=None, index=True)
+    # The software stack the node should run, and how what its agent reports differs from it
+    # (each differing component in words; empty: none, or no agent reports). A drifted node
+    # takes no gang until it matches. Its CUDA version as CUDA encodes it (12040: 12.4), from
+    # its agent, else from its stack; 0: unknown.
+    stack_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("software_stacks.id", ondelete="RESTRICT"), default=None, index=True
+    )
+    drift: Mapped[list] = mapped_column(JSON, default=list, server_default="[]")
+    cuda_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     rack: Mapped[Rack] = relationship(back_populates="nodes")
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.index")
 

@@ -141,6 +141,10 @@ class Workload(TimestampMixin, Base):
     gpu_milli: Mapped[int] = mapped_column(Integer)  # GPU-equivalents of all replicas
     topology: Mapped[dict | None] = mapped_column(JSON, default=None)
     region: Mapped[str | None] = mapped_column(String(63), default=None)
+    # The software it needs: nodes running this stack (by name), or at least this CUDA version
+    # (12040: 12.4; 0: any).
+    stack: Mapped[str | None] = mapped_column(String(63), default=None)
+    min_cuda: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_runtime_s: Mapped[int] = mapped_column(Integer)
     checkpoint_interval_s: Mapped[int | None] = mapped_column(Integer, default=None)
     checkpoint_cost_s: Mapped[int] = mapped_column(Integer, default=0)

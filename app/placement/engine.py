@@ -69,6 +69,9 @@ class Plan:
         self.snapshot.commit()
 
 
+NO_SOFTWARE = "no node runs the software it asks for"
+
+
 class Engine:
     """Placement over one snapshot with one policy (and its scorers)."""
 
@@ -100,16 +103,69 @@ class Engine:
         except RequestError as exc:
             return Outcome(req.id, False, reason=f"invalid: {exc}")
         if req.replicas == 1 and req.topology is None:
-            binding = self._place_replica(req, 0, plan, None, None)
+            eligible = self.software_ok(req)
+            if eligible == set():
+                return Outcome(req.id, False, reason=NO_SOFTWARE)
+            binding = self._place_replica(req, 0, plan, eligible, None)
             if binding is None:
                 return Outcome(req.id, False, reason="no capacity")
             return Outcome(req.id, True, [binding])
         mark = plan.checkpoint()
-        bindings = self._place_gang(req, plan)
-        if bindings is None:
+        options = self._stack_options(req)
+        if options == [set()]:
+            return Outcome(req.id, False, reason=NO_SOFTWARE)
+        for eligible in options:
+            bindings = self._place_gang(req, plan, eligible)
+            if bindings is not None:
+                return Outcome(req.id, True, bindings)
             plan.rollback(mark)
-            return Outcome(req.id, False, reason="gang does not fit (all or nothing)")
-        return Outcome(req.id, True, bindings)
+        return Outcome(req.id, False, reason="gang does not fit (all or nothing)")
+
+    # --- software -----------------------------------------------------------------------------
+
+    def software_ok(self, req: Request, stack: int | None = None) -> set[int] | None:
+        """The nodes whose software may run `req` (None: any node): its stack if it asks for
+        one, at least its CUDA version, and for a gang (more than one replica) no drifted node
+        and only nodes of `stack`. A request that asks for nothing costs nothing here."""
+        s = self.snap
+        gang = req.replicas > 1
+        if req.stack is None and not req.min_cuda and not (gang and s.any_drifted):
+            if stack is None:
+                return None
+        mask = np.ones(len(s.node_names), np.bool_)
+        if req.stack is not None:
+            sid = s.stack_id.get(req.stack)
+            if sid is None or not req.stack:
+                return set()
+            mask &= s.node_stack == sid
+        if req.min_cuda:
+            mask &= s.node_cuda >= req.min_cuda
+        if gang:
+            mask &= ~s.node_drifted
+        if stack is not None:
+            mask &= s.node_stack == stack
+        return set(np.flatnonzero(mask).tolist())
+
+    def _stack_options(self, req: Request) -> list[set[int] | None]:
+        """Where a gang may go, one stack at a time: a one-version skew inside a synchronous
+        job hangs it, so its replicas never span two stacks. Tried tightest first (the stack
+        with the fewest whole free GPUs, for whole-GPU gangs; else by name), as groups are."""
+        s = self.snap
+        if req.replicas == 1 or req.stack is not None or len(s.stack_names) == 1:
+            return [self.software_ok(req)]
+        options: list[set[int] | None] = []
+        for sid in range(len(s.stack_names)):
+            nodes = self.software_ok(req, sid)
+            if nodes:
+                options.append(nodes)
+        if req.shape.gpus:
+            need = req.replicas * req.shape.gpus
+            free = [sum(len(s._wslots[n]) for n in o or ()) for o in options]
+            ranked = sorted(
+                (f, i) for i, f in enumerate(free) if f >= need
+            )  # enough whole free GPUs in total, tightest first
+            return [options[i] for _, i in ranked]
+        return options
 
     # --- candidates ---------------------------------------------------------------------------
 
@@ -526,14 +582,19 @@ class Engine:
 
     # --- gangs --------------------------------------------------------------------------------
 
-    def _place_gang(self, req: Request, plan: Plan) -> list[Binding] | None:
+    def _place_gang(
+        self, req: Request, plan: Plan, eligible: set[int] | None
+    ) -> list[Binding] | None:
+        """Every replica or none, on `eligible` nodes (None: any)."""
         topo = req.topology
         if topo is None:
-            return self._fill(req, plan, None)
+            return self._fill(req, plan, None, eligible=eligible)
         groups = self._groups(req, topo.level)
         tries = 0
         for gid in groups:
             nodes = self.snap.group_nodes[topo.level][gid]
+            if eligible is not None:
+                nodes = [n for n in nodes if n in eligible]
             if req.shape.gpus and self._whole_capacity(req, nodes) < req.replicas:
                 continue  # enough free GPUs in total, but not in node-sized pieces
             tries += 1
@@ -553,6 +614,7 @@ class Engine:
             n
             for gid in reversed(ordered)
             for n in sorted(self.snap.group_nodes[topo.level][gid], key=lambda x: names[x])
+            if eligible is None or n in eligible
         ]
         return self._fill(req, plan, nodes, keep_order=True)
 
@@ -597,14 +659,20 @@ class Engine:
         return sorted(groups, key=lambda g: (free.get(g, 0), g))
 
     def _fill(
-        self, req: Request, plan: Plan, nodes: list[int] | None, keep_order: bool = False
+        self,
+        req: Request,
+        plan: Plan,
+        nodes: list[int] | None,
+        keep_order: bool = False,
+        eligible: set[int] | None = None,
     ) -> list[Binding] | None:
         """Place every replica; inside a topology group ranks are contiguous (a node is filled
-        before the next, in rank order). No group: the policy places each replica."""
+        before the next, in rank order). No group: the policy places each replica (on the
+        `eligible` nodes, None: any)."""
         if nodes is None:
 
             def place(r: int, perf: float | None) -> Binding | None:
-                return self._place_replica(req, r, plan, None, perf)
+                return self._place_replica(req, r, plan, eligible, perf)
         else:
             if keep_order:
                 order = list(nodes)

@@ -61,6 +61,21 @@ class Shape:
         return self.gpus * 1000 if self.gpus else self.milli
 
 
+def cuda_code(version: str | None) -> int:
+    """A CUDA version as CUDA encodes it and the core compares it ("12.4" -> 12040); 0 for none
+    or anything that does not start with MAJOR.MINOR."""
+    parts = (version or "").split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1][:2].isdigit()):
+        return 0
+    minor = "".join(c for c in parts[1][:2] if c.isdigit()) or "0"
+    return int(parts[0]) * 1000 + int(minor) * 10
+
+
+def cuda_text(code: int) -> str | None:
+    """12040 -> "12.4"; None for 0."""
+    return f"{code // 1000}.{code % 1000 // 10}" if code else None
+
+
 class RequestError(ValueError):
     """A request that can never be placed as asked (not a capacity problem)."""
 
@@ -77,11 +92,16 @@ class Request:
     same_perf_class: bool = True
     # Shared GPUs (node name, GPU index) this request must not join: a noisy neighbour's.
     avoid: frozenset[tuple[str, int]] = frozenset()
+    # Software it needs: nodes running this stack, or at least this CUDA version (12040: 12.4).
+    stack: str | None = None
+    min_cuda: int = 0
 
     def validate(self) -> None:
         s, unit = self.shape, TIERS[self.tier].unit
         if self.replicas < 1:
             raise RequestError("replicas must be at least 1")
+        if self.min_cuda < 0:
+            raise RequestError("min_cuda cannot be negative")
         if s.mig is not None and s.mig not in PROFILES:
             raise RequestError(f"unknown MIG profile {s.mig!r}")
         if sum(bool(x) for x in (s.gpus, s.mig, s.milli)) > 1:

@@ -50,6 +50,12 @@ class NodeSpec:
     perf: float = 1.0  # relative speed; 1.0 nominal, lower is slower
     gpu_health: tuple[int, ...] | None = None
     gpu_perf: tuple[float, ...] | None = None  # per GPU, times `perf` (measured: app/health)
+    # The software stack the node runs (driver, CUDA, NCCL, firmware... pinned together; None:
+    # not declared), whether what it runs differs from that stack (drifted: no gangs), and its
+    # CUDA version as CUDA encodes it (12040 for 12.4; 0: unknown).
+    stack: str | None = None
+    drifted: bool = False
+    cuda: int = 0
 
 
 @dataclass
@@ -130,6 +136,14 @@ class Snapshot:
         # in CC mode or none): while any is there, the node takes nothing else, and a
         # confidential VM goes only where nothing else is (isolation.cc_mode_ok).
         self.node_cc = np.zeros(n, np.int32)
+        # Software: each node's stack (an id into stack_names; "" is none declared), drift and
+        # CUDA version. A gang never spans two stacks nor lands on a drifted node.
+        self.stack_names: list[str] = sorted({s.stack or "" for s in nodes})
+        self.stack_id = {name: i for i, name in enumerate(self.stack_names)}
+        self.node_stack = np.array([self.stack_id[s.stack or ""] for s in nodes], np.int16)
+        self.node_drifted = np.array([s.drifted for s in nodes], np.bool_)
+        self.any_drifted = bool(self.node_drifted.any())
+        self.node_cuda = np.array([s.cuda for s in nodes], np.int32)
 
     def _init_gpus(self, nodes: list[NodeSpec]) -> None:
         """Per (node, GPU slot): presence, free milli and memory, health, speed, MIG, tenancy."""

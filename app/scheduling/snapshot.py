@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
-from app.models.fleet import Gpu, Node, NodeState, Rack, Region
+from app.models.fleet import Gpu, Node, NodeState, Rack, Region, SoftwareStack
 from app.models.health import PLACEABLE, Health
 from app.models.workloads import Allocation, Workload
 from app.models.workloads import TenantQuota as QuotaRow
@@ -71,7 +71,15 @@ def request_of(w: Workload) -> Request:
         topo = Topology(Level[w.topology["level"].upper()], w.topology["mode"] == "required")
     avoid = frozenset((n, int(g)) for n, g in w.avoid_gpus or ())
     return Request(
-        str(w.id), str(w.tenant_id), Tier.parse(w.tier), shape, w.replicas, topo, avoid=avoid
+        str(w.id),
+        str(w.tenant_id),
+        Tier.parse(w.tier),
+        shape,
+        w.replicas,
+        topo,
+        avoid=avoid,
+        stack=w.stack,
+        min_cuda=w.min_cuda or 0,
     )
 
 
@@ -135,6 +143,7 @@ def read_world(session: Session, region: str) -> World | None:
         .where(Region.name == region)
         .order_by(Node.name)
     ).all()
+    stacks = dict(session.execute(select(SoftwareStack.id, SoftwareStack.name)).all())
     if not rows:
         return None
     gpus: dict[uuid.UUID, list[Gpu]] = {}
@@ -161,6 +170,9 @@ def read_world(session: Session, region: str) -> World | None:
                 schedulable=node.state == NodeState.ready.value and node.health in _NODE_PLACEABLE,
                 gpu_health=tuple(_HEALTH.get(g.health, FAILED) for g in gs),
                 gpu_perf=_speeds(gs, now, tau) if any(g.perf < 1.0 for g in gs) else None,
+                stack=stacks.get(node.stack_id) if node.stack_id else None,
+                drifted=bool(node.drift),
+                cuda=node.cuda_version or 0,
             )
         )
     return World(

@@ -10,6 +10,7 @@ from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel, _strict_schema
 from app.models.workloads import WorkloadShape
 from app.placement.catalog import GPU_MODELS
 from app.placement.mig import PROFILES, profile_by_name, profile_names
+from app.placement.model import cuda_text
 from app.workloads.tiers import ISOLATION_CHOICES
 
 Priority = Literal["production", "training", "research", "preemptible"]
@@ -169,6 +170,20 @@ class WorkloadCreate(StrictModel):
     priority: Priority = "training"
     topology: TopologyIn | None = None
     region: str | None = Field(None, max_length=63)
+    stack: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$",
+        description="Run only on nodes that run this software stack (a name from the fleet's "
+        "stacks); every replica of a gang runs on one stack whether asked or not.",
+    )
+    min_cuda: str | None = Field(
+        None,
+        max_length=5,
+        pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$",
+        description="Run only on nodes whose CUDA version is at least this, e.g. `12.4`.",
+    )
     max_runtime_s: int = Field(
         86400,
         ge=60,
@@ -321,6 +336,8 @@ class WorkloadOut(OutModel):
     gpu_milli: int
     topology: dict | None
     region: str | None
+    stack: str | None = None
+    min_cuda: str | None = Field(None, description="The least CUDA version it runs on, if any")
     max_runtime_s: int
     checkpoint_interval_s: int | None
     checkpoint_cost_s: int
@@ -363,6 +380,12 @@ class WorkloadOut(OutModel):
     @classmethod
     def _shape_json(cls, value: Any) -> Any:
         return value.as_json() if isinstance(value, WorkloadShape) else value
+
+    @field_validator("min_cuda", mode="before")
+    @classmethod
+    def _cuda_text(cls, value: Any) -> Any:
+        # Stored as CUDA encodes it (12040), shown as written (12.4).
+        return cuda_text(value) if isinstance(value, int) else value
 
 
 class EventOut(OutModel):

@@ -16,8 +16,10 @@ from sqlalchemy.orm import Session
 
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
+from app.models.fleet import SoftwareStack
 from app.models.workloads import Workload, WorkloadEvent
 from app.outbox.service import enqueue
+from app.placement.model import cuda_code
 from app.scheduling import lifecycle
 from app.scheduling.apply import release, stopped
 from app.scheduling.cycle import dry_run as what_if
@@ -79,6 +81,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     check_limit(auth, body)
     check_submission(session, auth.tenant_id, auth.budget_exhausted)
     region = choose_region(session, body)
+    check_stack(session, body.stack)
     now = utcnow()
     w = Workload(
         tenant_id=auth.tenant_id,
@@ -92,6 +95,8 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         gpu_milli=body.gpu_milli,
         topology=body.topology.model_dump() if body.topology else None,
         region=region,
+        stack=body.stack,
+        min_cuda=cuda_code(body.min_cuda),
         max_runtime_s=body.max_runtime_s,
         run_for_s=body.run_for_s,
         checkpoint_interval_s=body.checkpoint.interval_s,
@@ -114,6 +119,18 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     )
     w.id = new_id()
     return w
+
+
+def check_stack(session: Session, name: str | None) -> None:
+    """A workload may ask only for a stack the fleet declares (`app/stacks`)."""
+    if name is not None and not session.scalar(
+        select(SoftwareStack.id).where(SoftwareStack.name == name)
+    ):
+        raise ValidationFailed(
+            f"No software stack named {name!r}; operators list them at GET /v1/admin/stacks.",
+            code="unknown_stack",
+            field="stack",
+        )
 
 
 def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload:

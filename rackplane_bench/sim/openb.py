@@ -13,7 +13,7 @@ import csv
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +119,13 @@ class RunResult:
 
     def as_dict(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
+def with_stacks(nodes: list[NodeSpec], stacks: int) -> list[NodeSpec]:
+    """The nodes, taking turns at running each of `stacks` software stacks (1: none declared)."""
+    if stacks <= 1:
+        return nodes
+    return [replace(n, stack=f"s{i % stacks}") for i, n in enumerate(nodes)]
 
 
 def replay(

@@ -151,7 +151,9 @@ def request_of(job: Job) -> Request:
     )
 
 
-def fleet(nodes: int) -> list[NodeSpec]:
+def fleet(nodes: int, stacks: int = 1) -> list[NodeSpec]:
+    """`nodes` 8-GPU nodes in racks of NODES_PER_RACK; with `stacks` > 1, racks take turns at
+    running each of that many software stacks (an operator's stack moves a rack at a time)."""
     return [
         NodeSpec(
             f"n{i:04d}",
@@ -162,6 +164,7 @@ def fleet(nodes: int) -> list[NodeSpec]:
             region="philly",
             rack=f"r{i // NODES_PER_RACK:03d}",
             block="b0",
+            stack=f"s{(i // NODES_PER_RACK) % stacks}" if stacks > 1 else None,
         )
         for i in range(nodes)
     ]
@@ -262,6 +265,7 @@ def replay(
     policy: str,
     tenants: dict[str, TenantQuota],
     config: QueueConfig | None = None,
+    stacks: int = 1,
 ) -> Result:
     """Replay `jobs` on `nodes` 8-GPU nodes under the named queueing policy (its configuration
     from `BASELINES`, or `config` when given)."""
@@ -271,7 +275,7 @@ def replay(
     ]  # fresh state per policy
     if config is None:
         config = BASELINES[policy]
-    snap = Snapshot(fleet(nodes))
+    snap = Snapshot(fleet(nodes, stacks))
     sched = Scheduler(snap, tenants, config)
     gpus = nodes * GPUS_PER_NODE
     res = Result(policy, len(jobs), 0, gpus, config.share_cap, config.priority_across_tenants)
