@@ -43,6 +43,7 @@ from app.core.secrets import check_server_secrets
 from app.fleet.document import FleetDocument
 from app.graphql.schema import router as graphql_router
 from app.health import metrics as health_metrics
+from app.health import suite
 from app.health.schemas import TelemetryBatch
 from app.idempotency.middleware import IdempotencyMiddleware
 from app.portal.router import router as portal_router
@@ -72,6 +73,7 @@ async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
 def create_app() -> FastAPI:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
+    suite.check_suite()  # an unusable burn-in suite file stops the API here, named
     # /docs and /redoc with their assets served by the app: no CDN, so they work offline.
     app = FastAPIOffline(
         title="Rackplane", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan

@@ -31,6 +31,7 @@ import psutil
 from rackplane_agent import inventory as inventory_mod
 from rackplane_agent import logs as logs_mod
 from rackplane_agent import runtimes
+from rackplane_agent.burnin import BurnInRunner
 from rackplane_agent.cgroups import Cgroups
 from rackplane_agent.client import (
     ApiError,
@@ -164,6 +165,7 @@ class Agent:
         self._cgroups = Cgroups() if config.cgroups else None
         self._prepared = False
         self._threads: list[threading.Thread] = []
+        self._burnin: BurnInRunner | None = None
 
     # --- start -----------------------------------------------------------------------------
 
@@ -195,6 +197,9 @@ class Agent:
             except inventory_mod.InventoryError as exc:
                 raise StartupError(str(exc)) from None
         self._device_ids = inventory_mod.device_ids(self.inventory)
+        self._burnin = BurnInRunner(
+            self.state.root / "burn-in", [g.uuid for g in self.inventory.gpus]
+        )
         log.info(
             kv(
                 "inventory",
@@ -304,6 +309,11 @@ class Agent:
                     if now >= rec.kill_at:
                         self._kill(rec, now)
             self._forget()
+            if self._burnin is not None:
+                busy = any(r.state == RUNNING for r in self._runs.values())
+                self._burnin.advance(desired.burn_in if desired else None, busy, now)
+                if self._burnin.pending() is not None:
+                    self._report_wake.set()
 
     def _changed(self, rec: RunRecord) -> None:
         rec.version += 1
@@ -564,7 +574,10 @@ class Agent:
         Raises CredentialRefused."""
         mono = time.monotonic()
         with self._lock:
-            changed = any(r.version > r.acked_version for r in self._runs.values())
+            burn = self._burnin.pending() if self._burnin is not None else None
+            changed = burn is not None or any(
+                r.version > r.acked_version for r in self._runs.values()
+            )
             heartbeat_due = (
                 self._last_report_ok is None
                 or mono - self._last_report_ok >= 0.8 * self._heartbeat_s
@@ -574,7 +587,9 @@ class Agent:
             sent = [(r.key, r.version) for r in self._runs.values()]
             reports = [self._run_report(r) for r in self._runs.values()]
         try:
-            ack = self.client.status(StatusReport(runs=reports))
+            ack = self.client.status(
+                StatusReport(runs=reports, burn_in=burn[0] if burn is not None else None)
+            )
         except (TransientError, ApiError) as exc:
             if isinstance(exc, CredentialRefused):
                 raise
@@ -587,6 +602,8 @@ class Agent:
                 rec = self._runs.get(key)
                 if rec is not None:
                     rec.acked_version = max(rec.acked_version, version)
+            if burn is not None and self._burnin is not None:
+                self._burnin.acked(burn[1])
             self._last_report_ok = time.monotonic()
             self._next_report_at = 0.0
             self._report_backoff.reset()

@@ -319,6 +319,7 @@ class Agent:
         self.headers: dict[str, str] = {}
         self.index = 0
         self.heartbeat_s = 30.0
+        self.burned: str | None = None  # the burn-in last reported
         self.runs: dict[tuple[str, int, int], Run] = {}
         self.poll_task: asyncio.Task | None = None
 
@@ -394,7 +395,32 @@ class Agent:
                 sim.stats.long_polls_woken += data["index"] != self.index
             self.index = data["index"]
             self.heartbeat_s = data["heartbeat_s"]
+            burn = data.get("burn_in")
+            if burn and burn["id"] != self.burned:
+                self.burned = burn["id"]
+                self.sim.spawn(self.burn_in(burn))
             self.take(data["assignments"], received)
+
+    async def burn_in(self, burn: dict) -> None:
+        """The bring-up burn-in, as a host without DCGM or nccl-tests runs it: every step
+        skipped (its tool is not installed), reported at once."""
+        results = [
+            {"name": s["name"], "status": "skipped", "seconds": 0.0, "detail": "not installed"}
+            for s in burn["steps"]
+        ]
+        sim, tries = self.sim, 0
+        while not sim.stopping:
+            status, _data, retry = await sim.request(
+                "POST",
+                "/v1/agent/status",
+                "burn_in",
+                headers=self.headers,
+                body={"burn_in": {"id": burn["id"], "results": results, "done": True}},
+            )
+            if 200 <= status < 300 or (400 <= status < 500 and status not in (408, 429)):
+                return
+            tries += 1
+            await sim.backoff(status, retry, tries)
 
     def take(self, assignments: list[dict], received: float) -> None:
         """What the node should run now: start the new runs, stop those asked to stop, forget

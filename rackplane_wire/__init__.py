@@ -159,6 +159,33 @@ class Assignment(_Wire):
     memory_mib: int = Field(0, ge=0)
 
 
+class BurnInStep(_Wire):
+    """One step of a node's validation suite: an argv the agent runs on the host, with a time
+    limit. It passes when it exits 0, its output names no failing GPU, and (when the step has
+    a bound) the bus bandwidth it printed is at least the bound. Output lines the agent reads:
+    `RACKPLANE-BURNIN status=pass|fail [gpu=N] [busbw_gbps=X] [detail=...]` (for any command),
+    nccl-tests' `# Avg bus bandwidth : X` and dcgmi diag's result table (`Fail - GPU: N`)."""
+
+    name: str = Field(max_length=63, pattern=TOKEN)
+    command: list[Annotated[str, Field(max_length=4096, pattern=FREE)]] = Field(
+        min_length=1, max_length=128
+    )
+    timeout_s: float = Field(gt=0, le=86_400)
+    min_busbw_gbps: float | None = Field(None, gt=0, le=100_000)
+    # A check of a tool the host may not have (dcgmi where DCGM is not installed): skipped,
+    # not failed, when its command is not there.
+    optional: bool = False
+
+
+class BurnIn(_Wire):
+    """The suite the node must pass before it takes work (bring-up, after a repair, after an
+    upgrade). Run only while the node runs nothing else; steps in order, stopping at the first
+    that fails."""
+
+    id: str = Field(pattern=WORKLOAD, max_length=64)
+    steps: list[BurnInStep] = Field(min_length=1, max_length=32)
+
+
 class Assignments(_Wire):
     node: str
     # The node's desired-state index: send it back as `?index=` to wait for the next change.
@@ -167,6 +194,8 @@ class Assignments(_Wire):
     # Report (POST /status) at least this often, even with nothing to say: a node silent for
     # the heartbeat timeout is lost, and its work is moved.
     heartbeat_s: float = Field(gt=0)
+    # A validation suite to run now, if any (the node is out of service until it passes).
+    burn_in: BurnIn | None = None
 
 
 class RunReport(_Wire):
@@ -190,8 +219,30 @@ class RunReport(_Wire):
     )
 
 
+BurnInStatus = Literal["passed", "failed", "timed_out", "skipped"]
+
+
+class BurnInStepResult(_Wire):
+    name: str = Field(max_length=63, pattern=TOKEN)
+    status: BurnInStatus
+    gpu: int | None = Field(None, ge=0, le=255, description="The GPU that failed, if one did")
+    busbw_gbps: float | None = Field(None, ge=0, le=100_000)
+    detail: str = Field("", max_length=500, pattern=FREE)
+    seconds: float = Field(ge=0, le=10**6)
+
+
+class BurnInReport(_Wire):
+    """What the agent has of a burn-in: each step finished so far, and whether it is over (every
+    step passed, or one failed)."""
+
+    id: str = Field(pattern=WORKLOAD, max_length=64)
+    results: list[BurnInStepResult] = Field(default_factory=list, max_length=32)
+    done: bool = False
+
+
 class StatusReport(_Wire):
     runs: list[RunReport] = Field(default_factory=list, max_length=2000)
+    burn_in: BurnInReport | None = None
 
 
 class StatusAck(_Wire):

@@ -122,6 +122,7 @@ TABLES = [
     "health_incidents",
     "health_repairs",
     "node_heartbeats",
+    "burn_ins",
     "gpu_telemetry",
     "idle_iron",
     "idle_time",

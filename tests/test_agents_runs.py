@@ -47,6 +47,23 @@ def _inventory(node: str, gpus: list[dict] | None = None) -> dict:
     }
 
 
+def _bring_up(client, cred: str, inventory: dict):
+    """PUT the inventory and pass the bring-up burn-in it starts, as a healthy host's agent
+    does (tests/test_burn_in.py and the agent's own tests run real ones)."""
+    verdict = client.put("/v1/agent/inventory", json=inventory, headers=auth(cred))
+    desired = client.get("/v1/agent/assignments", params={"wait": "0s"}, headers=auth(cred))
+    burn = desired.json().get("burn_in")
+    if burn:
+        results = [{"name": s["name"], "status": "passed", "seconds": 0.1} for s in burn["steps"]]
+        passed = client.post(
+            "/v1/agent/status",
+            json={"burn_in": {"id": burn["id"], "results": results, "done": True}},
+            headers=auth(cred),
+        )
+        assert passed.status_code == 200, passed.text
+    return verdict
+
+
 def _join(client, op: str, node: str) -> str:
     nodes = client.get("/v1/admin/nodes", params={"limit": 50}, headers=auth(op)).json()["items"]
     nid = next(n["id"] for n in nodes if n["name"] == node)
@@ -91,7 +108,7 @@ def test_inventory_assignments_and_reports_drive_a_gang(
     node = session.scalar(select(Node).where(Node.name == "a-2"))
     assert node.state == "validating" and "GPU 3 is a A100-80GB" in node.state_reason
     for n in ("a-1", "a-2"):
-        ok = client.put("/v1/agent/inventory", json=_inventory(n), headers=auth(creds[n]))
+        ok = _bring_up(client, creds[n], _inventory(n))
         assert ok.json() == {
             "node": n,
             "matches": True,
@@ -314,9 +331,7 @@ def test_an_agent_pushes_telemetry_for_its_own_node_only(client, world, session)
     world.fleet(FLEET)
     op = world.key()
     cred = _join(client, op, "a-1")
-    assert client.put("/v1/agent/inventory", json=_inventory("a-1"), headers=auth(cred)).json()[
-        "matches"
-    ]
+    assert _bring_up(client, cred, _inventory("a-1")).json()["matches"]
     text = (
         'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a-1-0000",Hostname="a-1"} 61\n'
         'DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-a-2-0001",Hostname="a-2"} 62\n'

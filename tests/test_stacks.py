@@ -5,7 +5,7 @@ and on one stack, and honours a workload's stack and minimum CUDA version. REST 
 from __future__ import annotations
 
 from tests.conftest import auth, wait_until
-from tests.test_agents_runs import _inventory, _join
+from tests.test_agents_runs import _bring_up, _inventory, _join
 
 FLEET = """
 regions:
@@ -80,9 +80,8 @@ def test_stacks_drift_and_placement(client, world, celery_worker_process):
 
     # Agents report what they run: s-2 runs the old driver and is drifted, named.
     creds = {n: _join(client, op, n) for n in ("s-1", "s-2")}
-    client.put("/v1/agent/inventory", json=_inventory("s-1"), headers=auth(creds["s-1"]))
-    old = {**_inventory("s-2"), "driver_version": "550.54.15"}
-    client.put("/v1/agent/inventory", json=old, headers=auth(creds["s-2"]))
+    _bring_up(client, creds["s-1"], _inventory("s-1"))
+    _bring_up(client, creds["s-2"], {**_inventory("s-2"), "driver_version": "550.54.15"})
     assert _node(client, op, "s-2")["drift"] == [
         "driver 550.54.15 (stack h100-2026.10 pins 560.35.03)"
     ]

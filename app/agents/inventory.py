@@ -8,10 +8,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.core import pubsub
+from app.core.config import get_settings
 from app.core.db import utcnow
-from app.health import telemetry
+from app.health import suite, telemetry
+from app.health.transitions import move, where
 from app.models.agents import AgentNode
 from app.models.fleet import Gpu, Node, NodeState
+from app.models.health import Health
 from app.scheduling.lifecycle import agent_topic
 from app.stacks import service as stacks
 from app.tenancy.nodes import NodeCaller
@@ -88,9 +91,23 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     stacks.refresh(session, node, document)
     session.flush()
     telemetry.agent_joined(session, node.id)
+    if not diff:
+        bring_up(session, node, len(gpus), now)
     return InventoryVerdict(
         node=node.name, matches=not diff, differences=diff, node_state=node.state
     )
+
+
+def bring_up(session: Session, node: Node, gpus: int, now) -> None:
+    """A node that has never passed a burn-in is burned in before it takes work: its first
+    matching inventory starts one (again after a failed one was repaired and it reports)."""
+    if node.production_at is not None or not get_settings().burn_in:
+        return
+    if node.health != Health.healthy.value or suite.active(session, node.id) is not None:
+        return
+    at = where(session, node)
+    move(session, at, node, Health.validating, "bring-up: burn-in before it takes work", now=now)
+    suite.start(session, node, "bring-up", gpus, now)
 
 
 def _learn_uuids(session: Session, node: Node, gpus: list[Gpu], reported: list[GpuInfo]) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
-from app.health import telemetry
+from app.health import burnin, suite, telemetry
 from app.models.agents import AgentNode
 from app.models.fleet import Node
 from app.models.health import NodeHeartbeat
@@ -66,6 +66,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
     heartbeat = settings.heartbeat_timeout_seconds / 3
     if agent is None:
         return Assignments(node=caller.node_name, index=0, assignments=[], heartbeat_s=heartbeat)
+    burn = suite.active(session, caller.node_id)
     rows = session.execute(_held(caller.node_id).order_by(Allocation.workload_id)).all()
     masters = _masters(session, {w.id for _, w in rows if w.replicas > 1})
     devices = _devices(agent.inventory)
@@ -114,7 +115,11 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
             )
         )
     return Assignments(
-        node=caller.node_name, index=agent.desired_index, assignments=out, heartbeat_s=heartbeat
+        node=caller.node_name,
+        index=agent.desired_index,
+        assignments=out,
+        heartbeat_s=heartbeat,
+        burn_in=suite.wire(burn) if burn is not None else None,
     )
 
 
@@ -193,6 +198,8 @@ class _Outcome:
 
 def report(session: Session, caller: NodeCaller, status: StatusReport) -> StatusAck:
     """Take an agent's report: a heartbeat, and the runs whose state is news."""
+    if status.burn_in is not None:
+        burnin.take(session, caller.node_id, status.burn_in, utcnow())
     if not status.runs:  # a heartbeat alone
         telemetry.ingest(session, [], {}, heartbeat_nodes=[caller.node_name])
         return StatusAck(accepted=0, stale=0)

@@ -140,6 +140,12 @@ class Settings(BaseSettings):
     # After a repair a GPU is validated this long; a fatal fault within `refault_window` of a
     # repair sends it out of service instead of through another repair.
     validate_seconds: float = Field(default=10.0, ge=0, alias="RACKPLANE_VALIDATE_SECONDS")
+    # Burn-in: nodes with an agent pass a validation suite before they take work (bring-up,
+    # after a node-level repair or an RMA return). The suite: a YAML file of steps
+    # (`{steps: [{name, command, timeout_s, min_busbw_gbps?, optional?}]}`), or by default
+    # dcgmi diag -r 3 and an NCCL all-reduce across the node's GPUs (app/health/burnin.py).
+    burn_in: bool = Field(default=True, alias="RACKPLANE_BURN_IN")
+    burn_in_suite: Path | None = Field(default=None, alias="RACKPLANE_BURN_IN_SUITE")
     refault_window_seconds: float = Field(default=86400.0, ge=0, alias="RACKPLANE_REFAULT_WINDOW")
     # Chaos experiments (app/chaos): off unless asked for.
     chaos_enabled: bool = Field(default=False, alias="RACKPLANE_CHAOS_ENABLED")

@@ -59,6 +59,9 @@ class NodeOut(OutModel):
         description="Each component its agent reports at another version than its stack pins "
         "(empty: none); a drifted node takes no gang"
     )
+    production_at: datetime | None = Field(
+        description="When its first burn-in passed (bring-up done); none without an agent"
+    )
     created_at: datetime
 
 

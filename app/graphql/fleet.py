@@ -90,6 +90,9 @@ class Node:
     drift: list[str] = strawberry.field(
         description="Each component its agent reports at another version than its stack pins"
     )
+    production_at: datetime | None = strawberry.field(
+        description="When its first burn-in passed (its time to production ends there)"
+    )
     _row: strawberry.Private[Any]
 
     @strawberry.field
@@ -131,6 +134,7 @@ class Node:
             pool=n.pool,
             stack_id=strawberry.ID(str(n.stack_id)) if n.stack_id else None,
             drift=list(n.drift or []),
+            production_at=n.production_at,
             _row=n,
         )
 

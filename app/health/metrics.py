@@ -25,7 +25,7 @@ from sqlalchemy import case, func, select
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
 from app.models.fleet import Gpu, Node, Rack, Region
-from app.models.health import PLACEABLE, HealthIncident, HealthRepair, IdleIron
+from app.models.health import PLACEABLE, BurnIn, HealthIncident, HealthRepair, IdleIron
 from app.models.workloads import (
     CYCLE_BUCKETS,
     GpuUsage,
@@ -73,6 +73,7 @@ class FleetCollector(Collector):
             yield _idle_iron(s)
             yield from _incidents(s)
             yield from _repairs(s)
+            yield from _burn_ins(s)
             yield from _lost_work(s)
             yield _cycles(s)
             yield _queue_waits(s)
@@ -152,6 +153,58 @@ def _incidents(s: Any) -> Iterator:
     )
     c.add_metric([], held or 0)
     yield c
+
+
+def _burn_ins(s: Any) -> Iterator:
+    """Bring-up: nodes burning in now (by why), time to production (registered to first
+    passed burn-in, nodes that reached it in the last 30 days), and GPU-hours spent in
+    burn-ins (last 30 days, by outcome)."""
+    now = utcnow()
+    running = GaugeMetricFamily(
+        "rackplane_burn_in_nodes",
+        "Nodes burning in now (out of service until their suite passes), by why",
+        labels=["reason"],
+    )
+    counts: dict[str, int] = {}
+    for reason, n in s.execute(
+        select(BurnIn.reason, func.count())
+        .where(BurnIn.status == "running")
+        .group_by(BurnIn.reason)
+    ):
+        counts[reason] = n
+    for reason in ("bring-up", "repair", "return", "upgrade"):
+        running.add_metric([reason], counts.get(reason, 0))
+    yield running
+    since = now - timedelta(days=30)
+    ttp: list[float] = [
+        (as_aware(done) - as_aware(created)).total_seconds()
+        for created, done in s.execute(
+            select(Node.created_at, Node.production_at).where(Node.production_at >= since)
+        )
+    ]
+    yield _histogram(
+        "rackplane_time_to_production_seconds",
+        "Nodes in production within the last 30 days: registered to first passed burn-in",
+        "fleet",
+        {"all": ttp},
+        DURATION_BUCKETS,
+    )
+    hours = CounterMetricFamily(
+        "rackplane_burn_in_gpu_hours",
+        "GPU-hours out of service in burn-ins that ended in the last 30 days, by outcome",
+        labels=["outcome"],
+    )
+    spent: dict[str, float] = {}
+    for status, gpus, started, finished in s.execute(
+        select(BurnIn.status, BurnIn.gpus, BurnIn.started_at, BurnIn.finished_at).where(
+            BurnIn.finished_at >= since
+        )
+    ):
+        secs = (as_aware(finished) - as_aware(started)).total_seconds()
+        spent[status] = spent.get(status, 0.0) + gpus * secs / 3600
+    for status in ("passed", "failed", "rma", "withdrawn"):
+        hours.add_metric([status], round(spent.get(status, 0.0), 4))
+    yield hours
 
 
 def _repairs(s: Any) -> Iterator:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
+from app.health import suite
 from app.health.actions import Repair
 from app.health.transitions import H, Where, move, where
 from app.models.fleet import Gpu, Node
@@ -270,7 +271,6 @@ def _validated(
     reported since, unreachable)."""
     node = at.node
     node_level = rep.kind in ("reboot", "return")
-    what = WHAT[rep.kind]
     listed = set(rep.gpu_indices or [])
     current = [x for x in subjects if x.health == H.validating.value]
     if node_level and node not in current:
@@ -291,13 +291,43 @@ def _validated(
         )
         rep.phase, rep.finished_at, rep.outcome = "done", now, "silent"
         return "silent"
+    if node_level and node in current and suite.wanted(session, node):
+        # A node with an agent is burned in before it takes work again: its agent runs the
+        # suite, and `burnin.take` returns it to service (or not) from the report.
+        b = suite.for_repair(session, rep.id)
+        if b is None or b.status == "withdrawn":
+            gpus = len(node.gpus)
+            b = suite.start(
+                session, node, "return" if rep.kind == "return" else "repair", gpus, now, rep.id
+            )
+            rep.phase = "burn-in"
+            rep.due_at = now + timedelta(seconds=suite.limit_s(b))
+            enqueue(
+                session,
+                "health.repair",
+                queue="health",
+                countdown=suite.limit_s(b),
+                repair_id=str(rep.id),
+            )
+            return "burn-in"
+        if b.status == "running":
+            return "burn-in"  # the health sweep fails one past its limit (`burnin.overdue`)
+        if b.status != "passed":
+            return "burn-in failed"
+    return return_to_service(session, rep, at, current, now)
+
+
+def return_to_service(
+    session: Session, rep: HealthRepair, at: Where, current: list[Node | Gpu], now: datetime
+) -> str:
+    """The repair's hardware (`current`, still validating) back in service."""
     for x in current:
         move(
             session,
             at,
             x,
             H.healthy,
-            f"validated after the {what}: back in service",
+            f"validated after the {WHAT[rep.kind]}: back in service",
             now=now,
             details={"repair": str(rep.id)},
         )

@@ -72,6 +72,9 @@ TRANSITIONS: dict[tuple[Health, Health], frozenset[Actor]] = {
     (H.draining, H.healthy): OPS,
     (H.repairing, H.healthy): OPS,
     (H.out_of_service, H.validating): OPS,
+    # Bring-up (and an upgrade): a node with an agent is validated (burned in) before it
+    # takes work.
+    (H.healthy, H.validating): SYS,
     # Nodes: the agent goes silent, and comes back (then validated before use).
     (H.healthy, H.unreachable): SYS,
     (H.suspect, H.unreachable): SYS,

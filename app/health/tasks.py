@@ -15,7 +15,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.core.config import get_settings
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
-from app.health import idle, service
+from app.health import burnin, idle, service
 from app.health.states import Health
 from app.models.fleet import Gpu, Node
 from app.models.health import HealthIncident, HealthRepair, IdleIron, IncidentState, NodeHeartbeat
@@ -102,9 +102,10 @@ def sweep() -> dict:
     whose message was lost; incidents whose burst window ended; suspect GPUs with no new
     evidence within the window (back to healthy)."""
     now = utcnow()
-    out = {"silent": 0, "back": 0, "repairs": 0, "closed": 0, "cleared": 0}
+    out = {"silent": 0, "back": 0, "repairs": 0, "closed": 0, "cleared": 0, "burn_ins": 0}
     with session_scope() as session:
         out["silent"], out["back"] = _silent_or_back(session, now)
+        out["burn_ins"] = burnin.overdue(session, now)
         out["repairs"] = _resend_late_repairs(session, now)
         out["closed"] = _close_incidents(session, now)
         out["cleared"] = _clear_suspects(session, now)

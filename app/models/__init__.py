@@ -14,6 +14,7 @@ from app.models.billing import (
 from app.models.chaos import ChaosExperiment, ChaosInjection
 from app.models.fleet import FleetImport, Gpu, Node, Rack, Region, SoftwareStack
 from app.models.health import (
+    BurnIn,
     GpuTelemetry,
     HealthEvent,
     HealthIncident,
@@ -41,6 +42,7 @@ from app.models.workloads import (
 
 __all__ = [
     "Allocation",
+    "BurnIn",
     "SoftwareStack",
     "AuditEntry",
     "BillingAdjustment",

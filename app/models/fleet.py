@@ -115,6 +115,8 @@ class Node(TimestampMixin, Base):
     )
     drift: Mapped[list] = mapped_column(JSON, default=list, server_default="[]")
     cuda_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # When its first burn-in passed (bring-up done; none for nodes without an agent).
+    production_at: Mapped[datetime | None] = mapped_column(default=None)
     rack: Mapped[Rack] = relationship(back_populates="nodes")
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.index")
 

@@ -213,3 +213,29 @@ class IdleTime(Base):
     cause: Mapped[str] = mapped_column(String(16), primary_key=True)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     updated_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class BurnIn(Base):
+    """A node's validation suite run by its agent before the node takes work: at bring-up,
+    after a node-level repair or an RMA return, after an upgrade. The node stays `validating`
+    until every step passes; a failure names the step and the GPU."""
+
+    __tablename__ = "burn_ins"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), index=True
+    )
+    # The repair whose validation this is (none at bring-up).
+    repair_id: Mapped[uuid.UUID | None] = mapped_column(default=None)
+    reason: Mapped[str] = mapped_column(String(16))  # bring-up | repair | return | upgrade
+    status: Mapped[str] = mapped_column(
+        String(12), default="running"
+    )  # passed | failed | withdrawn
+    suite: Mapped[list] = mapped_column(JSON)  # the steps as the agent was given them
+    results: Mapped[list] = mapped_column(JSON, default=list)
+    failed_step: Mapped[str | None] = mapped_column(String(63), default=None)
+    failed_gpu: Mapped[int | None] = mapped_column(SmallInteger, default=None)
+    gpus: Mapped[int] = mapped_column(SmallInteger)  # GPU-hours out of service: gpus x time
+    started_at: Mapped[datetime] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -17,14 +17,41 @@ class GpuModel:
     # Maximum SM (boost) clock, MHz, from NVIDIA's datasheets, where we have it: the health
     # loop's nominal for "clock under load" (None: that evidence is not used for the model).
     sm_clock_mhz: int | None = None
+    # nccl-tests all_reduce_perf bus bandwidth across the GPUs of one HGX node at large
+    # messages (1-8 GB), GB/s, as published runs report it (8x H100 SXM 460-480, 8x A100 SXM
+    # 230-250); burn-in's bound is 80 % of it ("more than 20 % below: something is off").
+    # None: no published figure we trust (B200, GB200): the step checks only that it ran.
+    nccl_busbw_gbps: float | None = None
 
 
 GPU_MODELS: dict[str, GpuModel] = {
     m.name: m
     for m in (
-        GpuModel("A100-80GB", 80 * 1024, "ampere", confidential=False, sm_clock_mhz=1410),
-        GpuModel("H100-80GB", 80 * 1024, "hopper", cc_whole_node=True, sm_clock_mhz=1980),
-        GpuModel("H200-141GB", 141 * 1024, "hopper", cc_whole_node=True, sm_clock_mhz=1980),
+        GpuModel(
+            "A100-80GB",
+            80 * 1024,
+            "ampere",
+            confidential=False,
+            sm_clock_mhz=1410,
+            nccl_busbw_gbps=240,
+        ),
+        GpuModel(
+            "H100-80GB",
+            80 * 1024,
+            "hopper",
+            cc_whole_node=True,
+            sm_clock_mhz=1980,
+            nccl_busbw_gbps=470,
+        ),
+        # The same NVLink-4 switch as H100.
+        GpuModel(
+            "H200-141GB",
+            141 * 1024,
+            "hopper",
+            cc_whole_node=True,
+            sm_clock_mhz=1980,
+            nccl_busbw_gbps=470,
+        ),
         GpuModel("B200", 180 * 1024, "blackwell"),
         GpuModel("GB200", 186 * 1024, "blackwell"),
     )

@@ -132,6 +132,12 @@ def runs_changed(session: Session, w: Workload) -> None:
         session.info.setdefault(_NODES, set()).update(p["node"] for p in w.placement)
 
 
+def nodes_changed(session: Session, names: list[str]) -> None:
+    """What these nodes' agents should do changed outside any workload (a burn-in to run):
+    their desired-state index goes up with this transaction."""
+    session.info.setdefault(_NODES, set()).update(names)
+
+
 def agent_topic(node_name: str) -> str:
     """The feed topic that wakes the agent of `node_name` waiting for its assignments."""
     return f"agent-node:{node_name}"

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from app.core.schemas import TEXT_PATTERN, OutModel, StrictModel
+from app.core.schemas import TEXT_PATTERN, OutModel, StrictModel, _strict_schema
 
 NAME = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME)]
@@ -48,8 +48,23 @@ class StackList(BaseModel):
     items: list[StackOut]
 
 
+def _one_target(schema: dict[str, Any], model: type) -> None:
+    """`StackAssign`'s rule in its JSON Schema, so clients and fuzzers see it: exactly one of
+    pool, region or nodes (the others absent or null)."""
+    _strict_schema(schema, model)
+    null = {"type": "null"}
+    name = {"type": "string", "pattern": NAME}
+    given = {"pool": name, "region": name, "nodes": {"type": "array"}}
+    schema["oneOf"] = [
+        {"required": [k], "properties": {k: given[k], **{o: null for o in given if o != k}}}
+        for k in given
+    ]
+
+
 class StackAssign(StrictModel):
     """Which nodes should run the stack: one pool, one region, or nodes by name."""
+
+    model_config = {**StrictModel.model_config, "json_schema_extra": _one_target}
 
     pool: Name | None = None
     region: Name | None = None

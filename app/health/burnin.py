@@ -1,0 +1,168 @@
+"""Burn-in outcomes: the agent's report judged, and the node moved.
+
+Every step passed (or was skipped for want of its tool): the node is back in service (its
+repair done) and, the first time, in production (`Node.production_at`). A step failed, timed
+out, or the whole burn-in ran past its limit: the failure is named (step, GPU, why) on the
+node; a first failure since the node last passed sends it to repair (a reboot), a second one
+out of service for an RMA.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.db import as_aware
+from app.health import suite
+from app.health.repairs import return_to_service, start_repair
+from app.health.transitions import H, move, where
+from app.models.fleet import Gpu, Node
+from app.models.health import BurnIn, HealthRepair
+from app.scheduling import lifecycle
+from app.workloads.service import kick_placement
+from rackplane_wire import BurnInReport
+
+
+def take(session: Session, node_id: uuid.UUID, report: BurnInReport, now: datetime) -> bool:
+    """An agent's report on its node's burn-in; True when it was news."""
+    try:
+        bid = uuid.UUID(report.id)
+    except ValueError:
+        return False
+    b = session.scalar(
+        select(BurnIn).where(BurnIn.id == bid, BurnIn.node_id == node_id).with_for_update()
+    )
+    if b is None or b.status != "running":
+        return False  # withdrawn, finished, or another node's: stale
+    results = [r.model_dump(mode="json") for r in report.results]
+    if results == b.results and not report.done:
+        return False
+    b.results = results
+    if not report.done:
+        return True
+    optional = {s["name"] for s in b.suite if s.get("optional")}
+    failed = next(
+        (
+            r
+            for r in report.results
+            if r.status != "passed" and not (r.status == "skipped" and r.name in optional)
+        ),
+        None,
+    )
+    node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
+    assert node is not None
+    if failed is None and len(report.results) >= len(b.suite):
+        _passed(session, b, node, now)
+    else:
+        why = (
+            f"{failed.status.replace('_', ' ')}"
+            + (f" on GPU {failed.gpu}" if failed.gpu is not None else "")
+            + (f": {failed.detail}" if failed.detail else "")
+            if failed is not None
+            else "ended before every step ran"
+        )
+        _failed(
+            session,
+            b,
+            node,
+            failed.name if failed else "suite",
+            failed.gpu if failed else None,
+            why,
+            now,
+        )
+    return True
+
+
+def overdue(session: Session, now: datetime) -> int:
+    """Burn-ins past their limit (the agent never finished: hung, or silent): failed."""
+    n = 0
+    for b in session.scalars(
+        select(BurnIn).where(BurnIn.status == "running").order_by(BurnIn.id).with_for_update()
+    ):
+        if as_aware(b.started_at) + timedelta(seconds=suite.limit_s(b)) > now:
+            continue
+        node = session.scalar(select(Node).where(Node.id == b.node_id).with_for_update())
+        if node is None:
+            continue
+        done = [r["name"] for r in b.results]
+        step = next((s["name"] for s in b.suite if s["name"] not in done), "suite")
+        _failed(session, b, node, step, None, "no result from the node's agent in time", now)
+        n += 1
+    return n
+
+
+def _passed(session: Session, b: BurnIn, node: Node, now: datetime) -> None:
+    b.status, b.finished_at = "passed", now
+    lifecycle.nodes_changed(session, [node.name])  # its agent may forget the burn-in
+    node.production_at = node.production_at or now
+    at = where(session, node)
+    rep = session.get(HealthRepair, b.repair_id) if b.repair_id else None
+    if rep is not None and rep.finished_at is None:
+        gpus = list(
+            session.scalars(
+                select(Gpu)
+                .where(Gpu.node_id == node.id, Gpu.health == H.validating.value)
+                .with_for_update()
+            )
+        )
+        current = [x for x in [node, *gpus] if x.health == H.validating.value]
+        return_to_service(session, rep, at, current, now)
+        return
+    if node.health == H.validating.value:
+        move(session, at, node, H.healthy, f"burn-in passed ({b.reason}): in service", now=now)
+        kick_placement(session, at.region)
+
+
+def _failed(
+    session: Session,
+    b: BurnIn,
+    node: Node,
+    step: str,
+    gpu: int | None,
+    why: str,
+    now: datetime,
+) -> None:
+    b.status, b.finished_at = "failed", now
+    b.failed_step, b.failed_gpu = step[:63], gpu
+    lifecycle.nodes_changed(session, [node.name])
+    at = where(session, node)
+    rep = session.get(HealthRepair, b.repair_id) if b.repair_id else None
+    if rep is not None and rep.finished_at is None:
+        rep.phase, rep.finished_at, rep.outcome = "done", now, "failed"
+    cause = f"burn-in failed at {step}: {why}"[:480]
+    if node.health != H.validating.value:
+        return  # moved on meanwhile (an operator, a fault): the failure is recorded only
+    # Failures in a row: since the node last passed, or last went out for RMA (a swapped
+    # part starts afresh).
+    since = session.scalar(
+        select(func.max(BurnIn.finished_at)).where(
+            BurnIn.node_id == node.id, BurnIn.status.in_(("passed", "rma"))
+        )
+    )
+    failures = (
+        session.scalar(
+            select(func.count())
+            .select_from(BurnIn)
+            .where(
+                BurnIn.node_id == node.id,
+                BurnIn.status == "failed",
+                *([BurnIn.finished_at > since] if since is not None else []),
+            )
+        )
+        or 0
+    )
+    if failures >= 2:
+        b.status = "rma"
+        move(session, at, node, H.out_of_service, f"{cause}; failed twice: out for RMA", now=now)
+        return
+    move(session, at, node, H.quarantined, cause, now=now)
+    gpus = [g for g in node.gpus if gpu is not None and g.index == gpu]
+    for g in gpus:
+        if g.health in (H.healthy.value, H.suspect.value):
+            move(session, at, g, H.quarantined, cause, now=now)
+    start_repair(
+        session, at, None, [g for g in gpus if g.health == H.quarantined.value], "reboot", True, now
+    )
