@@ -27,6 +27,7 @@ from app.api import (
     sessions,
     stacks,
     tenants,
+    upgrades,
     workloads,
 )
 from app.audit import service as audit_service
@@ -40,6 +41,7 @@ from app.core.middleware import (
 )
 from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
 from app.core.secrets import check_server_secrets
+from app.fleet import upgrades as fleet_upgrades
 from app.fleet.document import FleetDocument
 from app.graphql.schema import router as graphql_router
 from app.health import metrics as health_metrics
@@ -74,6 +76,7 @@ def create_app() -> FastAPI:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
     suite.check_suite()  # an unusable burn-in suite file stops the API here, named
+    fleet_upgrades.check_commands()  # and so does an unusable upgrade commands file
     # /docs and /redoc with their assets served by the app: no CDN, so they work offline.
     app = FastAPIOffline(
         title="Rackplane", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan
@@ -96,6 +99,7 @@ def create_app() -> FastAPI:
         agents,
         logs,
         stacks,
+        upgrades,
     ):
         if hasattr(module, "router"):
             app.include_router(module.router)

@@ -111,6 +111,7 @@ class _State:
     started_at: float | None = None  # wall clock
     version: int = 0
     acked_version: int = 0
+    reinventory: bool = False  # read the inventory again when done (the steps changed it)
 
 
 class BurnInRunner:
@@ -169,7 +170,7 @@ class BurnInRunner:
             self._forget(st)
             st = None
         if st is None:
-            st = self.state = _State(id=desired.id)
+            st = self.state = _State(id=desired.id, reinventory=desired.reinventory)
             self._save()
         if st.done:
             return
@@ -325,6 +326,12 @@ class BurnInRunner:
         if st is not None and version > st.acked_version:
             st.acked_version = version
             self._save()
+
+    def wants_inventory(self) -> bool:
+        """A finished burn-in whose steps changed the host: its report carries a fresh
+        inventory."""
+        st = self.state
+        return st is not None and st.done and st.reinventory
 
     def running(self) -> bool:
         return self.state is not None and self.state.pid is not None

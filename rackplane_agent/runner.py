@@ -586,9 +586,14 @@ class Agent:
                 return False
             sent = [(r.key, r.version) for r in self._runs.values()]
             reports = [self._run_report(r) for r in self._runs.values()]
+            fresh = None
+            if burn is not None and self._burnin is not None and self._burnin.wants_inventory():
+                fresh = self._reread_inventory()
         try:
             ack = self.client.status(
-                StatusReport(runs=reports, burn_in=burn[0] if burn is not None else None)
+                StatusReport(
+                    runs=reports, burn_in=burn[0] if burn is not None else None, inventory=fresh
+                )
             )
         except (TransientError, ApiError) as exc:
             if isinstance(exc, CredentialRefused):
@@ -708,6 +713,36 @@ class Agent:
         log.info(
             kv("node", name=node.get("node_name"), rack=node.get("rack"), region=node.get("region"))
         )
+
+    def _reread_inventory(self) -> Inventory | None:
+        """The host's inventory read again (an upgrade's steps changed its software); None
+        when it cannot be read (the report goes without it, and the control plane judges the
+        versions it last had). With NVML, versions loaded in this process may be the old
+        ones until the host reboots (a driver upgrade does), which restarts the agent."""
+        assert self.inventory is not None
+        try:
+            fresh = inventory_mod.collect(
+                inventory_file=self.config.inventory_file,
+                address=self.config.address or self.inventory.address,
+                runtimes=self._runtime_names,
+                nvml=self._nvml,
+                hostname=self.inventory.hostname,
+            )
+        except inventory_mod.InventoryError as exc:
+            log.error(kv("inventory_reread_failed", error=exc))
+            return None
+        if fresh != self.inventory:
+            log.info(
+                kv(
+                    "inventory_changed",
+                    driver=fresh.driver_version,
+                    cuda=fresh.cuda_version,
+                    nccl=fresh.nccl_version,
+                    firmware=fresh.firmware_version,
+                )
+            )
+        self.inventory = fresh
+        return fresh
 
     def _send_inventory(self, retry: dict[str, Any]) -> None:
         assert self.inventory is not None

@@ -184,6 +184,9 @@ class BurnIn(_Wire):
 
     id: str = Field(pattern=WORKLOAD, max_length=64)
     steps: list[BurnInStep] = Field(min_length=1, max_length=32)
+    # The steps change the host's software (an upgrade installs a stack): when they are over,
+    # read the inventory again and send it with the report (`StatusReport.inventory`).
+    reinventory: bool = False
 
 
 class Assignments(_Wire):
@@ -243,6 +246,9 @@ class BurnInReport(_Wire):
 class StatusReport(_Wire):
     runs: list[RunReport] = Field(default_factory=list, max_length=2000)
     burn_in: BurnInReport | None = None
+    # The host's inventory read again, sent with a finished burn-in that asked for it
+    # (`BurnIn.reinventory`): taken before the burn-in is judged.
+    inventory: Inventory | None = None
 
 
 class StatusAck(_Wire):

@@ -122,6 +122,8 @@ TABLES = [
     "health_incidents",
     "health_repairs",
     "node_heartbeats",
+    "upgrade_nodes",
+    "upgrades",
     "burn_ins",
     "gpu_telemetry",
     "idle_iron",

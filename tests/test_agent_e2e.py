@@ -45,6 +45,19 @@ regions:
           - {name: e2e-b, gpus: 4}
 """
 ADDRESS = {"e2e-a": "127.0.0.11", "e2e-b": "127.0.0.12"}
+OLD = {"driver": "550.54.15", "cuda": "12.4"}
+NEW = {"driver": "560.35.03", "cuda": "12.6"}
+INSTALL = """import os, sys, yaml
+component, version = sys.argv[1], sys.argv[2]
+path = os.environ["E2E_INVENTORY"]
+with open(path) as f:
+    inv = yaml.safe_load(f)
+inv[component + "_version"] = version
+with open(path + ".new", "w") as f:
+    yaml.safe_dump(inv, f)
+os.replace(path + ".new", path)
+print(f"installed {component} {version}")
+"""
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -62,7 +75,25 @@ def plane(database, tmp_path_factory):
     logs = tmp_path_factory.mktemp("plane")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = _env(RACKPLANE_PUBLIC_API_URL=url, RACKPLANE_AGENT_START_TIMEOUT="60")
+    # The operator's install commands for upgrades: a script that "installs" a component by
+    # writing its version into the host's inventory file (the agent reads it again).
+    install = logs / "install.py"
+    install.write_text(INSTALL)
+    commands = logs / "upgrade-commands.yaml"
+    commands.write_text(
+        yaml.safe_dump(
+            {
+                c: {"command": [sys.executable, str(install), c, "{version}"], "timeout_s": 60}
+                for c in ("driver", "cuda")
+            }
+        )
+    )
+    env = _env(
+        RACKPLANE_PUBLIC_API_URL=url,
+        RACKPLANE_AGENT_START_TIMEOUT="60",
+        RACKPLANE_UPGRADE_COMMANDS=str(commands),
+        RACKPLANE_UPGRADE_TICK="1",
+    )
     api = subprocess.Popen(
         api_command(port),
         cwd=ROOT,
@@ -112,7 +143,8 @@ class Agents:
             {"index": i, "uuid": f"GPU-{node}-{i}", "model": "H100-80GB", "memory_mib": 81559}
             for i in range(4)
         ]
-        inv.write_text(yaml.safe_dump({"hostname": node, "gpus": gpus}))
+        versions = {"driver_version": OLD["driver"], "cuda_version": OLD["cuda"]}
+        inv.write_text(yaml.safe_dump({"hostname": node, "gpus": gpus, **versions}))
         argv = [sys.executable, "-m", "rackplane_agent", "--api", self.url]
         argv += ["--state-dir", str(self.state(node)), "--inventory", str(inv)]
         argv += ["--address", ADDRESS[node], "--poll-wait", "20"]
@@ -120,7 +152,7 @@ class Agents:
             argv += ["--token", self.tokens[node]]
         log = open(self.root / node / "agent.log", "ab")
         self.procs[node] = subprocess.Popen(
-            argv, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT
+            argv, cwd=ROOT, env=_env(E2E_INVENTORY=str(inv)), stdout=log, stderr=subprocess.STDOUT
         )
 
     def kill(self, node: str, with_work: bool) -> list[int]:
@@ -384,3 +416,87 @@ def test_a_gang_killed_with_its_node_resumes_from_its_checkpoint_and_bills_what_
     assert len(stops) == 4, stops
     first = sorted(stops)[:2]
     assert all(s <= killed_at for s in first), (first, killed_at)
+
+
+def test_a_rolling_upgrade_moves_work_at_its_checkpoints_and_installs_the_stack(
+    agents, world, tmp_path
+):
+    """Both nodes move from one stack to the next, one at a time: the running job moves off
+    each at its next checkpoint and resumes from it; each agent installs what differs with
+    the operator's commands (which rewrite its inventory), burns in (DCGM and nccl-tests are
+    not installed here: skipped), reads its inventory again, and the node is back."""
+    a, http = agents
+    op = auth(world.key())
+    key = world.key(world.tenant("t", policy=ALL))
+    for name, comps in (("old", OLD), ("new", NEW)):
+        r = http.post("/v1/admin/stacks", json={"name": name, "components": comps}, headers=op)
+        assert r.status_code == 201, r.text
+    r = http.post("/v1/admin/stacks/old/assignments", json={"region": "r1"}, headers=op)
+    assert r.json()["drifted"] == 0, r.text
+
+    ckpt = tmp_path / "ckpt"
+    made = http.post(
+        "/v1/workloads",
+        json={
+            "kind": "instance",
+            "gpus": 4,
+            "command": _train(500, 0.1, 10, ckpt),
+            "checkpoint": {"interval_s": 60, "cost_s": 0},
+        },
+        headers=auth(key),
+    )
+    assert made.status_code == 201, made.text
+    wid = made.json()["id"]
+    wait_until(lambda: "step 12/500" in _logs(http, key, wid), timeout=60)
+
+    r = http.post(
+        "/v1/admin/upgrades",
+        json={
+            "stack": "new",
+            "region": "r1",
+            "batch": "1",
+            "max_unavailable_pct": 50,
+            "drain_wait_s": 30,
+        },
+        headers=op,
+    )
+    assert r.status_code == 202, r.text
+    uid = r.json()["id"]
+
+    def upgrade() -> dict:
+        return http.get(f"/v1/admin/upgrades/{uid}", headers=op).json()
+
+    seen: set[tuple[str, ...]] = set()
+
+    def done() -> bool:
+        u = upgrade()
+        seen.add(tuple(sorted(n["node"] for n in u["nodes"] if n["phase"] != "pending")))
+        in_flight = [n for n in u["nodes"] if n["phase"] in ("draining", "applying")]
+        assert len(in_flight) <= 1, u["nodes"]  # half the GPUs: one node at a time
+        return u["state"] == "done"
+
+    try:
+        wait_until(done, timeout=150, interval=0.5)
+    except AssertionError:
+        raise AssertionError(
+            (upgrade(), [(n, (a.root / n / "agent.log").read_text()[-1500:]) for n in ADDRESS])
+        ) from None
+    u = upgrade()
+    assert [n["phase"] for n in u["nodes"]] == ["done", "done"], u
+    assert u["report"]["failures"] == 0 and u["report"]["gpu_hours_out_of_service"] > 0
+    assert u["report"]["work_moved"] >= 1  # the job, off whichever node held it
+    nodes = http.get("/v1/admin/nodes", headers=op).json()["items"]
+    new_id = http.get("/v1/admin/stacks/new", headers=op).json()["id"]
+    for n in nodes:
+        assert (n["state"], n["health"], n["drift"]) == ("ready", "healthy", []), n
+        assert n["stack_id"] == new_id
+        inv = yaml.safe_load((a.root / n["name"] / "inventory.yaml").read_text())
+        assert (inv["driver_version"], inv["cuda_version"]) == (NEW["driver"], NEW["cuda"])
+        assert "inventory_changed" in (a.root / n["name"] / "agent.log").read_text()
+
+    # The job moved at a checkpoint, resumed from it, and finishes.
+    events = http.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+    moved = [e for e in events if e["details"].get("reason") == "node_upgrade"]
+    assert moved and "leaving service" in moved[0]["reason"], events
+    wait_until(lambda: _get(http, key, wid)["state"] == "succeeded", timeout=120)
+    assert "resumed from step" in _logs(http, key, wid)

@@ -129,6 +129,18 @@ def test_bring_up_repair_and_rma(client, world, session, celery_worker_process):
     b3 = session.scalar(select(Node).where(Node.name == "b-3"))
     row = session.scalar(select(BurnIn).where(BurnIn.node_id == b3.id))
     later = row.started_at + timedelta(hours=2)
+    # The operator's bring-up view: b-3 burning in, then (at `later`) stuck past its limit.
+    view = client.get("/v1/admin/bring-up", headers=auth(op)).json()
+    b3_now = next(i for i in view["items"] if i["node"] == "b-3")
+    assert (b3_now["why"], b3_now["step"], b3_now["steps"], b3_now["stuck"]) == (
+        "bring-up",
+        "dcgm-diag",
+        2,
+        None,
+    )
+    assert not any(i["node"] == "b-1" for i in view["items"]), "in production: not listed"
+    stuck = {i.node: i.stuck for i in burnin.bring_up(session, later).items}
+    assert stuck["b-3"] == "burn-in past its limit at dcgm-diag"
     assert burnin.overdue(session, later) == 1
     session.commit()
     session.expire_all()

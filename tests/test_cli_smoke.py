@@ -84,6 +84,19 @@ CASES: dict[str, Case] = {
         says="2 node(s) should run h100-2026.10; 0 drifted",
     ),
     "fleet stack list": Case("fleet stack list --json", says='"nodes": 2'),
+    # The demo fleet's nodes are simulated: no agent to install a stack, so no upgrade.
+    "fleet upgrade": Case(
+        "fleet upgrade --stack h100-2026.10 --pool h100-train --batch 10%",
+        code=2,
+        says="have no agent",
+    ),
+    "fleet upgrades": Case("fleet upgrades --json", says="[]"),
+    "fleet upgrade-resume": Case(
+        "fleet upgrade-resume 0b0e5a9e-8f4c-4d7e-9a51-3c1f2a6b7d90", code=2, says="No upgrade"
+    ),
+    "fleet upgrade-rollback": Case(
+        "fleet upgrade-rollback nope", code=2, says="No upgrade with id nope"
+    ),
     # The node agent's own program: with no NVML here and no inventory, it cannot start (2).
     "agent": Case(
         "agent --api http://127.0.0.1:9 --state-dir {tmp}/agent", code=2, says="no GPU inventory"

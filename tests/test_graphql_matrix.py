@@ -156,6 +156,28 @@ MATRIX = {
         f'mutation {{ assignStack(name: "nope", input: {{pool: "p"}}) {P} }}',
         ("stack_not_found",),
     ),
+    "bringUp": ("platform", "{ bringUp { stuck items { node why stuck } } }", ()),
+    "upgrades": ("platform", "{ upgrades { id state progress { pending } } }", ()),
+    "upgrade": (
+        "platform",
+        f'{{ upgrade(id: "{MISSING}") {{ state report {{ gpuHoursOutOfService }} }} }}',
+        ("upgrade_not_found",),
+    ),
+    "startUpgrade": (
+        "platform",
+        f'mutation {{ startUpgrade(input: {{stack: "nope", pool: "p"}}) {P} }}',
+        ("stack_not_found",),
+    ),
+    "resumeUpgrade": (
+        "platform",
+        f'mutation {{ resumeUpgrade(id: "{MISSING}") {P} }}',
+        ("upgrade_not_found",),
+    ),
+    "rollbackUpgrade": (
+        "platform",
+        f'mutation {{ rollbackUpgrade(id: "{MISSING}") {P} }}',
+        ("upgrade_not_found",),
+    ),
     "stopChaosExperiment": (
         "platform",
         f'mutation {{ stopChaosExperiment(id: "{MISSING}") {P} }}',

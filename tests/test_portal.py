@@ -855,3 +855,90 @@ def test_an_operator_runs_tenants_prices_nodes_chaos_and_health(api, world, brow
     }, done
     refused = [e["action"] for e in entries if e["status"] != 200]
     assert refused == ["POST /graphql:setTenantQuotas"], refused
+
+
+def _join_agent(api: str, op: str, name: str, gpus: int = 8) -> str:
+    """A node agent's credential, and its first inventory (the agent is this test)."""
+    nodes = httpx.get(f"{api}/v1/admin/nodes", params={"name": name}, headers=auth(op)).json()
+    nid = nodes["items"][0]["id"]
+    token = httpx.post(f"{api}/v1/admin/nodes/{nid}/join-tokens", headers=auth(op)).json()
+    cred = httpx.post(f"{api}/v1/agent/join", json={"token": token["token"]}).json()["credential"]
+    inventory = {
+        "hostname": name,
+        "address": f"{name}.test",
+        "source": "file",
+        "gpus": [
+            {"index": i, "uuid": f"GPU-{name}-{i}", "model": "H100-80GB", "memory_mib": 81559}
+            for i in range(gpus)
+        ],
+        "runtimes": ["process"],
+        "agent_version": "test",
+    }
+    r = httpx.put(f"{api}/v1/agent/inventory", json=inventory, headers=auth(cred))
+    assert r.status_code == 200, r.text
+    return cred
+
+
+def test_an_operator_follows_bring_up_and_rolls_back_an_upgrade(api, world, browser):  # noqa: F811
+    world.fleet(fleet(2))  # h1, h2
+    op = world.key()
+    creds = {n: _join_agent(api, op, n) for n in ("h1", "h2")}
+    # h1 passes its bring-up burn-in; h2's agent has not reported a step of its own yet.
+    burn = httpx.get(
+        f"{api}/v1/agent/assignments", params={"wait": "0s"}, headers=auth(creds["h1"])
+    ).json()["burn_in"]
+    results = [{"name": s["name"], "status": "passed", "seconds": 1} for s in burn["steps"]]
+    r = httpx.post(
+        f"{api}/v1/agent/status",
+        json={"burn_in": {"id": burn["id"], "results": results, "done": True}},
+        headers=auth(creds["h1"]),
+    )
+    assert r.status_code == 200, r.text
+    for name, driver in (("h100-a", "550.54.15"), ("h100-b", "560.35.03")):
+        r = httpx.post(
+            f"{api}/v1/admin/stacks",
+            json={"name": name, "components": {"driver": driver, "cuda": "12.6"}},
+            headers=auth(op),
+        )
+        assert r.status_code == 201, r.text
+    region = httpx.get(f"{api}/v1/admin/regions", headers=auth(op)).json()["items"][0]["name"]
+    httpx.post(
+        f"{api}/v1/admin/stacks/h100-a/assignments", json={"region": region}, headers=auth(op)
+    )
+    # The agents report no versions: nothing to install, each node only burned in again.
+    r = httpx.post(
+        f"{api}/v1/admin/upgrades",
+        json={"stack": "h100-b", "region": region, "batch": "1", "max_unavailable_pct": 50},
+        headers=auth(op),
+    )
+    assert r.status_code == 202, r.text
+    uid = r.json()["id"]
+
+    with portal_page(browser, api, "operator-lifecycle") as page:
+        sign_in(page, op)
+        page.wait_for_url(re.compile(r"/portal/fleet$"))
+        page.get_by_role("navigation", name="Main").get_by_role("link", name="Lifecycle").click()
+        table = page.get_by_test_id("bring-up")
+        h2 = table.locator("tr[data-node=h2]")
+        h2.wait_for()
+        # h2, still validating, was already out: the upgrade took it first (it costs nothing of
+        # the budget), and its upgrade burn-in replaced the bring-up one.
+        assert "upgrade" in h2.inner_text() and "0/2: dcgm-diag" in h2.inner_text()
+        assert h2.get_attribute("data-stuck") == "no"
+        row = page.get_by_test_id("upgrades").locator(f"tr[data-id='{uid}']")
+        assert row.get_attribute("data-state") == "running"
+        assert "2" in row.inner_text()
+        row.get_by_role("button", name="h100-b").click()
+        detail = page.get_by_test_id("upgrade")
+        detail.locator("tr[data-node=h1]").wait_for()
+        assert detail.get_by_test_id("upgrade-nodes").locator("tr").count() == 3  # head + 2
+        shot(page, "operator-lifecycle")
+        detail.get_by_role("button", name="Roll back").click()
+        _confirm(page, "Roll back the upgrade to h100-b?", "Roll back")
+        page.get_by_test_id("upgrade-outcome").filter(has_text="Upgrade to h100-b").wait_for()
+        page.locator(
+            "[data-testid=upgrade][data-state=rolling_back], "
+            "[data-testid=upgrade][data-state=rolled_back]"
+        ).wait_for()
+    up = httpx.get(f"{api}/v1/admin/upgrades/{uid}", headers=auth(op)).json()
+    assert up["state"] in ("rolling_back", "rolled_back"), up

@@ -129,6 +129,25 @@ def matrix(world, client, session):
         headers=auth(op_key),
     )
     assert stack.status_code == 201, stack.text
+    # An upgrade as recorded (starting one needs nodes with agents: tests/test_upgrades.py).
+    from app.models.fleet import Upgrade
+
+    upgrade = Upgrade(
+        stack_id=uuid.UUID(stack.json()["id"]),
+        scope_kind="pool",
+        scope="matrix",
+        batch="1",
+        units_at_once=1,
+        max_unavailable_pct=10.0,
+        max_failures=1,
+        drain_wait_s=0,
+        state="done",
+        failures=0,
+        failures_before=0,
+        commands={},
+    )
+    session.add(upgrade)
+    session.commit()
     ids = {
         "tenant_id": str(a.id),
         "commitment_id": commitment.json()["id"],
@@ -141,6 +160,7 @@ def matrix(world, client, session):
         "workload_id": w.json()["id"],
         "experiment_id": experiment.json()["id"],
         "name": stack.json()["name"],
+        "upgrade_id": str(upgrade.id),
     }
     return {
         "a": a,

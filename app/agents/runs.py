@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from app.agents import inventory
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.health import burnin, suite, telemetry
@@ -198,6 +199,8 @@ class _Outcome:
 
 def report(session: Session, caller: NodeCaller, status: StatusReport) -> StatusAck:
     """Take an agent's report: a heartbeat, and the runs whose state is news."""
+    if status.inventory is not None:  # read again after an upgrade: before it is judged
+        inventory.report(session, caller, status.inventory)
     if status.burn_in is not None:
         burnin.take(session, caller.node_id, status.burn_in, utcnow())
     if not status.runs:  # a heartbeat alone

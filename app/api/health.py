@@ -6,11 +6,12 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import get_or_404
+from app.core.db import get_or_404, utcnow
 from app.core.errors import PayloadTooLarge, ValidationFailed
 from app.core.routing import DbSession, api_router
-from app.health import service, telemetry
+from app.health import burnin, service, telemetry
 from app.health.schemas import (
+    BringUp,
     FleetHealth,
     HealthActionIn,
     HealthActionOut,
@@ -118,6 +119,15 @@ def _ingest_json(session: Session, text: str) -> telemetry.IngestResult:
         ts = s.timestamp.timestamp() if s.timestamp is not None else None
         samples.append((i, key, s.field, s.value, ts))
     return telemetry.ingest(session, samples, targets, heartbeat_nodes=list(batch.nodes))
+
+
+@admin.get(
+    "/bring-up",
+    response_model=BringUp,
+    summary="Nodes on their way into service: their burn-in, and why any is stuck",
+)
+def read_bring_up(auth: Platform, session: DbSession) -> BringUp:
+    return burnin.bring_up(session, utcnow())
 
 
 @admin.get("/health", response_model=FleetHealth, summary="Fleet health: what is out and why")

@@ -14,7 +14,8 @@ from app.agents.service import create_join_token, node_named
 from app.cli.common import console, err, fail
 from app.core.db import session_scope
 from app.core.errors import AppError
-from app.fleet import document
+from app.fleet import document, upgrades
+from app.fleet.schemas import UpgradeCreate
 from app.fleet.service import apply_document, capacity, refuse_conflicts
 from app.health.schemas import FleetHealth
 from app.health.service import history, operator_action, summary
@@ -322,3 +323,123 @@ def stack_assign(
         )
     )
     console.print(f"{out.nodes} node(s) should run {out.stack}; {out.drifted} drifted")
+
+
+def _pct(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        fail(f"--max-unavailable takes a percentage, e.g. 10%; not {text!r}", 2)
+    return value
+
+
+@fleet_cli.command("upgrade")
+def fleet_upgrade(
+    stack: str = typer.Option(..., help="The stack to move the nodes to"),
+    region: str | None = typer.Option(None, help="Every node of this region"),
+    pool: str | None = typer.Option(None, help="Every node of this pool"),
+    batch: str = typer.Option("1", help="Units at once: N, or N% of the units"),
+    max_unavailable: str = typer.Option(
+        "10%", help="Most of the scope's GPUs out of service at once (faults included)"
+    ),
+    max_failures: int = typer.Option(1, help="Failed nodes that pause the upgrade"),
+    drain_wait: int = typer.Option(
+        1800, help="Seconds work may take to reach its next checkpoint before the node drains"
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Start a rolling upgrade: a batch of units (a node, or an NVLink domain's nodes) at a
+    time is drained, given the stack by its agents, burned in and returned to service.
+    Follow it with `rackplane fleet upgrades ID`."""
+    body = {
+        "stack": stack,
+        "region": region,
+        "pool": pool,
+        "batch": batch,
+        "max_unavailable_pct": _pct(max_unavailable),
+        "max_failures": max_failures,
+        "drain_wait_s": drain_wait,
+    }
+    out = _stack_call(
+        lambda s: upgrades.describe(
+            s, upgrades.start(s, UpgradeCreate.model_validate(body), requested_by="cli")
+        )
+    )
+    _upgrade_print(out, as_json)
+
+
+@fleet_cli.command("upgrades")
+def fleet_upgrades(
+    upgrade_id: str | None = typer.Argument(None, help="One upgrade, node by node"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Upgrades, newest first; with an ID, its progress and report node by node."""
+    if upgrade_id is None:
+        rows = _stack_call(upgrades.list_all).items
+        if as_json:
+            print(json.dumps([r.model_dump(mode="json") for r in rows]))
+            return
+        table = Table("id", "stack", "scope", "state", "done/nodes", "failed", "GPU-h out")
+        for r in rows:
+            table.add_row(
+                str(r.id),
+                r.stack,
+                f"{r.scope_kind} {r.scope}",
+                r.state,
+                f"{r.progress.done + r.progress.rolled_back}/{r.report.nodes}",
+                str(r.progress.failed),
+                f"{r.report.gpu_hours_out_of_service:.1f}",
+            )
+        console.print(table)
+        return
+    out = _stack_call(lambda s: upgrades.describe(s, upgrades.get(s, upgrade_id)))
+    _upgrade_print(out, as_json)
+
+
+@fleet_cli.command("upgrade-resume")
+def fleet_upgrade_resume(upgrade_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Resume a paused upgrade; its failed nodes are tried again."""
+    out = _stack_call(
+        lambda s: upgrades.describe(s, upgrades.resume(s, upgrades.get(s, upgrade_id, lock=True)))
+    )
+    _upgrade_print(out, as_json)
+
+
+@fleet_cli.command("upgrade-rollback")
+def fleet_upgrade_rollback(upgrade_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Roll an upgrade back: every node it touched returns to the stack it ran before."""
+    out = _stack_call(
+        lambda s: upgrades.describe(s, upgrades.rollback(s, upgrades.get(s, upgrade_id, lock=True)))
+    )
+    _upgrade_print(out, as_json)
+
+
+def _upgrade_print(out, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(out.model_dump(mode="json")))
+        return
+    p, r = out.progress, out.report
+    console.print(
+        f"upgrade {out.id}: stack {out.stack} on {out.scope_kind} {out.scope}, "
+        f"[bold]{out.state}[/bold]" + (f" ({out.state_reason})" if out.state_reason else "")
+    )
+    console.print(
+        f"  {out.units_at_once} unit(s) at once, at most {out.max_unavailable_pct:g}% of GPUs "
+        f"out; pauses at {out.max_failures} failure(s)"
+    )
+    console.print(
+        f"  nodes: {p.done} done, {p.draining} draining, {p.applying} applying, "
+        f"{p.pending} pending, {p.failed} failed, {p.skipped} skipped, "
+        f"{p.rolled_back} rolled back"
+    )
+    console.print(
+        f"  report: {r.gpu_hours_out_of_service:.2f} GPU-hours out of service, "
+        f"{r.work_moved} workload(s) moved, {r.failures} failure(s)"
+    )
+    if out.nodes:
+        table = Table("node", "unit", "phase", "from", "moved", "detail")
+        for n in out.nodes:
+            table.add_row(
+                n.node, str(n.unit), n.phase, n.from_stack or "-", str(n.work_moved), n.detail or ""
+            )
+        console.print(table)

@@ -68,6 +68,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
             "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
+            "fleet.upgrades": {"task": "fleet.upgrades", "schedule": s.upgrade_tick_seconds},
             "chaos.watch": {"task": "chaos.watch", "schedule": 5.0},
             "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
             "billing.meter_export": {

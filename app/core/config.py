@@ -146,6 +146,12 @@ class Settings(BaseSettings):
     # dcgmi diag -r 3 and an NCCL all-reduce across the node's GPUs (app/health/burnin.py).
     burn_in: bool = Field(default=True, alias="RACKPLANE_BURN_IN")
     burn_in_suite: Path | None = Field(default=None, alias="RACKPLANE_BURN_IN_SUITE")
+    # Rolling upgrades (app/fleet/upgrades.py): how each stack component is installed on a
+    # host, a YAML file `{component: {command: [argv...], timeout_s?}}` with `{version}`,
+    # `{component}` and `{stack}` in argv (checked when the API starts; an upgrade keeps the
+    # commands it began with), and how often the upgrade controller looks again.
+    upgrade_commands: Path | None = Field(default=None, alias="RACKPLANE_UPGRADE_COMMANDS")
+    upgrade_tick_seconds: float = Field(default=10.0, gt=0, alias="RACKPLANE_UPGRADE_TICK")
     refault_window_seconds: float = Field(default=86400.0, ge=0, alias="RACKPLANE_REFAULT_WINDOW")
     # Chaos experiments (app/chaos): off unless asked for.
     chaos_enabled: bool = Field(default=False, alias="RACKPLANE_CHAOS_ENABLED")

@@ -3,11 +3,12 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from app.core.schemas import OutModel, StrictModel
+from app.core.schemas import OutModel, StrictModel, _strict_schema
 from app.health.states import Health
 from app.models.fleet import ImportStatus, NodeState
+from app.stacks.schemas import NAME as STACK_NAME
 
 
 class RegionOut(OutModel):
@@ -126,3 +127,109 @@ class CapacityRow(BaseModel):
 
 class Capacity(BaseModel):
     items: list[CapacityRow]
+
+
+def _one_scope(schema: dict, model: type) -> None:
+    """`UpgradeCreate`'s rule in its JSON Schema: exactly one of region or pool."""
+    _strict_schema(schema, model)
+    null = {"type": "null"}
+    name = {"type": "string", "pattern": STACK_NAME}
+    schema["oneOf"] = [
+        {"required": [k], "properties": {k: name, o: null}}
+        for k, o in (("region", "pool"), ("pool", "region"))
+    ]
+
+
+class UpgradeCreate(StrictModel):
+    """A rolling upgrade of one region's or one pool's nodes to a software stack."""
+
+    model_config = {**StrictModel.model_config, "json_schema_extra": _one_scope}
+
+    stack: str = Field(min_length=1, max_length=63, pattern=STACK_NAME)
+    region: str | None = Field(None, min_length=1, max_length=63, pattern=STACK_NAME)
+    pool: str | None = Field(None, min_length=1, max_length=63, pattern=STACK_NAME)
+    batch: str = Field(
+        "1",
+        max_length=6,
+        pattern=r"^([1-9][0-9]{0,4}|([1-9][0-9]?|100)%)$",
+        description="Units (a node, or an NVLink domain's nodes) upgraded at once: N, or N% "
+        "of the units",
+    )
+    max_unavailable_pct: float = Field(
+        10.0,
+        gt=0,
+        le=100,
+        description="At most this share of the scope's GPUs out of service at once (faults "
+        "and cordons included); a unit may always start when nothing else is out",
+    )
+    max_failures: int = Field(1, ge=1, le=10_000, description="Failed nodes that pause the upgrade")
+    drain_wait_s: int = Field(
+        1800,
+        ge=0,
+        le=86_400,
+        description="Longest wait for work to move at its next checkpoint before the node "
+        "drains (the preemption grace then holds)",
+    )
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> UpgradeCreate:
+        if (self.region is None) == (self.pool is None):
+            raise ValueError("give exactly one of region or pool")
+        return self
+
+
+UPGRADE_PHASES = ("pending", "draining", "applying", "done", "failed", "skipped", "rolled_back")
+
+
+class UpgradeNodeOut(BaseModel):
+    node: str
+    unit: int = Field(description="Nodes of one unit (an NVLink domain) move together")
+    phase: str = Field(description=" | ".join(UPGRADE_PHASES))
+    detail: str | None = Field(description="Why it failed or was skipped")
+    from_stack: str | None = Field(description="The stack it ran before (a rollback's target)")
+    work_moved: int = Field(description="Workloads moved off it")
+    taken_at: datetime | None
+    back_at: datetime | None
+
+
+class UpgradeReport(BaseModel):
+    nodes: int
+    gpu_hours_out_of_service: float = Field(
+        description="GPUs x time each node was out for it (until now for nodes still out)"
+    )
+    work_moved: int = Field(description="Workloads moved off its nodes")
+    failures: int
+
+
+class UpgradeProgress(BaseModel):
+    pending: int = 0
+    draining: int = 0
+    applying: int = 0
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    rolled_back: int = 0
+
+
+class UpgradeOut(OutModel):
+    id: uuid.UUID
+    stack: str
+    scope_kind: str = Field(description="region | pool")
+    scope: str
+    batch: str
+    units_at_once: int
+    max_unavailable_pct: float
+    max_failures: int
+    drain_wait_s: int
+    state: str = Field(description="running | paused | done | rolling_back | rolled_back")
+    state_reason: str | None
+    requested_by: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    progress: UpgradeProgress = Field(description="Nodes in each phase")
+    report: UpgradeReport
+    nodes: list[UpgradeNodeOut] = Field(description="Every node (empty in lists)")
+
+
+class UpgradeList(BaseModel):
+    items: list[UpgradeOut]

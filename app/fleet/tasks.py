@@ -9,6 +9,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from app.core.db import session_scope, utcnow
 from app.core.errors import AppError
 from app.core.logging import get_logger
+from app.fleet import upgrades
 from app.fleet.service import apply_document
 from app.models.fleet import FleetImport, ImportStatus
 
@@ -47,3 +48,13 @@ def import_fleet(self, import_id: str) -> str:
         imp.finished_at = utcnow()
         log.info("fleet_import_done", import_id=import_id, status=imp.status, summary=imp.summary)
         return imp.status
+
+
+@shared_task(name="fleet.upgrades", ignore_result=True)
+def upgrades_tick(upgrade_id: str | None = None) -> str:
+    """Beat, and whenever something may move an upgrade on (it started, a burn-in of one
+    ended, an operator resumed or rolled it back): one look at each active upgrade."""
+    with session_scope() as session:
+        if upgrade_id is not None:
+            return upgrades.advance(session, uuid.UUID(upgrade_id), utcnow())
+        return f"{upgrades.advance_all(session, utcnow())} active"

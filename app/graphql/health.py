@@ -10,21 +10,22 @@ from typing import Annotated
 import strawberry
 from sqlalchemy import select
 
-from app.core.db import get_or_404
+from app.core.db import get_or_404, utcnow
 from app.core.errors import NotFound
 from app.graphql.arguments import Granularity, aware, node_id
 from app.graphql.context import Context, Info
 from app.graphql.permissions import IsOperator
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
-from app.health import idle
+from app.health import burnin, idle
 from app.health import service as health_service
-from app.health.schemas import FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
+from app.health.schemas import BringUp, FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
 from app.models.fleet import Gpu as GpuRow
 from app.models.fleet import Node as NodeRow
 from app.tenancy.auth import require_platform
 
 FleetHealthView = view(FleetHealth, "FleetHealth")
+BringUpView = view(BringUp, "BringUp", "Nodes on their way into service, and why any is stuck")
 IdleTimeView = view(IdleTimeOut, "IdleTime", "Idle GPU-hours by cause over time")
 HealthActionInput = input_view(HealthActionIn, "HealthActionInput")
 HealthActionView = view(HealthActionOut, "HealthAction", "A node's or GPU's health after an action")
@@ -73,6 +74,14 @@ class HealthQuery:
     )
     def fleet_health(self, info: Info) -> FleetHealthView:  # type: ignore[valid-type]
         return shape(FleetHealth, health_service.summary(info.context.session))
+
+    @strawberry.field(
+        permission_classes=[IsOperator],
+        description="Operators: nodes on their way into service (bring-up, after a repair, in "
+        "an upgrade), their burn-in, and why any is stuck (REST: GET /v1/admin/bring-up)",
+    )
+    def bring_up(self, info: Info) -> BringUpView:  # type: ignore[valid-type]
+        return shape(BringUp, burnin.bring_up(info.context.session, utcnow()))
 
 
 @strawberry.type

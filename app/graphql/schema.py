@@ -62,6 +62,7 @@ from app.graphql.metering import MeteringQuery
 from app.graphql.quotas import QuotaMutation, QuotaQuery
 from app.graphql.stacks import StackMutation, StackQuery
 from app.graphql.tenants import TenantMutation, TenantQuery
+from app.graphql.upgrades import UpgradeMutation, UpgradeQuery
 from app.graphql.views import BIG_INT, BigInt
 from app.graphql.workloads import WorkloadMutation, WorkloadQuery
 
@@ -76,6 +77,7 @@ QUERIES = (
     HealthQuery,
     ChaosQuery,
     StackQuery,
+    UpgradeQuery,
 )
 MUTATIONS = (
     WorkloadMutation,
@@ -87,19 +89,20 @@ MUTATIONS = (
     HealthMutation,
     ChaosMutation,
     StackMutation,
+    UpgradeMutation,
 )
 # The root fields' order in the SDL (GraphQL names), as published: by when each was added.
 QUERY_FIELDS = (
     "viewer workloads nodes workload apiKeys quotas capacity usage bill upcomingBill budget "
     "commitments prices dryRun regions racks tenants tenantQuotas utilisation idleTime "
     "fleetHealth fleetMap fleetImport reconciliation tenant chaosExperiments chaosExperiment "
-    "softwareStacks"
+    "softwareStacks upgrades upgrade bringUp"
 ).split()
 MUTATION_FIELDS = (
     "submitWorkload terminateWorkload reportCheckpoint requestCheckpoint createApiKey "
     "revokeApiKey setBudget removeBudget setNodeState setTenantQuotas approveTenant "
     "suspendTenant reactivateTenant updateTenant createPrice setNodeHealth setGpuHealth "
-    "stopChaosExperiment createStack assignStack"
+    "stopChaosExperiment createStack assignStack startUpgrade resumeUpgrade rollbackUpgrade"
 ).split()
 SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 

@@ -12,15 +12,20 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.core.config import get_settings
 from app.core.db import as_aware
 from app.health import suite
 from app.health.repairs import return_to_service, start_repair
+from app.health.schemas import BringUp, BringUpNode
 from app.health.transitions import H, move, where
-from app.models.fleet import Gpu, Node
-from app.models.health import BurnIn, HealthRepair
+from app.models.agents import AgentNode
+from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.health import BurnIn, HealthRepair, NodeHeartbeat
+from app.models.workloads import Allocation
+from app.outbox.service import enqueue
 from app.scheduling import lifecycle
 from app.workloads.service import kick_placement
 from rackplane_wire import BurnInReport
@@ -54,7 +59,17 @@ def take(session: Session, node_id: uuid.UUID, report: BurnInReport, now: dateti
     )
     node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
     assert node is not None
-    if failed is None and len(report.results) >= len(b.suite):
+    if b.reason == "upgrade":
+        # Its upgrade's controller moves the upgrade on from here (app/fleet/upgrades.py).
+        enqueue(session, "fleet.upgrades", queue="fleet")
+    if b.reason == "upgrade" and failed is not None and failed.name.startswith(suite.INSTALL):
+        # Software that would not install: no repair mends that; the node stays out for
+        # the operator (and the upgrade counts a failure).
+        _software_failed(session, b, node, failed.name, failed.detail or failed.status, now)
+    elif b.reason == "upgrade" and failed is None and node.drift:
+        # Every step passed, yet the agent reports other versions than the stack pins.
+        _software_failed(session, b, node, "verify", "still runs " + "; ".join(node.drift), now)
+    elif failed is None and len(report.results) >= len(b.suite):
         _passed(session, b, node, now)
     else:
         why = (
@@ -92,6 +107,16 @@ def overdue(session: Session, now: datetime) -> int:
         _failed(session, b, node, step, None, "no result from the node's agent in time", now)
         n += 1
     return n
+
+
+def _software_failed(
+    session: Session, b: BurnIn, node: Node, step: str, why: str, now: datetime
+) -> None:
+    b.status, b.finished_at = "failed", now
+    b.failed_step = step[:63]
+    if step == "verify":
+        b.results = [*b.results, {"name": "verify", "status": "failed", "detail": why[:500]}]
+    lifecycle.nodes_changed(session, [node.name])
 
 
 def _passed(session: Session, b: BurnIn, node: Node, now: datetime) -> None:
@@ -166,3 +191,81 @@ def _failed(
     start_repair(
         session, at, None, [g for g in gpus if g.health == H.quarantined.value], "reboot", True, now
     )
+
+
+def bring_up(session: Session, now: datetime) -> BringUp:
+    """Nodes validating (bring-up, after a repair or an RMA return, in an upgrade) or with an
+    agent and never in production: where each is, and why it is stuck if it is: a burn-in
+    past its limit, an agent gone silent, work still on it (steps run only while it is idle),
+    a failed burn-in or install waiting for the operator, an inventory that differs."""
+    silent_after = timedelta(seconds=get_settings().heartbeat_timeout_seconds)
+    rows = session.execute(
+        select(Node, Region.name, Rack.name, AgentNode.node_id, NodeHeartbeat.last_seen_at)
+        .join(Rack, Rack.id == Node.rack_id)
+        .join(Region, Region.id == Rack.region_id)
+        .outerjoin(AgentNode, AgentNode.node_id == Node.id)
+        .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
+        .where(
+            or_(
+                Node.health == H.validating.value,
+                and_(AgentNode.node_id.is_not(None), Node.production_at.is_(None)),
+            ),
+            Node.state != "retired",
+        )
+        .order_by(Region.name, Rack.name, Node.name)
+    ).all()
+    ids = [n.id for n, *_ in rows]
+    latest: dict[uuid.UUID, BurnIn] = {}
+    for b in session.scalars(
+        select(BurnIn).where(BurnIn.node_id.in_(ids)).order_by(BurnIn.started_at)
+    ):
+        latest[b.node_id] = b  # the newest wins
+    busy = set(
+        session.scalars(
+            select(Allocation.node_id).where(
+                Allocation.node_id.in_(ids), Allocation.released_at.is_(None)
+            )
+        )
+    )
+    items = []
+    for node, region, rack, agent, heard in rows:
+        b = latest.get(node.id)
+        running = b is not None and b.status == "running"
+        done = len(b.results) if b is not None else 0
+        step = b.suite[done]["name"] if running and done < len(b.suite) else None
+        limit = as_aware(b.started_at) + timedelta(seconds=suite.limit_s(b)) if running else None
+        stuck = None
+        if agent is None:
+            stuck = "no agent has reported for it"
+        elif running and limit is not None and now > limit:
+            stuck = f"burn-in past its limit at {step or 'its last step'}"
+        elif heard is not None and now - as_aware(heard) > silent_after:
+            stuck = f"its agent is silent since {as_aware(heard):%Y-%m-%d %H:%M:%S}"
+        elif running and node.id in busy:
+            stuck = "work still runs on it: burn-in steps run only while it is idle"
+        elif b is not None and b.status in ("failed", "rma"):
+            detail = next((r.get("detail") for r in b.results if r["name"] == b.failed_step), "")
+            stuck = f"{b.reason} failed at {b.failed_step}" + (f": {detail}" if detail else "")
+        elif not running and node.state == "validating":
+            stuck = node.state_reason or "its inventory differs from the fleet's record"
+        elif not running and node.health == H.validating.value:
+            stuck = "validating with no burn-in running" + (
+                f" ({node.health_reason})" if node.health_reason else ""
+            )
+        items.append(
+            BringUpNode(
+                node=node.name,
+                region=region,
+                rack=rack,
+                health=node.health,
+                state=node.state,
+                why=b.reason if running and b is not None else (node.health_reason or "-")[:120],
+                since=node.health_since,
+                step=step,
+                steps_done=done,
+                steps=len(b.suite) if b is not None else 0,
+                limit_at=limit,
+                stuck=stuck[:500] if stuck else None,
+            )
+        )
+    return BringUp(items=items, stuck=sum(i.stuck is not None for i in items))

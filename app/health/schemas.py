@@ -232,3 +232,25 @@ class IdleTimeOut(OutModel):
     totals: list[IdleTotal]
 
     model_config = ConfigDict(populate_by_name=True)
+
+
+class BringUpNode(BaseModel):
+    """A node on its way into service (or back): its burn-in, and why it may be stuck."""
+
+    node: str
+    region: str
+    rack: str
+    health: str
+    state: str
+    why: str = Field(description="bring-up | repair | return | upgrade, or what holds it")
+    since: datetime | None = Field(description="When it began validating")
+    step: str | None = Field(description="The burn-in step its agent runs now, if one")
+    steps_done: int
+    steps: int
+    limit_at: datetime | None = Field(description="When an unfinished burn-in counts as failed")
+    stuck: str | None = Field(description="Why it is not moving, if it is not; else null")
+
+
+class BringUp(BaseModel):
+    items: list[BringUpNode]
+    stuck: int = Field(description="Of those, nodes that are not moving")

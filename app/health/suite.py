@@ -31,6 +31,7 @@ from app.scheduling import lifecycle
 from rackplane_wire import BurnIn as WireBurnIn
 from rackplane_wire import BurnInStep
 
+INSTALL = "install-"  # an upgrade's install step is named install-<component>
 BOUND_SHARE = 0.8  # of the model's published bus bandwidth
 # Time the agent gets beyond the steps' own limits (it runs a step only while idle, reports
 # every heartbeat) before an unfinished burn-in counts as failed.
@@ -120,14 +121,16 @@ def start(
     gpus: int,
     now: datetime,
     repair_id: uuid.UUID | None = None,
+    steps: list[BurnInStep] | None = None,
 ) -> BurnIn:
-    """A new burn-in for the node (any running one is withdrawn); its agent is told at once."""
+    """A new burn-in for the node (any running one is withdrawn); its agent is told at once.
+    `steps`: other steps than the suite (an upgrade's installs, then the suite)."""
     session.execute(
         update(BurnIn)
         .where(BurnIn.node_id == node.id, BurnIn.status == "running")
         .values(status="withdrawn", finished_at=now)
     )
-    steps = suite_for(node, gpus)
+    steps = steps if steps is not None else suite_for(node, gpus)
     row = BurnIn(
         id=uuid.uuid4(),
         node_id=node.id,
@@ -150,4 +153,7 @@ def limit_s(b: BurnIn) -> float:
 
 
 def wire(b: BurnIn) -> WireBurnIn:
-    return WireBurnIn(id=str(b.id), steps=[BurnInStep(**s) for s in b.suite])
+    # An upgrade's steps change the host's software: its agent reads its inventory again.
+    return WireBurnIn(
+        id=str(b.id), steps=[BurnInStep(**s) for s in b.suite], reinventory=b.reason == "upgrade"
+    )

@@ -82,12 +82,17 @@ def migrate(workload_id: str) -> str:
         if not plan.placeable_now or plan.preempts or plan.preempts_others:
             return "stays: no healthy capacity now"
         held = session.execute(
-            select(Node.name, Allocation.gpu_indices)
+            select(Node.name, Allocation.gpu_indices, Node.state)
             .join(Allocation, Allocation.node_id == Node.id)
             .where(Allocation.workload_id == w.id, Allocation.released_at.is_(None))
         ).all()
-        noisy = any([n, g] in (w.avoid_gpus or []) for n, gs in held for g in gs or ())
-        if noisy:  # asked to move by a noisy neighbour, not by its GPU's health
+        noisy = any([n, g] in (w.avoid_gpus or []) for n, gs, _ in held for g in gs or ())
+        leaving = [n for n, _, state in held if state != "ready"]
+        if leaving:  # its node leaves service (a rolling upgrade cordoned it)
+            move_off_suspect(
+                session, w, f"node {leaving[0]} is leaving service", reason="node_upgrade"
+            )
+        elif noisy:  # asked to move by a noisy neighbour, not by its GPU's health
             move_off_suspect(
                 session, w, "a neighbour saturates its shared GPU", reason="noisy_neighbour"
             )

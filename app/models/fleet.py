@@ -164,3 +164,69 @@ class FleetImport(TimestampMixin, Base):
     summary: Mapped[dict | None] = mapped_column(JSON, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class UpgradeState(str, enum.Enum):
+    running = "running"
+    paused = "paused"  # failures past its threshold: units in flight finish, none start
+    done = "done"
+    rolling_back = "rolling_back"
+    rolled_back = "rolled_back"
+
+
+class Upgrade(TimestampMixin, Base):
+    """A rolling upgrade of a region's or pool's nodes to one software stack: a few units (a
+    node, or an NVLink domain's nodes together) at a time, each drained, given the stack by its
+    agent, burned in and returned to service (app/fleet/upgrades.py)."""
+
+    __tablename__ = "upgrades"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    stack_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("software_stacks.id", ondelete="RESTRICT"), index=True
+    )
+    scope_kind: Mapped[str] = mapped_column(String(8))  # region | pool
+    scope: Mapped[str] = mapped_column(String(63))
+    batch: Mapped[str] = mapped_column(String(8))  # as asked: "2" or "10%"
+    units_at_once: Mapped[int] = mapped_column(Integer)
+    max_unavailable_pct: Mapped[float] = mapped_column(Float)
+    max_failures: Mapped[int] = mapped_column(Integer)
+    drain_wait_s: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default=UpgradeState.running.value, index=True)
+    state_reason: Mapped[str | None] = mapped_column(String(500), default=None)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    # Failures counted against max_failures start here (a resume starts afresh).
+    failures_before: Mapped[int] = mapped_column(Integer, default=0)
+    requested_by: Mapped[str | None] = mapped_column(String(120), default=None)
+    # The operator's install commands as they were when it started: component -> {command,
+    # timeout_s}.
+    commands: Mapped[dict] = mapped_column(JSON, default=dict)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class UpgradeNode(Base):
+    """One node of an upgrade, and where it is: pending -> draining -> applying -> done, or
+    failed; skipped when it could not take part; on a rollback, the nodes it touched go
+    through the same phases again towards the stack each ran before."""
+
+    __tablename__ = "upgrade_nodes"
+    __table_args__ = (UniqueConstraint("upgrade_id", "node_id"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    upgrade_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("upgrades.id", ondelete="CASCADE"), index=True
+    )
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    unit: Mapped[int] = mapped_column(Integer)  # nodes of one unit move together, in order
+    gpus: Mapped[int] = mapped_column(Integer)
+    from_stack_id: Mapped[uuid.UUID | None] = mapped_column(default=None)
+    prior_state: Mapped[str] = mapped_column(String(16))  # ready | cordoned: restored after
+    phase: Mapped[str] = mapped_column(String(12), default="pending")
+    detail: Mapped[str | None] = mapped_column(String(500), default=None)
+    burn_in_id: Mapped[uuid.UUID | None] = mapped_column(default=None)
+    drain_deadline: Mapped[datetime | None] = mapped_column(default=None)
+    work_moved: Mapped[int] = mapped_column(Integer, default=0)
+    # Out of service from taken_at to back_at (GPU-hours out: gpus x that, summed).
+    taken_at: Mapped[datetime | None] = mapped_column(default=None)
+    back_at: Mapped[datetime | None] = mapped_column(default=None)
+    out_s: Mapped[float] = mapped_column(Float, default=0.0)  # earlier passes (a rollback's)

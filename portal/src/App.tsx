@@ -7,6 +7,7 @@ import { Chaos, ChaosExperimentPage } from "./pages/Chaos";
 import { Dashboard } from "./pages/Dashboard";
 import { Fleet } from "./pages/Fleet";
 import { Health } from "./pages/Health";
+import { Lifecycle } from "./pages/Lifecycle";
 import { Keys } from "./pages/Keys";
 import { Prices } from "./pages/Prices";
 import { SignIn } from "./pages/SignIn";
@@ -55,6 +56,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
         ["/portal/tenants", "Tenants"],
         ["/portal/prices", "Prices"],
         ["/portal/health", "Health"],
+        ["/portal/lifecycle", "Lifecycle"],
         ["/portal/chaos", "Chaos"],
       ]
     : [
@@ -104,6 +106,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
           <Route path="/portal/tenants/:id" component={TenantPage} />
           <Route path="/portal/prices" component={Prices} />
           <Route path="/portal/health" component={Health} />
+          <Route path="/portal/lifecycle" component={Lifecycle} />
           <Route path="/portal/chaos" component={Chaos} />
           <Route path="/portal/chaos/:id" component={ChaosExperimentPage} />
           <Route default component={NotFound} />
