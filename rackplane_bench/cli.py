@@ -485,6 +485,205 @@ def _faults_plot(results: list[dict], names: list[str], path: Path) -> None:
     err.print(f"plot written to {path}")
 
 
+def _upgrade_one(args: tuple) -> dict:
+    from rackplane_bench.sim import philly, upgrade
+
+    jobs_file, window, scale, nodes, policy, ckpt, params = args
+    jobs = philly.load_jobs(Path(jobs_file), philly.parse_window(window), scale)
+    jobs = upgrade.with_checkpoints(jobs, ckpt)
+    tenants = philly.quotas(jobs, nodes * philly.GPUS_PER_NODE)
+    r = upgrade.replay(jobs, nodes, tenants, params, policy)
+    # What the summary needs, not the whole timeline (it crosses a process boundary).
+    r.moves, r.unit_log = [], []
+    return {"result": r}
+
+
+@sim_cli.command("upgrade")
+def upgrade_cmd(
+    jobs_file: Path = typer.Option(
+        TRACES / "philly" / "philly_jobs.csv", "--jobs", exists=True, help="Philly jobs CSV."
+    ),
+    nodes: int = typer.Option(128, min=2, help="8-GPU nodes in the fleet (racks of 8): the scope."),
+    window: str = typer.Option("28:42", help="START:END in days of the Philly trace replayed."),
+    scale: float | None = typer.Option(
+        None,
+        help="Divide arrival times by this (default: nodes/64, the load per GPU of the 64-node "
+        "Philly replay).",
+    ),
+    start_day: float = typer.Option(
+        1.0, help="Days after the first (scaled) arrival that the upgrade starts."
+    ),
+    batch: str = typer.Option(
+        "1,1%,5%,10%,25%", help="Units upgraded at once, comma-separated: counts or N% of units."
+    ),
+    max_unavailable: str = typer.Option(
+        "100%", help="Share of the scope's GPUs that may be out of service at once."
+    ),
+    drain_wait: float = typer.Option(1800.0, help="Cap of a node's drain deadline (seconds)."),
+    grace: float = typer.Option(30.0, help="Preemption grace when a node drains (seconds)."),
+    apply: float = typer.Option(900.0, help="Seconds to apply the stack (driver and reboot)."),
+    burn_in: float = typer.Option(2400.0, help="Seconds of burn-in (dcgmi diag -r 3, NCCL)."),
+    fail_rate: float = typer.Option(
+        0.0, min=0.0, max=1.0, help="A unit's chance that apply or burn-in fails."
+    ),
+    repair: float = typer.Option(4 * 3600.0, help="Seconds a failed unit spends in repair."),
+    seed: int = typer.Option(1, help="Seeds which units fail (and nothing else)."),
+    checkpoint_above: float = typer.Option(
+        3600.0, help="Jobs running longer than this (seconds) checkpoint ..."
+    ),
+    checkpoint_every: float = typer.Option(1800.0, help="... every this many seconds."),
+    policy: str = typer.Option("default", help="Queueing policy (BASELINES)."),
+    parallel: int = typer.Option(2, help="Replays run at once (processes)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON object per batch size, then a summary."
+    ),
+) -> None:
+    """Replay a rolling software-stack upgrade of the fleet under the Philly load: for each
+    batch size, time to finish against utilisation, queueing and lost work, beside the same
+    jobs with no upgrade (rackplane_bench/sim/upgrade.py)."""
+    import time as _time
+
+    from app.placement.queueing import BASELINES
+    from rackplane_bench.sim import philly, upgrade
+
+    batches = [b.strip() for b in batch.split(",") if b.strip()]
+    try:
+        for b in batches:
+            upgrade.parse_count(b, 100)
+        upgrade.parse_share(max_unavailable)
+        _window(window)
+    except ValueError as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    if not batches or policy not in BASELINES or (scale is not None and scale <= 0):
+        err.print("[red]--batch needs a size; --policy one of BASELINES; --scale positive[/red]")
+        raise typer.Exit(2)
+    scale = scale if scale is not None else nodes / 64
+    ckpt = upgrade.Checkpoints(above_s=checkpoint_above, every_s=checkpoint_every)
+    base = upgrade.Params(
+        start_s=start_day * upgrade.DAY,
+        max_unavailable=max_unavailable,
+        drain_wait_s=drain_wait,
+        grace_s=grace,
+        apply_s=apply,
+        burn_in_s=burn_in,
+        fail_rate=fail_rate,
+        repair_s=repair,
+        seed=seed,
+    )
+    # Batch sizes that come to the same units at once (1 and 1% of 64 units) replay once.
+    fleet = philly.fleet(nodes)
+    units = upgrade.units_of(fleet)
+    limit = math.floor(upgrade.parse_share(max_unavailable) * nodes * philly.GPUS_PER_NODE + 1e-9)
+    biggest = max(sum(fleet[n].gpus for n in u) for u in units)
+
+    def at_once(b: str) -> int:
+        return max(1, min(upgrade.parse_count(b, len(units)), limit // biggest))
+
+    first: dict[int, str] = {}
+    for b in batches:
+        first.setdefault(at_once(b), b)
+    runs = [(str(jobs_file), window, scale, nodes, policy, ckpt, None)]
+    runs += [
+        (str(jobs_file), window, scale, nodes, policy, ckpt, replace(base, batch=b))
+        for b in first.values()
+    ]
+    start = _time.perf_counter()
+    if parallel > 1:
+        with ProcessPoolExecutor(min(parallel, len(runs))) as pool:
+            results = [x["result"] for x in pool.map(_upgrade_one, runs)]
+    else:
+        results = [_upgrade_one(r)["result"] for r in runs]
+    wall = _time.perf_counter() - start
+    baseline = results[0]
+    by_k = {r.units_at_once: upgrade.summary(r, baseline) for r in results[1:]}
+    rows = [by_k[at_once(b)] | {"batch": b} for b in batches]
+    for row in rows:
+        row.update(nodes=nodes, window=window, scale=round(scale, 4), start_day=start_day)
+        if as_json:
+            _emit(row, True)
+    if not as_json:
+        _upgrade_table(rows, nodes, window, scale, start_day, max_unavailable)
+    summary = {
+        "summary": "sim upgrade",
+        "nodes": nodes,
+        "gpus": baseline.gpus,
+        "jobs": baseline.jobs,
+        "window": window,
+        "scale": round(scale, 4),
+        "start_day": start_day,
+        "policy": policy,
+        "max_unavailable": max_unavailable,
+        "hours_to_finish": {r["batch"]: r["hours_to_finish"] for r in rows},
+        "utilisation_drop": {r["batch"]: r["utilisation_drop"] for r in rows},
+        "lost_work_gpu_hours": {r["batch"]: r["lost_work_gpu_hours"] for r in rows},
+        "params": {
+            "drain_wait_s": drain_wait,
+            "grace_s": grace,
+            "apply_s": apply,
+            "burn_in_s": burn_in,
+            "fail_rate": fail_rate,
+            "repair_s": repair,
+            "seed": seed,
+            "checkpoint_above_s": checkpoint_above,
+            "checkpoint_every_s": checkpoint_every,
+        },
+        "baseline_seconds": round(baseline.seconds, 1),
+        "replay_seconds": {r["batch"]: r["seconds"] for r in rows},
+        "wall_seconds": round(wall, 1),
+    }
+    _emit(summary, as_json)
+
+
+def _window(text: str) -> tuple[float, float]:
+    from rackplane_bench.sim import philly
+
+    w = philly.parse_window(text)
+    if w is None or not w[0] < w[1]:
+        raise ValueError(f"--window {text!r}: START:END in days, START < END")
+    return w
+
+
+def _upgrade_table(
+    rows: list[dict], nodes: int, window: str, scale: float, start_day: float, mu: str
+) -> None:
+    from rich.table import Table
+
+    t = Table(
+        title=f"rolling upgrade: {nodes} nodes, Philly {window} (scale {scale:g}), from day "
+        f"{start_day:g}, max-unavailable {mu}"
+    )
+    for col in (
+        "batch",
+        "units at once",
+        "hours to finish",
+        "GPU-h out",
+        "moved (at ckpt / drained)",
+        "lost GPU-h",
+        "utilisation (baseline)",
+        "drop",
+        "mean wait s (baseline)",
+        "failures",
+    ):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["batch"]),
+            str(r["units_at_once"]),
+            f"{r['hours_to_finish']:,.1f}",
+            f"{r['gpu_hours_out_of_service']:,.0f}",
+            f"{r['work_moved']} ({r['moved_at_checkpoint']} / {r['drained']})",
+            f"{r['lost_work_gpu_hours']:,.1f}",
+            f"{r['utilisation']:.4f} ({r['baseline_utilisation']:.4f})",
+            f"{r['utilisation_drop']:+.4f}",
+            f"{r['mean_queue_wait_s']:,.0f} ({r['baseline_mean_queue_wait_s']:,.0f})",
+            str(r["failures"]),
+        )
+    Console().print(t)
+    if not all(r["load_covers_window"] for r in rows):
+        err.print("[yellow]the trace's arrivals end before some upgrade does[/yellow]")
+
+
 @bench_cli.command("lifecycle")
 def bench_lifecycle(
     workers: str = typer.Option("1", help="Worker processes; a comma list runs each in turn."),
