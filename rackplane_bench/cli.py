@@ -504,14 +504,14 @@ def upgrade_cmd(
         TRACES / "philly" / "philly_jobs.csv", "--jobs", exists=True, help="Philly jobs CSV."
     ),
     nodes: int = typer.Option(128, min=2, help="8-GPU nodes in the fleet (racks of 8): the scope."),
-    window: str = typer.Option("28:42", help="START:END in days of the Philly trace replayed."),
+    window: str = typer.Option("28:43", help="START:END in days of the Philly trace replayed."),
     scale: float | None = typer.Option(
         None,
         help="Divide arrival times by this (default: nodes/64, the load per GPU of the 64-node "
         "Philly replay).",
     ),
     start_day: float = typer.Option(
-        1.0, help="Days after the first (scaled) arrival that the upgrade starts."
+        0.5, help="Days after the first (scaled) arrival that the upgrade starts."
     ),
     batch: str = typer.Option(
         "1,1%,5%,10%,25%", help="Units upgraded at once, comma-separated: counts or N% of units."
