@@ -131,6 +131,12 @@ CASES: dict[str, Case] = {
     "billing push": Case("billing push", code=2, says="Stripe is not configured"),
     "billing reconcile": Case("billing reconcile --period 2026-01", says="0 difference"),
     **{c: Case(f"{c} --help", says="Usage") for c in HELP_ONLY},
+    # The rolling-upgrade replay on a few hours of Philly and four nodes: seconds, not minutes.
+    "sim upgrade": Case(
+        "sim upgrade --nodes 4 --window 28:28.1 --scale 1 --start-day 0.02 --batch 1,100% "
+        "--parallel 1 --json",
+        says='"summary": "sim upgrade"',
+    ),
 }
 
 
