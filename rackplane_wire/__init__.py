@@ -85,6 +85,45 @@ class MigInstance(_Wire):
     start: int | None = Field(None, ge=0, le=7, description="First memory slice it occupies")
 
 
+Capability = Literal["mig-layout"]
+
+
+class MigSlot(_Wire):
+    """One MIG instance a layout asks for: its profile (the model's name, e.g. `3g.40gb`) and
+    the first memory slice it should occupy (a preference: the driver places what
+    `nvidia-smi mig -cgi` creates; the agent reports where instances really are)."""
+
+    profile: str = Field(max_length=16, pattern=TOKEN)
+    start: int = Field(ge=0, le=7)
+
+
+class MigLayout(_Wire):
+    """The layout GPU `gpu` should have: MIG off (a whole GPU, `instances` empty) or on, with
+    these GPU instances, each with one compute instance filling it. Applied only while nothing
+    runs on that GPU; level-triggered (a GPU already so laid out is left alone)."""
+
+    id: str = Field(pattern=WORKLOAD, max_length=64)
+    gpu: int = Field(ge=0, le=255)
+    mig_mode: bool
+    instances: list[MigSlot] = Field(default_factory=list, max_length=7)
+
+
+MigLayoutStatus = Literal["applied", "refused", "failed"]
+
+
+class MigLayoutReport(_Wire):
+    """What came of a layout: `applied` (what the GPU now has is in `instances`), `refused`
+    (not tried: the GPU was busy, or the layout does not fit the model's geometry) or `failed`
+    (a command failed: `detail` has its words; `instances` what the GPU has now)."""
+
+    id: str = Field(pattern=WORKLOAD, max_length=64)
+    gpu: int = Field(ge=0, le=255)
+    status: MigLayoutStatus
+    detail: str = Field("", max_length=500, pattern=FREE)
+    mig_mode: bool = False
+    instances: list[MigInstance] = Field(default_factory=list, max_length=7)
+
+
 class GpuInfo(_Wire):
     index: int = Field(ge=0, le=255, description="The host's index (NVML's, nvidia-smi's)")
     uuid: str = Field(max_length=80, pattern=DEVICE, description="`GPU-...`")
@@ -115,6 +154,9 @@ class Inventory(_Wire):
     os_image: str | None = Field(None, max_length=64, pattern=TOKEN)
     runtimes: list[RuntimeName] = Field(default_factory=lambda: ["process"])
     agent_version: str = Field(max_length=32, pattern=TOKEN)
+    # What this agent can do beyond running work: `mig-layout` (it applies `mig_layouts`).
+    # An older agent says nothing, and the control plane never asks it to.
+    capabilities: list[Capability] = Field(default_factory=list, max_length=8)
 
 
 class InventoryVerdict(_Wire):
@@ -199,6 +241,8 @@ class Assignments(_Wire):
     heartbeat_s: float = Field(gt=0)
     # A validation suite to run now, if any (the node is out of service until it passes).
     burn_in: BurnIn | None = None
+    # MIG layouts to apply, at most one per GPU, each only while its GPU is idle.
+    mig_layouts: list[MigLayout] = Field(default_factory=list, max_length=256)
 
 
 class RunReport(_Wire):
@@ -249,6 +293,8 @@ class StatusReport(_Wire):
     # The host's inventory read again, sent with a finished burn-in that asked for it
     # (`BurnIn.reinventory`): taken before the burn-in is judged.
     inventory: Inventory | None = None
+    # What came of each MIG layout asked for, until acknowledged.
+    mig_layouts: list[MigLayoutReport] = Field(default_factory=list, max_length=256)
 
 
 class StatusAck(_Wire):

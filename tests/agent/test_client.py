@@ -58,7 +58,12 @@ def test_a_503_then_success_is_retried_with_backoff():
     assert ack.accepted == 0 and len(calls) == 3 and len(slept) == 2
     assert all(0 < s <= 0.05 for s in slept)
     assert calls[0].headers["authorization"] == "Bearer rpn_abc"
-    assert json.loads(calls[0].content) == {"runs": [], "burn_in": None, "inventory": None}
+    assert json.loads(calls[0].content) == {
+        "runs": [],
+        "burn_in": None,
+        "inventory": None,
+        "mig_layouts": [],
+    }
 
 
 def test_429_honours_retry_after():
