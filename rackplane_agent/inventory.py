@@ -38,7 +38,7 @@ from rackplane_wire import TOKEN, GpuInfo, Inventory, MigInstance, RuntimeName
 
 log = logging.getLogger("rackplane_agent.inventory")
 
-_AGENT_FIELDS = ("source", "agent_version", "runtimes")
+_AGENT_FIELDS = ("source", "agent_version", "runtimes", "capabilities")
 _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb)", re.IGNORECASE)
 _TOKEN = re.compile(TOKEN)
 

@@ -50,6 +50,7 @@ from rackplane_agent.config import (
     AgentConfig,
 )
 from rackplane_agent.logfmt import kv
+from rackplane_agent.mig import MigApplier
 from rackplane_agent.shim import signal_name
 from rackplane_agent.state import (
     RunRecord,
@@ -166,6 +167,7 @@ class Agent:
         self._prepared = False
         self._threads: list[threading.Thread] = []
         self._burnin: BurnInRunner | None = None
+        self._mig: MigApplier | None = None
 
     # --- start -----------------------------------------------------------------------------
 
@@ -196,6 +198,13 @@ class Agent:
                 )
             except inventory_mod.InventoryError as exc:
                 raise StartupError(str(exc)) from None
+        # MIG layouts need nvidia-smi to change them and NVML to read the result back.
+        self._mig = MigApplier(
+            self.state.root / "mig",
+            self._nvml if self.inventory.source == "nvml" else None,
+            environ=self._environ,
+        )
+        self.inventory = self._capable(self.inventory)
         self._device_ids = inventory_mod.device_ids(self.inventory)
         self._burnin = BurnInRunner(
             self.state.root / "burn-in", [g.uuid for g in self.inventory.gpus]
@@ -314,6 +323,27 @@ class Agent:
                 self._burnin.advance(desired.burn_in if desired else None, busy, now)
                 if self._burnin.pending() is not None:
                     self._report_wake.set()
+            busy_devices = {
+                d
+                for r in self._runs.values()
+                if r.state == RUNNING
+                for d in r.assignment.get("devices") or []
+            }
+            burning = self._burnin is not None and self._burnin.running()
+        # Outside the lock: nvidia-smi takes seconds, and the reporter goes on meanwhile (the
+        # applier keeps its own). Only this thread starts runs, so none starts under it.
+        if self._mig is not None:
+            layouts = desired.mig_layouts if desired is not None else []
+            if self._mig.advance(layouts, busy_devices, burning):
+                with self._lock:
+                    self._reread_inventory()  # the new instances' UUIDs, for runs and the report
+            if self._mig.pending():
+                self._report_wake.set()
+
+    def _capable(self, inventory: Inventory) -> Inventory:
+        """The inventory with what this agent can do (`mig-layout` when it can apply them)."""
+        caps: list[Any] = ["mig-layout"] if self._mig is not None and self._mig.able else []
+        return inventory.model_copy(update={"capabilities": caps})
 
     def _changed(self, rec: RunRecord) -> None:
         rec.version += 1
@@ -575,8 +605,11 @@ class Agent:
         mono = time.monotonic()
         with self._lock:
             burn = self._burnin.pending() if self._burnin is not None else None
-            changed = burn is not None or any(
-                r.version > r.acked_version for r in self._runs.values()
+            mig = self._mig.pending() if self._mig is not None else []
+            changed = (
+                burn is not None
+                or bool(mig)
+                or any(r.version > r.acked_version for r in self._runs.values())
             )
             heartbeat_due = (
                 self._last_report_ok is None
@@ -589,10 +622,15 @@ class Agent:
             fresh = None
             if burn is not None and self._burnin is not None and self._burnin.wants_inventory():
                 fresh = self._reread_inventory()
+            if fresh is None and mig:
+                fresh = self.inventory  # read again after the layout was applied
         try:
             ack = self.client.status(
                 StatusReport(
-                    runs=reports, burn_in=burn[0] if burn is not None else None, inventory=fresh
+                    runs=reports,
+                    burn_in=burn[0] if burn is not None else None,
+                    inventory=fresh,
+                    mig_layouts=[m[0] for m in mig],
                 )
             )
         except (TransientError, ApiError) as exc:
@@ -609,6 +647,8 @@ class Agent:
                     rec.acked_version = max(rec.acked_version, version)
             if burn is not None and self._burnin is not None:
                 self._burnin.acked(burn[1])
+            if mig and self._mig is not None:
+                self._mig.acked([(gpu, lid, version) for _, gpu, lid, version in mig])
             self._last_report_ok = time.monotonic()
             self._next_report_at = 0.0
             self._report_backoff.reset()
@@ -731,6 +771,7 @@ class Agent:
         except inventory_mod.InventoryError as exc:
             log.error(kv("inventory_reread_failed", error=exc))
             return None
+        fresh = self._capable(fresh)
         if fresh != self.inventory:
             log.info(
                 kv(
@@ -742,6 +783,7 @@ class Agent:
                 )
             )
         self.inventory = fresh
+        self._device_ids = inventory_mod.device_ids(fresh)
         return fresh
 
     def _send_inventory(self, retry: dict[str, Any]) -> None:
