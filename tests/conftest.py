@@ -122,6 +122,7 @@ TABLES = [
     "health_incidents",
     "health_repairs",
     "node_heartbeats",
+    "mig_relayouts",
     "upgrade_nodes",
     "upgrades",
     "burn_ins",

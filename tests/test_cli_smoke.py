@@ -91,6 +91,10 @@ CASES: dict[str, Case] = {
         says="have no agent",
     ),
     "fleet upgrades": Case("fleet upgrades --json", says="[]"),
+    # Simulated nodes have no agent to lay MIG instances out.
+    "fleet mig-layout": Case(
+        "fleet mig-layout h100-a-004 1 3g.40gb,2g.20gb", code=2, says="cannot lay out MIG"
+    ),
     "fleet upgrade-resume": Case(
         "fleet upgrade-resume 0b0e5a9e-8f4c-4d7e-9a51-3c1f2a6b7d90", code=2, says="No upgrade"
     ),

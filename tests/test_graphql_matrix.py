@@ -157,6 +157,11 @@ MATRIX = {
         ("stack_not_found",),
     ),
     "bringUp": ("platform", "{ bringUp { stuck items { node why stuck } } }", ()),
+    "setMigLayout": (
+        "platform",
+        f'mutation {{ setMigLayout(gpuId: "{MISSING}", input: {{profiles: ["3g"]}}) {P} }}',
+        ("gpu_not_found",),
+    ),
     "upgrades": ("platform", "{ upgrades { id state progress { pending } } }", ()),
     "upgrade": (
         "platform",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from app.agents import mig
 from app.core import pubsub
 from app.core.config import get_settings
 from app.core.db import utcnow
@@ -61,6 +62,7 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     diff = differences(gpus, inv.gpus)
     if not diff:
         _learn_uuids(session, node, gpus, inv.gpus)
+        mig.learn(gpus, inv.gpus)
     now = utcnow()
     row = session.get(AgentNode, node.id)
     document = inv.model_dump(mode="json")

@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from app.agents import inventory
+from app.agents import inventory, mig
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.health import burnin, suite, telemetry
@@ -121,6 +121,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         assignments=out,
         heartbeat_s=heartbeat,
         burn_in=suite.wire(burn) if burn is not None else None,
+        mig_layouts=mig.wanted(session, caller.node_id),
     )
 
 
@@ -199,6 +200,10 @@ class _Outcome:
 
 def report(session: Session, caller: NodeCaller, status: StatusReport) -> StatusAck:
     """Take an agent's report: a heartbeat, and the runs whose state is news."""
+    if status.mig_layouts:  # before its inventory: the GPUs' MIG mode changed with them
+        node = session.get(Node, caller.node_id)
+        assert node is not None
+        mig.take(session, node, status.mig_layouts)
     if status.inventory is not None:  # read again after an upgrade: before it is judged
         inventory.report(session, caller, status.inventory)
     if status.burn_in is not None:

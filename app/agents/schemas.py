@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from app.core.schemas import OutModel, StrictModel
 
@@ -47,3 +48,30 @@ class NodeIdentity(OutModel):
 class CredentialsRevoked(OutModel):
     node_id: uuid.UUID
     revoked: int = Field(description="Live credentials revoked; the node's agent gets 401 now.")
+
+
+class MigLayoutIn(StrictModel):
+    """The MIG instances one GPU should have (its model's profile names, e.g. 3g.40gb, or the
+    generic keys, 3g), or null for a whole GPU. Applied by the node's agent while the GPU is
+    idle; the starts are chosen to keep the most room."""
+
+    profiles: list[Annotated[str, Field(max_length=16, pattern=r"^[0-9a-z.]+$")]] | None = Field(
+        description="Profile names, largest first or in any order; null: MIG off", max_length=7
+    )
+
+
+class MigRelayoutSlot(BaseModel):
+    profile: str = Field(description="The model's name for it, e.g. 3g.40gb")
+    start: int
+
+
+class MigRelayoutOut(BaseModel):
+    id: uuid.UUID
+    node: str
+    gpu_index: int
+    mig_mode: bool
+    layout: list[MigRelayoutSlot] = Field(description="The instances asked for, with their starts")
+    status: str = Field(description="pending | applied | refused | failed | withdrawn")
+    detail: str | None
+    requested_at: datetime
+    finished_at: datetime | None

@@ -3,6 +3,8 @@ from __future__ import annotations
 from fastapi import Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from app.agents import mig
+from app.agents.schemas import MigLayoutIn, MigRelayoutOut
 from app.core.config import get_settings
 from app.core.db import get_or_404
 from app.core.errors import PayloadTooLarge, ValidationFailed
@@ -187,6 +189,22 @@ def list_gpus(
 ) -> dict:
     items, nxt = gpus_page(session, page, node_id=node_id)
     return {"items": items, "next_cursor": nxt}
+
+
+@admin.put(
+    "/gpus/{gpu_id}/mig-layout",
+    status_code=202,
+    response_model=MigRelayoutOut,
+    summary="Lay a GPU out as these MIG instances (or a whole GPU), through its node's agent",
+    description=(
+        "Only on an idle GPU of a node whose agent can lay out MIG instances: the GPU takes no "
+        "work until its agent reports the layout applied (then MIG work goes on those "
+        "instances), refused or failed."
+    ),
+)
+def set_mig_layout(gpu_id: str, body: MigLayoutIn, auth: Platform, session: DbSession):
+    gpu = get_or_404(session, Gpu, gpu_id, what="gpu", for_update=True)
+    return mig.request_on_gpu(session, gpu, body, "operator")
 
 
 @admin.get("/gpus/{gpu_id}", response_model=GpuDetail, summary="Read a GPU and who holds it")

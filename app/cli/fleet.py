@@ -10,6 +10,8 @@ from pydantic import ValidationError
 from rich.table import Table
 from sqlalchemy import select
 
+from app.agents import mig
+from app.agents.schemas import MigLayoutIn
 from app.agents.service import create_join_token, node_named
 from app.cli.common import console, err, fail
 from app.core.db import session_scope
@@ -443,3 +445,29 @@ def _upgrade_print(out, as_json: bool) -> None:
                 n.node, str(n.unit), n.phase, n.from_stack or "-", str(n.work_moved), n.detail or ""
             )
         console.print(table)
+
+
+@fleet_cli.command("mig-layout")
+def fleet_mig_layout(
+    node: str = typer.Argument(..., help="The node's name"),
+    gpu: int = typer.Argument(..., help="The GPU's index on the node"),
+    profiles: str = typer.Argument(
+        ..., help="Comma-separated profile names (3g.40gb,2g.20gb,1g.10gb...), or `whole`"
+    ),
+) -> None:
+    """Lay a GPU out as these MIG instances (or a whole GPU) through its node's agent, while
+    the GPU is idle; `rackplane fleet show` then lists the instances its agent made."""
+    names = None if profiles == "whole" else [p for p in profiles.split(",") if p]
+
+    def act(s):
+        row = node_named(s, node)
+        if row is None:
+            fail(f"no node named {node}", 2)
+        g = s.scalar(select(Gpu).where(Gpu.node_id == row.id, Gpu.index == gpu))
+        if g is None:
+            fail(f"node {node} has no GPU {gpu}", 2)
+        return mig.request_on_gpu(s, g, MigLayoutIn(profiles=names), "operator")
+
+    out = _stack_call(act)
+    what = ", ".join(f"{x.profile}@{x.start}" for x in out.layout) or "whole GPU"
+    console.print(f"GPU {gpu} of {node}: {what} asked of its agent ({out.status})")

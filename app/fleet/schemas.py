@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.core.schemas import OutModel, StrictModel, _strict_schema
 from app.health.states import Health
@@ -26,6 +27,11 @@ class RackOut(OutModel):
     created_at: datetime
 
 
+class MigSlotOut(BaseModel):
+    profile: str = Field(description="The generic key (1g, 2g, 3g, 4g, 7g, 1g.2m)")
+    start: int = Field(description="Its first memory slice")
+
+
 class GpuOut(OutModel):
     id: uuid.UUID
     node_id: uuid.UUID
@@ -37,7 +43,25 @@ class GpuOut(OutModel):
     health_since: datetime | None
     uuid: str | None
     perf: float = Field(description="Relative speed measured under load (1.0: nominal)")
+    mig_layout: list[MigSlotOut] | None = Field(
+        None,
+        description="A MIG GPU's instances as its agent laid them out (none where nothing "
+        "lays instances out: placement picks starts freely)",
+    )
+    relayout_pending: bool = Field(
+        False, description="A MIG layout is being applied: it takes no work until then"
+    )
     created_at: datetime
+
+    @field_validator("mig_layout", mode="before")
+    @classmethod
+    def _slots(cls, value: Any) -> Any:
+        if isinstance(value, list):  # as stored: [[profile key, start], ...]
+            return [
+                {"profile": v[0], "start": v[1]} if isinstance(v, list | tuple) else v
+                for v in value
+            ]
+        return value
 
 
 class NodeOut(OutModel):

@@ -9,6 +9,8 @@ from typing import Any
 
 import strawberry
 
+from app.agents import mig
+from app.agents.schemas import MigLayoutIn, MigRelayoutOut
 from app.core.db import get_or_404
 from app.fleet import service as fleet_service
 from app.fleet.fleetmap import fleet_map
@@ -33,6 +35,7 @@ from app.graphql.permissions import IsOperator, ReadsPrices
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, text_args, view
 from app.models.fleet import FleetImport
+from app.models.fleet import Gpu as GpuRow
 from app.models.fleet import Node as Row
 from app.tenancy.auth import require_platform
 
@@ -67,13 +70,27 @@ class Holder:
 
 
 @strawberry.type
+class MigSlot:
+    profile: str = strawberry.field(description="The generic key (1g, 2g, 3g, 4g, 7g)")
+    start: int = strawberry.field(description="Its first memory slice")
+
+
+@strawberry.type
 class Gpu:
+    id: strawberry.ID
     index: int
     model: str
     health: str
     health_reason: str | None
     perf: float = strawberry.field(description="Measured speed over nominal")
     holders: list[Holder] = strawberry.field(description="Who holds it now")
+    mig_mode: bool
+    mig_layout: list[MigSlot] | None = strawberry.field(
+        description="Its MIG instances as its node's agent laid them out (null: none laid out)"
+    )
+    relayout_pending: bool = strawberry.field(
+        description="A MIG layout is being applied: it takes no work until then"
+    )
 
 
 @strawberry.type
@@ -111,12 +128,18 @@ class Node:
         held = await info.context.loaders.holders.load(self._row.id)
         return [
             Gpu(
+                id=strawberry.ID(str(g.id)),
                 index=g.index,
                 model=g.model,
                 health=g.health,
                 health_reason=g.health_reason,
                 perf=float(g.perf),
                 holders=[Holder.of(h) for h in held.get(g.index, ())],
+                mig_mode=g.mig_mode,
+                mig_layout=[MigSlot(profile=k, start=st) for k, st in g.mig_layout]
+                if g.mig_layout is not None
+                else None,
+                relayout_pending=g.relayout_pending,
             )
             for g in gpus
         ]
@@ -152,6 +175,9 @@ class NodeConnection:
 
 
 NodeResult = result_union("NodeResult", Node)
+MigLayoutInput = input_view(MigLayoutIn, "MigLayoutInput")
+MigRelayoutView = view(MigRelayoutOut, "MigRelayout", "A MIG layout asked of a GPU, and its fate")
+MigRelayoutResult = result_union("MigRelayoutResult", MigRelayoutView)
 
 
 @strawberry.type(description="A rack on the map: its nodes are the next `nodes` of the map's")
@@ -291,3 +317,23 @@ class FleetMutation:
             return {"node_id": str(id), "body": body}, node, Node.of(node)
 
         return run_mutation(info, "setNodeState", act)
+
+    @strawberry.mutation(
+        description="Operators: lay a GPU out as these MIG instances, or a whole GPU, through "
+        "its node's agent, while it is idle (REST: PUT /v1/admin/gpus/{id}/mig-layout)"
+    )
+    def set_mig_layout(
+        self,
+        info: Info,
+        gpu_id: strawberry.ID,
+        input: MigLayoutInput,  # type: ignore[valid-type]
+    ) -> MigRelayoutResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_platform(ctx.auth)
+            body = parse(MigLayoutIn, input)
+            gpu = get_or_404(ctx.session, GpuRow, str(gpu_id), what="gpu", for_update=True)
+            out = mig.request_on_gpu(ctx.session, gpu, body, "operator")
+            return {"gpu_id": str(gpu_id), "body": body}, out, shape(MigRelayoutOut, out)
+
+        return run_mutation(info, "setMigLayout", act)

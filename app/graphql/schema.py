@@ -102,7 +102,8 @@ MUTATION_FIELDS = (
     "submitWorkload terminateWorkload reportCheckpoint requestCheckpoint createApiKey "
     "revokeApiKey setBudget removeBudget setNodeState setTenantQuotas approveTenant "
     "suspendTenant reactivateTenant updateTenant createPrice setNodeHealth setGpuHealth "
-    "stopChaosExperiment createStack assignStack startUpgrade resumeUpgrade rollbackUpgrade"
+    "stopChaosExperiment createStack assignStack startUpgrade resumeUpgrade rollbackUpgrade "
+    "setMigLayout"
 ).split()
 SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 

@@ -10,12 +10,15 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.sql.expression import false as sql_false
 
 from app.core.db import Base, TimestampMixin, new_id
 from app.models.health import Health
@@ -142,6 +145,14 @@ class Gpu(TimestampMixin, Base):
     # last seen: placement decays it toward nominal from then (app/placement/perf.py).
     perf: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     perf_at: Mapped[datetime | None] = mapped_column(default=None)
+    # A MIG GPU's instances as its node's agent reports them: [[profile key, start], ...]
+    # (placement puts MIG work only on these); None where nothing lays instances out (the
+    # simulated provider: placement picks starts freely). A GPU being laid out again takes no
+    # work until its agent reports (`relayout_pending`; app/fleet/mig.py).
+    mig_layout: Mapped[list | None] = mapped_column(JSON, default=None)
+    relayout_pending: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=sql_false()
+    )
     node: Mapped[Node] = relationship(back_populates="gpus")
 
 
@@ -230,3 +241,34 @@ class UpgradeNode(Base):
     taken_at: Mapped[datetime | None] = mapped_column(default=None)
     back_at: Mapped[datetime | None] = mapped_column(default=None)
     out_s: Mapped[float] = mapped_column(Float, default=0.0)  # earlier passes (a rollback's)
+
+
+class MigRelayout(Base):
+    """A MIG layout asked of one GPU (by an operator, or by demand), carried out by the node's
+    agent only while the GPU is idle: pending until the agent reports it applied, refused
+    (busy, or the model's geometry forbids it) or failed."""
+
+    __tablename__ = "mig_relayouts"
+    __table_args__ = (
+        Index(
+            "uq_mig_relayouts_pending",
+            "node_id",
+            "gpu_index",
+            unique=True,
+            postgresql_where=text("status = 'pending'"),
+            sqlite_where=text("status = 'pending'"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    node_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), index=True
+    )
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    mig_mode: Mapped[bool] = mapped_column(Boolean)
+    layout: Mapped[list] = mapped_column(JSON)  # [[profile key, start], ...]; [] when whole
+    reason: Mapped[str] = mapped_column(String(16))  # operator | demand
+    status: Mapped[str] = mapped_column(String(12), default="pending")
+    detail: Mapped[str | None] = mapped_column(String(500), default=None)
+    requested_at: Mapped[datetime] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)

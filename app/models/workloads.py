@@ -322,6 +322,11 @@ class GpuUsage(Base):
         CheckConstraint(
             "memory_used_mib >= 0 AND memory_used_mib <= memory_mib", name="memory_within_gpu"
         ),
+        # A GPU being laid out again (MIG) holds nothing: a placement planned before the
+        # relayout was asked for is refused here (app/fleet/mig.py).
+        CheckConstraint(
+            "NOT relayout OR (milli_used = 0 AND memory_used_mib = 0)", name="idle_while_relaid"
+        ),
     )
 
     node_id: Mapped[uuid.UUID] = mapped_column(
@@ -331,6 +336,7 @@ class GpuUsage(Base):
     milli_used: Mapped[int] = mapped_column(Integer, default=0)
     memory_mib: Mapped[int] = mapped_column(Integer)
     memory_used_mib: Mapped[int] = mapped_column(Integer, default=0)
+    relayout: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class MigClaim(Base):

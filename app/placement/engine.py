@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.placement.isolation import Tier
-from app.placement.mig import PROFILES, MigProfile, best_start
+from app.placement.mig import PROFILES, MigProfile, best_start, laid_start
 from app.placement.model import (
     Binding,
     Level,
@@ -291,8 +291,14 @@ class Engine:
         host_ok: Callable[[int], bool],
         limit: int | None,
     ) -> Candidates:
-        """GPUs in MIG mode with room for the profile, then idle GPUs to convert."""
+        """GPUs in MIG mode with room for the profile, then idle GPUs to convert (not on
+        nodes whose MIG layouts only their agents change)."""
         s = self.snap
+        fixed = s.node_fixed_mig
+
+        def convertible(n: int) -> bool:
+            return not fixed[n] and host_ok(n)
+
         out_n: list[int] = []
         out_s: list[int] = []
         out_k: list[int] = []
@@ -312,7 +318,7 @@ class Engine:
             # At scale (a candidate limit), converting an idle GPU is only considered when
             # no GPU already in MIG mode has room: MIG slices pack onto MIG GPUs first.
             if self.allow_mig_reconfigure and (limit is None or count == 0):
-                for n in self._whole_nodes(m, 1, host_ok, limit):
+                for n in self._whole_nodes(m, 1, convertible, limit):
                     out_n.append(n)
                     out_s.append(self._healthiest_free_slot(n, first=False))
                     out_k.append(MIG_CONVERT)
@@ -561,12 +567,16 @@ class Engine:
         if kind == MIG_CONVERT:
             s.set_mig_mode(n, slot, True, converted=True)
             plan.reconfigurations.append(Reconfiguration(name, slot, True))
-        start = best_start(
-            profile,
-            int(s.gpu_mig_mask[n, slot]),
-            int(s.gpu_mig_compute[n, slot]),
-            int(s.gpu_mig_count[n, slot]),
-        )
+        laid = s.gpu_layout.get(n * s.max_gpus + slot)
+        if laid is not None:  # its instances exist on the host: one of them
+            start = laid_start(laid, profile, int(s.gpu_mig_mask[n, slot]))
+        else:
+            start = best_start(
+                profile,
+                int(s.gpu_mig_mask[n, slot]),
+                int(s.gpu_mig_compute[n, slot]),
+                int(s.gpu_mig_count[n, slot]),
+            )
         assert start is not None, "index promised a free MIG slot"
         aid = s.allocate(
             tenant,

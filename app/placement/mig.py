@@ -143,3 +143,23 @@ def valid_layout(placements: list[tuple[str, int]]) -> bool:
         used |= p.mask(start)
         compute += p.compute
     return compute <= COMPUTE_SLICES and len(placements) <= MAX_INSTANCES
+
+
+def laid_free(layout: tuple[tuple[str, int], ...], used_mask: int) -> tuple[str, ...]:
+    """The profiles of a laid-out GPU's instances that nothing holds (each once, in order)."""
+    out: list[str] = []
+    for key, start in layout:
+        if key not in out and not PROFILES[key].mask(start) & used_mask:
+            out.append(key)
+    return tuple(out)
+
+
+def laid_start(
+    layout: tuple[tuple[str, int], ...], profile: MigProfile, used_mask: int
+) -> int | None:
+    """Where on a laid-out GPU a `profile` instance is free: the highest such start (as
+    `best_start` breaks ties), or None."""
+    starts = [
+        start for key, start in layout if key == profile.key and not profile.mask(start) & used_mask
+    ]
+    return max(starts) if starts else None

@@ -21,7 +21,7 @@ from sortedcontainers import SortedList
 
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier, claims_whole_node, may_share_gpu
-from app.placement.mig import PROFILES, MigProfile, fitting_profiles
+from app.placement.mig import PROFILES, MigProfile, fitting_profiles, laid_free
 from app.placement.model import Level
 
 HEALTHY, DEGRADED, FAILED = 0, 1, 2
@@ -56,6 +56,13 @@ class NodeSpec:
     stack: str | None = None
     drifted: bool = False
     cuda: int = 0
+    # MIG GPUs whose instances are laid out on the host (a node agent made them): GPU index ->
+    # ((profile key, start), ...). MIG work goes only on those instances there; a GPU in MIG
+    # mode not listed takes any valid start (nothing lays it out: the simulated provider).
+    mig_layouts: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
+    # Its GPUs change MIG mode only through a relayout (a node agent's), never as a side
+    # effect of placing MIG work on an idle whole GPU.
+    fixed_mig: bool = False
 
 
 @dataclass
@@ -144,6 +151,7 @@ class Snapshot:
         self.node_drifted = np.array([s.drifted for s in nodes], np.bool_)
         self.any_drifted = bool(self.node_drifted.any())
         self.node_cuda = np.array([s.cuda for s in nodes], np.int32)
+        self.node_fixed_mig = np.array([s.fixed_mig for s in nodes], np.bool_)
 
     def _init_gpus(self, nodes: list[NodeSpec]) -> None:
         """Per (node, GPU slot): presence, free milli and memory, health, speed, MIG, tenancy."""
@@ -162,9 +170,13 @@ class Snapshot:
         self.gpu_mig_count = np.zeros((n, g), np.int8)
         self.gpu_tier = np.zeros((n, g), np.int8)
         self.gpu_tenant = np.full((n, g), NO_TENANT, np.int32)
+        # flat GPU -> its laid-out MIG instances, ((profile key, start), ...)
+        self.gpu_layout: dict[int, tuple[tuple[str, int], ...]] = {}
         for i, s in enumerate(nodes):
             for slot in s.mig_gpus:
                 self.gpu_mig[i, slot] = True
+            for slot, layout in s.mig_layouts:
+                self.gpu_layout[i * g + slot] = tuple(layout)
             if s.gpu_health is not None:
                 self.gpu_health[i, : len(s.gpu_health)] = s.gpu_health
             if s.gpu_perf is not None:
@@ -384,10 +396,13 @@ class Snapshot:
             mkeys: list = []
             if usable and mig[slot]:
                 c_ = comp[slot]
-                mkeys = [
-                    ((model, key), (-c_, flat))
-                    for key in fitting_profiles(mask[slot], c_, cnt[slot])
-                ]
+                laid = self.gpu_layout.get(flat)
+                keys = (
+                    fitting_profiles(mask[slot], c_, cnt[slot])
+                    if laid is None
+                    else laid_free(laid, mask[slot])
+                )
+                mkeys = [((model, key), (-c_, flat)) for key in keys]
             old_m = self._mkeys.get(flat, [])
             if mkeys != old_m:
                 for k_, v in old_m:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
+from app.models.agents import AgentNode
 from app.models.fleet import Gpu, Node, NodeState, Rack, Region, SoftwareStack
 from app.models.health import PLACEABLE, Health
 from app.models.workloads import Allocation, Workload
@@ -146,6 +147,12 @@ def read_world(session: Session, region: str) -> World | None:
     stacks = dict(session.execute(select(SoftwareStack.id, SoftwareStack.name)).all())
     if not rows:
         return None
+    # Nodes run by agents: their GPUs change MIG mode only by a relayout (app/agents/mig.py).
+    agents = set(
+        session.scalars(
+            select(AgentNode.node_id).where(AgentNode.node_id.in_([n.id for n, _, _ in rows]))
+        )
+    )
     gpus: dict[uuid.UUID, list[Gpu]] = {}
     for g in session.scalars(
         select(Gpu).where(Gpu.node_id.in_([n.id for n, _, _ in rows])).order_by(Gpu.index)
@@ -167,8 +174,18 @@ def read_world(session: Session, region: str) -> World | None:
                 block=f"{region}/{block}",
                 domain=node.nvlink_domain,
                 mig_gpus=tuple(g.index for g in gs if g.mig_mode),
+                # An agent's MIG GPU with no instances reported has none to place on.
+                mig_layouts=tuple(
+                    (g.index, tuple((k, int(st)) for k, st in (g.mig_layout or [])))
+                    for g in gs
+                    if g.mig_mode and (g.mig_layout is not None or node.id in agents)
+                ),
+                fixed_mig=node.id in agents,
                 schedulable=node.state == NodeState.ready.value and node.health in _NODE_PLACEABLE,
-                gpu_health=tuple(_HEALTH.get(g.health, FAILED) for g in gs),
+                # A GPU being laid out again is out, as a failed one is, until its agent reports.
+                gpu_health=tuple(
+                    FAILED if g.relayout_pending else _HEALTH.get(g.health, FAILED) for g in gs
+                ),
                 gpu_perf=_speeds(gs, now, tau) if any(g.perf < 1.0 for g in gs) else None,
                 stack=stacks.get(node.stack_id) if node.stack_id else None,
                 drifted=bool(node.drift),

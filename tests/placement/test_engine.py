@@ -337,3 +337,27 @@ def test_a_gang_lands_on_the_fewest_nodes_whatever_the_constraint_level():
     p2 = e2.place([whole("g3", 4, replicas=3, topology=required(Level.RACK))], p2)
     b3 = sorted(p2.outcomes[-1].bindings, key=lambda b: b.replica)
     assert len({b.node for b in b3}) == 2 and b3[0].node == b3[1].node  # ranks contiguous
+
+
+def test_mig_on_a_laid_out_gpu_uses_only_its_instances_and_never_converts():
+    """A node agent laid GPU 0 out as 3g@4, 2g@2, 1g@0, 1g@1: MIG work goes only on those
+    instances (a 4g, which an empty MIG GPU could take, does not fit), and on such a node an
+    idle whole GPU is never turned into MIG mode by placing work (only a relayout does)."""
+    from dataclasses import replace
+
+    laid = ((0, (("3g", 4), ("2g", 2), ("1g", 0), ("1g", 1))),)
+    a = replace(node("a", 2, mig=(0,)), mig_layouts=laid, fixed_mig=True)
+    engine = Engine(snap(a), make_policy("rackplane"))
+    plan = engine.place([mig("m1", "1g"), mig("m2", "3g"), mig("m3", "1g"), mig("m4", "1g")])
+    got = [
+        (o.bindings[0].mig_profile, o.bindings[0].mig_start) if o.placed else None
+        for o in plan.outcomes
+    ]
+    assert got == [("1g", 1), ("3g", 4), ("1g", 0), None], got  # two 1g instances, no third
+    plan = engine.place([mig("m5", "4g"), mig("m6", "2g")], plan)
+    assert not plan.outcomes[-2].placed, "no 4g instance is laid out, and GPU 1 stays whole"
+    assert plan.outcomes[-1].bindings[0].mig_start == 2
+    assert plan.reconfigurations == []
+    # The same GPU with no layout (nothing lays it out): any valid start, and conversions.
+    free = Engine(snap(node("b", 2, mig=(0,))), make_policy("rackplane"))
+    assert free.place([mig("m7", "4g"), mig("m8", "7g")]).reconfigurations
