@@ -500,3 +500,110 @@ def test_a_rolling_upgrade_moves_work_at_its_checkpoints_and_installs_the_stack(
     assert moved and "leaving service" in moved[0]["reason"], events
     wait_until(lambda: _get(http, key, wid)["state"] == "succeeded", timeout=120)
     assert "resumed from step" in _logs(http, key, wid)
+
+
+MIG_FLEET = """
+regions:
+  - name: r1
+    racks:
+      - name: hgx-mig
+        kind: hgx
+        gpu_model: H100-80GB
+        nodes:
+          - {name: e2e-m, gpus: 4}
+"""
+
+
+def test_a_mig_layout_is_made_by_the_agent_and_mig_work_runs_on_it(plane, world, client, tmp_path):
+    """A real agent on a host whose nvidia-smi and NVML are the stand-ins (tests/standins: one
+    state file, the geometry and refusals of the real tools): an operator lays GPU 0 out, the
+    agent makes the instances, MIG work runs on the UUID it made, and the GPU goes back whole."""
+    from tests.standins import BIN
+    from tests.standins.nvidia_smi import new_state
+
+    world.fleet(MIG_FLEET)
+    op = auth(world.key())
+    key = world.key(world.tenant("m", policy=ALL))
+    http = httpx.Client(base_url=plane, timeout=10)
+    node = http.get("/v1/admin/nodes", headers=op).json()["items"][0]
+    token = http.post(f"/v1/admin/nodes/{node['id']}/join-tokens", headers=op).json()["token"]
+    state = tmp_path / "gpus.json"
+    new_state(str(state), ["NVIDIA H100 80GB HBM3"] * 4)
+    env = _env(
+        RACKPLANE_FAKE_GPU_STATE=str(state),
+        FAKE_SMI_PYTHON=sys.executable,
+        FAKE_SMI_LOG=str(tmp_path / "smi.log"),
+        PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=f"{BIN.parent}{os.pathsep}{ROOT}",  # the stand-in pynvml first
+    )
+    argv = [sys.executable, "-m", "rackplane_agent", "--api", plane, "--token", token]
+    argv += ["--state-dir", str(tmp_path / "state"), "--address", "127.0.0.13", "--poll-wait", "20"]
+    log = open(tmp_path / "agent.log", "wb")
+    agent = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def gpu0() -> dict:
+            gs = http.get("/v1/admin/gpus", params={"node_id": node["id"]}, headers=op).json()
+            return next(g for g in gs["items"] if g["index"] == 0)
+
+        wait_until(
+            lambda: http.get(f"/v1/admin/nodes/{node['id']}", headers=op).json()["production_at"],
+            timeout=40,
+        )
+        r = http.put(
+            f"/v1/admin/gpus/{gpu0()['id']}/mig-layout",
+            json={"profiles": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]},
+            headers=op,
+        )
+        assert r.status_code == 202, r.text
+        wait_until(lambda: gpu0()["mig_layout"] is not None, timeout=40)
+        g = gpu0()
+        assert g["mig_mode"] and not g["relayout_pending"]
+        assert sorted(s["profile"] for s in g["mig_layout"]) == ["1g", "1g", "2g", "3g"]
+        made = json.loads(state.read_text())["gpus"][0]
+        uuids = {ci["uuid"] for gi in made["gis"] for ci in gi["cis"]}
+        assert len(uuids) == 4 and all(u.startswith("MIG-") for u in uuids)
+
+        w = http.post(
+            "/v1/workloads",
+            json={
+                "kind": "instance",
+                "mig_profile": "3g.40gb",
+                "command": [
+                    sys.executable,
+                    "-c",
+                    "import os; print('devices', os.environ['CUDA_VISIBLE_DEVICES'])",
+                ],
+            },
+            headers=auth(key),
+        )
+        assert w.status_code == 201, w.text
+        wid = w.json()["id"]
+        wait_until(lambda: _get(http, key, wid)["state"] == "succeeded", timeout=60)
+
+        def printed() -> str | None:
+            text = _logs(http, key, wid)
+            return text if "devices " in text else None
+
+        out = wait_until(printed)
+        device = out.split("devices ", 1)[1].split()[0]
+        three_g = next(
+            ci["uuid"] for gi in made["gis"] if gi["profile"].startswith("3g") for ci in gi["cis"]
+        )
+        assert device == three_g, (out, made)
+
+        # Back to a whole GPU, by the agent, once nothing runs on it.
+        r = http.put(
+            f"/v1/admin/gpus/{gpu0()['id']}/mig-layout", json={"profiles": None}, headers=op
+        )
+        assert r.status_code == 202, r.text
+        wait_until(
+            lambda: gpu0()["mig_mode"] is False and not gpu0()["relayout_pending"], timeout=40
+        )
+        assert json.loads(state.read_text())["gpus"][0]["mig_current"] == 0
+        smi = [json.loads(x) for x in (tmp_path / "smi.log").read_text().splitlines()]
+        assert any("-cgi" in a for a in smi) and any(a[-2:] == ["-mig", "0"] for a in smi), smi
+    finally:
+        agent.kill()
+        agent.wait(timeout=10)
+        http.close()

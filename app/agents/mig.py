@@ -113,7 +113,11 @@ def request(
     claims = session.scalar(
         select(func.count())
         .select_from(MigClaim)
-        .where(MigClaim.node_id == node.id, MigClaim.gpu_index == gpu_index)
+        .where(
+            MigClaim.node_id == node.id,
+            MigClaim.gpu_index == gpu_index,
+            MigClaim.released_at.is_(None),
+        )
     )
     if usage.milli_used or usage.memory_used_mib or claims:
         raise MigLayoutRefused(
