@@ -163,3 +163,47 @@ def laid_start(
         start for key, start in layout if key == profile.key and not profile.mask(start) & used_mask
     ]
     return max(starts) if starts else None
+
+
+# A layout: (profile key, start) per instance, sorted (a canonical form).
+Layout = tuple[tuple[str, int], ...]
+
+
+def layout_mask(layout: Layout) -> tuple[int, int, int]:
+    """(used memory mask, compute slices, instances) of a layout."""
+    used = compute = 0
+    for key, start in layout:
+        used |= PROFILES[key].mask(start)
+        compute += PROFILES[key].compute
+    return used, compute, len(layout)
+
+
+@lru_cache(maxsize=8)
+def maximal_layouts(
+    model: str | None = None, keys: tuple[str, ...] | None = None
+) -> tuple[Layout, ...]:
+    """Every valid layout to which no further instance fits, built from `keys` (default: every
+    profile but 7g, which is the GPU whole). The same on every MIG model here (7 compute, 8
+    memory slices; `model` is for when that stops being true). Sorted, canonical."""
+    del model
+    keys = keys or tuple(k for k in _ORDER if k != "7g")
+    slots = [(k, s) for k in keys for s in PROFILES[k].starts]
+    out: set[Layout] = set()
+
+    def grow(i: int, chosen: list[tuple[str, int]], used: int, compute: int) -> None:
+        for j in range(i, len(slots)):
+            k, s = slots[j]
+            p = PROFILES[k]
+            if p.mask(s) & used or compute + p.compute > COMPUTE_SLICES:
+                continue
+            if len(chosen) >= MAX_INSTANCES:
+                break
+            chosen.append((k, s))
+            grow(j + 1, chosen, used | p.mask(s), compute + p.compute)
+            chosen.pop()
+        # Maximal: nothing of `keys` fits any more.
+        if chosen and not any(fits(PROFILES[k], used, compute, len(chosen)) for k in keys):
+            out.add(tuple(sorted(chosen, key=lambda x: (x[1], x[0]))))
+
+    grow(0, [], 0, 0)
+    return tuple(sorted(out))
