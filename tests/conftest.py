@@ -58,6 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_LOG_JSON": "true",
             "RACKPLANE_LOG_LEVEL": "WARNING",
             "RACKPLANE_SEED_DEMO": "false",
+            # Tests drive MIG re-layouts themselves (miglayout.advance), never by the beat.
+            "RACKPLANE_MIG_RELAYOUT": "false",
             # PostgreSQL refuses to start without the server secrets.
             "RACKPLANE_KEY_PEPPER": f"test-pepper-{RUN_ID}-{secrets.token_hex(8)}",
             "RACKPLANE_SECRET_KEY": f"test-secret-{RUN_ID}-{secrets.token_hex(8)}",

@@ -176,3 +176,75 @@ def test_an_operator_lays_a_gpu_out_and_mig_work_runs_on_what_the_agent_made(
     assert r.status_code == 200, r.text
     g1 = _gpu(client, op, nid["m-1"], 1)
     assert (g1["mig_mode"], g1["relayout_pending"], g1["mig_layout"]) == (False, False, None)
+
+
+def test_layouts_follow_the_queue_through_the_agents(client, world, session, celery_worker_process):
+    """The demand planner's edge: MIG work waits on an agent's node of whole GPUs, so one idle
+    GPU is laid out for it (asked of the agent as an operator's layout is); once the agent has
+    made it, the work runs there; a GPU just laid out is not touched again (dwell), and nothing
+    changes while nothing waits."""
+    from app.agents import miglayout
+    from app.core.db import utcnow
+
+    world.fleet(FLEET)
+    op = world.key()
+    key = world.key(world.tenant("acme", policy=ALL))
+    cred = _join(client, op, "m-1")
+    _bring_up(client, cred, _inv("m-1"))
+    session.commit()
+    assert miglayout.advance(session, "r1", utcnow()) == 0, "nothing waits: nothing changes"
+    session.commit()
+    ids = []
+    for _ in range(3):
+        w = client.post(
+            "/v1/workloads", json={"kind": "instance", "mig_profile": "3g.40gb"}, headers=auth(key)
+        )
+        ids.append(w.json()["id"])
+    session.expire_all()
+    assert miglayout.advance(session, "r1", utcnow()) >= 1
+    session.commit()
+    desired = client.get("/v1/agent/assignments", params={"wait": "0s"}, headers=auth(cred)).json()[
+        "mig_layouts"
+    ]
+    assert desired and all(x["mig_mode"] for x in desired)
+    threes = sum(s["profile"] == "3g.40gb" for x in desired for s in x["instances"])
+    assert threes >= 2, desired  # a 3g-heavy layout for a 3g queue
+    assert miglayout.advance(session, "r1", utcnow()) == 0, "pending ones are not asked again"
+    session.commit()
+    # The agent made them as asked.
+    reports, instances = [], []
+    for x in desired:
+        laid = [
+            {
+                "uuid": f"MIG-m1-{x['gpu']}-{s['start']}",
+                "profile": s["profile"],
+                "start": s["start"],
+            }
+            for s in x["instances"]
+        ]
+        reports.append(
+            {
+                "id": x["id"],
+                "gpu": x["gpu"],
+                "status": "applied",
+                "mig_mode": True,
+                "instances": laid,
+            }
+        )
+        instances.append((x["gpu"], laid))
+    inv = _inv("m-1")
+    for gpu, laid in instances:
+        inv["gpus"][gpu] = {**inv["gpus"][gpu], "mig_mode": True, "mig_instances": laid}
+    r = client.post(
+        "/v1/agent/status", json={"mig_layouts": reports, "inventory": inv}, headers=auth(cred)
+    )
+    assert r.status_code == 200, r.text
+    for wid in ids[: min(3, threes)]:
+        wait_until(
+            lambda wid=wid: client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()[
+                "placement"
+            ],
+            timeout=30,
+        )
+    session.expire_all()
+    assert miglayout.advance(session, "r1", utcnow()) == 0, "just laid out: left alone"

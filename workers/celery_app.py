@@ -24,6 +24,7 @@ celery_app.autodiscover_tasks(
         "app.billing",
         "app.health",
         "app.chaos",
+        "app.agents",
     ],
     related_name="tasks",
     force=True,

@@ -72,10 +72,15 @@ def plan_layout(model: str, names: list[str] | None) -> list[tuple[str, int]]:
 
 
 def request(
-    session: Session, node: Node, gpu_index: int, names: list[str] | None, reason: str
+    session: Session,
+    node: Node,
+    gpu_index: int,
+    target: list[tuple[str, int]] | None,
+    reason: str,
 ) -> MigRelayout:
-    """Ask the node's agent to lay GPU `gpu_index` out as `names` (None: a whole GPU). The GPU
-    must hold nothing; a layout still pending for it is replaced."""
+    """Ask the node's agent to lay GPU `gpu_index` out as `target` ((profile key, start) per
+    instance; None: a whole GPU). The GPU must hold nothing; a layout still pending for it is
+    replaced."""
     gpu = session.scalar(
         select(Gpu).where(Gpu.node_id == node.id, Gpu.index == gpu_index).with_for_update()
     )
@@ -83,7 +88,8 @@ def request(
         raise ValidationFailed(
             f"Node {node.name} has no GPU {gpu_index}.", code="gpu_not_found", gpu=gpu_index
         )
-    layout = plan_layout(gpu.model, names)
+    layout = sorted(target or [], key=lambda x: x[1])
+    assert valid_layout(layout)
     agent = session.get(AgentNode, node.id)
     if agent is None or CAPABILITY not in ((agent.inventory or {}).get("capabilities") or []):
         raise MigLayoutRefused(
@@ -139,7 +145,7 @@ def request(
         id=uuid.uuid4(),
         node_id=node.id,
         gpu_index=gpu_index,
-        mig_mode=names is not None,
+        mig_mode=target is not None,
         layout=[list(x) for x in layout],
         reason=reason,
         status="pending",
@@ -265,6 +271,8 @@ def describe(session: Session, row: MigRelayout) -> MigRelayoutOut:
 
 
 def request_on_gpu(session: Session, gpu: Gpu, body: MigLayoutIn, reason: str) -> MigRelayoutOut:
+    """An operator's layout of one GPU, by profile names (the starts chosen here)."""
     node = session.scalar(select(Node).where(Node.id == gpu.node_id).with_for_update())
     assert node is not None
-    return describe(session, request(session, node, gpu.index, body.profiles, reason))
+    target = plan_layout(gpu.model, body.profiles) if body.profiles is not None else None
+    return describe(session, request(session, node, gpu.index, target, reason))

@@ -69,6 +69,10 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
             "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
             "fleet.upgrades": {"task": "fleet.upgrades", "schedule": s.upgrade_tick_seconds},
+            "agents.mig_layouts": {
+                "task": "agents.mig_layouts",
+                "schedule": s.mig_relayout_seconds,
+            },
             "chaos.watch": {"task": "chaos.watch", "schedule": 5.0},
             "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
             "billing.meter_export": {

@@ -152,6 +152,10 @@ class Settings(BaseSettings):
     # commands it began with), and how often the upgrade controller looks again.
     upgrade_commands: Path | None = Field(default=None, alias="RACKPLANE_UPGRADE_COMMANDS")
     upgrade_tick_seconds: float = Field(default=10.0, gt=0, alias="RACKPLANE_UPGRADE_TICK")
+    # MIG layouts that follow demand (app/agents/miglayout.py): on nodes whose agents can lay
+    # MIG instances out, idle GPUs are re-laid for what the queue waits for, this often.
+    mig_relayout: bool = Field(default=True, alias="RACKPLANE_MIG_RELAYOUT")
+    mig_relayout_seconds: float = Field(default=30.0, gt=0, alias="RACKPLANE_MIG_RELAYOUT_TICK")
     refault_window_seconds: float = Field(default=86400.0, ge=0, alias="RACKPLANE_REFAULT_WINDOW")
     # Chaos experiments (app/chaos): off unless asked for.
     chaos_enabled: bool = Field(default=False, alias="RACKPLANE_CHAOS_ENABLED")
