@@ -248,3 +248,7 @@ def test_layouts_follow_the_queue_through_the_agents(client, world, session, cel
         )
     session.expire_all()
     assert miglayout.advance(session, "r1", utcnow()) == 0, "just laid out: left alone"
+    metrics = client.get("/metrics").text
+    assert f'rackplane_mig_relayouts{{reason="demand",status="applied"}} {len(desired)}.0' in (
+        metrics
+    ), [x for x in metrics.splitlines() if "relayouts" in x]

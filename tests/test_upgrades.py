@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.core.config import get_settings
 from tests.conftest import auth, wait_until
@@ -280,6 +280,9 @@ def test_a_rolling_upgrade_pause_resume_and_rollback(
         node = _node(client, op, n)
         assert (node["state"], node["health"]) == ("ready", "healthy"), node
         assert node["stack_id"] == sid["h100-old"] and node["drift"] == []
+    metrics = client.get("/metrics").text
+    assert 'rackplane_upgrade_nodes{phase="done"}' in metrics  # finished: none counted
+    assert "rackplane_bring_up_stuck_nodes" in metrics
     report = final["report"]
     assert report["work_moved"] == 1 and report["failures"] == 2
     assert report["gpu_hours_out_of_service"] > 0
@@ -289,3 +292,83 @@ def _now():
     from app.core.db import utcnow
 
     return utcnow()
+
+
+def test_an_nvl72_domain_moves_as_one_unit(client, world, session, tmp_path, monkeypatch):
+    """An NVL72 rack's 18 trays are one NVLink domain: an upgrade takes them together, whatever
+    the batch, and the budget still lets the unit start alone (72 GPUs of 80 are more than
+    any share of them). An HGX node beside it is a unit of its own."""
+    from app.core.db import utcnow
+    from app.fleet import upgrades
+    from app.models.agents import AgentNode
+    from app.models.fleet import Node
+    from app.models.health import BurnIn
+
+    world.fleet(
+        """
+regions:
+  - name: r1
+    racks:
+      - {name: nvl-u, kind: nvl72, block: s1, pool: gb}
+      - name: hgx-v
+        kind: hgx
+        gpu_model: H100-80GB
+        pool: gb
+        nodes:
+          - {name: v-1, gpus: 8}
+"""
+    )
+    op = world.key()
+    r = client.post(
+        "/v1/admin/stacks",
+        json={"name": "gb-new", "components": NEW},
+        headers=auth(op),
+    )
+    assert r.status_code == 201, r.text
+    # Their agents, as the rows their inventories leave (the versions unknown: nothing to
+    # install, only the burn-in).
+    nodes = list(session.scalars(select(Node).order_by(Node.name)))
+    for n in nodes:
+        inv = {"hostname": n.name, "driver_version": None, "cuda_version": None}
+        session.add(
+            AgentNode(
+                node_id=n.id,
+                node_name=n.name,
+                address=f"{n.name}.test",
+                agent_version="test",
+                inventory=inv,
+            )
+        )
+    session.commit()
+    r = client.post(
+        "/v1/admin/upgrades",
+        json={"stack": "gb-new", "pool": "gb", "batch": "1", "max_unavailable_pct": 10},
+        headers=auth(op),
+    )
+    assert r.status_code == 202, r.text
+    up = r.json()
+    units = {n["node"]: n["unit"] for n in up["nodes"]}
+    trays = [name for name in units if name != "v-1"]
+    assert len(trays) == 18 and len({units[t] for t in trays}) == 1
+    assert units["v-1"] != units[trays[0]]
+    session.expire_all()
+    upgrades.advance(session, uuid.UUID(up["id"]), utcnow())
+    session.commit()
+
+    def phases() -> dict[str, str]:
+        shown = client.get(f"/v1/admin/upgrades/{up['id']}", headers=auth(op)).json()
+        return {n["node"]: n["phase"] for n in shown["nodes"]}
+
+    # v-1's unit comes first (racks by name); 8 GPUs fit the budget (10 % of 80), and the
+    # domain's 72 may not start beside it.
+    got = phases()
+    assert got["v-1"] == "applying" and all(got[t] == "pending" for t in trays), got
+    # v-1 passes its burn-in (as the rows its agent's report leaves): the domain, alone
+    # now, goes whole, every tray at once.
+    session.execute(update(BurnIn).where(BurnIn.status == "running").values(status="passed"))
+    session.execute(update(Node).where(Node.name == "v-1").values(health="healthy"))
+    session.commit()
+    upgrades.advance(session, uuid.UUID(up["id"]), utcnow())
+    session.commit()
+    got = phases()
+    assert got["v-1"] == "done" and all(got[t] == "applying" for t in trays), got

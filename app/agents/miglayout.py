@@ -106,13 +106,36 @@ def views(session: Session, region: str, now: datetime) -> tuple[list[GpuView], 
         at = at if at.tzinfo else at.replace(tzinfo=now.tzinfo)
         last[(nid, gi)] = max(last.get((nid, gi), at), at)
         recent[(nid, gi)] += at >= since
+    # Layouts asked and not yet made: the planner counts what they will offer, and leaves them.
+    coming = {
+        (r.node_id, r.gpu_index): r
+        for r in session.scalars(
+            select(MigRelayout).where(MigRelayout.node_id.in_(ids), MigRelayout.status == "pending")
+        )
+    }
     out = []
     for g in session.scalars(
         select(Gpu).where(Gpu.node_id.in_(ids)).order_by(Gpu.node_id, Gpu.index)
     ):
-        if g.relayout_pending or g.health not in placeable:
+        if g.health not in placeable:
             continue
         key = (g.node_id, g.index)
+        if key in coming:
+            r = coming[key]
+            target = tuple((k, int(st)) for k, st in r.layout) if r.mig_mode else None
+            out.append(
+                GpuView(
+                    node=nodes[g.node_id].name,
+                    index=g.index,
+                    model=g.model,
+                    layout=target,
+                    idle=False,
+                    changed_at=now.timestamp(),
+                    changes_24h=recent[key] + 1,
+                    free=target or (),
+                )
+            )
+            continue
         u = usage.get(key)
         mask = held.get(key, 0)
         layout = tuple((k, int(s)) for k, s in (g.mig_layout or [])) if g.mig_mode else None

@@ -318,7 +318,7 @@ def advance(session: Session, upgrade_id: uuid.UUID, now: datetime) -> str:
             .where(UpgradeNode.upgrade_id == up.id)
             .order_by(UpgradeNode.unit, Node.name)
             .with_for_update(of=[UpgradeNode, Node])
-        ).tuples()
+        ).all()
     )
     for un, node in rows:
         if un.phase == "draining":
@@ -619,7 +619,7 @@ def rollback(session: Session, up: Upgrade) -> Upgrade:
             .join(Node, Node.id == UpgradeNode.node_id)
             .where(UpgradeNode.upgrade_id == up.id)
             .with_for_update(of=[UpgradeNode, Node])
-        ).tuples()
+        ).all()
     )
     for un, node in rows:
         if un.phase == "pending":

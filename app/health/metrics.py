@@ -24,7 +24,8 @@ from sqlalchemy import case, func, select
 
 from app.core.db import as_aware, session_scope, utcnow
 from app.core.logging import get_logger
-from app.models.fleet import Gpu, Node, Rack, Region
+from app.health import burnin
+from app.models.fleet import Gpu, MigRelayout, Node, Rack, Region, Upgrade, UpgradeNode
 from app.models.health import PLACEABLE, BurnIn, HealthIncident, HealthRepair, IdleIron
 from app.models.workloads import (
     CYCLE_BUCKETS,
@@ -74,6 +75,7 @@ class FleetCollector(Collector):
             yield from _incidents(s)
             yield from _repairs(s)
             yield from _burn_ins(s)
+            yield from _lifecycle(s)
             yield from _lost_work(s)
             yield _cycles(s)
             yield _queue_waits(s)
@@ -205,6 +207,46 @@ def _burn_ins(s: Any) -> Iterator:
     for status in ("passed", "failed", "rma", "withdrawn"):
         hours.add_metric([status], round(spent.get(status, 0.0), 4))
     yield hours
+    stuck = GaugeMetricFamily(
+        "rackplane_bring_up_stuck_nodes",
+        "Nodes on their way into service that are not moving (why: GET /v1/admin/bring-up)",
+    )
+    stuck.add_metric([], burnin.bring_up(s, now).stuck)
+    yield stuck
+
+
+def _lifecycle(s: Any) -> Iterator:
+    """Rolling upgrades' nodes by phase (upgrades not finished), and MIG layouts asked of
+    agents in the last day by outcome."""
+    phases = GaugeMetricFamily(
+        "rackplane_upgrade_nodes",
+        "Nodes of upgrades still running, paused or rolling back, by phase",
+        labels=["phase"],
+    )
+    counts = dict(
+        s.execute(
+            select(UpgradeNode.phase, func.count())
+            .join(Upgrade, Upgrade.id == UpgradeNode.upgrade_id)
+            .where(Upgrade.state.in_(("running", "paused", "rolling_back")))
+            .group_by(UpgradeNode.phase)
+        ).all()
+    )
+    for phase in ("pending", "draining", "applying", "done", "failed", "skipped", "rolled_back"):
+        phases.add_metric([phase], counts.get(phase, 0))
+    yield phases
+    layouts = GaugeMetricFamily(
+        "rackplane_mig_relayouts",
+        "MIG layouts asked of node agents in the last 24 hours, by status and by whom",
+        labels=["status", "reason"],
+    )
+    since = utcnow() - timedelta(days=1)
+    for status, reason, n in s.execute(
+        select(MigRelayout.status, MigRelayout.reason, func.count())
+        .where(MigRelayout.requested_at >= since)
+        .group_by(MigRelayout.status, MigRelayout.reason)
+    ):
+        layouts.add_metric([status, reason], n)
+    yield layouts
 
 
 def _repairs(s: Any) -> Iterator:
