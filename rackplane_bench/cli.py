@@ -635,6 +635,188 @@ def upgrade_cmd(
     _emit(summary, as_json)
 
 
+def _mig_one(args: tuple) -> dict:
+    from rackplane_bench.sim import mig
+
+    openb_file, philly_file, params, cfg, policy, fraction = args
+    trace = mig.build_trace(Path(openb_file), Path(philly_file), params)
+    r = mig.replay(trace, policy, fraction, params, cfg)
+    return {"row": r.as_dict(), "swing": trace.mig_share_by_hour, "mix": trace.profile_mix}
+
+
+@sim_cli.command("mig")
+def mig_cmd(
+    openb_file: Path = typer.Option(
+        TRACES / "openb" / "openb_pod_list_default.csv",
+        "--openb",
+        exists=True,
+        help="openb pods CSV (the inference MIG mix and run times).",
+    ),
+    philly_file: Path = typer.Option(
+        TRACES / "philly" / "philly_jobs.csv",
+        "--philly",
+        exists=True,
+        help="Philly jobs CSV (whole-GPU training: GPU counts and durations).",
+    ),
+    nodes: int = typer.Option(32, min=1, help="8 x H100-80GB nodes."),
+    days: float = typer.Option(3.0, help="Days simulated; the first is warm-up."),
+    warmup_days: float = typer.Option(1.0, help="Days before the measured window."),
+    load: float = typer.Option(1.0, help="Offered load, in fleet GPU-equivalents on average."),
+    inference_share: float = typer.Option(0.5, help="Share of the offered load that is inference."),
+    inference_peak_ratio: float = typer.Option(3.0, help="Inference peak/trough [assumption]."),
+    training_peak_ratio: float = typer.Option(1.5, help="Training peak/trough, in antiphase."),
+    patience_s: float = typer.Option(600.0, help="Inference unserved this long is dropped."),
+    mig_rule: str = typer.Option("round7", help="openb gpu_milli -> MIG profile rule."),
+    fractions: str = typer.Option(
+        "8", help="Static grid: N (fractions 0, 1/N, ..., 1 of the nodes) or a comma list."
+    ),
+    policies: str = typer.Option(
+        ",".join(("dynamic", "static-none", "static-1g", "static-balanced")),
+        help="Policies to run.",
+    ),
+    min_dwell_s: float = typer.Option(
+        7200.0, help="Planner: minimum time between changes of a GPU."
+    ),
+    max_changes_per_gpu_day: int = typer.Option(4, help="Planner: changes of a GPU per 24 h."),
+    gain_margin: float = typer.Option(2.0, help="Planner: covered shortfall x dwell / reset cost."),
+    max_fraction_per_cycle: float = typer.Option(0.05, help="Planner: GPUs changed per call."),
+    reset_cost_s: float = typer.Option(30.0, help="Re-lay with MIG mode kept [assumption]."),
+    mode_flip_cost_s: float = typer.Option(120.0, help="MIG mode on/off [assumption]."),
+    plan_every_s: float = typer.Option(300.0, help="Planner (and idle queue) tick."),
+    seed: int = typer.Option(1, help="Seeds the trace."),
+    parallel: int = typer.Option(2, help="Replays run at once (processes)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON line per policy, then a summary."),
+) -> None:
+    """MIG layouts by demand: a day-shifting inference (MIG) / training (whole GPU) mix under
+    static layouts (the best fraction on a grid) and the dynamic planner
+    (rackplane_bench/sim/mig.py, docs/design/mig-layouts.md §5)."""
+    from fractions import Fraction
+
+    from app.placement.miglayout import RelayoutConfig
+    from rackplane_bench.sim import mig
+
+    chosen = [x.strip() for x in policies.split(",") if x.strip()]
+    try:
+        mig.profile_of(500, mig_rule)
+        if "," in fractions or "/" in fractions or "." in fractions:
+            grid = sorted({float(Fraction(x.strip())) for x in fractions.split(",") if x.strip()})
+        else:
+            steps = int(fractions)
+            grid = [i / steps for i in range(steps + 1)]
+    except (ValueError, ZeroDivisionError) as e:
+        err.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+    bad = [x for x in chosen if x not in mig.POLICIES]
+    if bad or not chosen or not grid or not 0 <= warmup_days < days:
+        err.print(f"[red]--policies among {', '.join(mig.POLICIES)}; a grid; warm-up < days[/red]")
+        raise typer.Exit(2)
+    params = mig.Params(
+        nodes=nodes,
+        days=days,
+        warmup_days=warmup_days,
+        load=load,
+        inference_share=inference_share,
+        inference_peak_ratio=inference_peak_ratio,
+        training_peak_ratio=training_peak_ratio,
+        patience_s=patience_s,
+        mig_rule=mig_rule,
+        plan_every_s=plan_every_s,
+        seed=seed,
+    )
+    cfg = RelayoutConfig(
+        reset_cost_s=reset_cost_s,
+        mode_flip_cost_s=mode_flip_cost_s,
+        min_dwell_s=min_dwell_s,
+        gain_margin=gain_margin,
+        max_changes_per_gpu_day=max_changes_per_gpu_day,
+        max_fraction_per_cycle=max_fraction_per_cycle,
+    )
+    base = (str(openb_file), str(philly_file), params, cfg)
+    # Phase 1, the static grid (f = 0 is static-none for every layout: run once); phase 2,
+    # dynamic from static-balanced's best fraction.
+    runs = []
+    if "static-none" in chosen or any(p.startswith("static-") for p in chosen):
+        runs.append((*base, "static-none", 0.0))
+    for pol in ("static-1g", "static-balanced"):
+        if pol in chosen or (pol == "static-balanced" and "dynamic" in chosen):
+            runs += [(*base, pol, f) for f in grid if f > 0]
+
+    def run_all(batch: list) -> list[dict]:
+        if parallel > 1 and len(batch) > 1:
+            with ProcessPoolExecutor(min(parallel, len(batch))) as pool:
+                return list(pool.map(_mig_one, batch))
+        return [_mig_one(r) for r in batch]
+
+    import time as _time
+
+    start = _time.perf_counter()
+    out = run_all(runs)
+    none = [o["row"] for o in out if o["row"]["policy"] == "static-none"]
+    rows: dict[str, dict] = {}
+    for pol in ("static-none", "static-1g", "static-balanced"):
+        cands = none + [o["row"] for o in out if o["row"]["policy"] == pol]
+        if not cands:
+            continue
+        best = max(cands, key=lambda r: (r["demand_served_gpu_hours"], -r["mig_fraction"]))
+        rows[pol] = (
+            best
+            | {
+                "policy": pol,
+                "grid": {str(r["mig_fraction"]): r["demand_served_gpu_hours"] for r in cands},
+            }
+            if pol != "static-none"
+            else best
+        )
+    if "dynamic" in chosen:
+        f = rows["static-balanced"]["mig_fraction"] if "static-balanced" in rows else 0.375
+        rows["dynamic"] = run_all([(*base, "dynamic", f)])[0]["row"]
+    swing = out[0]["swing"] if out else _mig_one((*base, "static-none", 0.0))["swing"]
+    for pol in chosen:
+        _emit(rows[pol], as_json)
+    statics = [rows[p] for p in ("static-none", "static-1g", "static-balanced") if p in chosen]
+    best_static = max(statics, key=lambda r: r["demand_served_gpu_hours"]) if statics else None
+    summary: dict = {
+        "summary": "sim mig",
+        "nodes": nodes,
+        "gpus": nodes * 8,
+        "days": days,
+        "measured_days": days - warmup_days,
+        "seed": seed,
+    }
+    if best_static is not None:
+        summary["best_static"] = best_static["policy"]
+        summary["best_static_mig_fraction"] = best_static["mig_fraction"]
+        summary["best_static_served_gpu_hours"] = best_static["demand_served_gpu_hours"]
+    if best_static is not None and "dynamic" in rows:
+        dyn = rows["dynamic"]
+        served = best_static["demand_served_gpu_hours"]
+        gain = dyn["demand_served_gpu_hours"] / served - 1 if served else 0.0
+        summary["gain_vs_best_static"] = round(gain, 4)
+        summary["targets"] = {
+            "more_than_best_static": dyn["demand_served_gpu_hours"] > served,
+            "resets_at_most_3": dyn["resets_per_gpu_day"] <= 3,
+        }
+    summary["mig_share_of_offered"] = {"min_hourly": min(swing), "max_hourly": max(swing)}
+    summary["mig_profile_mix"] = out[0]["mix"] if out else {}
+    summary["params"] = {
+        "load": load,
+        "inference_share": inference_share,
+        "inference_peak_ratio": inference_peak_ratio,
+        "training_peak_ratio": training_peak_ratio,
+        "patience_s": patience_s,
+        "mig_rule": mig_rule,
+        "min_dwell_s": min_dwell_s,
+        "max_changes_per_gpu_day": max_changes_per_gpu_day,
+        "gain_margin": gain_margin,
+        "max_fraction_per_cycle": max_fraction_per_cycle,
+        "reset_cost_s": reset_cost_s,
+        "mode_flip_cost_s": mode_flip_cost_s,
+        "grid": [round(f, 4) for f in grid],
+    }
+    summary["seconds"] = round(_time.perf_counter() - start, 1)
+    _emit(summary, as_json)
+
+
 def _window(text: str) -> tuple[float, float]:
     from rackplane_bench.sim import philly
 

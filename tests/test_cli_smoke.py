@@ -141,6 +141,11 @@ CASES: dict[str, Case] = {
         "--parallel 1 --json",
         says='"summary": "sim upgrade"',
     ),
+    # MIG layouts by demand on two nodes for half a day, one static fraction: seconds.
+    "sim mig": Case(
+        "sim mig --nodes 2 --days 0.5 --warmup-days 0.25 --fractions 0.5 --parallel 1 --json",
+        says='"summary": "sim mig"',
+    ),
 }
 
 
