@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test install services openapi lint clean portal chromium
+.PHONY: run test install services openapi lint clean portal chromium ha-engines
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,7 +34,10 @@ services:
 chromium:
 	bash scripts/ensure-chromium.sh
 
-test: install services portal chromium lint
+ha-engines:
+	bash scripts/ensure-ha.sh
+
+test: install services portal chromium ha-engines lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 openapi: install

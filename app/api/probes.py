@@ -12,6 +12,7 @@ from app.core.config import get_settings
 from app.core.db import get_engine
 from app.core.errors import ServiceUnavailable
 from app.core.logging import get_logger
+from app.core.redis import connect as redis_client
 from app.core.routing import api_router
 
 router = api_router(tags=["probes"])
@@ -45,9 +46,7 @@ def _check_database() -> None:
 def _check_broker() -> None:
     s = get_settings()
     if s.redis_url:
-        import redis
-
-        client = redis.Redis.from_url(s.redis_url, socket_connect_timeout=2, socket_timeout=2)
+        client = redis_client(s.redis_url, socket_connect_timeout=2, socket_timeout=2)
         try:
             client.ping()
         finally:

@@ -11,6 +11,7 @@ from celery import Celery
 from kombu import Queue
 
 from app.core.config import Settings, get_settings
+from app.core.redis import sentinel_parts
 
 QUEUES = ("default", "fleet", "placement", "provisioning", "health", "metering", "billing")
 # Longest task we expect, with margin; Redis redelivers unacked tasks after this.
@@ -25,6 +26,12 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         transport["visibility_timeout"] = VISIBILITY_TIMEOUT_S
         if s.broker_key_prefix:
             transport["global_keyprefix"] = s.broker_key_prefix
+        parts = sentinel_parts(s.redis_url)
+        if parts is not None:  # through Sentinel: the master it names, after any failover
+            _, master, db, password = parts
+            transport.update(master_name=master, db=db)
+            if password:
+                transport["password"] = password
     return {
         "broker_url": s.broker_url,
         "broker_transport_options": transport,

@@ -186,6 +186,12 @@ class Settings(BaseSettings):
 
     @property
     def broker_url(self) -> str:
+        if self.redis_url and self.redis_url.startswith("redis+sentinel://"):
+            # kombu's Sentinel transport: each Sentinel, and the master's name and db in the
+            # transport options (app/core/broker.py).
+            hosts = self.redis_url.removeprefix("redis+sentinel://").rsplit("@", 1)[-1]
+            hosts = hosts.split("/", 1)[0]
+            return ";".join(f"sentinel://{h}" for h in hosts.split(","))
         if self.redis_url:
             return self.redis_url
         # Embedded default: kombu's SQLAlchemy transport on its own SQLite file, so the

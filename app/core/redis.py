@@ -13,9 +13,58 @@ from typing import Any
 
 from app.core.config import get_settings
 
+SENTINEL = "redis+sentinel://"
 BREAKER_SECONDS = 2.0
 TIMEOUT_S = 0.5
 _state: dict[str, Any] = {"client": None, "url": None, "open_until": 0.0}
+
+
+def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, str | None] | None:
+    """`redis+sentinel://[:password@]host:port,host:port,.../master[/db]` as (the Sentinels,
+    the master's name, its db, its password); None for any other URL. One setting
+    (`REDIS_URL`) names Redis either way: the client (`connect`), Celery's broker
+    (`Settings.broker_url`) and the pub/sub listeners all follow the master Sentinel names."""
+    if not url.startswith(SENTINEL):
+        return None
+    rest = url[len(SENTINEL) :]
+    password = None
+    if "@" in rest:
+        auth, rest = rest.rsplit("@", 1)
+        password = auth.split(":", 1)[1] if ":" in auth else auth
+        password = password or None
+    hosts, _, path = rest.partition("/")
+    master, _, db = path.partition("/")
+    if not hosts or not master:
+        raise ValueError(f"{url!r}: expected {SENTINEL}host:port[,host:port...]/master[/db]")
+    sentinels = []
+    for h in hosts.split(","):
+        host, _, port = h.rpartition(":")
+        sentinels.append((host or h, int(port) if port.isdigit() else 26379))
+    return sentinels, master, int(db or 0), password
+
+
+def connect(url: str, *, asynchronous: bool = False, **kwargs: Any) -> Any:
+    """A client for `url`: a plain Redis URL, or the master a set of Sentinels names (it asks
+    them again after a failover, on its next connection)."""
+    parts = sentinel_parts(url)
+    if asynchronous:
+        import redis.asyncio as lib
+        from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+        sentinel_cls: Any = AsyncSentinel
+    else:
+        import redis as lib
+        from redis.sentinel import Sentinel as SyncSentinel
+
+        sentinel_cls = SyncSentinel
+    if parts is None:
+        return lib.Redis.from_url(url, **kwargs)
+    hosts, master, db, password = parts
+    timeouts = {
+        k: v for k, v in kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")
+    }
+    sentinel = sentinel_cls(hosts, sentinel_kwargs=timeouts or {"socket_timeout": TIMEOUT_S})
+    return sentinel.master_for(master, db=db, password=password, **kwargs)
 
 
 def client():
@@ -24,11 +73,7 @@ def client():
     if not url or time.monotonic() < _state["open_until"]:
         return None
     if _state["client"] is None or _state["url"] != url:
-        import redis
-
-        _state["client"] = redis.Redis.from_url(
-            url, socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S
-        )
+        _state["client"] = connect(url, socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S)
         _state["url"] = url
     return _state["client"]
 
@@ -49,12 +94,10 @@ def async_client():
     loop = asyncio.get_running_loop()
     hit = _loops.get(loop)
     if hit is None or hit[0] != url:
-        import redis.asyncio
-
         hit = _loops[loop] = (
             url,
-            redis.asyncio.Redis.from_url(
-                url, socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S
+            connect(
+                url, asynchronous=True, socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S
             ),
         )
     return hit[1]
@@ -74,11 +117,9 @@ def follow(
 ) -> None:
     """A listener thread's loop, for ever: connect, `subscribe(pubsub)`, hand every message to
     `on_message(msg)`; on any failure `on_down(exc)`, wait `retry_s`, and connect again."""
-    import redis as redis_lib
-
     while True:
         try:
-            client = redis_lib.Redis.from_url(
+            client = connect(
                 url,
                 socket_connect_timeout=TIMEOUT_S,
                 socket_keepalive=True,
