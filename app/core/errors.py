@@ -229,13 +229,29 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def _is_unavailable(exc: BaseException) -> bool:
-    """Connection failures to the database or broker are 503, not 500."""
+    """Connection failures to the database or broker are 503, not 500: a refused or reset
+    connection, a timeout, and what a PostgreSQL failover looks like from a client (the old
+    leader shutting down, a write reaching a node that just became a replica)."""
     from sqlalchemy.exc import OperationalError
 
     names = {type(e).__name__ for e in _chain(exc)}
-    return isinstance(exc, OperationalError) or bool(
-        names & {"OperationalError", "ConnectionError", "ConnectionRefusedError", "TimeoutError"}
-    )
+    return isinstance(exc, OperationalError) or bool(names & TRANSIENT)
+
+
+TRANSIENT = frozenset(
+    {
+        "OperationalError",
+        "ConnectionError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "TimeoutError",
+        "ReadOnlySqlTransaction",  # 25006: a write on a node that is a replica now
+        "AdminShutdown",  # 57P01: the server is going down (a switchover)
+        "CannotConnectNow",  # 57P03: starting up or recovering
+        "DisconnectionError",
+        "MasterNotFoundError",  # redis: no Sentinel names a master yet
+    }
+)
 
 
 def _chain(first: BaseException):
@@ -244,4 +260,7 @@ def _chain(first: BaseException):
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
-        exc = exc.__cause__ or exc.__context__
+        orig = getattr(exc, "orig", None)  # SQLAlchemy's wrapper of the driver's error
+        exc = (orig if isinstance(orig, BaseException) and id(orig) not in seen else None) or (
+            exc.__cause__ or exc.__context__
+        )
