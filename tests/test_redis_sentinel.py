@@ -97,9 +97,11 @@ class Trio:
 @pytest.fixture
 def trio(tmp_path):
     t = Trio(tmp_path)
-    t.start()
-    yield t
-    t.stop()
+    try:
+        t.start()
+        yield t
+    finally:
+        t.stop()
 
 
 def test_clients_broker_and_listeners_follow_the_master_through_a_failover(trio, monkeypatch):
