@@ -93,6 +93,9 @@ def plane(database, tmp_path_factory):
         RACKPLANE_AGENT_START_TIMEOUT="60",
         RACKPLANE_UPGRADE_COMMANDS=str(commands),
         RACKPLANE_UPGRADE_TICK="1",
+        # Its beat's schedules (the upgrade tick above) are its own: a lease of its own, beside
+        # the session worker's beat on the same broker (workers/beat.py).
+        RACKPLANE_BEAT_LEASE="e2e",
     )
     api = subprocess.Popen(
         api_command(port),

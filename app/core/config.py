@@ -19,6 +19,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".rackplane"), alias="RACKPLANE_DATA_DIR")
     database_url: str | None = Field(default=None, alias="DATABASE_URL")
     redis_url: str | None = Field(default=None, alias="REDIS_URL")
+    # The beat lease's name: beats that share a broker and this name send each schedule once
+    # between them (workers/beat.py).
+    beat_lease: str = Field(
+        default="default", alias="RACKPLANE_BEAT_LEASE", pattern=r"^[a-z0-9-]+$"
+    )
     # Prefix for every Redis key Celery uses, so several deployments can share one Redis.
     broker_key_prefix: str = Field(default="", alias="RACKPLANE_BROKER_PREFIX")
     api_host: str = Field(default="127.0.0.1", alias="RACKPLANE_HOST")
