@@ -38,6 +38,7 @@ from app.core.middleware import (
     BodySizeLimitMiddleware,
     ConcurrencyLimitMiddleware,
     RequestContextMiddleware,
+    TransientRetryMiddleware,
 )
 from app.core.routing import AFTER_COMMIT, BEFORE_COMMIT
 from app.core.secrets import check_server_secrets
@@ -117,7 +118,9 @@ def create_app() -> FastAPI:
         BEFORE_COMMIT.append(audit_service.before_commit)
         AFTER_COMMIT.append(audit_service.committed)
     # Outermost last: request context wraps everything, then the in-flight bound, the audit of
-    # what got in, size limits, idempotency.
+    # what got in, size limits, idempotency, and innermost the re-run of an idempotent request
+    # that a backing service's failover broke.
+    app.add_middleware(TransientRetryMiddleware)
     app.add_middleware(IdempotencyMiddleware)
     app.add_middleware(
         BodySizeLimitMiddleware,

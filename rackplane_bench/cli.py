@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from app.placement.policies import DEFAULT_POLICY, POLICIES
+from rackplane_bench.failover import FAULTS as FAILOVER_FAULTS
 
 if TYPE_CHECKING:
     from app.placement.queueing import QueueConfig
@@ -1059,3 +1060,31 @@ def _agents_summary(r: dict) -> None:
     t.add_row("requests without an answer", str(r["errors_no_answer"]))
     t.add_row("whole run", f"{r['seconds']:g} s")
     Console().print(t)
+
+
+@bench_cli.command("failover")
+def bench_failover(
+    faults: str = typer.Option(
+        ",".join(FAILOVER_FAULTS),
+        help="Faults in turn: postgres_leader, worker, redis_master, api.",
+    ),
+    rate: float = typer.Option(2.0, help="Submissions per second per tenant (three tenants)."),
+    gap: float = typer.Option(
+        25.0, help="Seconds between faults (the killed part is back half way)."
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The HA topology (Patroni, Sentinel, two API processes, two workers, a beat) under
+    three tenants' load, its parts killed with SIGKILL in turn; what was lost, doubled or
+    refused, and how long each fault stopped writes (see rackplane_bench/failover.py)."""
+    from rackplane_bench.failover import run
+    from rackplane_bench.ha import missing_engines
+
+    if missing_engines():
+        err.print(f"[red]missing {', '.join(missing_engines())}: run scripts/ensure-ha.sh[/red]")
+        raise typer.Exit(2)
+    chosen = tuple(f.strip() for f in faults.split(",") if f.strip())
+    unknown = sorted(set(chosen) - set(FAILOVER_FAULTS))
+    if unknown:
+        raise typer.BadParameter(f"unknown faults: {', '.join(unknown)}", param_hint="--faults")
+    _emit(run(chosen, rate=rate, gap=gap), as_json)

@@ -5,18 +5,17 @@ from __future__ import annotations
 import uuid
 
 from celery import shared_task
-from sqlalchemy.exc import OperationalError
 
 from app.billing import budgets, stripe_export
 from app.billing.stripe_gateway import RETRYABLE, gateway
-from app.core.db import session_scope
+from app.core.db import RETRY_DB, session_scope
 from app.models.tenants import Tenant
 
 
 @shared_task(
     name="billing.budgets",
     ignore_result=True,
-    autoretry_for=(OperationalError,),
+    autoretry_for=RETRY_DB,
     retry_backoff=True,
     max_retries=5,
 )
@@ -29,7 +28,7 @@ def evaluate_budgets() -> int:
 @shared_task(
     name="billing.ensure_customer",
     ignore_result=True,
-    autoretry_for=(OperationalError, *RETRYABLE),
+    autoretry_for=(*RETRY_DB, *RETRYABLE),
     retry_backoff=True,
     max_retries=10,
 )
@@ -53,7 +52,7 @@ def ensure_customer(tenant_id: str) -> str | None:
 @shared_task(
     name="billing.meter_export",
     ignore_result=True,
-    autoretry_for=(OperationalError,),
+    autoretry_for=RETRY_DB,
     retry_backoff=True,
     max_retries=5,
 )

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import DateTime, MetaData, create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from app.core.config import get_settings
@@ -71,7 +72,28 @@ def make_engine(url: str) -> Engine:
     # POOL_SIZE + MAX_OVERFLOW stays above the API's in-flight limit (settings.api_max_in_flight)
     # plus the outbox marker's connection. POOL_SIZE is the connections kept open: at 10, a
     # thousand agents' requests opened and closed ~2,000 overflow connections a minute.
-    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW)
+    engine = create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW)
+    event.listen(engine, "handle_error", _failover_is_disconnect)
+    return engine
+
+
+# What a PostgreSQL failover looks like on a connection that is still open (docs/ha.md): the
+# server it reaches is a replica now (a demoted leader), or is going down. Pre-ping cannot see
+# either (SELECT 1 works on a replica), so the error counts as a disconnect: SQLAlchemy drops
+# the whole pool, and the next connections find the new leader through the URL's
+# target_session_attrs=read-write.
+FAILOVER_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def _failover_is_disconnect(ctx: Any) -> None:
+    if getattr(ctx.original_exception, "sqlstate", None) in FAILOVER_SQLSTATES:
+        ctx.is_disconnect = True
+
+
+# What a Celery task retries on, with backoff: a lost or refused connection (OperationalError)
+# and a write reaching a node that just became a replica (25006, which SQLAlchemy wraps as
+# InternalError). Tasks are idempotent (outbox delivery, state and generation checks).
+RETRY_DB = (OperationalError, InternalError)
 
 
 POOL_SIZE, MAX_OVERFLOW = 20, 20

@@ -181,7 +181,7 @@ def install_error_handlers(app: FastAPI) -> None:
         from app.core.logging import get_logger
 
         get_logger("app.errors").exception("unhandled_error", path=request.url.path)
-        if _is_unavailable(exc):
+        if is_unavailable(exc):
             return problem_response(
                 503,
                 "dependency_unavailable",
@@ -228,7 +228,7 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
-def _is_unavailable(exc: BaseException) -> bool:
+def is_unavailable(exc: BaseException) -> bool:
     """Connection failures to the database or broker are 503, not 500: a refused or reset
     connection, a timeout, and what a PostgreSQL failover looks like from a client (the old
     leader shutting down, a write reaching a node that just became a replica)."""

@@ -1,5 +1,5 @@
 """Pure ASGI middleware: request ids, access logs and metrics, body size limits, a bound on
-requests in flight."""
+requests in flight, idempotent requests run again through a backing service's failover."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import anyio
 import structlog
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from app.core.errors import PROBLEM_JSON, problem_body
+from app.core.errors import PROBLEM_JSON, is_unavailable, problem_body
 from app.core.logging import get_logger
 
 REQUESTS = Counter("rackplane_http_requests_total", "HTTP requests", ["method", "route", "status"])
@@ -212,3 +213,57 @@ class ConcurrencyLimitMiddleware:
             await self.app(scope, receive, send)
         finally:
             release()
+
+
+# Methods a server may run twice (RFC 9110 §9.2.2): the second run leaves what the first would.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+
+
+class TransientRetryMiddleware:
+    """Run a request again when a backing service failed under it in a way that passes (a
+    connection reset, a database failing over, no Redis master named yet), before any of the
+    answer was sent, if its method is idempotent. A POST is not run again here, even with an
+    Idempotency-Key: a connection lost during COMMIT leaves unknown whether it landed (its
+    record is written after), so it gets the error handler's 503 with Retry-After, as does a
+    failure that outlasts the attempts (docs/ha.md)."""
+
+    def __init__(self, app: ASGIApp, attempts: int = 3, max_wait: float = 1.0):
+        self.app = app
+        self.attempts = attempts
+        self.max_wait = max_wait
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._safe(scope):
+            return await self.app(scope, receive, send)
+        body = bytearray()
+        while True:
+            message = await receive()
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        started = False
+
+        async def guard(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        def again(exc: BaseException) -> bool:
+            if started or not is_unavailable(exc):
+                return False
+            log.warning("transient_retry", path=scope["path"], error=repr(exc)[:300])
+            return True
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(again),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential_jitter(multiplier=0.2, max=self.max_wait),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self.app(scope, replay_body(bytes(body), receive), guard)
+
+    @staticmethod
+    def _safe(scope: Scope) -> bool:
+        return scope["method"] in IDEMPOTENT_METHODS

@@ -4,9 +4,9 @@ import uuid
 
 from celery import shared_task
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 
-from app.core.db import session_scope, utcnow
+from app.core.db import RETRY_DB, session_scope, utcnow
 from app.core.errors import AppError
 from app.core.logging import get_logger
 from app.fleet import upgrades
@@ -21,7 +21,7 @@ log = get_logger(__name__)
     bind=True,
     ignore_result=True,
     max_retries=5,
-    autoretry_for=(OperationalError,),
+    autoretry_for=RETRY_DB,
     retry_backoff=True,
     retry_backoff_max=60,
 )

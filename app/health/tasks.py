@@ -8,12 +8,11 @@ from datetime import datetime, timedelta
 
 from celery import shared_task
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.core.config import get_settings
-from app.core.db import as_aware, session_scope, utcnow
+from app.core.db import RETRY_DB, as_aware, session_scope, utcnow
 from app.core.logging import get_logger
 from app.health import burnin, idle, service
 from app.health.states import Health
@@ -37,7 +36,7 @@ def _task(name: str):
         ignore_result=True,
         # A lost race with another writer of the same workloads (placement, expire): run again
         # on fresh rows.
-        autoretry_for=(OperationalError, StaleDataError),
+        autoretry_for=(*RETRY_DB, StaleDataError),
         retry_backoff=0.2,
         retry_backoff_max=5,
         max_retries=20,

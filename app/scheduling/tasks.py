@@ -7,10 +7,10 @@ from typing import Any
 
 from celery import shared_task
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
-from app.core.db import dialect_insert, session_scope
+from app.core.db import RETRY_DB, dialect_insert, session_scope
 from app.core.logging import get_logger
 from app.models.workloads import CYCLE_BUCKETS, PlacementCycleStats, Workload, cycle_bucket_column
 from app.outbox import kicks
@@ -27,7 +27,7 @@ log = get_logger(__name__)
     bind=True,
     ignore_result=True,
     max_retries=20,
-    autoretry_for=(OperationalError,),
+    autoretry_for=RETRY_DB,
     retry_backoff=True,
     retry_backoff_max=10,
 )

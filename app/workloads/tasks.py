@@ -9,10 +9,9 @@ from datetime import datetime, timedelta
 
 from celery import shared_task
 from sqlalchemy import func, or_, select
-from sqlalchemy.exc import OperationalError
 
 from app.audit import service as audit
-from app.core.db import as_aware, session_scope, utcnow
+from app.core.db import RETRY_DB, as_aware, session_scope, utcnow
 from app.core.logging import get_logger
 from app.models.workloads import (
     Workload,
@@ -40,7 +39,7 @@ def _task(name: str):
     return shared_task(
         name=name,
         ignore_result=True,
-        autoretry_for=(OperationalError,),
+        autoretry_for=RETRY_DB,
         retry_backoff=True,
         max_retries=20,
     )
