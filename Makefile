@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test install services openapi lint clean portal chromium ha-engines
+.PHONY: run test install services openapi lint clean portal chromium ha-engines ha ha-down
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ chromium:
 ha-engines:
 	bash scripts/ensure-ha.sh
 
+# The high-availability topology on this machine (docs/ha.md): Patroni, Sentinel, two API
+# processes, two workers and a beat, left running; `make ha-down` stops it.
+ha: install ha-engines
+	@$(MAKE) --no-print-directory $(PORTAL) || bash scripts/build-portal.sh --optional
+	$(BIN)/python -m rackplane_bench.ha up --dir .ha
+
+ha-down:
+	$(BIN)/python -m rackplane_bench.ha down --dir .ha
+
 test: install services portal chromium ha-engines lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -49,4 +58,4 @@ lint: install
 	$(BIN)/lint-imports --no-cache
 
 clean:
-	rm -rf .rackplane .pytest_cache
+	rm -rf .rackplane .pytest_cache .ha

@@ -587,8 +587,9 @@ def run(
         result["topology_up_s"] = round(up_s, 1)
         result["seconds"] = round(time.time() - started, 1)
         engine.dispose()
+        topo.stop()
         if scratch:
             shutil.rmtree(root, ignore_errors=True)  # kept when the run fails, for its logs
         return result
     finally:
-        topo.stop()
+        topo.stop()  # a second stop finds nothing left to stop

@@ -132,6 +132,7 @@ class Topology:
         self.root.mkdir(parents=True, exist_ok=True)
         self.state = State(str(self.root), Ports.pick(base_port))
         self.seed_demo = seed_demo
+        self.seeded: dict[str, str] | None = None
         self._pg_user = _postgres_user()
 
     # ----- starting -------------------------------------------------------------------------
@@ -387,6 +388,16 @@ class Topology:
             [sys.executable, "-m", "app.cli", "migrate"],
             cwd=ROOT, env=env, check=True, capture_output=True,
         )  # fmt: skip
+        if self.seed_demo:  # as `rackplane up` does: the demo fleet, a tenant, keys shown once
+            code = (
+                "import json; from app.cli.demo import seed_demo; "
+                "print(json.dumps(seed_demo()))"
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            self.seeded = json.loads(out.stdout.strip().splitlines()[-1])
         for i in range(2):
             self.start_api(i)
         for i in range(2):
@@ -536,6 +547,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Redis (Sentinel):            {state.redis_url}")
     for u in state.api_urls:
         print(f"API:                         {u}")
+    if topo.seeded:
+        print(f"demo tenant key:             {topo.seeded['tenant_key']}  (shown once)")
+        print(f"operator key:                {topo.seeded['operator_key']}")
     print(f"logs and data in {root}/; stop with `make ha-down`")
 
 
