@@ -20,11 +20,14 @@ Checks on the final state (every figure must be 0 but the timings):
 - `usage_overlaps`: GPU-seconds billed twice (one replica's allocations billed over the same
   time, two start or stop events of one allocation, a stop without its start), and an
   allocation released but still billing;
+- `stripe_overbilled`: usage Stripe holds beyond the ledger once the exporter caught up (the
+  outbox sends each meter event once; one sent again is refused by its identifier and counted
+  in `stripe_resent`);
 - `errors_500`; `errors_503` counted apart (each attempt of a retried request).
-`failover_s`: per fault, seconds from the kill to the next acknowledged write; `placed_again_s`:
-to the next workload placed (what a worker's or the broker's loss delays); `write_p99_ms`: the
-acknowledged writes' latency (each attempt's) before the first fault and after each until the
-next.
+`failover_s`: per fault, seconds from the kill to the first acknowledged write sent after it;
+`placed_again_s`: to the next workload placed (what a worker's or the broker's loss delays);
+`write_p99_ms`: the acknowledged writes' latency (each attempt's) before the first fault and
+after each until the next.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import httpx
 
 from rackplane_bench.deploy import pct
 from rackplane_bench.ha import ROOT, Topology
+from rackplane_bench.stripe_standin import StandIn, serve
 
 FAULTS = ("postgres_leader", "worker", "redis_master", "api")
 REGIONS = ("r1", "r2")
@@ -92,6 +96,7 @@ class Call:
     status: int  # 0: no API process answered
     write: bool = True
     ms: float = 0.0  # the attempt's latency
+    sent: float = 0.0  # when the attempt was sent
 
 
 @dataclass
@@ -129,11 +134,13 @@ class Client:
             try:
                 r = self.http.request(method, self.urls[self.turn] + path, headers=headers, **kw)
             except httpx.TransportError:
-                self.record.add(Call(time.time(), self.tenant, op, 0, method != "GET"))
+                self.record.add(Call(time.time(), self.tenant, op, 0, method != "GET", 0.0, t))
                 time.sleep(0.2)
                 continue
             ms = (time.time() - t) * 1000
-            self.record.add(Call(time.time(), self.tenant, op, r.status_code, method != "GET", ms))
+            self.record.add(
+                Call(time.time(), self.tenant, op, r.status_code, method != "GET", ms, t)
+            )
             busy = r.status_code == 409 and "idempotency_request_in_progress" in r.text
             if r.status_code == 503 or busy:
                 time.sleep(min(float(r.headers.get("Retry-After", "1")), 2.0))
@@ -478,6 +485,55 @@ def _usage_overlaps(engine) -> int:
     return bad
 
 
+def _stripe_against_ledger(urls: list[str], operator: str, stripe: StandIn) -> dict[str, Any]:
+    """Once the exporter has caught up (reconciliation: nothing pending, no difference), what
+    Stripe holds per customer and meter for the closed buckets against the ledger:
+    `stripe_overbilled` (milli-GPU-ms Stripe holds beyond the ledger: billed twice) and
+    `stripe_unbilled` (the ledger's usage Stripe does not hold); `stripe_resent` counts meter
+    events sent again with an identifier Stripe already had (refused: never billed twice)."""
+    from datetime import UTC, datetime
+
+    period = datetime.now(UTC).strftime("%Y-%m")
+    headers = {"Authorization": f"Bearer {operator}"}
+    rec: dict[str, Any] = {}
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            r = httpx.get(
+                f"{urls[-1]}/v1/admin/billing/reconciliation",
+                params={"period": period},
+                headers=headers,
+                timeout=10,
+            )
+            rec = r.json() if r.status_code == 200 else {}
+        except httpx.HTTPError:
+            rec = {}
+        rows = rec.get("rows", [])
+        if rows and not rec["differences"] and not any(x["pending_events"] for x in rows):
+            break
+        time.sleep(2)
+    through = _ts(rec["through"]) if rec.get("through") else 0.0
+    with stripe.lock:
+        held: dict[tuple[str, str], int] = defaultdict(int)
+        for e in stripe.events.values():
+            if not e.cancelled and e.timestamp < through:
+                held[(e.customer, e.event_name)] += e.value
+        resent = stripe.duplicates
+    over = unbilled = 0
+    for row in rec.get("rows", []):
+        got = held.get((row["stripe_customer_id"], row["meter"]), 0)
+        owed = row["ledger_milli_gpu_ms"] - row["adjusted_milli_gpu_ms"]
+        over += max(0, got - owed)
+        unbilled += max(0, owed - got)
+    return {
+        "stripe_overbilled": over,
+        "stripe_unbilled": unbilled,
+        "stripe_resent": resent,
+        "stripe_events": len(stripe.events),
+        "billed_milli_gpu_ms": sum(held.values()),
+    }
+
+
 def _settle(engine, timeout: float = 90) -> bool:
     """Wait until nothing is half-way: no workload placing, provisioning or terminating, and
     every released allocation's usage stopped."""
@@ -528,9 +584,20 @@ def run(
     # Not under a private parent (pytest's tmp_path is one): PostgreSQL runs as postgres.
     scratch = root is None
     root = Path(root or tempfile.mkdtemp(prefix="rackplane-ha-"))
-    # The limiter runs but never refuses the load: the run measures failover, not limits.
-    limits = "read=100000/s,write=100000/s,expensive=100000/s"
-    topo = Topology(root, env={"RACKPLANE_RATE_LIMITS": limits})
+    # Stripe is the local stand-in; usage goes out in 10-second buckets, so what the run
+    # meters is exported (and checked against the ledger) within it.
+    stripe = StandIn()
+    server, stripe_url = serve(stripe)
+    env = {
+        # The limiter runs but never refuses the load: the run measures failover, not limits.
+        "RACKPLANE_RATE_LIMITS": "read=100000/s,write=100000/s,expensive=100000/s",
+        "RACKPLANE_STRIPE_API_KEY": "sk_test_failover",
+        "RACKPLANE_STRIPE_API_BASE": stripe_url,
+        "RACKPLANE_METER_BUCKET": "10",
+        "RACKPLANE_METER_SETTLE": "2",
+        "RACKPLANE_METER_EXPORT_EVERY": "2",
+    }
+    topo = Topology(root, env=env)
     started = time.time()
     try:
         topo.start()
@@ -550,6 +617,7 @@ def run(
         time.sleep(tail)
         load.finish()
         settled = _settle(engine)
+        billed = _stripe_against_ledger(topo.state.api_urls, seeded["operator"], stripe)
         calls = sorted(load.record.calls, key=lambda c: c.t)
         result: dict[str, Any] = {
             "faults": list(faults),
@@ -559,6 +627,7 @@ def run(
             "double_allocations": _double_allocations(engine),
             "duplicate_submissions": _duplicates(engine),
             "usage_overlaps": _usage_overlaps(engine),
+            **billed,
             "errors_503": sum(c.status == 503 for c in calls),
             "errors_500": sum(c.status >= 500 and c.status != 503 for c in calls),
             "unanswered": sum(c.status == 0 for c in calls),
@@ -576,7 +645,8 @@ def run(
         result["lost_acknowledged"] = sum(lost.values())
         result["lost_by_kind"] = lost
         for fault, at, what in kills:
-            nxt = next((c.t for c in calls if c.t > at and ok(c)), None)
+            # Sent after the kill: an answer to a request committed before it proves nothing.
+            nxt = min((c.t for c in calls if c.sent > at and ok(c)), default=None)
             result["failover_s"][fault] = round(nxt - at, 2) if nxt else None
             placed = _placements_after(engine, at)
             result["placed_again_s"][fault] = round(placed, 2) if placed is not None else None
@@ -593,3 +663,4 @@ def run(
         return result
     finally:
         topo.stop()  # a second stop finds nothing left to stop
+        server.shutdown()

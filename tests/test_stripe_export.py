@@ -1,4 +1,4 @@
-"""Usage to Stripe meter events through the outbox, against the local stand-in (tests/
+"""Usage to Stripe meter events through the outbox, against the local stand-in (rackplane_bench/
 stripe_standin.py): customers created once, every closed bucket sent once with its deterministic
 identifier, corrections cancelled and re-sent within 24 hours and credited after, 429s backed
 off, one call at a time per customer and meter, the exporter killed between Stripe's answer and
@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, update
 
+from rackplane_bench.stripe_standin import StandIn, serve
 from tests.conftest import ROOT, auth, wait_until
-from tests.stripe_standin import StandIn, serve
 
 HOUR = timedelta(hours=1)
 

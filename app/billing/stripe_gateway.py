@@ -3,7 +3,8 @@ rate limits and connection errors retried with backoff (tenacity), Stripe's answ
 what the exporter needs to decide.
 
 Configured by `RACKPLANE_STRIPE_API_KEY` (no key: Stripe is off, and nothing is exported) and
-`RACKPLANE_STRIPE_API_BASE` (tests point it at the stand-in server in tests/stripe_standin.py).
+`RACKPLANE_STRIPE_API_BASE` (tests and benchmarks point it at the stand-in server in
+rackplane_bench/stripe_standin.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""A local stand-in for the Stripe endpoints Rackplane uses, for the tests (nothing reaches the
-internet). It speaks Stripe's wire format (form-encoded requests, JSON answers and errors),
-applies Stripe's documented validation rules, and records every call:
+"""A local stand-in for the Stripe endpoints Rackplane uses, for tests and benchmarks (nothing
+reaches the internet). It speaks Stripe's wire format (form-encoded requests, JSON answers and
+errors), applies Stripe's documented validation rules, and records every call:
 
 - `POST /v1/customers`: `Idempotency-Key` replays the first answer for the same key.
 - `POST /v1/billing/meter_events`: `event_name` (required, at most 100 characters), `payload`
