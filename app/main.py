@@ -49,6 +49,7 @@ from app.health import metrics as health_metrics
 from app.health import suite
 from app.health.schemas import TelemetryBatch
 from app.idempotency.middleware import IdempotencyMiddleware
+from app.idempotency.middleware import before_commit as idempotency_applied
 from app.portal.router import router as portal_router
 from app.ratelimit.service import RateLimitHeadersMiddleware
 
@@ -117,6 +118,9 @@ def create_app() -> FastAPI:
     if audit_service.before_commit not in BEFORE_COMMIT:
         BEFORE_COMMIT.append(audit_service.before_commit)
         AFTER_COMMIT.append(audit_service.committed)
+    # ...and so is the mark that a request sent with an Idempotency-Key was applied.
+    if idempotency_applied not in BEFORE_COMMIT:
+        BEFORE_COMMIT.append(idempotency_applied)
     # Outermost last: request context wraps everything, then the in-flight bound, the audit of
     # what got in, size limits, idempotency, and innermost the re-run of an idempotent request
     # that a backing service's failover broke.

@@ -67,3 +67,45 @@ def test_idempotent_requests_run_again_through_a_failover_and_posts_do_not(
     assert r.status_code == 503 and calls[0] == 1, "a POST is not run again by the server"
     r = client.post("/v1/keys", json={"name": "once"}, headers=auth(key))
     assert r.status_code == 201 and calls[0] == 2
+
+
+def test_a_keyed_post_whose_commit_landed_is_never_applied_again(client, world, monkeypatch):
+    """The answer of a committed request lost (here: a failure after its COMMIT, as a
+    connection lost during COMMIT looks to the server): the client's retry with the same
+    Idempotency-Key is told so, and nothing is applied twice. A request that failed before its
+    commit is forgotten: the same key runs it again."""
+    from sqlalchemy import func, select
+
+    from app.api import keys as keys_api
+    from app.core import routing
+    from app.core.db import session_scope
+    from app.models.keys import ApiKey
+
+    tenant = world.tenant("ambiguous")
+    key = world.key(tenant)
+    fail = [True]
+
+    def lost_answer() -> None:
+        if fail[0]:
+            fail[0] = False
+            raise OperationalError("COMMIT", {}, psycopg.errors.AdminShutdown("shutdown"))
+
+    monkeypatch.setattr(routing, "AFTER_COMMIT", [*routing.AFTER_COMMIT, lost_answer])
+    headers = {**auth(key), "Idempotency-Key": "ambiguous-1"}
+    r = client.post("/v1/keys", json={"name": "once"}, headers=headers)
+    assert r.status_code == 503, r.text
+    r = client.post("/v1/keys", json={"name": "once"}, headers=headers)
+    assert r.status_code == 409 and r.json()["code"] == "idempotency_answer_lost", r.text
+    with session_scope() as s:
+        made = s.scalar(
+            select(func.count())
+            .select_from(ApiKey)
+            .where(ApiKey.tenant_id == tenant.id, ApiKey.name == "once")
+        )
+    assert made == 1, "applied once, not again on the retry"
+
+    calls = _flaky(monkeypatch, keys_api, "create_key", failures=1)
+    headers = {**auth(key), "Idempotency-Key": "ambiguous-2"}
+    assert client.post("/v1/keys", json={"name": "twice"}, headers=headers).status_code == 503
+    r = client.post("/v1/keys", json={"name": "twice"}, headers=headers)
+    assert r.status_code == 201 and calls[0] == 2, r.text

@@ -223,9 +223,10 @@ class TransientRetryMiddleware:
     """Run a request again when a backing service failed under it in a way that passes (a
     connection reset, a database failing over, no Redis master named yet), before any of the
     answer was sent, if its method is idempotent. A POST is not run again here, even with an
-    Idempotency-Key: a connection lost during COMMIT leaves unknown whether it landed (its
-    record is written after), so it gets the error handler's 503 with Retry-After, as does a
-    failure that outlasts the attempts (docs/ha.md)."""
+    Idempotency-Key (this runs inside the key's claim, so nothing would stop a second run after
+    a COMMIT whose answer was lost): it gets the error handler's 503 with Retry-After, as does a
+    failure that outlasts the attempts, and the client's retry with the same key is answered
+    from the key's record (docs/ha.md)."""
 
     def __init__(self, app: ASGIApp, attempts: int = 3, max_wait: float = 1.0):
         self.app = app

@@ -17,6 +17,11 @@ response; the same key with another request is a 409.
   a signup created is shown only in the first response. The replay says what was created.
 - **No secret at rest**: stored bodies are sealed with AES-GCM under a server secret, bound to
   their namespace and key, so a database dump holds no usable API key.
+- **Applied is known in the request's own transaction**: the endpoint's commit marks the record
+  applied (`before_commit`). If its answer is then lost (a failover during COMMIT, a failure
+  after it), the record stays, and a retry with the key gets 409 `idempotency_answer_lost`: the
+  request is never applied twice. A request that failed before its commit is forgotten and may
+  be sent again with the same key.
 - **Canonical requests**: JSON bodies are compared by content (key order and whitespace do not
   matter), content types by media type (parameters such as `charset` do not matter).
 """
@@ -25,11 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextvars import ContextVar
 from datetime import timedelta
 
 import anyio
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -152,11 +159,15 @@ def _claim(principal: str, key: str, req_hash: str, owner: str | None):
                 if rec.created_at.tzinfo
                 else rec.created_at.replace(tzinfo=now.tzinfo)
             )
-            stale = (rec.completed_at is not None and now - created > ttl) or (
-                rec.completed_at is None and now - created > IN_FLIGHT_TIMEOUT
+            # Applied, its answer never stored: told once the first request is done with it
+            # (it said so, or it has been in flight too long), never run again.
+            lost = rec.applied_at is not None and rec.status_code is None
+            kept = rec.completed_at is not None or rec.applied_at is not None
+            stale = (kept and now - created > ttl) or (
+                not kept and now - created > IN_FLIGHT_TIMEOUT
             )
             body = None
-            if rec.completed_at is not None:
+            if rec.completed_at is not None and not lost:
                 body = unseal(_PURPOSE, rec.response_body or b"", _context(principal, key))
                 stale = stale or body is None  # sealed under a secret since replaced: forgotten
             if stale:
@@ -167,6 +178,8 @@ def _claim(principal: str, key: str, req_hash: str, owner: str | None):
                 return "mismatch", None
             if owner is not None and rec.owner != owner:
                 return "not_yours", None
+            if lost and (rec.completed_at is not None or now - created > IN_FLIGHT_TIMEOUT):
+                return "answer_lost", None
             if rec.completed_at is None:
                 return "in_flight", None
             return "replay", (rec.status_code, rec.response_headers or {}, body)
@@ -190,8 +203,31 @@ def _finish(principal: str, key: str, status: int, headers: dict, body: bytes) -
                 )
             )
         else:  # failures are not remembered: the client may fix the request and retry with the key
-            s.execute(delete(IdempotencyRecord).where(*cond))
+            # ...unless the request's transaction did commit (its answer failed after, or the
+            # connection went during COMMIT): then the record stays, and a retry is not run.
+            applied = IdempotencyRecord.applied_at.is_not(None)
+            s.execute(
+                delete(IdempotencyRecord).where(*cond, IdempotencyRecord.applied_at.is_(None))
+            )
+            s.execute(update(IdempotencyRecord).where(*cond, applied).values(completed_at=utcnow()))
         s.commit()
+
+
+# The claim of the request being handled: its endpoint's transaction marks it applied.
+CLAIMED: ContextVar[tuple[str, str] | None] = ContextVar("idempotency_claim", default=None)
+
+
+def before_commit(session: Session, template: str, status: int, params: dict, result) -> None:
+    """The routing layer's hook (app/core/routing.py): the claimed record is marked applied in
+    the transaction that applies the request, so whether it landed is never in doubt."""
+    claim = CLAIMED.get()
+    if claim is not None:
+        principal, key = claim
+        session.execute(
+            update(IdempotencyRecord)
+            .where(IdempotencyRecord.principal == principal, IdempotencyRecord.key == key)
+            .values(applied_at=utcnow())
+        )
 
 
 # A portal sign-in's answer is a cookie: never stored, never replayed (each is its own session).
@@ -259,6 +295,17 @@ class IdempotencyMiddleware:
                 "This Idempotency-Key was already used with a different request body or path.",
                 instance=scope["path"],
             )
+        if outcome == "answer_lost":
+            return await send_problem(
+                send,
+                409,
+                "idempotency_answer_lost",
+                "Request applied, answer lost",
+                "The request with this Idempotency-Key was applied, but its answer was lost when a "
+                "backing service failed over; it is not applied again. Read what it changed "
+                "(for example, list the resources it creates).",
+                instance=scope["path"],
+            )
         if outcome == "in_flight":
             return await send_problem(
                 send,
@@ -291,11 +338,14 @@ class IdempotencyMiddleware:
                 resp_body.extend(message.get("body", b""))
             await send(message)
 
+        token = CLAIMED.set((principal, key))
         try:
             await self.app(scope, replay_body(body, receive), capture)
         except BaseException:
             await anyio.to_thread.run_sync(_finish, principal, key, 500, {}, b"")
             raise
+        finally:
+            CLAIMED.reset(token)
         await anyio.to_thread.run_sync(
             _finish, principal, key, status, resp_headers, bytes(resp_body)
         )

@@ -27,3 +27,6 @@ class IdempotencyRecord(TimestampMixin, Base):
     response_headers: Mapped[dict | None] = mapped_column(JSON, default=None)
     response_body: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     completed_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Set by the request's own transaction (app.idempotency.middleware.before_commit): once it
+    # is, the request's work is in the database, whatever became of its answer.
+    applied_at: Mapped[datetime | None] = mapped_column(default=None)
