@@ -213,8 +213,13 @@ def _regions(
     results: dict[tuple[int, int], list[dict]] = {c: [] for c in configs}
     for i in range(runs):
         for w, a in configs:
-            err.print(f"run {i + 1}/{runs}: {w} worker(s), {a} API process(es)")
-            results[(w, a)].append(run(regions, w, a, backlog, rate, duration, warmup))
+            r = run(regions, w, a, backlog, rate, duration, warmup)
+            err.print(
+                f"run {i + 1}/{runs}, {w} worker(s), {a} API process(es): "
+                f"placed/s {r['placed_per_s']}, p99 {r['submit_to_placed_p99_ms']} ms, "
+                f"others' CPU {r['load_cpu_pct_other']} / {r['place_cpu_pct_other']} %"
+            )
+            results[(w, a)].append(r)
     base = median_of(results[configs[0]])
     for c in configs:
         out = median_of(results[c])
