@@ -17,7 +17,9 @@ so capacity never runs out. Two measurements, in this order:
   logs (`placement_cycle`: its timestamp, after the commit, and `seconds`), which show how
   many cycles of different regions ran at the same time on different workers. A cycle that
   finds its region held by another worker's cycle (PostgreSQL's advisory lock) logs
-  `placement_cycle_busy` and hands over instead of deciding: `lock_refusals`.
+  `placement_cycle_busy` and hands over instead of deciding: `lock_refusals` (and
+  `load_lock_refusals` during the load). `placed_twice`: workloads of the run with more than
+  one `placing` event (none is preempted here, so any would be a double decision).
 
 CPU of each process group over each measurement (the kernel's user + system time, in % of one
 core: the machine has 200):
