@@ -138,7 +138,11 @@ def bench_placement(
     gpus: int = typer.Option(100_000, help="Fleet size in GPUs."),
     placements: int = typer.Option(2000, help="Placements timed per kind."),
     gangs: int = typer.Option(100, help="64-GPU gangs timed."),
-    runs: int = typer.Option(3, help="Repeats; the median of each figure is reported."),
+    runs: int | None = typer.Option(
+        None,
+        min=1,
+        help="Repeats; the median of each figure is reported. Default 3; with --regions 1.",
+    ),
     policy: str = typer.Option(DEFAULT_POLICY),
     variability: bool = typer.Option(
         False,
@@ -149,14 +153,32 @@ def bench_placement(
     nodes: int = typer.Option(1024, help="--variability: HGX nodes of the gang fleet."),
     seeds: str = typer.Option("1-5", help="--variability: seeds of the gang runs."),
     openb_seeds: str = typer.Option("42-51", help="--variability: seeds of the openb replays."),
+    regions: int | None = typer.Option(
+        None,
+        min=1,
+        help="Instead: placement across processes on a scratch deployment with this many "
+        "regions (see rackplane_bench/regions.py).",
+    ),
+    workers: str = typer.Option("1,2", help="--regions: worker processes, a comma list."),
+    api_processes: str = typer.Option("1,2", help="--regions: API processes, a comma list."),
+    backlog: int = typer.Option(200, min=1, help="--regions: queued workloads per region."),
+    rate: float = typer.Option(100.0, help="--regions: submissions per second (open loop)."),
+    duration: float = typer.Option(10.0, help="--regions: seconds of load measured."),
+    warmup: float = typer.Option(3.0, help="--regions: seconds of load first, not measured."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Placement speed at fleet scale on one core (see rackplane_bench/placement.py)."""
+    """Placement speed at fleet scale on one core (see rackplane_bench/placement.py), or with
+    --regions across worker and API processes."""
     if variability:
         _variability(nodes, _seeds(0, seeds), _seeds(0, openb_seeds), policy, as_json)
         return
+    if regions is not None:
+        configs = [(int(w), int(a)) for w in workers.split(",") for a in api_processes.split(",")]
+        _regions(regions, configs, backlog, rate, duration, warmup, runs or 1, as_json)
+        return
     from rackplane_bench.placement import run
 
+    runs = runs or 3
     results = [
         run(gpus, placements=placements, gangs=gangs, seed=i, policy=policy).as_dict()
         for i in range(runs)
@@ -171,6 +193,43 @@ def bench_placement(
     }
     median["runs"] = runs
     _emit(median, as_json)
+
+
+def _regions(
+    regions: int,
+    configs: list[tuple[int, int]],
+    backlog: int,
+    rate: float,
+    duration: float,
+    warmup: float,
+    runs: int,
+    as_json: bool,
+) -> None:
+    """Each configuration (workers, API processes) once per run, in turn (so a slower hour
+    weighs on all of them alike); then one line per configuration, medians of the runs, with
+    its ratios to the first configuration's."""
+    from rackplane_bench.deploy import median_of
+    from rackplane_bench.regions import run
+
+    results: dict[tuple[int, int], list[dict]] = {c: [] for c in configs}
+    for i in range(runs):
+        for w, a in configs:
+            r = run(regions, w, a, backlog, rate, duration, warmup)
+            err.print(
+                f"run {i + 1}/{runs}, {w} worker(s), {a} API process(es): "
+                f"placed/s {r['placed_per_s']}, p99 {r['submit_to_placed_p99_ms']} ms, "
+                f"others' CPU {r['load_cpu_pct_other']} / {r['place_cpu_pct_other']} %"
+            )
+            results[(w, a)].append(r)
+    base = median_of(results[configs[0]])
+    for c in configs:
+        out = median_of(results[c])
+        out["baseline"] = f"workers={configs[0][0]} api_processes={configs[0][1]}"
+        out["placed_per_s_ratio"] = round(out["placed_per_s"] / base["placed_per_s"], 2)
+        out["submit_to_placed_p99_ratio"] = round(
+            out["submit_to_placed_p99_ms"] / base["submit_to_placed_p99_ms"], 2
+        )
+        _emit(out, as_json)
 
 
 def _variability(

@@ -22,17 +22,21 @@ ROOT = Path(__file__).resolve().parents[1]
 API_PROCESSES = 2  # uvicorn worker processes: one per core here
 
 
-def _fleet(nodes_per_region: int) -> str:
-    """Two regions of 8-GPU H100 nodes, sized so capacity never runs out during the load:
+def region_names(regions: int) -> list[str]:
+    return [f"r{i + 1}" for i in range(regions)]
+
+
+def _fleet(nodes_per_region: int, regions: int = 2) -> str:
+    """Regions r1..rN of 8-GPU H100 nodes, sized so capacity never runs out during the load:
     the benchmark measures the control plane, not a full fleet."""
-    regions = []
-    for r in ("r1", "r2"):
+    out = []
+    for r in region_names(regions):
         nodes = ", ".join(f"{{name: {r}-n{i}}}" for i in range(nodes_per_region))
-        regions.append(
+        out.append(
             f"  - name: {r}\n    racks:\n      - name: {r}-hgx\n        kind: hgx\n"
             f"        gpu_model: H100-80GB\n        nodes: [{nodes}]\n"
         )
-    return "regions:\n" + "".join(regions)
+    return "regions:\n" + "".join(out)
 
 
 def free_port() -> int:
@@ -107,8 +111,9 @@ class ScratchDeployment:
     def _run(self, argv: list[str]) -> None:
         subprocess.run(argv, cwd=ROOT, env=self.env, check=True, capture_output=True)
 
-    def seed(self, nodes_per_region: int) -> tuple[str, str]:
-        """The fleet, a tenant and its key (in a child process, on the scratch database)."""
+    def seed(self, nodes_per_region: int, regions: int = 2) -> tuple[str, str]:
+        """The fleet (`regions` regions), a tenant and its key (in a child process, on the
+        scratch database)."""
         code = (
             "import json\n"
             "from app.core.db import session_scope\n"
@@ -128,7 +133,7 @@ class ScratchDeployment:
             [sys.executable, "-c", code],
             cwd=ROOT,
             env=self.env,
-            input=_fleet(nodes_per_region),
+            input=_fleet(nodes_per_region, regions),
             capture_output=True,
             text=True,
             check=True,
@@ -223,6 +228,17 @@ def postgres_pids() -> list[int]:
         p.pid
         for p in psutil.process_iter(["name"])
         if (p.info["name"] or "").startswith("postgres")
+    ]
+
+
+def redis_pids() -> list[int]:
+    """This machine's Redis server processes."""
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.process_iter(["name"])
+        if (p.info["name"] or "").startswith("redis-server")
     ]
 
 

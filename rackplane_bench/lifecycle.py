@@ -17,7 +17,13 @@ from typing import Any
 
 import httpx
 
-from rackplane_bench.deploy import ScratchDeployment, cpu_seconds, pct, postgres_pids
+from rackplane_bench.deploy import (
+    ScratchDeployment,
+    cpu_seconds,
+    pct,
+    postgres_pids,
+    region_names,
+)
 
 
 def run(
@@ -31,16 +37,38 @@ def run(
     """`warmup` seconds of the same load come first and are left out of the figures: the
     target is a sustained rate, and the first requests pay for cold processes (connection
     pools filling, compiled-statement caches, the workers' first full read of each region)."""
-    import sqlalchemy as sa
-
     started = time.perf_counter()
     env = ScratchDeployment(workers, concurrency=concurrency)
     try:
-        warm = int(rate * warmup)
-        n = warm + int(rate * duration)
-        key, db = env.seed(nodes_per_region=max(8, -(-n // 16) + 4))
+        n = int(rate * warmup) + int(rate * duration)
+        key, _ = env.seed(nodes_per_region=max(8, -(-n // 16) + 4))
         url = env.start()
-        engine = sa.create_engine(db)
+        out: dict[str, Any] = {"workers": workers, "concurrency": concurrency, "partitions": 2}
+        out |= offer(env, url, key, rate, duration, churn, warmup, region_names(2))
+        out["seconds"] = round(time.perf_counter() - started, 1)
+        return out
+    finally:
+        env.close()
+
+
+def offer(
+    env: ScratchDeployment,
+    url: str,
+    key: str,
+    rate: float,
+    duration: float,
+    churn: bool,
+    warmup: float,
+    regions: list[str],
+) -> dict[str, Any]:
+    """The open-loop load on a started deployment: submissions at `rate` for `warmup` +
+    `duration` seconds, in turn over `regions`, and the figures of the measured ones."""
+    import sqlalchemy as sa
+
+    warm = int(rate * warmup)
+    n = warm + int(rate * duration)
+    engine = sa.create_engine(env.env["DATABASE_URL"])
+    try:
         headers = {"Authorization": f"Bearer {key}"}
         sent: dict[str, float] = {}
         api_ms: list[float] = []
@@ -76,7 +104,7 @@ def run(
                     body = {
                         "kind": "instance",
                         "gpus": 1,
-                        "region": "r1" if i % 2 else "r2",
+                        "region": regions[i % len(regions)],
                         "max_runtime_s": 600,
                     }
                     try:
@@ -152,9 +180,6 @@ def run(
         first = min(sent.values(), default=t0)
         last = max((got[w] for w in sent if w in got), default=first)
         return {
-            "workers": workers,
-            "concurrency": concurrency,
-            "partitions": 2,
             "rate": rate,
             "churn": churn,
             "duration_s": duration,
@@ -169,10 +194,9 @@ def run(
             "placements_per_s": round(len(lat) / max(last - first, 1e-9), 1),
             "offered_per_s": round(n / max(load_s, 1e-9), 1),
             "cycles_per_s": round(cycles / max(last - first, 1e-9), 1),
-            "seconds": round(time.perf_counter() - started, 1),
         }
     finally:
-        env.close()
+        engine.dispose()
 
 
 def run_api(requests: int, warmup: int = 300) -> dict[str, Any]:

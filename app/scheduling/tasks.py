@@ -46,11 +46,14 @@ def placement_cycle(self, region: str) -> dict:
                 report = run_cycle(session, region)
                 if report.ran:
                     record_cycle(session, region, time.perf_counter() - t0)
-            if not report.ran and kicks.hand_over("placement.cycle", region):
-                with session_scope() as session:  # the holder may have committed meanwhile
-                    report = run_cycle(session, region)
-                if not report.ran:
-                    break  # the holder, not yet committed, will take the hand-over
+            if not report.ran:  # another worker's cycle holds the region
+                log.info("placement_cycle_busy", region=region)
+                if kicks.hand_over("placement.cycle", region):
+                    with session_scope() as session:  # the holder may have committed meanwhile
+                        t0 = time.perf_counter()
+                        report = run_cycle(session, region)
+                    if not report.ran:
+                        break  # the holder, not yet committed, will take the hand-over
         except (PlanConflict, IntegrityError, StaleDataError) as exc:
             log.warning("placement_cycle_conflict", region=region, error=str(exc)[:300])
             raise self.retry(exc=exc, countdown=0.05) from exc
@@ -65,6 +68,9 @@ def placement_cycle(self, region: str) -> dict:
             admitted=len(report.admitted),
             evicted=len(report.evicted),
             blocked=len(report.blocked),
+            # From the start of the run that ran to after its commit: with the log's
+            # timestamp, when the cycle ran (which cycles of different regions overlapped).
+            seconds=round(time.perf_counter() - t0, 4),
         )
         if not kicks.take_hand_over("placement.cycle", region):
             break
