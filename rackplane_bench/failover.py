@@ -312,9 +312,9 @@ def _inject(topo: Topology, fault: str, engine) -> tuple[float, str]:
         i = topo.kill_postgres_leader()
         return time.time(), f"pg{i + 1}"
     if fault == "worker":
-        role = _worker_in_cycle(topo, engine) or "worker1"
-        topo.kill(role)
-        return time.time(), role
+        role = _worker_in_cycle(topo, engine)
+        topo.kill(role or "worker1")
+        return time.time(), role or "worker1 (no cycle seen in 30 s)"
     if fault == "redis_master":
         i = topo.kill_redis_master()
         return time.time(), f"redis{i + 1}"
@@ -327,6 +327,7 @@ def _inject(topo: Topology, fault: str, engine) -> tuple[float, str]:
 def _restore(topo: Topology, fault: str, what: str) -> None:
     from workers.settings import worker_command
 
+    what = what.split()[0]
     n = int(what[-1]) - 1
     if fault == "postgres_leader":
         topo.start_member(n)
