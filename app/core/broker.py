@@ -90,6 +90,8 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
         # One beat sends each schedule however many run (workers/beat.py).
         "beat_scheduler": "workers.beat:LeasedScheduler",
+        # Reconnects within a second of a broker failover, not after kombu's growing back-off.
+        "worker_consumer": "workers.consumer:FailoverConsumer",
     }
 
 
