@@ -26,7 +26,7 @@ def region_names(regions: int) -> list[str]:
     return [f"r{i + 1}" for i in range(regions)]
 
 
-def _fleet(nodes_per_region: int, regions: int = 2) -> str:
+def fleet_yaml(nodes_per_region: int, regions: int = 2) -> str:
     """Regions r1..rN of 8-GPU H100 nodes, sized so capacity never runs out during the load:
     the benchmark measures the control plane, not a full fleet."""
     out = []
@@ -133,7 +133,7 @@ class ScratchDeployment:
             [sys.executable, "-c", code],
             cwd=ROOT,
             env=self.env,
-            input=_fleet(nodes_per_region, regions),
+            input=fleet_yaml(nodes_per_region, regions),
             capture_output=True,
             text=True,
             check=True,

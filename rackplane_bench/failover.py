@@ -48,23 +48,12 @@ from typing import Any
 
 import httpx
 
-from rackplane_bench.deploy import pct
+from rackplane_bench.deploy import fleet_yaml, pct, region_names
 from rackplane_bench.ha import ROOT, Topology
 from rackplane_bench.stripe_standin import StandIn, serve
 
 FAULTS = ("postgres_leader", "worker", "redis_master", "api")
-REGIONS = ("r1", "r2")
-
-
-def _fleet(nodes_per_region: int) -> str:
-    out = []
-    for r in REGIONS:
-        nodes = ", ".join(f"{{name: {r}-n{i}}}" for i in range(nodes_per_region))
-        out.append(
-            f"  - name: {r}\n    racks:\n      - name: {r}-hgx\n        kind: hgx\n"
-            f"        gpu_model: H100-80GB\n        nodes: [{nodes}]\n"
-        )
-    return "regions:\n" + "".join(out)
+REGIONS = tuple(region_names(2))
 
 
 SEED = """
@@ -154,7 +143,7 @@ def _seed(topo: Topology, nodes_per_region: int) -> dict[str, Any]:
         [sys.executable, "-c", SEED],
         cwd=ROOT,
         env=topo.app_env(),
-        input=_fleet(nodes_per_region),
+        input=fleet_yaml(nodes_per_region, len(REGIONS)),
         capture_output=True,
         text=True,
     )

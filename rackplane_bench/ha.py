@@ -22,7 +22,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from rackplane_bench.deploy import api_command
+from rackplane_bench.deploy import api_command, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCOPE = "rackplane"  # the Patroni cluster and the Sentinels' master name
@@ -46,12 +45,6 @@ ENGINES = ("etcd", "patroni", "redis-server", "redis-sentinel")
 
 def missing_engines() -> list[str]:
     return [e for e in ENGINES if shutil.which(e) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pg_bin() -> str:
@@ -75,7 +68,7 @@ class Ports:
     def pick(cls, base: int | None) -> Ports:
         """Fixed ports from `base` (the documented topology), else free ones (tests)."""
         if base is None:
-            p = _free_port
+            p = free_port
             return cls(p(), p(), [p(), p(), p()], [p(), p(), p()], [p(), p(), p()],
                        [p(), p(), p()], [p(), p()])  # fmt: skip
         b = base
@@ -389,10 +382,7 @@ class Topology:
             cwd=ROOT, env=env, check=True, capture_output=True,
         )  # fmt: skip
         if self.seed_demo:  # as `rackplane up` does: the demo fleet, a tenant, keys shown once
-            code = (
-                "import json; from app.cli.demo import seed_demo; "
-                "print(json.dumps(seed_demo()))"
-            )
+            code = "import json; from app.cli.demo import seed_demo; print(json.dumps(seed_demo()))"
             out = subprocess.run(
                 [sys.executable, "-c", code],
                 cwd=ROOT, env=env, check=True, capture_output=True, text=True,
