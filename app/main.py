@@ -132,8 +132,8 @@ def create_app() -> FastAPI:
         large_paths={
             "/v1/admin/fleet:import": settings.max_import_bytes,
             "/v1/admin/telemetry": settings.max_telemetry_bytes,
-            "/v1/agent/telemetry": settings.max_telemetry_bytes,
-            "/v1/agent/logs": settings.max_telemetry_bytes,
+            "/v1/agent/telemetry": settings.max_agent_telemetry_bytes,
+            "/v1/agent/logs": settings.max_agent_log_bytes,
         },
     )
     # Telemetry is data, not anyone's decision: what it causes is in the health history.

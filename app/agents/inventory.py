@@ -4,7 +4,7 @@ difference named, and comes back to `ready` by itself once an inventory matches 
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.agents import mig
@@ -25,8 +25,12 @@ from rackplane_wire import GpuInfo, Inventory, InventoryVerdict
 REASON = "inventory differs from the fleet's record: "
 
 
-def differences(gpus: list[Gpu], reported: list[GpuInfo]) -> list[str]:
-    """Each way the host's GPUs differ from the fleet's record of the node, in words."""
+def differences(
+    gpus: list[Gpu], reported: list[GpuInfo], elsewhere: dict[str, tuple[str, int]] | None = None
+) -> list[str]:
+    """Each way the host's GPUs differ from the fleet's record of the node, in words.
+    `elsewhere`: reported UUIDs the fleet records on other nodes' GPUs (UUID -> node, index)."""
+    elsewhere = elsewhere or {}
     have = {g.index: g for g in reported}
     out = []
     for g in sorted(gpus, key=lambda g: g.index):
@@ -39,7 +43,13 @@ def differences(gpus: list[Gpu], reported: list[GpuInfo]) -> list[str]:
         if r.mig_mode != g.mig_mode:
             on = "on" if r.mig_mode else "off"
             out.append(f"GPU {g.index} has MIG mode {on}, the fleet records it {_onoff(g)}")
-        if g.uuid is not None and r.uuid != g.uuid:
+        if r.uuid in elsewhere:
+            node, index = elsewhere[r.uuid]
+            out.append(
+                f"GPU {g.index} reports {r.uuid}, which the fleet records on node {node} "
+                f"GPU {index}"
+            )
+        elif g.uuid is not None and r.uuid != g.uuid:
             out.append(f"GPU {g.index} is {r.uuid}, the fleet records {g.uuid} (replaced?)")
     for index, r in sorted(have.items()):
         out.append(f"GPU {index} ({r.model}) is not in the fleet's record")
@@ -59,9 +69,9 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     node = session.scalar(select(Node).where(Node.id == caller.node_id).with_for_update())
     assert node is not None  # the credential's node (a node's credentials go with it)
     gpus = list(session.scalars(select(Gpu).where(Gpu.node_id == node.id)))
-    diff = differences(gpus, inv.gpus)
+    diff = differences(gpus, inv.gpus, _held_elsewhere(session, node, inv.gpus))
     if not diff:
-        _learn_uuids(session, node, gpus, inv.gpus)
+        _learn_uuids(gpus, inv.gpus)
         mig.learn(gpus, inv.gpus)
     now = utcnow()
     row = session.get(AgentNode, node.id)
@@ -112,18 +122,28 @@ def bring_up(session: Session, node: Node, gpus: int, now) -> None:
     suite.start(session, node, "bring-up", gpus, now)
 
 
-def _learn_uuids(session: Session, node: Node, gpus: list[Gpu], reported: list[GpuInfo]) -> None:
-    """Record the UUIDs the fleet does not know yet (telemetry then names GPUs by them). A UUID
-    recorded on another node's GPU moves here: the GPU was moved, and this host has it now."""
-    by_index = {r.index: r.uuid for r in reported}
-    new = {g.id: by_index[g.index] for g in gpus if g.uuid is None and g.index in by_index}
-    if not new:
-        return
-    session.execute(
-        update(Gpu)
-        .where(Gpu.uuid.in_(list(new.values())), Gpu.node_id != node.id)
-        .values(uuid=None)
+def _held_elsewhere(
+    session: Session, node: Node, reported: list[GpuInfo]
+) -> dict[str, tuple[str, int]]:
+    """The reported UUIDs the fleet records on other nodes' GPUs: UUID -> (node, GPU index).
+    An inventory never takes such a UUID from its GPU (telemetry would then land on the wrong
+    one): a host claiming it is a difference, named with the node that holds it. Two hosts
+    claiming one new UUID at once: the unique index refuses the second (409)."""
+    uuids = sorted({r.uuid for r in reported})
+    if not uuids:
+        return {}
+    rows = session.execute(
+        select(Gpu.uuid, Node.name, Gpu.index)
+        .join(Node, Node.id == Gpu.node_id)
+        .where(Gpu.uuid.in_(uuids), Gpu.node_id != node.id)
     )
+    return {u: (name, index) for u, name, index in rows}
+
+
+def _learn_uuids(gpus: list[Gpu], reported: list[GpuInfo]) -> None:
+    """Record the UUIDs the fleet does not know yet (telemetry then names GPUs by them). Only
+    on an inventory without differences: none of them is recorded on another node's GPU."""
+    by_index = {r.index: r.uuid for r in reported}
     for g in gpus:
-        if g.id in new:
-            g.uuid = new[g.id]
+        if g.uuid is None and g.index in by_index:
+            g.uuid = by_index[g.index]

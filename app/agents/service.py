@@ -14,7 +14,14 @@ from app.core.errors import Unauthorized
 from app.models.agents import NodeCredential, NodeJoinToken
 from app.models.fleet import Gpu, Node, Rack, Region
 from app.tenancy.auth import hash_secret
-from app.tenancy.nodes import JOIN_PREFIX, NODE_PREFIX, NodeCaller, new_secret, well_formed
+from app.tenancy.nodes import (
+    JOIN_PREFIX,
+    NODE_PREFIX,
+    InvalidNodeCredential,
+    NodeCaller,
+    new_secret,
+    well_formed,
+)
 
 
 class InvalidJoinToken(Unauthorized):
@@ -68,12 +75,18 @@ def join(session: Session, token: str) -> Joined:
 
 
 def rotate(session: Session, caller: NodeCaller) -> Joined:
-    """A new credential for the calling node; the one it called with stops working."""
-    session.execute(
+    """A new credential for the calling node; the one it called with stops working. The old
+    one is retired by one conditional UPDATE, so rotates racing with one credential (or with
+    its revocation) mint one live credential between them; the others get the 401 of a
+    retired credential."""
+    retired = session.scalar(
         update(NodeCredential)
-        .where(NodeCredential.id == caller.credential_id)
+        .where(NodeCredential.id == caller.credential_id, NodeCredential.revoked_at.is_(None))
         .values(revoked_at=utcnow())
+        .returning(NodeCredential.id)
     )
+    if retired is None:
+        raise InvalidNodeCredential()
     return _issue(session, session.get_one(Node, caller.node_id))
 
 

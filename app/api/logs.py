@@ -41,11 +41,12 @@ RETRY_MS = 3000  # what an EventSource waits before it reconnects
     summary="Output of the node's runs (batched), each chunk at its byte offset",
     description=(
         "Each chunk names its run (workload, attempt, replica) and where it starts in that "
-        "run's output. A chunk about a run this node never held (no allocation of that "
-        "replica on it, or an attempt the workload has not reached) is counted as stale and "
-        "dropped; a chunk sent again (same run and offset) is stored once, so a batch whose "
-        "answer was lost may be sent again. A workload keeps its newest output up to a byte "
-        "cap (`RACKPLANE_LOG_MAX_BYTES_PER_WORKLOAD`) for `RACKPLANE_LOG_RETENTION_HOURS`."
+        "run's output. A chunk about a run this node does not hold (no allocation of that "
+        "replica for that attempt on it: another node's, or another attempt's) is counted as "
+        "stale and dropped; a chunk sent again (same run and offset) is stored once, so a "
+        "batch whose answer was lost may be sent again. A workload keeps its newest output "
+        "up to a byte cap (`RACKPLANE_LOG_MAX_BYTES_PER_WORKLOAD`) for "
+        "`RACKPLANE_LOG_RETENTION_HOURS`."
     ),
 )
 def post_logs(body: LogBatch, caller: NodeAgent, session: DbSession) -> LogAck:

@@ -81,6 +81,21 @@ class Settings(BaseSettings):
         default=300.0, gt=0, alias="RACKPLANE_AGENT_START_TIMEOUT"
     )
     agent_max_wait_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_AGENT_MAX_WAIT")
+    # Each node's agent has a token bucket of its own on the agent's routes (by its node, not
+    # by route class): this many requests a second, bursts of up to `burst` (0: no limit). An
+    # agent long-polls its assignments, reports status every third of a heartbeat and on
+    # changes, ships logs about once a second and telemetry every 10 s: a few a second.
+    agent_rate_limit: float = Field(default=20.0, ge=0, alias="RACKPLANE_AGENT_RATE_LIMIT")
+    agent_rate_burst: float = Field(default=100.0, ge=1, alias="RACKPLANE_AGENT_RATE_BURST")
+    # Body caps of an agent's pushes: one node's dcgm-exporter scrape (~100 KiB for 8 GPUs)
+    # and one batch of its runs' output (the agent sends at most 512 KiB of output a batch and
+    # halves that after a 413).
+    max_agent_telemetry_bytes: int = Field(
+        default=1_048_576, gt=0, alias="RACKPLANE_MAX_AGENT_TELEMETRY_BYTES"
+    )
+    max_agent_log_bytes: int = Field(
+        default=2 * 1_048_576, gt=0, alias="RACKPLANE_MAX_AGENT_LOG_BYTES"
+    )
     public_api_url: str = Field(default="http://127.0.0.1:8000", alias="RACKPLANE_PUBLIC_API_URL")
     # `rackplane up` adds the local node local-0 and runs its agent (the embedded walkthrough).
     local_agent: bool = Field(default=True, alias="RACKPLANE_LOCAL_AGENT")

@@ -1,9 +1,10 @@
 """Workload logs: chunks of each replica's output as node agents ship them, and reads of them.
 
 - **Ingest** (`ingest`): a chunk names its run (workload, attempt, replica) and its byte offset
-  in that run's output. It is taken only from a node that held that replica of that workload at
-  some time (an allocation on the node, released or not), for an attempt the workload has
-  reached; anything else is counted as stale and dropped. A chunk sent again (same run and
+  in that run's output. It is taken only from the node holding that run: the allocation of that
+  replica made for that very attempt is on the node (released or not: the tail an agent ships
+  after the exit still counts), never another attempt's, never another node's; anything else is
+  counted as stale and dropped. A chunk sent again (same run and
   offset) is stored once (`INSERT ... ON CONFLICT DO NOTHING`), so an agent may resend a batch
   whose answer it lost. Each workload keeps at most `log_max_bytes_per_workload` bytes (its
   oldest chunks go first), counted in `workload_log_sizes` by the same transactions that store
@@ -88,22 +89,20 @@ def _run(attempt: int, replica: int) -> str:
 
 def ingest(session: Session, caller: NodeCaller, batch: LogBatch) -> LogAck:
     """Store a node agent's batch of output chunks (see the module): how many were taken
-    (stored now or before) and how many were about runs the node never held."""
+    (stored now or before) and how many were about runs the node does not hold."""
     ids = {wid for c in batch.chunks if (wid := _uuid(c.workload_id)) is not None}
-    held: dict[tuple[uuid.UUID, int], tuple[uuid.UUID, int]] = {}
+    # (workload, attempt, replica) -> tenant: the runs this node holds or held.
+    held: dict[tuple[uuid.UUID, int, int], uuid.UUID] = {}
     dropped: dict[uuid.UUID, dict[str, int]] = {}
     if ids:
         rows = session.execute(
             select(
-                Allocation.workload_id, Allocation.replica, Workload.tenant_id, Workload.attempts
-            )
-            .join(Workload, Workload.id == Allocation.workload_id)
-            .where(Allocation.node_id == caller.node_id, Allocation.workload_id.in_(ids))
-            .distinct()
+                Allocation.workload_id, Allocation.attempt, Allocation.replica, Allocation.tenant_id
+            ).where(Allocation.node_id == caller.node_id, Allocation.workload_id.in_(ids))
         )
-        held = {(r.workload_id, r.replica): (r.tenant_id, r.attempts) for r in rows}
+        held = {(r.workload_id, r.attempt, r.replica): r.tenant_id for r in rows}
         sizes = select(WorkloadLogSize.workload_id, WorkloadLogSize.dropped_below).where(
-            WorkloadLogSize.workload_id.in_({w for w, _ in held})
+            WorkloadLogSize.workload_id.in_({w for w, _, _ in held})
         )
         dropped = {w: below or {} for w, below in session.execute(sizes)} if held else {}
     now = utcnow()
@@ -111,8 +110,8 @@ def ingest(session: Session, caller: NodeCaller, batch: LogBatch) -> LogAck:
     stale = 0
     for c in batch.chunks:
         wid = _uuid(c.workload_id)
-        run = held.get((wid, c.replica)) if wid is not None else None
-        if wid is None or run is None or c.attempt > run[1]:
+        tenant = held.get((wid, c.attempt, c.replica)) if wid is not None else None
+        if wid is None or tenant is None:
             stale += 1
             continue
         if c.offset < dropped.get(wid, {}).get(_run(c.attempt, c.replica), 0):
@@ -121,7 +120,7 @@ def ingest(session: Session, caller: NodeCaller, batch: LogBatch) -> LogAck:
             (wid, c.attempt, c.replica, c.offset),
             {
                 "workload_id": wid,
-                "tenant_id": run[0],
+                "tenant_id": tenant,
                 "attempt": c.attempt,
                 "replica": c.replica,
                 "offset": c.offset,

@@ -292,6 +292,9 @@ class Allocation(TimestampMixin, Base):
     )
     node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id", ondelete="RESTRICT"))
     replica: Mapped[int] = mapped_column(Integer)
+    # The workload's attempt (`Workload.attempts` when it was placed) this hold is for: with
+    # (workload_id, replica) it names the one run a node may report about and write logs for.
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     tier: Mapped[str] = mapped_column(String(24))
     gpu_indices: Mapped[list] = mapped_column(JSON)
     mig_profile: Mapped[str | None] = mapped_column(String(8), default=None)

@@ -6,7 +6,9 @@
   address, before any key is known: a portal sign-in is a guess at a key until it succeeds),
   and `anonymous` (per client address: every request without a credential and every failed
   authentication; once it is spent, a key this process has not seen lately is not even looked
-  up, so guessing keys costs the database nothing).
+  up, so guessing keys costs the database nothing). A node agent's requests (by node
+  credential, `app/tenancy/nodes.py`) are of class `node` whatever their route: one bucket per
+  node, `agent_rate_limit` a second with bursts of `agent_rate_burst` (0: none).
 - **Buckets**: a request takes one token from its key's bucket and one from its tenant's
   (several keys of one tenant share the tenant's), atomically, or from neither. Operators have
   buckets of their own, `operator_factor` times a tenant key's (0: exempt).
@@ -51,6 +53,7 @@ EXPENSIVE = frozenset(
     }
 )
 HEADERS_STATE = "ratelimit_headers"
+NODE = "node"  # a node agent's requests: one bucket per node, whatever the route
 
 
 class RateLimited(AppError):
@@ -165,10 +168,14 @@ async def _redis_take_async(
 
 def _buckets(cls: str, *, key: str | None, tenant: str | None, operator: bool, address: str | None):
     s = get_settings()
+    prefix = f"{s.broker_key_prefix}rackplane:rl:{cls}:"
+    if cls == NODE:
+        if s.agent_rate_limit <= 0:
+            return [], []
+        return [f"{prefix}{key}"], [Limit(capacity=s.agent_rate_burst, rate=s.agent_rate_limit)]
     base = _limits(s.rate_limits).get(cls)
     if base is None:
         return [], []
-    prefix = f"{s.broker_key_prefix}rackplane:rl:{cls}:"
     if cls in ("signup", "signin", "anonymous"):
         return [f"{prefix}addr:{address}"], [base]
     if operator:

@@ -182,6 +182,7 @@ def _allocation_rows(
             tenant_id=w.tenant_id,
             node_id=world.node_ids[b.node],
             replica=b.replica,
+            attempt=w.attempts,
             tier=w.tier,
             gpu_indices=list(b.gpu_indices),
             mig_profile=a.mig,
@@ -214,6 +215,7 @@ def _admit(
     stamp = utcnow()  # after the snapshot was read: later than the release of anything it saw
     for adm in admissions:
         w = touched.locked(adm.workload)
+        w.attempts = (w.attempts or 0) + 1  # a new run: its agents start it afresh
         rows = _allocation_rows(world, w, adm, stamp)
         new_allocs += rows
         started += [
@@ -228,7 +230,6 @@ def _admit(
             for b, (row, model) in zip(adm.bindings, rows, strict=True)
         ]
         w.placement = [describe(world, b) for b in adm.bindings]
-        w.attempts = (w.attempts or 0) + 1  # a new run: its agents start it afresh
         victims = [(v, touched.rows[v].tenant_id, touched.rows[v].priority) for v in adm.victims]
         own, others = disclose(w.tenant_id, victims)
         named = ", ".join([*own, *([_others(others)] if others else [])])

@@ -21,6 +21,7 @@ from app.core.db import session_scope
 from app.core.errors import Unauthorized
 from app.models.agents import NodeCredential
 from app.models.fleet import Node
+from app.ratelimit import service as ratelimit
 from app.tenancy.auth import cache_lookup, charge_anonymous, hash_secret
 
 JOIN_PREFIX = "rpj_"
@@ -49,6 +50,18 @@ def well_formed(value: str, prefix: str) -> bool:
 def is_node_secret(value: str) -> bool:
     """A join token or a node credential (what a replayed answer must never carry)."""
     return well_formed(value, JOIN_PREFIX) or well_formed(value, NODE_PREFIX)
+
+
+class InvalidNodeCredential(Unauthorized):
+    """Not a live node credential: unknown, revoked, or retired by a rotate."""
+
+    code = "invalid_node_credential"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Send the node's credential as `Authorization: Bearer rpn_...` (from "
+            "`POST /v1/agent/join`); API keys are not accepted here."
+        )
 
 
 @dataclass(frozen=True)
@@ -83,19 +96,17 @@ async def node_caller(
     request: Request, bearer: HTTPAuthorizationCredentials | None = Depends(_bearer)
 ) -> NodeCaller:
     """FastAPI dependency of the agent's routes: a live node credential, else 401 (and the
-    caller's address pays for the failure, as for a bad API key). Cached as API keys are: a
-    revoked or rotated credential leaves every process's cache when its change commits."""
+    caller's address pays for the failure, as for a bad API key), and a token from its node's
+    bucket, else 429 (app/ratelimit). Cached as API keys are: a revoked or rotated credential
+    leaves every process's cache when its change commits."""
     raw = bearer.credentials if bearer is not None else None
     caller = None
     if raw and well_formed(raw, NODE_PREFIX):
         caller = await cache_lookup("n:" + hash_secret(raw), lambda: _lookup(raw))
     if caller is None:
         charge_anonymous(request)
-        raise Unauthorized(
-            "Send the node's credential as `Authorization: Bearer rpn_...` (from "
-            "`POST /v1/agent/join`); API keys are not accepted here.",
-            code="invalid_node_credential",
-        )
+        raise InvalidNodeCredential()
+    await ratelimit.check_async(request.scope, ratelimit.NODE, key=str(caller.node_id))
     return caller
 
 
