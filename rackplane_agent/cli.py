@@ -1,8 +1,9 @@
 """`python -m rackplane_agent`: the node agent's command line.
 
     python -m rackplane_agent --api https://rackplane.example --token rpj_...
-        [--state-dir DIR] [--inventory FILE] [--address HOST] [--runtime process|podman]
-        [--dcgm-exporter URL] [--poll-wait 30] [--log-level INFO]
+        [--state-dir DIR] [--work-dir DIR] [--run-uids FIRST-LAST | --same-user]
+        [--inventory FILE] [--address HOST] [--runtime process|podman]
+        [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--log-level INFO]
 
 Exit codes: 0 stopped (SIGTERM/SIGINT), 1 an unexpected error, 2 cannot start (no join token,
 a refused token, no inventory, another agent on the state directory), 3 the control plane
@@ -19,7 +20,7 @@ import threading
 from pathlib import Path
 
 from rackplane_agent import __version__
-from rackplane_agent.config import EXIT_USAGE, AgentConfig, default_state_dir
+from rackplane_agent.config import EXIT_USAGE, AgentConfig, default_state_dir, parse_uid_range
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +56,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="a runtime to offer (repeatable; default: process, and podman when installed); "
         "process is always offered",
     )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where runs work, each in its own directory owned by its own uid (default: "
+        "<state-dir>-work); never inside the state directory",
+    )
+    runs_as = p.add_mutually_exclusive_group()
+    runs_as.add_argument(
+        "--run-uids",
+        metavar="FIRST-LAST",
+        default="auto",
+        help="the uids runs get, one each, with the gid of the same number (default: "
+        "2000000-2065535 when the agent runs as root; without root, runs share its user)",
+    )
+    runs_as.add_argument(
+        "--same-user",
+        action="store_true",
+        help="run every run as the agent's own user: a single-user machine only (the "
+        "embedded default's local node); the node then says it cannot keep tenants apart",
+    )
+    p.add_argument(
+        "--max-output-mib",
+        type=int,
+        default=16,
+        help="a run's output kept on this node while it runs (past it, the newest 64 KiB)",
+    )
     p.add_argument("--dcgm-exporter", metavar="URL", help="dcgm-exporter's /metrics URL")
     p.add_argument(
         "--poll-wait", type=float, default=30.0, help="seconds a poll for assignments may wait"
@@ -76,8 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.poll_wait <= 0:
         print("rackplane-agent: --poll-wait must be positive")
         return EXIT_USAGE
+    if args.max_output_mib <= 0:
+        print("rackplane-agent: --max-output-mib must be positive")
+        return EXIT_USAGE
+    run_uids: tuple[int, int] | str | None = None if args.same_user else args.run_uids
+    if isinstance(run_uids, str) and run_uids != "auto":
+        try:
+            run_uids = parse_uid_range(run_uids)
+        except ValueError as exc:
+            print(f"rackplane-agent: --run-uids: {exc}")
+            return EXIT_USAGE
     config = AgentConfig(
         api=args.api,
+        work_dir=args.work_dir,
+        run_uids=run_uids,
+        max_output_mib=args.max_output_mib,
         state_dir=args.state_dir or default_state_dir(),
         token=args.token or None,
         inventory_file=args.inventory,

@@ -29,6 +29,7 @@ from rackplane_wire import (
     InventoryVerdict,
     LogAck,
     LogBatch,
+    RunEnv,
     StatusAck,
     StatusReport,
 )
@@ -312,6 +313,11 @@ class Client:
     def logs(self, batch: LogBatch, **retry: Any) -> LogAck:
         r = self._call("POST", f"{PREFIX}/logs", content=batch.model_dump_json(), **retry)
         return _parse(LogAck, r)
+
+    def run_env(self, workload_id: str, attempt: int, replica: int, **retry: Any) -> RunEnv:
+        """The secret part of a run's environment, fetched as it starts."""
+        path = f"{PREFIX}/runs/{workload_id}/{attempt}/{replica}/env"
+        return _parse(RunEnv, self._call("GET", path, **retry))
 
     def telemetry(self, text: str, **retry: Any) -> None:
         self._call(

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_STATE_DIR = "/var/lib/rackplane-agent"
+# Each run's own uid (and gid of the same number) comes from this range, which no account on
+# the host should use (above the subordinate ids podman and useradd hand out by default).
+DEFAULT_RUN_UIDS = (2_000_000, 2_065_535)
+DEFAULT_MAX_OUTPUT_MIB = 16
 
 # Exit codes of `python -m rackplane_agent`.
 EXIT_OK = 0  # stopped by SIGTERM/SIGINT (its runs are left running)
@@ -17,6 +21,17 @@ EXIT_REVOKED = 3  # the control plane refused the node's credential (its runs ar
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("RACKPLANE_AGENT_STATE_DIR") or DEFAULT_STATE_DIR)
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """`2000000-2065535` -> (2000000, 2065535); ValueError for anything else."""
+    low, sep, high = text.partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"a uid range is FIRST-LAST, e.g. 2000000-2065535 (got {text!r})")
+    first, last = int(low), int(high)
+    if not 1000 <= first <= last < 2**32 - 1:
+        raise ValueError(f"uid range {text!r} must lie within 1000-{2**32 - 2}, first <= last")
+    return first, last
 
 
 @dataclass
@@ -43,6 +58,31 @@ class AgentConfig:
     backoff_max: float = 30.0
     # cgroup v2 limits when the host delegates a writable subtree; False: never try.
     cgroups: bool = True
+    # Where runs work (each its own directory, owned by its uid): outside the state directory,
+    # which is the agent's alone. None: `<state_dir>-work` beside it.
+    work_dir: Path | None = None
+    # The uids runs get, one each. "auto": DEFAULT_RUN_UIDS when the agent runs as root, else
+    # none; None: every run as the agent's own user (a single-user machine only).
+    run_uids: tuple[int, int] | str | None = "auto"
+    # A run's output kept on the node's disk while it runs (past it, only the newest 64 KiB).
+    max_output_mib: int = DEFAULT_MAX_OUTPUT_MIB
+
+    def __post_init__(self) -> None:
+        # Absolute, whatever the cwd of the processes that use them (the shim runs in its run's
+        # directory).
+        self.state_dir = Path(self.state_dir).absolute()
+        if self.work_dir is None:
+            self.work_dir = self.state_dir.with_name(self.state_dir.name + "-work")
+        self.work_dir = Path(self.work_dir).absolute()
+        if self.inventory_file is not None:
+            self.inventory_file = Path(self.inventory_file).absolute()
+
+    def uid_range(self, euid: int) -> tuple[int, int] | None:
+        if self.run_uids == "auto":
+            return DEFAULT_RUN_UIDS if euid == 0 else None
+        if isinstance(self.run_uids, str):
+            return parse_uid_range(self.run_uids)
+        return self.run_uids
 
     @property
     def runs_dir(self) -> Path:

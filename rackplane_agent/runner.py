@@ -26,8 +26,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
-import psutil
-
 from rackplane_agent import inventory as inventory_mod
 from rackplane_agent import logs as logs_mod
 from rackplane_agent import runtimes
@@ -51,13 +49,13 @@ from rackplane_agent.config import (
 )
 from rackplane_agent.logfmt import kv
 from rackplane_agent.mig import MigApplier
+from rackplane_agent.runusers import RunUsers, WorkDirError
 from rackplane_agent.shim import signal_name
 from rackplane_agent.state import (
     RunRecord,
     StateDir,
     StateDirBusy,
     iso,
-    read_exit,
     run_key,
 )
 from rackplane_wire import (
@@ -75,7 +73,6 @@ log = logging.getLogger("rackplane_agent")
 
 RUNNING, EXITED, FAILED_TO_START, LOST = "running", "exited", "failed_to_start", "lost"
 LOG_BATCH_BYTES = 512 * 1024
-_CREATE_TIME_SLACK = 0.05
 
 
 class StartupError(Exception):
@@ -96,20 +93,6 @@ def parse_signal(name: str) -> signal.Signals | None:
         return signal.Signals[name]
     except KeyError:
         return None
-
-
-def _signal_group(pid: int | None, sig: int) -> bool:
-    """Signal the run's process group (its shim leads it); False when it is gone."""
-    if not pid:
-        return False
-    try:
-        os.killpg(pid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError as exc:
-        log.warning(kv("signal_refused", pid=pid, signal=signal.Signals(sig).name, error=exc))
-        return False
 
 
 def _parse_iso(value: Any) -> float | None:
@@ -162,8 +145,14 @@ class Agent:
         self._logs_budget = LOG_BATCH_BYTES
         self._runtime_names: list[str] = []
         self._runtimes: dict[str, runtimes.Runtime] = {}
+        self._shim = runtimes.ShimRuntime()
         self._device_ids: set[str] = set()
         self._cgroups = Cgroups() if config.cgroups else None
+        assert config.work_dir is not None
+        self._users = RunUsers(
+            config.work_dir, config.uid_range(os.geteuid()), owner=config.state_dir
+        )
+        self._env_retry_at: dict[str, float] = {}  # a run whose env could not be fetched
         self._prepared = False
         self._threads: list[threading.Thread] = []
         self._burnin: BurnInRunner | None = None
@@ -183,9 +172,22 @@ class Agent:
             raise StartupError(str(exc)) from None
         try:
             self._runtime_names = runtimes.available(self.config.runtimes)
-        except ValueError as exc:
+            self._users.prepare(self.state.root)
+        except (ValueError, WorkDirError, OSError) as exc:
             raise StartupError(str(exc)) from None
-        self._runtimes = {name: runtimes.make(name, self._environ) for name in self._runtime_names}
+        if not self._users.isolating:
+            log.warning(
+                kv(
+                    "runs_share_agent_user",
+                    detail="every process run runs as this agent's user, which can read its "
+                    "state: a single-user machine only (run the agent as root for a uid per run)",
+                )
+            )
+        max_output = self.config.max_output_mib * 1024 * 1024
+        self._runtimes = {
+            name: runtimes.make(name, self._environ, max_output, self._cgroups)
+            for name in self._runtime_names
+        }
         if self.inventory is None:
             if self._nvml is None:
                 self._nvml = inventory_mod.load_nvml()
@@ -267,7 +269,7 @@ class Agent:
             self._runs[rec.key] = rec
             if rec.state != RUNNING:
                 continue
-            if self._alive(rec):
+            if self._driver(rec).recover(rec):
                 log.info(kv("run_adopted", run=rec.key, pid=rec.pid))
             else:
                 self._ended(rec, self.clock(), while_down=True)
@@ -296,7 +298,7 @@ class Agent:
         with self._lock:
             now = self.clock()
             for rec in list(self._runs.values()):
-                if rec.state == RUNNING and not self._alive(rec):
+                if rec.state == RUNNING and not self._driver(rec).running(rec):
                     self._ended(rec, now)
             desired = self._assignments
             if desired is not None:
@@ -343,6 +345,8 @@ class Agent:
     def _capable(self, inventory: Inventory) -> Inventory:
         """The inventory with what this agent can do (`mig-layout` when it can apply them)."""
         caps: list[Any] = ["mig-layout"] if self._mig is not None and self._mig.able else []
+        if self._users.isolating:
+            caps.append("run-uids")
         return inventory.model_copy(update={"capabilities": caps})
 
     def _changed(self, rec: RunRecord) -> None:
@@ -365,7 +369,28 @@ class Agent:
             return str(exc)
         return None
 
+    def _secret_env(self, a: Assignment) -> dict[str, str] | None:
+        """The run's secret env, fetched as it starts; None: not now (try again later)."""
+        if not a.fetch_env:
+            return {}
+        key = run_key(a.workload_id, a.attempt, a.replica)
+        if time.monotonic() < self._env_retry_at.get(key, 0.0):
+            return None
+        try:
+            env = self.client.run_env(a.workload_id, a.attempt, a.replica).env
+        except CredentialRefused:
+            return None  # the sync loop stops the agent
+        except (TransientError, ApiError) as exc:
+            self._env_retry_at[key] = time.monotonic() + self.config.backoff_max / 4
+            log.warning(kv("run_env_unavailable", run=key, error=exc))
+            return None
+        self._env_retry_at.pop(key, None)
+        return env
+
     def _start(self, a: Assignment, now: float) -> None:
+        secret = self._secret_env(a)
+        if secret is None:
+            return
         run_dir = self.state.run_dir(a.workload_id, a.attempt, a.replica)
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         rec = RunRecord(
@@ -381,30 +406,23 @@ class Agent:
         problem = self._refusal(a)
         if problem is None:
             rec.exit_file.unlink(missing_ok=True)
-            cgroup = None
-            if a.runtime == "process" and self._cgroups is not None:
-                cgroup = self._cgroups.create(rec.key, a.cpu_milli, a.memory_mib)
             try:
-                popen = self._runtimes[a.runtime].start(a, run_dir, cgroup)
+                in_use = {r.uid for r in self._runs.values() if r.uid is not None}
+                place = self._users.take(run_dir.name, in_use, a.run_gid)
+                rec.uid = place.user.uid if place.user else None
+                rec.workdir = str(place.workdir)
+                self._runtimes[a.runtime].start(rec, a, secret, place)
             except (runtimes.StartError, OSError) as exc:
                 problem = str(exc)
-                if self._cgroups is not None:
-                    self._cgroups.remove(cgroup)
             else:
-                rec.popen = popen
-                rec.pid = popen.pid
-                rec.cgroup = cgroup
                 rec.started_at = now
-                try:
-                    rec.create_time = psutil.Process(popen.pid).create_time()
-                except psutil.Error:
-                    rec.create_time = None  # already gone: the next pass sees its exit
                 log.info(
                     kv(
                         "run_started",
                         run=rec.key,
                         pid=rec.pid,
                         runtime=a.runtime,
+                        uid=rec.uid,
                         devices=",".join(a.devices) or None,
                     )
                 )
@@ -441,7 +459,7 @@ class Agent:
                     kv("checkpoint_signal_unknown", run=rec.key, signal=a.checkpoint_signal)
                 )
             else:
-                _signal_group(rec.pid, sig)
+                self._driver(rec).signal(rec, sig)
                 log.info(
                     kv(
                         "checkpoint_requested",
@@ -460,7 +478,7 @@ class Agent:
         rec.stopped = True
         rec.kill_at = now + grace if deadline is None else min(now + grace, deadline)
         if rec.term_sent_at is None:
-            _signal_group(rec.pid, signal.SIGTERM)
+            self._driver(rec).signal(rec, signal.SIGTERM)
             rec.term_sent_at = now
         log.info(
             kv(
@@ -474,7 +492,8 @@ class Agent:
         self._changed(rec)
 
     def _kill(self, rec: RunRecord, now: float) -> None:
-        _signal_group(rec.pid, signal.SIGKILL)
+        self._driver(rec).signal(rec, signal.SIGKILL)
+        self._users.sweep(rec.uid)
         rec.kill_sent_at = now
         log.warning(
             kv(
@@ -484,40 +503,18 @@ class Agent:
                 after_s=round(now - (rec.term_sent_at or now), 2),
             )
         )
-        runtime = self._runtimes.get(rec.assignment.get("runtime", "process"))
-        if runtime is not None:
-            try:
-                runtime.killed(Assignment.model_validate(rec.assignment))
-            except Exception as exc:
-                log.warning(kv("runtime_kill_cleanup_failed", run=rec.key, error=exc))
         rec.save()
 
     # --- watching processes ----------------------------------------------------------------
 
-    def _alive(self, rec: RunRecord) -> bool:
-        if rec.pid is None:
-            return False
-        if rec.popen is not None:
-            return rec.popen.poll() is None  # reaps our own child
-        try:  # a child of this process that another Agent object started (tests), reaped here
-            pid, _ = os.waitpid(rec.pid, os.WNOHANG)
-            if pid == rec.pid:
-                return False
-        except ChildProcessError:
-            pass
-        try:
-            proc = psutil.Process(rec.pid)
-            if rec.create_time is not None:
-                if abs(proc.create_time() - rec.create_time) > _CREATE_TIME_SLACK:
-                    return False  # the pid was reused
-            return proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-        except psutil.AccessDenied:
-            return True
+    def _driver(self, rec: RunRecord) -> runtimes.Runtime:
+        """The run's runtime (one this agent no longer offers is still watched, signalled and
+        ended the way every runtime here is: a shim's group)."""
+        return self._runtimes.get(rec.assignment.get("runtime", "process"), self._shim)
 
     def _ended(self, rec: RunRecord, now: float, while_down: bool = False) -> None:
-        exit_record = read_exit(rec.exit_file)
+        self._users.sweep(rec.uid)  # what the run left behind goes with it
+        exit_record = self._driver(rec).exit(rec)
         returncode = rec.popen.returncode if rec.popen is not None else None
         rec.popen = None
         if exit_record is not None:
@@ -570,8 +567,9 @@ class Agent:
                     size = 0
                 if rec.log_offset < size:
                     continue
-            if self._cgroups is not None:
-                self._cgroups.remove(rec.cgroup)
+            self._driver(rec).destroy(rec)
+            self._users.remove(rec.workdir)
+            self._users.release(rec.uid)  # swept when it ended
             StateDir.remove_run(rec.run_dir)
             del self._runs[key]
             log.info(kv("run_forgotten", run=key))

@@ -5,8 +5,13 @@
     <state>/agent.lock            held (flock) by the one agent using this directory
     <state>/runs/<wid>.<attempt>.<replica>/
         run.json                  what the agent knows of the run (`RunRecord`)
-        output.log                the process's stdout and stderr, appended by the process
+        launch.json               what the shim starts (argv, env with secrets, uid), removed
+                                  by the shim as soon as it has read it
+        output.log                the process's stdout and stderr, as the shim copies them
         exit.json                 written by the shim when the process ends
+
+The directory is the agent's alone (0700): runs work elsewhere, in the work directory, as
+their own uid (`rackplane_agent.runusers`).
 
 Everything is written atomically (a temporary file, then a rename), so a crash leaves either
 the old or the new content.
@@ -86,6 +91,8 @@ class RunRecord:
     checkpoints_sent: int = 0
     log_offset: int = 0  # bytes of output.log the control plane acknowledged
     cgroup: str | None = None
+    uid: int | None = None  # the run's own uid (None: the agent's)
+    workdir: str | None = None  # its working directory, under the work directory
     # --- not persisted ---
     run_dir: Path = field(default=Path("."), metadata={"persist": False})
     version: int = field(default=1, metadata={"persist": False})

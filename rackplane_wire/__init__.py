@@ -18,6 +18,9 @@ Routes (all under `/v1/agent`, `Authorization: Bearer rpn_...` except `join`):
   heartbeat (send one at least every `Assignments.heartbeat_s`, even empty).
 - `POST /logs` (`LogBatch` -> `LogAck`): output, batched, each chunk at its byte offset in the
   replica's output, so a repeated chunk is stored once.
+- `GET /runs/{workload_id}/{attempt}/{replica}/env` (-> `RunEnv`): the run's secret part of its
+  environment (the workload's own `env` and its `RACKPLANE_TOKEN`), fetched when the agent starts
+  that run; answered only while the node holds that run and it has not started.
 """
 
 from __future__ import annotations
@@ -85,7 +88,10 @@ class MigInstance(_Wire):
     start: int | None = Field(None, ge=0, le=7, description="First memory slice it occupies")
 
 
-Capability = Literal["mig-layout"]
+# What an agent can do beyond running work: `mig-layout` (it applies MIG layouts); `run-uids`
+# (each `process` run has a uid of its own: without it, runs share the agent's user and the
+# node is no wall between tenants).
+Capability = Literal["mig-layout", "run-uids"]
 
 
 class MigSlot(_Wire):
@@ -180,11 +186,21 @@ class Assignment(_Wire):
     runtime: RuntimeName = "process"
     command: list[str] = Field(description="argv; for `podman`, the container's command")
     image: str | None = None
-    # The whole environment the control plane gives the run: the workload's `env` and
-    # CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-    # MASTER_PORT, RACKPLANE_WORKLOAD_ID, RACKPLANE_REPLICA, RACKPLANE_API, RACKPLANE_TOKEN and,
-    # when it resumes, RACKPLANE_RESUME_FROM. The agent adds nothing but PATH-like basics.
+    # The environment the control plane gives the run, but for its secrets: CUDA_VISIBLE_DEVICES,
+    # NVIDIA_VISIBLE_DEVICES, RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+    # RACKPLANE_WORKLOAD_ID, RACKPLANE_REPLICA, RACKPLANE_API and, when it resumes,
+    # RACKPLANE_RESUME_FROM. The agent adds PATH-like basics and the run's HOME and TMPDIR.
     env: dict[str, str]
+    # True: the workload's own env and RACKPLANE_TOKEN are fetched (`GET /runs/.../env`) when the
+    # run starts, so the node's whole desired state never carries a tenant's secrets.
+    fetch_env: bool = False
+    # The tenant's group on every node: a run with a uid of its own gets this gid and umask 007,
+    # so its files are shared with the tenant's other runs (a checkpoint the next attempt reads
+    # on a shared disk) and with no other tenant. None: a gid of the run's own.
+    run_gid: int | None = Field(None, ge=1000, le=2**31 - 1)
+    # The tenant the run belongs to (an opaque id): runs of one tenant may share a network on
+    # the node (a container's per-tenant network), never with another tenant's.
+    tenant: str | None = Field(None, pattern=WORKLOAD, max_length=64)
     # The GPUs (or MIG instances) the run may use, by UUID: the agent refuses a run whose
     # devices are not on this host (`failed_to_start`), and podman gets them as CDI devices.
     devices: list[str]
@@ -300,6 +316,12 @@ class StatusReport(_Wire):
 class StatusAck(_Wire):
     accepted: int
     stale: int = Field(description="Reports about runs the control plane no longer holds")
+
+
+class RunEnv(_Wire):
+    """The secret part of one run's environment (added over `Assignment.env`)."""
+
+    env: dict[str, str]
 
 
 class LogChunk(_Wire):

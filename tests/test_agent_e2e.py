@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
+from tests.agent.helpers import SYSTEM_PY, open_dir
 from tests.conftest import RUN_ID, auth, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +137,16 @@ class Agents:
     def __init__(self, url: str, root: Path, tokens: dict[str, str]):
         self.url, self.root, self.tokens = url, root, tokens
         self.procs: dict[str, subprocess.Popen] = {}
+        # Runs have uids of their own (the agents run as root): they work, and write their
+        # checkpoints, where any uid can reach.
+        self.open = open_dir("rp-e2e-")
+
+    def ckpt(self) -> Path:
+        """A checkpoint directory every run may write, as a shared file system would be."""
+        path = self.open / "ckpt"
+        path.mkdir(exist_ok=True)
+        path.chmod(0o1777)
+        return path
 
     def state(self, node: str) -> Path:
         return self.root / node / "state"
@@ -151,6 +163,7 @@ class Agents:
         argv = [sys.executable, "-m", "rackplane_agent", "--api", self.url]
         argv += ["--state-dir", str(self.state(node)), "--inventory", str(inv)]
         argv += ["--address", ADDRESS[node], "--poll-wait", "20"]
+        argv += ["--work-dir", str(self.open / f"{node}-work")]
         if not (self.state(node) / "credential").exists():
             argv += ["--token", self.tokens[node]]
         log = open(self.root / node / "agent.log", "ab")
@@ -184,6 +197,7 @@ class Agents:
     def stop(self) -> None:
         for node in list(self.procs):
             self.kill(node, with_work=True)
+        shutil.rmtree(self.open, ignore_errors=True)
 
 
 @pytest.fixture
@@ -224,7 +238,7 @@ def _agent_nodes() -> int:
 
 def _train(steps: int, step_s: float, every: int, ckpt: Path) -> list[str]:
     return [
-        sys.executable,
+        SYSTEM_PY,
         "-u",
         TRAIN,
         "--steps",
@@ -272,7 +286,7 @@ def test_restart_readopts_and_preemption_resumes_from_the_sigterm_checkpoint(
     a, http = agents
     low = world.key(world.tenant("low", policy=ALL))
     high = world.key(world.tenant("high", policy=ALL))
-    ckpt = tmp_path / "ckpt"
+    ckpt = a.ckpt()
 
     # A preemptible gang on all eight GPUs: it checkpoints every 1000 steps (never, here), so
     # what it resumes from is what it wrote on SIGTERM.
@@ -353,7 +367,7 @@ def test_a_gang_killed_with_its_node_resumes_from_its_checkpoint_and_bills_what_
             "kind": "job",
             "gpus": 2,
             "replicas": 2,
-            "command": _train(60, 0.15, 10, tmp_path / "ckpt"),
+            "command": _train(60, 0.15, 10, a.ckpt()),
         },
         headers=auth(key),
     )
@@ -396,8 +410,8 @@ def test_a_gang_killed_with_its_node_resumes_from_its_checkpoint_and_bills_what_
     done = wait_until(
         lambda: (w := _get(http, key, wid))["state"] in ("succeeded", "failed") and w, timeout=60
     )
-    assert done["state"] == "succeeded", done
     events = http.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+    assert done["state"] == "succeeded", "\n".join(f"{e['reason']} {e['details']}" for e in events)
     requeue = next(e for e in events if e["to_state"] == "queued" and e["from_state"] != "pending")
     step = requeue["details"]["checkpoint_step"]
     assert step >= 10, requeue
@@ -437,7 +451,7 @@ def test_a_rolling_upgrade_moves_work_at_its_checkpoints_and_installs_the_stack(
     r = http.post("/v1/admin/stacks/old/assignments", json={"region": "r1"}, headers=op)
     assert r.json()["drifted"] == 0, r.text
 
-    ckpt = tmp_path / "ckpt"
+    ckpt = a.ckpt()
     made = http.post(
         "/v1/workloads",
         json={
@@ -501,7 +515,12 @@ def test_a_rolling_upgrade_moves_work_at_its_checkpoints_and_installs_the_stack(
     events = http.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
     moved = [e for e in events if e["details"].get("reason") == "node_upgrade"]
     assert moved and "leaving service" in moved[0]["reason"], events
-    wait_until(lambda: _get(http, key, wid)["state"] == "succeeded", timeout=120)
+    try:
+        wait_until(lambda: _get(http, key, wid)["state"] == "succeeded", timeout=120)
+    except AssertionError as exc:
+        events = http.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+        tail = _logs(http, key, wid)[-1500:]
+        raise AssertionError(([e["reason"] for e in events], tail)) from exc
     assert "resumed from step" in _logs(http, key, wid)
 
 
@@ -541,6 +560,7 @@ def test_a_mig_layout_is_made_by_the_agent_and_mig_work_runs_on_it(plane, world,
     )
     argv = [sys.executable, "-m", "rackplane_agent", "--api", plane, "--token", token]
     argv += ["--state-dir", str(tmp_path / "state"), "--address", "127.0.0.13", "--poll-wait", "20"]
+    argv += ["--work-dir", str(open_dir("rp-e2e-mig-"))]
     log = open(tmp_path / "agent.log", "wb")
     agent = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -573,7 +593,7 @@ def test_a_mig_layout_is_made_by_the_agent_and_mig_work_runs_on_it(plane, world,
                 "kind": "instance",
                 "mig_profile": "3g.40gb",
                 "command": [
-                    sys.executable,
+                    SYSTEM_PY,
                     "-c",
                     "import os; print('devices', os.environ['CUDA_VISIBLE_DEVICES'])",
                 ],

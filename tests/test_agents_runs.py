@@ -134,6 +134,20 @@ def test_inventory_assignments_and_reports_drive_a_gang(
         headers=auth(key),
     )
     assert bad.status_code == 422 and "RACKPLANE_TOKEN" in bad.text
+    # A container takes its env as `NAME=value` lines: a line break in a value is refused.
+    bad = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 1,
+            "runtime": "podman",
+            "image": "img",
+            "command": ["x"],
+            "env": {"PEM": "a\nb"},
+        },
+        headers=auth(key),
+    )
+    assert bad.status_code == 422 and "PEM" in bad.text and "line break" in bad.text
 
     # An agent waiting on its index is answered when the gang lands on its node.
     idx = client.get("/v1/agent/assignments", headers=auth(creds["a-1"])).json()["index"]
@@ -183,12 +197,31 @@ def test_inventory_assignments_and_reports_drive_a_gang(
     assert all(d.startswith("GPU-") for ds in devices for d in ds)
     assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] == f"{runs[0][0]}.test"
-    assert (
-        envs[0]["LR"] == "0.1"
-        and envs[0]["NVIDIA_VISIBLE_DEVICES"] == envs[0]["CUDA_VISIBLE_DEVICES"]
-    )
+    assert envs[0]["NVIDIA_VISIBLE_DEVICES"] == envs[0]["CUDA_VISIBLE_DEVICES"]
     assert runs[0][1]["checkpoint_signal"] == "SIGUSR2" and runs[0][1]["desired"] == "run"
-    token = envs[0]["RACKPLANE_TOKEN"]
+    # The node's whole desired state carries no secret: the workload's env and its token are
+    # fetched per run, by the node that holds it, before it starts.
+    assert all(runs[r][1]["fetch_env"] for r in (0, 1))
+    assert not {"LR", "RACKPLANE_TOKEN"} & (set(envs[0]) | set(envs[1]))
+
+    def run_env(replica: int, node: str | None = None, attempt: int | None = None):
+        holder, a = runs[replica]
+        at = a["attempt"] if attempt is None else attempt
+        return client.get(
+            f"/v1/agent/runs/{wid}/{at}/{replica}/env", headers=auth(creds[node or holder])
+        )
+
+    secret = run_env(0)
+    assert secret.status_code == 200, secret.text
+    assert secret.json()["env"]["LR"] == "0.1"
+    token = secret.json()["env"]["RACKPLANE_TOKEN"]
+    # Not for a node that does not hold the run, nor for another attempt.
+    node0 = runs[0][0]
+    for refused in (
+        run_env(0, node="a-2" if node0 == "a-1" else "a-1"),
+        run_env(0, attempt=runs[0][1]["attempt"] + 1),
+    ):
+        assert refused.status_code == 409 and refused.json()["code"] == "run_not_startable"
 
     def report(replica: int, **run) -> dict:
         node, a = runs[replica]
@@ -214,6 +247,9 @@ def test_inventory_assignments_and_reports_drive_a_gang(
     report(1, state="running", pid=101)
     report(1, state="running", pid=101)
     wait_until(lambda: _state(client, key, wid) == "running", timeout=10)
+    # Once a run has started, its node's credential no longer reads its secrets.
+    late = run_env(0)
+    assert late.status_code == 409 and late.json()["code"] == "run_not_startable", late.text
 
     # A report about another attempt, or from the wrong node, is stale.
     node0, a0 = runs[0]

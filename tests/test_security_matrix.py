@@ -161,6 +161,8 @@ def matrix(world, client, session):
         "experiment_id": experiment.json()["id"],
         "name": stack.json()["name"],
         "upgrade_id": str(upgrade.id),
+        "attempt": "1",
+        "replica": "0",
     }
     return {
         "a": a,
@@ -340,6 +342,13 @@ def test_node_and_workload_credentials_reach_only_their_own(client, matrix, sess
     # The node's own state only: there is no way to name another node.
     mine = client.get("/v1/agent/assignments", params={"wait": "0s"}, headers=auth(cred))
     assert mine.status_code == 200 and mine.json()["node"] == a_name
+    # A tenant's secrets reach only the node that starts that run: not another node's.
+    w_id = matrix["ids"]["workload_id"]
+    for attempt in (0, 1):
+        r = client.get(f"/v1/agent/runs/{w_id}/{attempt}/0/env", headers=auth(cred))
+        assert r.status_code == 409 and r.json()["code"] == "run_not_startable", r.text
+        r = client.get(f"/v1/agent/runs/{w_id}/{attempt}/0/env", headers=auth(matrix["a_key"]))
+        assert r.status_code == 401, r.text
     # A node credential is no API key, and an API key no node credential.
     for method, path in (("GET", "/v1/workloads"), ("GET", "/v1/admin/nodes")):
         r = client.request(method, path, headers=auth(cred))
@@ -375,3 +384,126 @@ def test_node_and_workload_credentials_reach_only_their_own(client, matrix, sess
     ):
         r = client.request(method, path, headers=auth(own))
         assert r.status_code == 401, (method, path, r.text)
+
+
+def test_a_node_credential_is_walled_to_its_own_runs_and_its_own_bucket(
+    client, matrix, session, monkeypatch
+):
+    """What a stolen node credential can still reach (issue 44, section 0; tests/test_node_wall.py
+    has each at length): logs of the runs its node holds only, never another attempt's; one
+    rotate per credential; no GPU UUID another node holds; a bucket and body caps of its own."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import func, select, update
+
+    from app.core.config import get_settings
+    from app.models.agents import NodeCredential
+    from app.models.fleet import Gpu, Node
+    from app.models.workloads import Allocation, Workload
+
+    op = auth(matrix["op"])
+    nodes = {n.name: n for n in session.scalars(select(Node)).all()}
+    a, b = nodes["h100-1"], nodes["h100-2"]
+
+    def join(node) -> str:
+        t = client.post(f"/v1/admin/nodes/{node.id}/join-tokens", headers=op).json()["token"]
+        return client.post("/v1/agent/join", json={"token": t}).json()["credential"]
+
+    cred_a, cred_b = join(a), join(b)
+
+    # Logs: tenant A's workload ran its first attempt on a (ended), its second runs on b.
+    w = uuid.UUID(matrix["ids"]["workload_id"])
+    now = datetime.now(UTC)
+    for node, attempt, released in ((a, 1, now), (b, 2, None)):
+        session.add(
+            Allocation(
+                workload_id=w,
+                tenant_id=matrix["a"].id,
+                node_id=node.id,
+                replica=0,
+                attempt=attempt,
+                tier="dedicated-gpu",
+                gpu_indices=[0],
+                milli=1000,
+                released_at=released,
+            )
+        )
+    session.execute(update(Workload).where(Workload.id == w).values(attempts=2))
+    session.commit()
+
+    def chunk(attempt: int, offset: int) -> dict:
+        return {
+            "workload_id": str(w),
+            "attempt": attempt,
+            "replica": 0,
+            "offset": offset,
+            "data": "x\n",
+            "at": now.isoformat(),
+        }
+
+    for cred, attempt, taken in (
+        (cred_a, 1, True),  # its own attempt's tail, after the run ended
+        (cred_a, 2, False),  # the attempt now running elsewhere
+        (cred_b, 2, True),
+        (cred_b, 1, False),  # an attempt it never held
+    ):
+        r = client.post(
+            "/v1/agent/logs", json={"chunks": [chunk(attempt, 10 * attempt)]}, headers=auth(cred)
+        )
+        assert r.status_code == 200, r.text
+        assert r.json() == {"accepted": int(taken), "stale": int(not taken)}, (attempt, r.text)
+
+    # A rotate retires the credential presented: once.
+    rotated = client.post("/v1/agent/credentials:rotate", headers=auth(cred_a))
+    assert rotated.status_code == 201, rotated.text
+    again = client.post("/v1/agent/credentials:rotate", headers=auth(cred_a))
+    assert again.status_code == 401 and again.json()["code"] == "invalid_node_credential"
+    session.expire_all()
+    live = select(func.count()).where(
+        NodeCredential.node_id == a.id, NodeCredential.revoked_at.is_(None)
+    )
+    assert session.scalar(live) == 1
+
+    # A GPU UUID the fleet records on another node is a named difference, and stays where it is.
+    session.execute(
+        update(Gpu).where(Gpu.node_id == a.id, Gpu.index == 0).values(uuid="GPU-matrix-0")
+    )
+    session.commit()
+    inventory = {
+        "hostname": b.name,
+        "source": "file",
+        "gpus": [
+            {"index": i, "uuid": "GPU-matrix-0" if i == 0 else f"GPU-b-{i}", "model": "H100-80GB"}
+            for i in range(8)
+        ],
+        "address": "h100-2.test",
+        "runtimes": ["process"],
+        "agent_version": "test",
+    }
+    r = client.put("/v1/agent/inventory", json=inventory, headers=auth(cred_b))
+    assert r.status_code == 200, r.text
+    assert r.json()["differences"] == [
+        "GPU 0 reports GPU-matrix-0, which the fleet records on node h100-1 GPU 0"
+    ]
+    session.expire_all()
+    assert session.scalar(select(Gpu.node_id).where(Gpu.uuid == "GPU-matrix-0")) == a.id
+
+    # Body caps of the agent's own, below the operator's.
+    s = get_settings()
+    for path, cap in (
+        ("/v1/agent/telemetry", s.max_agent_telemetry_bytes),
+        ("/v1/agent/logs", s.max_agent_log_bytes),
+    ):
+        assert cap < s.max_telemetry_bytes
+        r = client.post(path, content=b"#" * (cap + 1), headers=auth(cred_b))
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large", (path, r.text)
+
+    # A bucket per node: one node's agent spends its own, not another's.
+    monkeypatch.setattr(s, "agent_rate_limit", 0.05)
+    monkeypatch.setattr(s, "agent_rate_burst", 2.0)
+    monkeypatch.setattr(s, "broker_key_prefix", f"{s.broker_key_prefix}wall{uuid.uuid4().hex}:")
+    codes = [client.get("/v1/agent/node", headers=auth(cred_b)).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    assert (
+        client.get("/v1/agent/node", headers=auth(rotated.json()["credential"])).status_code == 200
+    )

@@ -19,10 +19,12 @@ from sqlalchemy.orm import Session
 from app.agents import inventory, mig
 from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
+from app.core.errors import Conflict
 from app.health import burnin, suite, telemetry
 from app.models.agents import AgentNode
 from app.models.fleet import Node
 from app.models.health import NodeHeartbeat
+from app.models.tenants import Tenant
 from app.models.workloads import Allocation, State, Workload
 from app.outbox.service import enqueue
 from app.scheduling.providers import FAILED_RUNS, get_provider
@@ -30,7 +32,14 @@ from app.tenancy.nodes import NodeCaller
 from app.tenancy.run_tokens import mint
 from app.workloads import runs as workload_runs
 from app.workloads.service import finish, interrupt_on_fault
-from rackplane_wire import Assignment, Assignments, RunReport, StatusAck, StatusReport
+from rackplane_wire import (
+    Assignment,
+    Assignments,
+    RunEnv,
+    RunReport,
+    StatusAck,
+    StatusReport,
+)
 
 RUNNING = (State.provisioning.value, State.running.value)
 # A run's placeholder when the workload names no command: it holds its GPUs (an interactive
@@ -70,6 +79,11 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
     burn = suite.active(session, caller.node_id)
     rows = session.execute(_held(caller.node_id).order_by(Allocation.workload_id)).all()
     masters = _masters(session, {w.id for _, w in rows if w.replicas > 1})
+    gids = dict(
+        session.execute(
+            select(Tenant.id, Tenant.run_gid).where(Tenant.id.in_({w.tenant_id for _, w in rows}))
+        ).all()
+    )
     devices = _devices(agent.inventory)
     now = utcnow()
     out = []
@@ -77,7 +91,6 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         local = sorted(b.replica for b, v in rows if v.id == w.id)
         gpus = _device_ids(a, devices)
         env = {
-            **(w.env or {}),
             "CUDA_VISIBLE_DEVICES": ",".join(gpus),
             "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
             "RANK": str(a.replica),
@@ -87,7 +100,6 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
             "RACKPLANE_REPLICA": str(a.replica),
             "RACKPLANE_ATTEMPT": str(w.attempts),
             "RACKPLANE_API": settings.public_api_url,
-            "RACKPLANE_TOKEN": mint(w.id, w.attempts),
         }
         if w.replicas > 1:
             env["MASTER_ADDR"] = masters.get(w.id, agent.address)
@@ -106,6 +118,9 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
                 command=list(w.command or _hold(w)),
                 image=w.image,
                 env=env,
+                fetch_env=True,
+                run_gid=gids.get(w.tenant_id),
+                tenant=str(w.tenant_id),
                 devices=gpus,
                 stop_deadline=deadline,
                 grace_s=max(0.0, (deadline - now).total_seconds()) if deadline else 30.0,
@@ -123,6 +138,37 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         burn_in=suite.wire(burn) if burn is not None else None,
         mig_layouts=mig.wanted(session, caller.node_id),
     )
+
+
+class RunNotStartable(Conflict):
+    code = "run_not_startable"
+
+
+def run_env(
+    session: Session, caller: NodeCaller, workload_id: uuid.UUID, attempt: int, replica: int
+) -> RunEnv:
+    """The secret part of a run's environment (the workload's `env`, its run token), for the
+    node that holds that run now, before it has started; a node's credential alone never
+    reads a running workload's secrets, nor any run of another node's."""
+    row = session.execute(
+        select(Allocation, Workload)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(
+            Allocation.node_id == caller.node_id,
+            Allocation.workload_id == workload_id,
+            Allocation.replica == replica,
+            Allocation.released_at.is_(None),
+            Workload.state == State.provisioning.value,
+            Workload.attempts == attempt,
+        )
+    ).first()
+    if row is None or row[0].run_state is not None:
+        raise RunNotStartable(
+            "This node does not hold that run, or it has already started: a run's environment "
+            "is given once, to the node that starts it.",
+        )
+    w = row[1]
+    return RunEnv(env={**(w.env or {}), "RACKPLANE_TOKEN": mint(w.id, w.attempts)})
 
 
 def refreshed(out: Assignments) -> Assignments:

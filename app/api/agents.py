@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 
-from fastapi import Query, Request
+from fastapi import Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.agents import inventory, runs, service
@@ -31,7 +32,14 @@ from app.models.fleet import Node
 from app.scheduling.lifecycle import agent_topic
 from app.tenancy.auth import Platform, charge_anonymous
 from app.tenancy.nodes import NodeAgent, NodeCaller
-from rackplane_wire import Assignments, Inventory, InventoryVerdict, StatusAck, StatusReport
+from rackplane_wire import (
+    Assignments,
+    Inventory,
+    InventoryVerdict,
+    RunEnv,
+    StatusAck,
+    StatusReport,
+)
 
 router = api_router(prefix="/v1/agent", tags=["agent"])
 admin = api_router(prefix="/v1/admin", tags=["admin: fleet"])
@@ -92,8 +100,9 @@ def rotate(caller: NodeAgent, session: DbSession) -> Joined:
     description=(
         "A difference (a GPU missing, another model, another MIG mode, a replaced GPU's UUID) "
         "puts a ready node in `validating`, named in its state reason, and it takes no new "
-        "work; an inventory that matches again returns it to `ready`. Assignments name "
-        "devices by the UUIDs of the latest inventory."
+        "work; an inventory that matches again returns it to `ready`. A GPU UUID the fleet "
+        "records on another node's GPU is such a difference, named with that node, and is "
+        "never moved. Assignments name devices by the UUIDs of the latest inventory."
     ),
 )
 def put_inventory(body: Inventory, caller: NodeAgent, session: DbSession) -> InventoryVerdict:
@@ -182,6 +191,27 @@ async def get_assignments(
         pubsub.hub.unregister(waiter)
 
 
+@router.get(
+    "/runs/{workload_id}/{attempt}/{replica}/env",
+    response_model=RunEnv,
+    summary="The secret part of a run's environment, for the node about to start it",
+    description=(
+        "The workload's own `env` and the run's `RACKPLANE_TOKEN`, which the node's desired "
+        "state does not carry (`fetch_env`). Answered only while this node holds that run "
+        "(that workload's replica, at that attempt) and it has not reported it started; "
+        "otherwise 409 `run_not_startable`."
+    ),
+)
+def get_run_env(
+    workload_id: uuid.UUID,
+    caller: NodeAgent,
+    session: DbSession,
+    attempt: int = Path(ge=0, le=2**31 - 1),
+    replica: int = Path(ge=0, le=100_000),
+) -> RunEnv:
+    return runs.run_env(session, caller, workload_id, attempt, replica)
+
+
 @router.post(
     "/status",
     response_model=StatusAck,
@@ -222,9 +252,9 @@ _TELEMETRY_BODY = {
 )
 async def push_telemetry(request: Request, caller: NodeAgent) -> dict:
     raw = await request.body()
-    limit = get_settings().max_telemetry_bytes
+    limit = get_settings().max_agent_telemetry_bytes
     if len(raw) > limit:
-        raise PayloadTooLarge(f"Telemetry batches are limited to {limit} bytes.")
+        raise PayloadTooLarge(f"A node's telemetry pushes are limited to {limit} bytes.")
     ctype = request.headers.get("content-type", "text/plain").split(";")[0].strip().lower()
     if ctype not in PROMETHEUS_TYPES:
         raise ValidationFailed(

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.errors import Conflict
 from app.core.schemas import paginate
-from app.models.tenants import DEFAULT_ISOLATION_POLICY, Tenant, TenantStatus
+from app.models.tenants import DEFAULT_ISOLATION_POLICY, RUN_GID_BASE, Tenant, TenantStatus
 from app.outbox.service import enqueue
 from app.tenancy.scoping import scoped_select
 from app.tenants.schemas import TenantUpdate
@@ -32,12 +33,30 @@ def create_tenant(
             str(getattr(t, "value", t)) for t in (isolation_policy or DEFAULT_ISOLATION_POLICY)
         ],
     )
-    session.add(tenant)
-    session.flush()
+    _with_run_gid(session, tenant)
     if get_settings().stripe_api_key:
         # The Stripe customer is created after commit, by a task (retried until Stripe answers).
         enqueue(session, "billing.ensure_customer", queue="billing", tenant_id=str(tenant.id))
     return tenant
+
+
+def _with_run_gid(session: Session, tenant: Tenant) -> None:
+    """Add the tenant with the next free group id; two signups racing for one take turns (the
+    unique constraint refuses the second, which tries the next)."""
+    for _ in range(20):
+        top = session.scalar(select(func.max(Tenant.run_gid)))
+        tenant.run_gid = RUN_GID_BASE if top is None else top + 1
+        try:
+            with session.begin_nested():
+                session.add(tenant)
+                session.flush()
+            return
+        except IntegrityError:
+            if session.scalar(select(Tenant.id).where(Tenant.slug == tenant.slug)):
+                raise Conflict(
+                    f"A tenant with slug '{tenant.slug}' already exists.", code="tenant_slug_taken"
+                ) from None
+    raise Conflict("Too many tenants were created at once; try again.", code="concurrent_update")
 
 
 # A tenant's status, and what its keys may do in each (app/tenancy/auth.py's

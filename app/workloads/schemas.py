@@ -255,6 +255,14 @@ class WorkloadCreate(StrictModel):
     def _runtime(self) -> WorkloadCreate:
         if self.runtime == "podman" and not self.image:
             raise ValueError("the podman runtime needs an image")
+        if self.runtime == "podman":
+            # The node hands a container its env as `NAME=value` lines.
+            broken = sorted(k for k, v in self.env.items() if "\n" in v or "\r" in v)
+            if broken:
+                raise ValueError(
+                    f"env {', '.join(broken)} holds a line break, which the podman runtime "
+                    "cannot pass to a container"
+                )
         return self
 
     @model_validator(mode="after")

@@ -1,8 +1,10 @@
-"""How a run's process is started: `process` (argv on the host) and `podman` (a container).
+"""The runtimes, as drivers (`base.Runtime`): `process` (argv on the host, as the run's own
+uid) and `podman` (a container). The runner uses their verbs (start, recover, running, exit,
+signal, destroy) and never asks which one it has.
 
-Both start the same thing, the shim (`rackplane_agent.shim`) in a new session and process group
-writing to the run's output.log, so the agent treats every run alike: signals go to the
-group, the exit is read from the exit file, and an agent restart leaves the run alone.
+Both here run a shim (`rackplane_agent.shim`) in a new session and process group writing to
+the run's output.log (`base.ShimRuntime`): signals go to the group, the exit is read from the
+exit file, and an agent restart leaves the run alone.
 """
 
 from __future__ import annotations
@@ -11,9 +13,26 @@ import os
 import shutil
 from collections.abc import Mapping
 
-from rackplane_agent.runtimes.base import Runtime, StartError, base_env
+from rackplane_agent.cgroups import Cgroups
+from rackplane_agent.runtimes.base import (
+    RunPlace,
+    Runtime,
+    RunUser,
+    ShimRuntime,
+    StartError,
+    base_env,
+)
 
-__all__ = ["Runtime", "StartError", "available", "base_env", "make"]
+__all__ = [
+    "RunPlace",
+    "RunUser",
+    "Runtime",
+    "ShimRuntime",
+    "StartError",
+    "available",
+    "base_env",
+    "make",
+]
 
 
 def available(requested: list[str] | None = None) -> list[str]:
@@ -30,13 +49,18 @@ def available(requested: list[str] | None = None) -> list[str]:
     return ["process"] + [n for n in ("podman",) if n in requested]
 
 
-def make(name: str, environ: Mapping[str, str] = os.environ) -> Runtime:
+def make(
+    name: str,
+    environ: Mapping[str, str] = os.environ,
+    max_output: int | None = None,
+    cgroups: Cgroups | None = None,
+) -> Runtime:
     if name == "process":
         from rackplane_agent.runtimes.process import ProcessRuntime
 
-        return ProcessRuntime(environ)
+        return ProcessRuntime(environ, max_output, cgroups)
     if name == "podman":
         from rackplane_agent.runtimes.podman import PodmanRuntime
 
-        return PodmanRuntime(environ)
+        return PodmanRuntime(environ, max_output)
     raise ValueError(f"unknown runtime {name!r}")

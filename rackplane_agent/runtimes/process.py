@@ -1,4 +1,6 @@
-"""The `process` runtime: the assignment's argv, run on the host under the shim."""
+"""The `process` runtime: the assignment's argv, run on the host under the shim, as the run's
+own uid in its own working directory (trusted pools only: it shares the host's kernel, files
+and network)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,21 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from rackplane_agent.runtimes.base import StartError, base_env, spawn_shim
-from rackplane_agent.state import EXIT_FILE, OUTPUT_FILE
+from rackplane_agent.cgroups import Cgroups
+from rackplane_agent.runtimes.base import RunPlace, ShimRuntime, StartError, base_env, spawn_shim
+from rackplane_agent.state import EXIT_FILE, OUTPUT_FILE, RunRecord
 from rackplane_wire import Assignment
 
 
-def run_env(assignment: Assignment, environ: Mapping[str, str]) -> dict[str, str]:
-    """A few basics from the agent's environment, then the assignment's env exactly."""
-    return {**base_env(environ), **assignment.env}
+def run_env(
+    assignment: Assignment, environ: Mapping[str, str], place: RunPlace | None = None
+) -> dict[str, str]:
+    """A few basics from the agent's environment, the run's HOME and TMPDIR, then the
+    assignment's env (which may override them)."""
+    env = base_env(environ)
+    if place is not None:
+        env.update(HOME=str(place.workdir), TMPDIR=str(place.tmp))
+    return {**env, **assignment.env}
 
 
 def resolve_command(argv0: str, path: str | None, cwd: Path) -> str:
@@ -31,29 +40,58 @@ def resolve_command(argv0: str, path: str | None, cwd: Path) -> str:
     return found
 
 
-class ProcessRuntime:
+class ProcessRuntime(ShimRuntime):
     name = "process"
 
-    def __init__(self, environ: Mapping[str, str] = os.environ):
+    def __init__(
+        self,
+        environ: Mapping[str, str] = os.environ,
+        max_output: int | None = None,
+        cgroups: Cgroups | None = None,
+    ):
         self._environ = environ
+        self._max_output = max_output
+        self._cgroups = cgroups
 
     def check(self, assignment: Assignment) -> None:
         if not assignment.command or not assignment.command[0]:
             raise StartError("the command is empty")
-        env = run_env(assignment, self._environ)
-        resolve_command(assignment.command[0], env.get("PATH"), Path("/nonexistent"))
+        path = {**base_env(self._environ), **assignment.env}.get("PATH")
+        resolve_command(assignment.command[0], path, Path("/nonexistent"))
 
-    def start(self, assignment: Assignment, run_dir: Path, cgroup: str | None) -> subprocess.Popen:
-        env = run_env(assignment, self._environ)
-        resolve_command(assignment.command[0], env.get("PATH"), run_dir)
-        return spawn_shim(
-            list(assignment.command),
-            env,
-            run_dir,
-            exit_file=run_dir / EXIT_FILE,
-            output=run_dir / OUTPUT_FILE,
-            cgroup=cgroup,
-        )
+    def launch(
+        self,
+        assignment: Assignment,
+        env: dict[str, str],
+        run_dir: Path,
+        place: RunPlace,
+        rec: RunRecord,
+    ) -> subprocess.Popen:
+        full = {**run_env(assignment, self._environ, place), **env}
+        resolve_command(assignment.command[0], full.get("PATH"), place.workdir)
+        cgroup = None
+        if self._cgroups is not None:
+            cgroup = self._cgroups.create(rec.key, assignment.cpu_milli, assignment.memory_mib)
+        try:
+            popen = spawn_shim(
+                list(assignment.command),
+                full,
+                run_dir,
+                exit_file=run_dir / EXIT_FILE,
+                output=run_dir / OUTPUT_FILE,
+                host_env=base_env(self._environ),
+                cwd=place.workdir,
+                user=place.user,
+                cgroup=cgroup,
+                max_output=self._max_output,
+            )
+        except BaseException:
+            if self._cgroups is not None:
+                self._cgroups.remove(cgroup)
+            raise
+        rec.cgroup = cgroup
+        return popen
 
-    def killed(self, assignment: Assignment) -> None:
-        pass
+    def destroy(self, rec: RunRecord) -> None:
+        if self._cgroups is not None:
+            self._cgroups.remove(rec.cgroup)

@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rackplane_agent.runusers import CLAIMS_DIR
+
 
 @pytest.fixture(autouse=True)
 def clean_db():
@@ -37,6 +39,14 @@ def _kill_leftovers(root: Path) -> None:
             os.killpg(pid, signal.SIGKILL)
         except (psutil.Error, ProcessLookupError, PermissionError):
             pass
+    # The uids its runs held on this host go back (an agent gives them back as it forgets).
+    if CLAIMS_DIR.is_dir():
+        for claim in CLAIMS_DIR.iterdir():
+            try:
+                if claim.read_text() == str(root.absolute()):
+                    claim.unlink()
+            except OSError:
+                pass
 
 
 @pytest.fixture

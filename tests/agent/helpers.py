@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rackplane_agent.client import ApiError
 from rackplane_agent.config import AgentConfig
 from rackplane_agent.runner import Agent
 from rackplane_wire import (
@@ -18,6 +19,7 @@ from rackplane_wire import (
     LogAck,
     LogBatch,
     MigInstance,
+    RunEnv,
     StatusAck,
     StatusReport,
 )
@@ -25,6 +27,9 @@ from rackplane_wire import (
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
 PY = sys.executable
+# What a run with a uid of its own runs Python with: the test's own interpreter may lie under a
+# directory other users cannot enter (/root, a 0700 virtual environment).
+SYSTEM_PY = "/usr/bin/python3"
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
 MIG0 = "MIG-00000000-0000-0000-0000-0000000000aa"
@@ -63,6 +68,8 @@ def config(state_dir: Path, **overrides: Any) -> AgentConfig:
         backoff_max=0.2,
         request_timeout=3.0,
         cgroups=False,
+        # Runs as this test's user: the wall between runs has tests of its own (test_wall.py).
+        run_uids=None,
     )
     values.update(overrides)
     return AgentConfig(**values)
@@ -100,7 +107,17 @@ class FakeClient:
         self.batches: list[LogBatch] = []
         self.fail_status: list[Exception] = []
         self.fail_logs: list[Exception] = []
+        # The secret env the control plane gives each workload's run as it starts.
+        self.secret_env: dict[str, dict[str, str]] = {}
+        self.env_fetches: list[tuple[str, int, int]] = []
         self.lock = threading.Lock()
+
+    def run_env(self, workload_id: str, attempt: int, replica: int, **_: Any) -> RunEnv:
+        with self.lock:
+            self.env_fetches.append((workload_id, attempt, replica))
+            if workload_id not in self.secret_env:
+                raise ApiError(409, "run_not_startable", "not held", "/runs")
+            return RunEnv(env=self.secret_env[workload_id])
 
     def status(self, report: StatusReport, **_: Any) -> StatusAck:
         with self.lock:
@@ -149,6 +166,16 @@ def step_until(agent_: Agent, predicate, timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(interval)
+
+
+def open_dir(prefix: str = "rp-test-") -> Path:
+    """A directory every uid can traverse (not list): where runs with their own uid work.
+    pytest's tmp_path lies under a 0700 directory that such a run could not enter."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o711)
+    return path
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import psutil
 
@@ -69,12 +70,14 @@ def test_a_run_starts_reports_running_then_its_exit_with_a_tail(state_dir):
     assert run.exit_code == 4 and run.signal is None and run.stopped is False
     assert len(run.tail) == 20 and run.tail[-1] == "x" * 500 and run.tail[0] == "line 13"
     rec = a.runs[f"{W1}.0.0"]
-    assert f"cwd {rec.run_dir}" in run.tail
-    # The agent adds only basics to the assignment's env (PYTHONPATH only when it has one).
+    # It works in its own directory, outside the agent's state directory.
+    assert f"cwd {rec.workdir}" in run.tail
+    assert state_dir not in Path(rec.workdir).parents and rec.run_dir != Path(rec.workdir)
+    # The agent adds only basics to the assignment's env, and the run's HOME and TMPDIR.
     env_line = next(line for line in run.tail if line.startswith("env "))
     keys = set(eval(env_line[4:]))
     assert "RACKPLANE_WORKLOAD_ID" in keys
-    assert keys <= {"PATH", "HOME", "LANG", "TZ", "PYTHONPATH", "RACKPLANE_WORKLOAD_ID"}
+    assert keys <= {"PATH", "HOME", "TMPDIR", "LANG", "TZ", "RACKPLANE_WORKLOAD_ID"}
     # Reaped: no zombie left behind.
     assert not [c for c in psutil.Process().children() if c.pid == run.pid]
     a.close()
@@ -383,4 +386,65 @@ def test_logs_are_shipped_at_byte_offsets_and_404_stops_them(state_dir):
     assert a.ship_logs() is False
     assert a._logs_enabled is False
     assert a.ship_logs() is False and client.output(W2) == ""
+    a.close()
+
+
+class _RecordingDriver:
+    """A runtime that is no process at all: it records the verbs the runner calls."""
+
+    name = "process"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.up = False
+
+    def check(self, assignment) -> None:
+        self.calls.append("check")
+
+    def start(self, rec, assignment, env, place) -> None:
+        self.calls.append("start")
+        self.up = True
+        rec.pid = 4_000_000  # no such process: only this driver knows what runs
+
+    def recover(self, rec) -> bool:
+        self.calls.append("recover")
+        return self.up
+
+    def running(self, rec) -> bool:
+        return self.up
+
+    def exit(self, rec):
+        self.calls.append("exit")
+        return {
+            "exit_code": None,
+            "signal": "SIGTERM",
+            "at": datetime.now().astimezone().isoformat(),
+        }
+
+    def signal(self, rec, sig) -> bool:
+        self.calls.append(signal.Signals(sig).name)
+        if sig == signal.SIGTERM:
+            self.up = False
+        return True
+
+    def destroy(self, rec) -> None:
+        self.calls.append("destroy")
+
+
+def test_the_runner_drives_any_runtime_through_its_verbs(state_dir):
+    """Nomad's driver verbs: the runner starts, watches, signals, reads the exit of and
+    destroys a run only through its runtime, whatever the runtime does underneath."""
+    client = FakeClient()
+    a = agent(state_dir, client)
+    driver = _RecordingDriver()
+    a._runtimes["process"] = driver
+    run = assignment(W1, ["anything"], checkpoint_requests=0)
+    a.set_assignments(assignments(run))
+    step_until(a, lambda: (r := client.last(W1)) and r.state == "running")
+    a.set_assignments(assignments(run.model_copy(update={"checkpoint_requests": 1}), index=2))
+    step_until(a, lambda: "SIGUSR1" in driver.calls)
+    a.set_assignments(assignments(index=3))  # no longer assigned: stopped, then forgotten
+    step_until(a, lambda: f"{W1}.0.0" not in a.runs)
+    assert driver.calls == ["check", "start", "SIGUSR1", "SIGTERM", "exit", "destroy"]
+    assert client.last(W1).state == "exited" and client.last(W1).signal == "SIGTERM"
     a.close()

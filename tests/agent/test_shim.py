@@ -10,19 +10,22 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from rackplane_agent.runtimes.base import spawn_shim
 from tests.agent.helpers import python, wait_until
 
 
-def _shim(tmp_path, code: str) -> subprocess.Popen:
+def _shim(tmp_path, code: str, **kw) -> subprocess.Popen:
     return spawn_shim(
         python(code),
         {"PATH": os.environ["PATH"]},
         tmp_path,
         exit_file=tmp_path / "exit.json",
         output=tmp_path / "output.log",
+        host_env={"PATH": os.environ["PATH"]},
+        **kw,
     )
 
 
@@ -74,19 +77,44 @@ def test_group_signals_reach_the_child_not_the_shim(tmp_path):
     assert _exit(tmp_path)["exit_code"] == 5
 
 
-def test_child_pythonpath_is_restored(tmp_path):
+def test_the_child_gets_its_env_and_the_launch_file_is_gone(tmp_path):
+    """The shim finds itself through PYTHONPATH; the child gets exactly its launch's env, and
+    the launch file (which holds its secrets) is removed as soon as the shim has read it."""
+    code = "import os; print(sorted(os.environ.items()))"
     p = spawn_shim(
-        python("import os; print(repr(os.environ.get('PYTHONPATH')))"),
-        {"PATH": os.environ["PATH"]},
+        python(code),
+        {"PATH": os.environ["PATH"], "SECRET": "s3cret"},
         tmp_path,
         exit_file=tmp_path / "exit.json",
         output=tmp_path / "output.log",
+        host_env={"PATH": os.environ["PATH"]},
     )
     assert p.wait(10) == 0
-    assert (tmp_path / "output.log").read_text().strip() == "None"
+    env = dict(eval((tmp_path / "output.log").read_text()))
+    assert env.pop("SECRET") == "s3cret" and "PYTHONPATH" not in env
+    assert set(env) <= {"PATH", "LC_CTYPE"}
+    assert not (tmp_path / "launch.json").exists()
+    assert "s3cret" not in " ".join(psutil.Process().cmdline())
+
+
+def test_output_is_bounded_and_keeps_the_newest(tmp_path):
+    """A run cannot fill the node's disk: past the cap, only the newest 64 KiB are kept."""
+    code = (
+        "import sys\n"
+        "for i in range(20000): sys.stdout.write(f'line {i:06d} ' + 'x' * 90 + '\\n')\n"
+        "print('the end')\n"
+    )
+    p = _shim(tmp_path, code, max_output=256 * 1024)
+    assert p.wait(30) == 0
+    data = (tmp_path / "output.log").read_bytes()
+    assert 256 * 1024 < len(data) < 256 * 1024 + 64 * 1024 + 1024  # 2 MB were written
+    assert data.startswith(b"line 000000 ")
+    assert b"output past 262144 bytes is not kept" in data
+    assert data.rstrip().endswith(b"the end") and b"line 019999 " in data
 
 
 def test_command_not_found(tmp_path):
+    (tmp_path / "launch.json").write_text(json.dumps({"argv": ["/nonexistent/binary"]}))
     p = subprocess.Popen(
         [
             sys.executable,
@@ -94,8 +122,8 @@ def test_command_not_found(tmp_path):
             "rackplane_agent.shim",
             "--exit-file",
             str(tmp_path / "x.json"),
-            "--",
-            "/nonexistent/binary",
+            "--launch",
+            str(tmp_path / "launch.json"),
         ],
         stderr=subprocess.PIPE,
     )

@@ -144,15 +144,23 @@ def test_cli_cannot_start_without_a_token_or_an_inventory(tmp_path):
         "http://127.0.0.1:9",
         "--state-dir",
         str(tmp_path / "s"),
+        "--same-user",
         "--inventory",
         str(inventory),
         env={"RACKPLANE_JOIN_TOKEN": ""},
     )
     _, err = p.communicate(timeout=20)
     assert p.returncode == 2 and "--token" in err and "RACKPLANE_JOIN_TOKEN" in err
-    p = _cli("--api", "http://127.0.0.1:9", "--state-dir", str(tmp_path / "s"), "--token", "rpj_x")
+    p = _cli(
+        "--api", "http://127.0.0.1:9", "--state-dir", str(tmp_path / "s"), "--same-user",
+        "--token", "rpj_x",
+    )  # fmt: skip
     _, err = p.communicate(timeout=20)
     assert p.returncode == 2 and "--inventory" in err
+    if os.geteuid() == 0:  # a uid per run: its directory must be reachable by that uid
+        p = _cli("--api", "http://127.0.0.1:9", "--state-dir", str(tmp_path / "s"), "--token", "x")
+        _, err = p.communicate(timeout=20)
+        assert p.returncode == 2 and "not searchable by other users" in err, err
 
 
 def test_cli_restart_adopts_then_a_revoked_credential_exits_3(cp, state_dir, tmp_path):
@@ -163,6 +171,7 @@ def test_cli_restart_adopts_then_a_revoked_credential_exits_3(cp, state_dir, tmp
         cp.url,
         "--state-dir",
         str(state_dir),
+        "--same-user",
         "--inventory",
         str(inventory),
         "--poll-wait",
