@@ -60,6 +60,9 @@ def pytest_configure(config: pytest.Config) -> None:
             "RACKPLANE_SEED_DEMO": "false",
             # Tests drive MIG re-layouts themselves (miglayout.advance), never by the beat.
             "RACKPLANE_MIG_RELAYOUT": "false",
+            # Test fleets name no pools: `process` runs on every agent's node (its own uid per
+            # run); tests/test_node_wall.py checks the pool rule with its own setting.
+            "RACKPLANE_PROCESS_POOLS": "*",
             # PostgreSQL refuses to start without the server secrets.
             "RACKPLANE_KEY_PEPPER": f"test-pepper-{RUN_ID}-{secrets.token_hex(8)}",
             "RACKPLANE_SECRET_KEY": f"test-secret-{RUN_ID}-{secrets.token_hex(8)}",

@@ -325,3 +325,63 @@ def test_agent_pushes_have_their_own_body_caps(client, world):
     assert 9 * len(out) > s.max_agent_log_bytes
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large", r.text[:300]
 
+
+# --- `process` work only where the operator trusts it --------------------------------------------
+
+POOLED = """
+regions:
+  - name: r1
+    racks:
+      - name: shared
+        kind: hgx
+        gpu_model: H100-80GB
+        pool: shared
+        nodes:
+          - {name: s-1, gpus: 4}
+      - name: trusted
+        kind: hgx
+        gpu_model: H100-80GB
+        pool: trusted
+        nodes:
+          - {name: t-1, gpus: 4}
+"""
+
+
+def test_process_work_runs_only_in_trusted_pools_and_where_its_runtime_is(
+    client, world, session, monkeypatch
+):
+    """A node's agent says what it can run; the snapshot placement reads offers `process` only
+    in the pools RACKPLANE_PROCESS_POOLS names (a tenant's bare process never lands beside
+    another tenant's on a shared node), and follows a new inventory (the fleet version moves)."""
+    from app.core.config import get_settings
+    from app.models.fleet import Node
+    from app.scheduling.snapshot import world_of
+
+    world.fleet(POOLED)
+    op = world.key()
+    for name in ("s-1", "t-1"):
+        cred = _join(client, op, name)
+        inv = {
+            **_inventory(name),
+            "runtimes": ["process", "podman"],
+            "capabilities": ["run-uids"],
+        }
+        assert _bring_up(client, cred, inv).status_code == 200
+    session.expire_all()
+    offers = dict(session.execute(select(Node.name, Node.agent_offers)).all())
+    assert offers == {"s-1": ["podman", "process", "run-uids"], "t-1": offers["t-1"]}
+
+    monkeypatch.setenv("RACKPLANE_PROCESS_POOLS", "trusted")
+    get_settings.cache_clear()
+    try:
+        seen = {s.name: s.runtimes for s in world_of(session, "r1").specs}
+        assert seen == {"s-1": frozenset({"podman"}), "t-1": frozenset({"process", "podman"})}
+        # The shared node's agent stops offering podman: the next snapshot knows at once.
+        cred = _join(client, op, "s-1")
+        assert _bring_up(client, cred, _inventory("s-1")).status_code == 200
+        session.commit()
+        seen = {s.name: s.runtimes for s in world_of(session, "r1").specs}
+        assert seen["s-1"] == frozenset()
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()

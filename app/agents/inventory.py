@@ -87,6 +87,9 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     row.address = inv.address
     row.agent_version = inv.agent_version
     row.runtimes = list(inv.runtimes)
+    offers = sorted(set(inv.runtimes) | ({"run-uids"} & set(inv.capabilities)))
+    if node.agent_offers != offers:
+        node.agent_offers = offers  # the region's fleet version moves with the node row
     row.inventory = document
     row.differences = diff
     row.inventory_at = now

@@ -38,6 +38,8 @@ def prepare() -> str | None:
         if node is None:
             apply_document(session, document.load(FLEET.read_text()))
             node = session.scalar(select(Node).where(Node.name == NODE))
+        elif node.pool is None:  # added before it had a pool: the one its work may run in
+            node.pool = "local"
         live = session.scalar(
             select(NodeCredential.id).where(
                 NodeCredential.node_id == node.id, NodeCredential.revoked_at.is_(None)
@@ -56,7 +58,9 @@ def start(api: str) -> subprocess.Popen:
     state = state_dir()
     state.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "rackplane_agent", "--api", api, "--state-dir", str(state)]
-    argv += ["--inventory", str(INVENTORY), "--address", "127.0.0.1"]
+    # The embedded default's node is this machine, its one user's: runs run as that user (the
+    # node says so, and it is no wall between tenants; a real node's agent runs as root).
+    argv += ["--inventory", str(INVENTORY), "--address", "127.0.0.1", "--same-user"]
     env = None
     if token:
         env = {**os.environ, "RACKPLANE_JOIN_TOKEN": token}  # not on its command line

@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     max_agent_log_bytes: int = Field(
         default=2 * 1_048_576, gt=0, alias="RACKPLANE_MAX_AGENT_LOG_BYTES"
     )
+    # The pools whose agents' nodes may run the `process` runtime (comma-separated; `*`: every
+    # pool): the operator's word that those nodes are trusted or single-tenant. Elsewhere a
+    # tenant's work runs in a container (or a VM), never as a bare process beside another
+    # tenant's. `local` is the embedded default's local-0.
+    process_pools: str = Field(default="local", alias="RACKPLANE_PROCESS_POOLS")
     public_api_url: str = Field(default="http://127.0.0.1:8000", alias="RACKPLANE_PUBLIC_API_URL")
     # `rackplane up` adds the local node local-0 and runs its agent (the embedded walkthrough).
     local_agent: bool = Field(default=True, alias="RACKPLANE_LOCAL_AGENT")

@@ -118,6 +118,11 @@ class Node(TimestampMixin, Base):
     )
     drift: Mapped[list] = mapped_column(JSON, default=list, server_default="[]")
     cuda_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # What its node agent can run (its runtimes, and `run-uids` when each run has a uid of its
+    # own), as its last inventory said; None: no agent (the simulated provider runs anything).
+    # Placement puts work only where its runtime is offered (and `process` only in the pools
+    # the operator trusts with it: RACKPLANE_PROCESS_POOLS).
+    agent_offers: Mapped[list | None] = mapped_column(JSON, default=None)
     # When its first burn-in passed (bring-up done; none for nodes without an agent).
     production_at: Mapped[datetime | None] = mapped_column(default=None)
     rack: Mapped[Rack] = relationship(back_populates="nodes")

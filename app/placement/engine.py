@@ -69,7 +69,7 @@ class Plan:
         self.snapshot.commit()
 
 
-NO_SOFTWARE = "no node runs the software it asks for"
+NO_SOFTWARE = "no node runs the software it asks for (its stack, CUDA version or runtime)"
 
 
 class Engine:
@@ -125,14 +125,19 @@ class Engine:
 
     def software_ok(self, req: Request, stack: int | None = None) -> set[int] | None:
         """The nodes whose software may run `req` (None: any node): its stack if it asks for
-        one, at least its CUDA version, and for a gang (more than one replica) no drifted node
-        and only nodes of `stack`. A request that asks for nothing costs nothing here."""
+        one, at least its CUDA version, its runtime, and for a gang (more than one replica) no
+        drifted node and only nodes of `stack`. A request that asks for nothing costs nothing
+        here."""
         s = self.snap
         gang = req.replicas > 1
-        if req.stack is None and not req.min_cuda and not (gang and s.any_drifted):
+        bound = req.runtime is not None and s.any_runtime_bound
+        if req.stack is None and not req.min_cuda and not (gang and s.any_drifted) and not bound:
             if stack is None:
                 return None
         mask = np.ones(len(s.node_names), np.bool_)
+        if bound:
+            assert req.runtime is not None
+            mask &= s.runtime_mask(req.runtime)
         if req.stack is not None:
             sid = s.stack_id.get(req.stack)
             if sid is None or not req.stack:

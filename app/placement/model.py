@@ -95,6 +95,8 @@ class Request:
     # Software it needs: nodes running this stack, or at least this CUDA version (12040: 12.4).
     stack: str | None = None
     min_cuda: int = 0
+    # How its replicas run on a node (`process`, `podman`): only nodes offering it (None: any).
+    runtime: str | None = None
 
     def validate(self) -> None:
         s, unit = self.shape, TIERS[self.tier].unit

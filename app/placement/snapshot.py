@@ -63,6 +63,8 @@ class NodeSpec:
     # Its GPUs change MIG mode only through a relayout (a node agent's), never as a side
     # effect of placing MIG work on an idle whole GPU.
     fixed_mig: bool = False
+    # The runtimes work may use here (`process`, `podman`); None: any (no agent decides).
+    runtimes: frozenset[str] | None = None
 
 
 @dataclass
@@ -151,7 +153,18 @@ class Snapshot:
         self.node_drifted = np.array([s.drifted for s in nodes], np.bool_)
         self.any_drifted = bool(self.node_drifted.any())
         self.node_cuda = np.array([s.cuda for s in nodes], np.int32)
+        self.node_runtimes = [s.runtimes for s in nodes]
+        self.any_runtime_bound = any(r is not None for r in self.node_runtimes)
+        self._runtime_masks: dict[str, np.ndarray] = {}
         self.node_fixed_mig = np.array([s.fixed_mig for s in nodes], np.bool_)
+
+    def runtime_mask(self, runtime: str) -> np.ndarray:
+        """The nodes where a run of `runtime` may go (those that name no runtimes: any)."""
+        mask = self._runtime_masks.get(runtime)
+        if mask is None:
+            mask = np.array([r is None or runtime in r for r in self.node_runtimes], np.bool_)
+            self._runtime_masks[runtime] = mask
+        return mask
 
     def _init_gpus(self, nodes: list[NodeSpec]) -> None:
         """Per (node, GPU slot): presence, free milli and memory, health, speed, MIG, tenancy."""

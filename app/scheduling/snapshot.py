@@ -81,7 +81,23 @@ def request_of(w: Workload) -> Request:
         avoid=avoid,
         stack=w.stack,
         min_cuda=w.min_cuda or 0,
+        runtime=w.runtime,
     )
+
+
+def node_runtimes(node: Node, process_pools: frozenset[str]) -> frozenset[str] | None:
+    """The runtimes work may use on `node`: what its agent offers, `process` only in a pool the
+    operator trusts with it (`*`: every pool); None for a node no agent runs (anything)."""
+    if node.agent_offers is None:
+        return None
+    offers = set(node.agent_offers) & {"process", "podman"}
+    if "*" not in process_pools and (node.pool or "") not in process_pools:
+        offers.discard("process")
+    return frozenset(offers)
+
+
+def process_pools() -> frozenset[str]:
+    return frozenset(p.strip() for p in get_settings().process_pools.split(",") if p.strip())
 
 
 @dataclass
@@ -160,6 +176,7 @@ def read_world(session: Session, region: str) -> World | None:
         gpus.setdefault(g.node_id, []).append(g)
     specs = []
     now, tau = utcnow(), get_settings().perf_decay_seconds
+    trusted = process_pools()
     for node, rack, block in rows:
         gs = gpus.get(node.id, [])
         specs.append(
@@ -190,6 +207,7 @@ def read_world(session: Session, region: str) -> World | None:
                 stack=stacks.get(node.stack_id) if node.stack_id else None,
                 drifted=bool(node.drift),
                 cuda=node.cuda_version or 0,
+                runtimes=node_runtimes(node, trusted),
             )
         )
     return World(

@@ -87,3 +87,31 @@ def test_without_stacks_nothing_changes():
     declared = [replace(n, stack="s1", cuda=12040) for n in base]
     two = Engine(snap(declared), make_policy("rackplane", seed=7)).place(reqs)
     assert [b.__dict__ for b in one.bindings] == [b.__dict__ for b in two.bindings]
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_work_goes_only_where_its_runtime_is_offered(policy):
+    """A node's agent says what it can run (and `process` only in pools the operator trusts
+    with it): a `process` replica never lands on a node offering only containers, and a node
+    no agent runs (None) takes any."""
+    s = snap(
+        replace(spec("containers"), runtimes=frozenset({"podman"})),
+        replace(spec("trusted"), runtimes=frozenset({"process", "podman"})),
+        spec("simulated"),
+    )
+    eng = Engine(s, make_policy(policy, seed=1))
+    asks = [
+        replace(whole("proc", 8), runtime="process"),
+        replace(whole("proc-2", 8), runtime="process"),
+        replace(whole("proc-3", 8), runtime="process"),
+        replace(whole("ctr", 8), runtime="podman"),
+    ]
+    p1, p2, p3, ctr = eng.place(asks).outcomes
+    assert {p1.bindings[0].node, p2.bindings[0].node} == {"trusted", "simulated"}
+    assert not p3.placed and p3.reason == "no capacity"
+    assert ctr.bindings[0].node == "containers"
+    only_containers = snap(replace(spec("c"), runtimes=frozenset({"podman"})))
+    refused = Engine(only_containers, make_policy(policy, seed=1)).place(
+        [replace(whole("proc", 1), runtime="process")]
+    )
+    assert refused.outcomes[0].reason == NO_SOFTWARE
