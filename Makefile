@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test install services openapi lint clean portal chromium ha-engines ha ha-down
+.PHONY: run test install services openapi lint clean portal chromium ha-engines ha ha-down \
+	container-engines
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +38,11 @@ chromium:
 ha-engines:
 	bash scripts/ensure-ha.sh
 
+# podman, runc, catatonit, netavark, busybox-static ... for the `container` tier's tests
+# (tests/agent/test_container_wall.py), and /etc/subuid's range for --userns=auto.
+container-engines:
+	bash scripts/ensure-podman.sh
+
 # The high-availability topology on this machine (docs/ha.md): Patroni, Sentinel, two API
 # processes, two workers and a beat, left running; `make ha-down` stops it.
 ha: install ha-engines
@@ -46,7 +52,7 @@ ha: install ha-engines
 ha-down:
 	$(BIN)/python -m rackplane_bench.ha down --dir .ha
 
-test: install services portal chromium ha-engines lint
+test: install services portal chromium ha-engines container-engines lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 openapi: install

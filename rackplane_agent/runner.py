@@ -408,7 +408,8 @@ class Agent:
             rec.exit_file.unlink(missing_ok=True)
             try:
                 in_use = {r.uid for r in self._runs.values() if r.uid is not None}
-                place = self._users.take(run_dir.name, in_use, a.run_gid)
+                runtime = self._runtimes[a.runtime]
+                place = self._users.take(run_dir.name, in_use, a.run_gid, runtime.own_uid)
                 rec.uid = place.user.uid if place.user else None
                 rec.workdir = str(place.workdir)
                 self._runtimes[a.runtime].start(rec, a, secret, place)

@@ -144,11 +144,13 @@ class RunUsers:
                 busy.add(uids.real)
         return busy
 
-    def take(self, name: str, in_use: set[int], gid: int | None = None) -> RunPlace:
+    def take(
+        self, name: str, in_use: set[int], gid: int | None = None, own_uid: bool = True
+    ) -> RunPlace:
         """A uid no run holds (nor any process still has), and the run's own directory; the
         run's gid is its tenant's (`gid`) or, without one, its uid's number."""
         user = None
-        if self.uid_range is not None:
+        if self.uid_range is not None and own_uid:
             first, last = self.uid_range
             taken = in_use | self._busy_uids()
             uid = next(

@@ -103,7 +103,9 @@ CASES: dict[str, Case] = {
     ),
     # The node agent's own program: with no NVML here and no inventory, it cannot start (2).
     "agent": Case(
-        "agent --api http://127.0.0.1:9 --state-dir {tmp}/agent", code=2, says="no GPU inventory"
+        "agent --api http://127.0.0.1:9 --state-dir {tmp}/agent --same-user",
+        code=2,
+        says="no GPU inventory",
     ),
     "tenants create": Case(
         "tenants create --name Acme --slug acme --email ops@acme.io",

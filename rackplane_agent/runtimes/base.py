@@ -71,6 +71,9 @@ class Runtime(Protocol):
     never asking which runtime it has."""
 
     name: str
+    # Whether the run's processes take the run's own host uid (a container's or a VM's are
+    # walled by their namespaces or their hypervisor instead, and take none).
+    own_uid: bool
 
     def check(self, assignment: Assignment) -> None:
         """Raise StartError when the assignment cannot be started by this runtime."""
@@ -117,6 +120,7 @@ class ShimRuntime:
     by the shim's pid and start time, the exit from its exit file, signals to its group."""
 
     name = "shim"
+    own_uid = True
 
     def check(self, assignment: Assignment) -> None:
         raise StartError(f"the {self.name} runtime cannot start runs")

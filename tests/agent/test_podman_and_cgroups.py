@@ -7,7 +7,13 @@ import logging
 import pytest
 
 from rackplane_agent import cgroups, logs, runtimes
-from rackplane_agent.runtimes.podman import ENV_FD, container_name, podman_argv
+from rackplane_agent.runtimes.podman import (
+    ENV_FD,
+    container_name,
+    podman_argv,
+    tenant_network,
+    wall_leads,
+)
 from rackplane_agent.runtimes.process import resolve_command
 from tests.agent.helpers import GPU0, MIG0, assignment
 
@@ -25,15 +31,25 @@ def test_podman_argv():
         cpu_milli=2500,
         memory_mib=4096,
         grace_s=12.5,
+        tenant="t-0001",
     )
+    network = tenant_network("t-0001")
     assert podman_argv(a) == [
         "podman", "run", "--rm", "--name", "rp-wl-1-2-1",
         "--label", "rackplane.workload=wl-1",
         "--label", "rackplane.attempt=2",
         "--label", "rackplane.replica=1",
+        "--label", "rackplane.tenant=t-0001",
         "--device", f"nvidia.com/gpu={GPU0}",
         "--device", f"nvidia.com/gpu={MIG0}",
         "--env-file", f"/dev/fd/{ENV_FD}",
+        "--userns=auto:size=65536",
+        "--security-opt", "no-new-privileges",
+        "--cap-drop", "all",
+        "--init",
+        "--pids-limit", "16384",
+        "--network", network,
+        "--pull", "missing",
         "--cpus", "2.5", "--memory", "4096m",
         "--stop-timeout", "13",
         "--", "registry.example/train:1", "python", "train.py", "--steps", "10",
@@ -46,6 +62,32 @@ def test_podman_argv_minimal_and_refusals():
     argv = podman_argv(a)
     assert argv[-2:] == ["--", "img"] and "--cpus" not in argv and "--memory" not in argv
     assert container_name(a) == "rp-w_1_x-0-0"
+    # No tenant: no network at all, and no tenant label. The boundary is there all the same.
+    assert argv[argv.index("--network") + 1] == "none"
+    assert not [x for x in argv if x.startswith("rackplane.tenant")]
+    assert {"--userns=auto:size=65536", "no-new-privileges", "--init"} <= set(argv)
+    assert argv[argv.index("--cap-drop") + 1] == "all"
+    assert "--read-only" not in argv  # the wire cannot ask for it yet
+
+
+def test_tenant_networks_are_named_by_a_digest():
+    a, b = tenant_network("t-0001"), tenant_network("t-0002")
+    assert a is not None and b is not None and a != b
+    assert a == tenant_network("t-0001") and len(a) == len("rp-tenant-") + 16
+    assert a.startswith("rp-tenant-") and "t-0001" not in a
+    assert tenant_network(None) is None
+
+
+def test_the_tenant_wall_must_come_before_any_accept_in_forward():
+    wall, iso = "-A FORWARD -j RACKPLANE_TENANT_WALL", "-A FORWARD -j NETAVARK_ISOLATION_1"
+    netavark = (
+        '-A FORWARD -m comment --comment "netavark firewall plugin rules" -j NETAVARK_FORWARD'
+    )
+    assert wall_leads([wall, netavark])
+    assert wall_leads([iso, wall, netavark])  # netavark puts its isolation jump on top
+    assert not wall_leads([netavark, wall])  # an ACCEPT could come first: insert again on top
+    assert not wall_leads([iso, netavark]) and not wall_leads([])
+    assert not wall_leads(["-A FORWARD -j ACCEPT", wall])
     with pytest.raises(runtimes.StartError, match="image"):
         podman_argv(assignment("w", ["x"], runtime="podman"))
 

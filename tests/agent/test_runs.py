@@ -393,6 +393,7 @@ class _RecordingDriver:
     """A runtime that is no process at all: it records the verbs the runner calls."""
 
     name = "process"
+    own_uid = False
 
     def __init__(self) -> None:
         self.calls: list[str] = []
