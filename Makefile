@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
 .PHONY: run test install services openapi lint clean portal chromium ha-engines ha ha-down \
-	container-engines
+	container-engines vm-engines
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ ha-engines:
 container-engines:
 	bash scripts/ensure-podman.sh
 
+# QEMU and a Debian kernel (unpacked, not installed) for the `vm` runtime's tests
+# (tests/agent/test_vm.py builds its guest from them).
+vm-engines:
+	bash scripts/ensure-qemu.sh
+
 # The high-availability topology on this machine (docs/ha.md): Patroni, Sentinel, two API
 # processes, two workers and a beat, left running; `make ha-down` stops it.
 ha: install ha-engines
@@ -52,7 +57,7 @@ ha: install ha-engines
 ha-down:
 	$(BIN)/python -m rackplane_bench.ha down --dir .ha
 
-test: install services portal chromium ha-engines container-engines lint
+test: install services portal chromium ha-engines container-engines vm-engines lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 openapi: install

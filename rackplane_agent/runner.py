@@ -208,6 +208,8 @@ class Agent:
         )
         self.inventory = self._capable(self.inventory)
         self._device_ids = inventory_mod.device_ids(self.inventory)
+        for runtime in self._runtimes.values():
+            runtime.use_inventory(self.inventory)  # a VM's GPUs by PCI bus id
         self._burnin = BurnInRunner(
             self.state.root / "burn-in", [g.uuid for g in self.inventory.gpus]
         )
@@ -347,6 +349,7 @@ class Agent:
         caps: list[Any] = ["mig-layout"] if self._mig is not None and self._mig.able else []
         if self._users.isolating:
             caps.append("run-uids")
+        caps += [c for runtime in self._runtimes.values() for c in runtime.capabilities()]
         return inventory.model_copy(update={"capabilities": caps})
 
     def _changed(self, rec: RunRecord) -> None:
@@ -783,6 +786,8 @@ class Agent:
             )
         self.inventory = fresh
         self._device_ids = inventory_mod.device_ids(fresh)
+        for runtime in self._runtimes.values():
+            runtime.use_inventory(fresh)
         return fresh
 
     def _send_inventory(self, retry: dict[str, Any]) -> None:

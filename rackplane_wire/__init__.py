@@ -42,7 +42,20 @@ WORKLOAD = r"^[A-Za-z0-9-]{1,64}$"
 SIGNAL = r"^SIG[A-Z0-9]{1,12}$"
 MAX_INT = 2**53 - 1  # what JSON carries exactly
 
-RuntimeName = Literal["process", "podman"]
+# `process` (argv on the host), `podman` (a container), `vm` (a QEMU/KVM virtual machine booted
+# from the workload's disk image; `Assignment.confidential` makes it a confidential VM).
+RuntimeName = Literal["process", "podman", "vm"]
+# An OpenSSH public key line: its type, its base64 blob, an optional comment (never a private
+# key, never more than one line).
+SSH_PUBLIC_KEY = (
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
+    r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}( [^\x00-\x1f\x7f]*)?$"
+)
+# A host name (RFC 1123): dot-separated labels of letters, digits and inner hyphens.
+_HOST_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = rf"^{_HOST_LABEL}(\.{_HOST_LABEL})*$"
+# The confidential-computing technologies a `vm` run may ask for.
+Confidential = Literal["sev-snp", "tdx"]
 # What the control plane wants of a run: started and kept running, or stopped (SIGTERM to its
 # process group, then SIGKILL at `stop_deadline`).
 Desired = Literal["run", "stop"]
@@ -90,8 +103,9 @@ class MigInstance(_Wire):
 
 # What an agent can do beyond running work: `mig-layout` (it applies MIG layouts); `run-uids`
 # (each `process` run has a uid of its own: without it, runs share the agent's user and the
-# node is no wall between tenants).
-Capability = Literal["mig-layout", "run-uids"]
+# node is no wall between tenants); `sev-snp`, `tdx` (its `vm` runtime can launch confidential
+# VMs with that technology: the host's kernel and QEMU both offer it).
+Capability = Literal["mig-layout", "run-uids", "sev-snp", "tdx"]
 
 
 class MigSlot(_Wire):
@@ -215,6 +229,31 @@ class Assignment(_Wire):
     # Memory and CPU the run was allocated (cgroup v2 limits where the host allows them).
     cpu_milli: int = Field(0, ge=0)
     memory_mib: int = Field(0, ge=0)
+    # --- `vm` runs (ignored by the other runtimes) ---
+    ssh_keys: list[Annotated[str, Field(max_length=16_384, pattern=SSH_PUBLIC_KEY)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="The tenant's SSH public keys (OpenSSH lines), given to the VM's default "
+        "user through its cloud-init NoCloud seed",
+    )
+    hostname: str | None = Field(
+        None,
+        max_length=63,
+        pattern=HOSTNAME,
+        description="The VM's host name (cloud-init `local-hostname`); None: `rp-<workload id>`",
+    )
+    ssh_port: int | None = Field(
+        None,
+        ge=1,
+        le=65_535,
+        description="The node's TCP port forwarded to the VM's SSH port (22), on every address "
+        "of the node; None: nothing reaches the VM from outside",
+    )
+    confidential: Confidential | None = Field(
+        None,
+        description="Launch the VM as a confidential guest with this technology (the "
+        "`confidential-vm` tier); refused by a host whose agent does not advertise it",
+    )
 
 
 class BurnInStep(_Wire):

@@ -1,8 +1,8 @@
 """The runtimes, as drivers (`base.Runtime`): `process` (argv on the host, as the run's own
-uid) and `podman` (a container). The runner uses their verbs (start, recover, running, exit,
-signal, destroy) and never asks which one it has.
+uid), `podman` (a container) and `vm` (a QEMU/KVM virtual machine, `vm.py`). The runner uses
+their verbs (start, recover, running, exit, signal, destroy) and never asks which one it has.
 
-Both here run a shim (`rackplane_agent.shim`) in a new session and process group writing to
+All here run a shim (`rackplane_agent.shim`) in a new session and process group writing to
 the run's output.log (`base.ShimRuntime`): signals go to the group, the exit is read from the
 exit file, and an agent restart leaves the run alone.
 """
@@ -35,18 +35,24 @@ __all__ = [
 ]
 
 
+OPTIONAL = ("podman", "vm")
+# What each optional runtime needs on PATH.
+NEEDS = {"podman": ("podman",), "vm": ("qemu-system-x86_64", "qemu-img")}
+
+
 def available(requested: list[str] | None = None) -> list[str]:
-    """The runtimes to offer: `process` always; `podman` when it is installed (and asked for,
-    when `requested` names runtimes). Raises ValueError for a requested one that is missing."""
-    found = ["process"] + (["podman"] if shutil.which("podman") else [])
+    """The runtimes to offer: `process` always; `podman` and `vm` when what they need is
+    installed (and asked for, when `requested` names runtimes). Raises ValueError for a
+    requested one that is missing."""
+    found = ["process"] + [n for n in OPTIONAL if all(shutil.which(tool) for tool in NEEDS[n])]
     if requested is None:
         return found
     for name in requested:
-        if name not in ("process", "podman"):
+        if name not in ("process", *OPTIONAL):
             raise ValueError(f"unknown runtime {name!r}")
         if name not in found:
             raise ValueError(f"runtime {name!r} is not available on this host (not on PATH)")
-    return ["process"] + [n for n in ("podman",) if n in requested]
+    return ["process"] + [n for n in OPTIONAL if n in requested]
 
 
 def make(
@@ -63,4 +69,8 @@ def make(
         from rackplane_agent.runtimes.podman import PodmanRuntime
 
         return PodmanRuntime(environ, max_output)
+    if name == "vm":
+        from rackplane_agent.runtimes.vm import VmRuntime
+
+        return VmRuntime(environ, max_output)
     raise ValueError(f"unknown runtime {name!r}")

@@ -24,7 +24,7 @@ import psutil
 import rackplane_agent
 from rackplane_agent.logfmt import kv
 from rackplane_agent.state import RunRecord, read_exit, write_atomic
-from rackplane_wire import Assignment
+from rackplane_wire import Assignment, Inventory
 
 log = logging.getLogger("rackplane_agent.runtimes")
 CREATE_TIME_SLACK = 0.05
@@ -99,6 +99,14 @@ class Runtime(Protocol):
 
     def destroy(self, rec: RunRecord) -> None:
         """The run is over and forgotten: free what the runtime holds for it."""
+
+    def use_inventory(self, inventory: Inventory) -> None:
+        """The host's inventory, as the agent read it (at start and on every re-read): what a
+        runtime needs of it (the `vm` runtime: each GPU's PCI bus id)."""
+
+    def capabilities(self) -> list[str]:
+        """What this runtime can do on this host that the inventory should advertise (the
+        `vm` runtime: `sev-snp`, `tdx`)."""
 
 
 def signal_group(pid: int | None, sig: int) -> bool:
@@ -179,6 +187,12 @@ class ShimRuntime:
 
     def destroy(self, rec: RunRecord) -> None:
         pass
+
+    def use_inventory(self, inventory: Inventory) -> None:
+        pass
+
+    def capabilities(self) -> list[str]:
+        return []
 
 
 def spawn_shim(
