@@ -55,6 +55,7 @@ HELP_ONLY = ["up", "worker"] + [c for c in registered() if c.split()[0] in ("sim
 NO_DATABASE = [*HELP_ONLY, "openapi", "agent"]
 BACKENDS = ("sqlite", "postgresql")
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+SSH_PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ5iA8uFQRe8LONmOliguTQz30Ci7m5MdD8vNqn6iyx3"
 
 # Run in this order on a fresh deployment, an operator's first session: each case may use what
 # an earlier one made (the demo fleet, tenant acme, a key, an experiment).
@@ -122,6 +123,12 @@ CASES: dict[str, Case] = {
         keep=("prefix", r"key (\w{8}) "),
     ),
     "keys revoke": Case("keys revoke {prefix}", says="key {prefix} revoked"),
+    "ssh-keys add": Case(
+        "ssh-keys add --tenant acme --name laptop --public-key-file {tmp}/id_ed25519.pub",
+        says="ssh key laptop added: ssh-ed25519 256 SHA256:",
+    ),
+    "ssh-keys list": Case("ssh-keys list --tenant acme --json", says='"name": "laptop"'),
+    "ssh-keys delete": Case("ssh-keys delete laptop --tenant acme", says="ssh key laptop deleted"),
     # Xid 13 is an application error: the GPU stays in the pool.
     "chaos inject": Case(
         "chaos inject --xid 13 --node h100-a-001 --gpu 0 --max-gpus 1 --max-share 0.01 --json",
@@ -210,6 +217,7 @@ def _deployment(backend: str, tmp: Path) -> Deployment:
     server secrets), or a PostgreSQL database of its own (the autouse `clean_db` empties the
     suite's between tests) with Redis."""
     tmp.mkdir(parents=True)
+    (tmp / "id_ed25519.pub").write_text(SSH_PUBLIC_KEY + " ops@acme\n")  # for `ssh-keys add`
     env = _base_env()
     env["RACKPLANE_DATA_DIR"] = str(tmp / "data")
     if backend == "sqlite":

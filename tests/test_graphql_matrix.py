@@ -19,8 +19,8 @@ MISSING = "00000000-0000-4000-8000-000000000000"
 # Root field -> (who, a query using it, the codes its owner may get besides success: a state
 # that refuses the act, not an access refusal). Who: tenant-read | tenant-write | tenant-admin
 # (a tenant key with that scope), reader (a tenant key with `read`, or an operator's), platform.
-# Placeholders are the owning tenant's objects: {id} a workload, {key} an API key, {tenant}
-# the tenant; {node} a node (operators only).
+# Placeholders are the owning tenant's objects: {id} a workload, {key} an API key, {ssh} an
+# SSH key, {tenant} the tenant; {node} a node (operators only); {pubkey} the SSH key's text.
 P = "{ __typename ... on Problem { code } }"
 WINDOW = 'from: "2026-01-01T00:00:00Z", to: "2026-01-02T00:00:00Z"'
 MATRIX = {
@@ -67,6 +67,13 @@ MATRIX = {
     ),
     "createApiKey": ("tenant-admin", f'mutation {{ createApiKey(input: {{name: "ci"}}) {P} }}', ()),
     "revokeApiKey": ("tenant-admin", f'mutation {{ revokeApiKey(id: "{{key}}") {P} }}', ()),
+    "sshKeys": ("tenant-read", "{ sshKeys { edges { node { id name fingerprint } } } }", ()),
+    "addSshKey": (
+        "tenant-write",
+        f'mutation {{ addSshKey(input: {{name: "m", publicKey: "{{pubkey}}"}}) {P} }}',
+        ("ssh_key_exists",),
+    ),
+    "deleteSshKey": ("tenant-write", f'mutation {{ deleteSshKey(id: "{{ssh}}") {P} }}', ()),
     "setBudget": ("tenant-write", f"mutation {{ setBudget(input: {{spendLimit: 100}}) {P} }}", ()),
     "removeBudget": ("tenant-write", f"mutation {{ removeBudget {P} }}", ("budget_not_found",)),
     # Operators
@@ -219,10 +226,13 @@ def test_every_root_field_has_a_row():
 
 @pytest.fixture
 def callers(client, world):
+    from cryptography.hazmat.primitives import serialization as openssh
+    from cryptography.hazmat.primitives.asymmetric import ed25519
     from sqlalchemy import select
 
     from app.core.db import session_scope, utcnow
     from app.keys.service import create_key
+    from app.keys.ssh_keys import add_ssh_key
     from app.models.fleet import Node
     from app.models.logs import WorkloadLog
 
@@ -238,6 +248,13 @@ def callers(client, world):
     with session_scope() as s:
         spare = create_key(s, tenant_id=acme.id, name="spare", scopes=["read"]).id
         node = s.scalars(select(Node.id)).first()
+        pubkey = (
+            ed25519.Ed25519PrivateKey.generate()
+            .public_key()
+            .public_bytes(openssh.Encoding.OpenSSH, openssh.PublicFormat.OpenSSH)
+            .decode()
+        )
+        ssh = add_ssh_key(s, tenant_id=acme.id, name="laptop", public_key=pubkey).id
     for action in ("quarantine", "release"):  # a health change for fleetChanges to replay
         client.post(
             f"/v1/admin/nodes/{node}/health",
@@ -260,7 +277,14 @@ def callers(client, world):
                 at=utcnow(),
             )
         )
-    objects = {"{id}": wid, "{key}": str(spare), "{tenant}": str(acme.id), "{node}": str(node)}
+    objects = {
+        "{id}": wid,
+        "{key}": str(spare),
+        "{ssh}": str(ssh),
+        "{tenant}": str(acme.id),
+        "{node}": str(node),
+        "{pubkey}": pubkey,
+    }
     return keys, objects
 
 
@@ -300,7 +324,12 @@ def refusal(body) -> str | None:
     return None
 
 
-NOT_FOUND = {"{id}": "workload_not_found", "{key}": "key_not_found", "{tenant}": "tenant_not_found"}
+NOT_FOUND = {
+    "{id}": "workload_not_found",
+    "{key}": "key_not_found",
+    "{ssh}": "ssh_key_not_found",
+    "{tenant}": "tenant_not_found",
+}
 
 
 @pytest.mark.parametrize("field", sorted(MATRIX))

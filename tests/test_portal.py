@@ -1,8 +1,8 @@
 """The portal in a real browser (headless Debian chromium via Playwright) against a real API
 process on PostgreSQL and a real Celery worker: sign in, submit a gang and watch it reach
 running without a reload, find it on the dashboard with its usage on the chart, terminate it,
-sign out and be refused; manage API keys, the budget and its alerts, and past bills with
-their export. Operators: the fleet heatmap, and each of their actions once, confirmed and
+sign out and be refused; manage API keys, SSH keys, the budget and its alerts, and past
+bills with their export. Operators: the fleet heatmap, and each of their actions once, confirmed and
 audited (tenants, prices, a node's and its GPUs' states, chaos experiments, health)."""
 
 from __future__ import annotations
@@ -23,6 +23,24 @@ from tests.portal_browser import browser, portal_page, shot  # noqa: F401  (fixt
 from tests.test_placement_worker import ALL, fleet
 
 pytestmark = pytest.mark.usefixtures("celery_worker_process")
+
+
+def _ssh_key_pair() -> tuple[str, str, str]:
+    """An ed25519 key pair as `ssh-keygen` writes it: the public line, the private file's
+    text, and the public key's SHA256 fingerprint (as `ssh-keygen -l` prints it)."""
+    import base64
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    k = ed25519.Ed25519PrivateKey.generate()
+    pub = k.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH).decode()
+    secret = k.private_bytes(
+        ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption()
+    ).decode()
+    digest = hashlib.sha256(base64.b64decode(pub.split()[1])).digest()
+    return pub, secret, "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
 def sign_in(page, key: str) -> None:
@@ -370,6 +388,30 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
             refused.text
         )
         assert mine.get_attribute("data-status") == "active"
+
+        # SSH keys: one added shows ssh-keygen's fingerprint; a pasted private key is refused
+        # under the field (and cleared from it); deleted after confirming.
+        nav.get_by_role("link", name="SSH keys").click()
+        page.get_by_test_id("no-ssh-keys").wait_for()
+        pub, secret_key, print_ = _ssh_key_pair()
+        page.get_by_label("Name").fill("workstation")
+        page.get_by_label(re.compile("^Public key")).fill(pub + "\n")
+        page.get_by_role("button", name="Add key").click()
+        page.get_by_test_id("ssh-key-fingerprint").filter(has_text=print_).wait_for()
+        page.get_by_label("Name").fill("oops")
+        page.get_by_label(re.compile("^Public key")).fill(secret_key)
+        page.get_by_role("button", name="Add key").click()
+        page.get_by_test_id("ssh-key-public-error").filter(has_text="private key").wait_for()
+        assert page.get_by_label(re.compile("^Public key")).input_value() == ""
+        shot(page, "ssh-keys")
+        stored = httpx.get(f"{api}/v1/ssh-keys", headers=auth(key)).json()["items"]
+        assert [(k["name"], k["fingerprint"]) for k in stored] == [("workstation", print_)]
+        page.get_by_role("button", name="Delete workstation").click()
+        page.get_by_role("dialog", name="Delete workstation?").get_by_role(
+            "button", name="Delete it"
+        ).click()
+        page.get_by_test_id("no-ssh-keys").wait_for()
+        assert httpx.get(f"{api}/v1/ssh-keys", headers=auth(key)).json()["items"] == []
 
         # Budget: none yet; a negative limit is refused next to its field.
         nav.get_by_role("link", name="Budget").click()

@@ -148,6 +148,19 @@ def matrix(world, client, session):
     )
     session.add(upgrade)
     session.commit()
+    from cryptography.hazmat.primitives import serialization as openssh
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    public_key = (
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(openssh.Encoding.OpenSSH, openssh.PublicFormat.OpenSSH)
+        .decode()
+    )
+    ssh_key = client.post(
+        "/v1/ssh-keys", json={"name": "matrix", "public_key": public_key}, headers=auth(a_key)
+    )
+    assert ssh_key.status_code == 201, ssh_key.text
     ids = {
         "tenant_id": str(a.id),
         "commitment_id": commitment.json()["id"],
@@ -161,6 +174,7 @@ def matrix(world, client, session):
         "experiment_id": experiment.json()["id"],
         "name": stack.json()["name"],
         "upgrade_id": str(upgrade.id),
+        "ssh_key_id": ssh_key.json()["id"],
         "attempt": "1",
         "replica": "0",
     }

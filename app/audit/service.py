@@ -79,7 +79,8 @@ def _request_id() -> str | None:
 
 
 def _singular(segment: str) -> str:
-    name = segment.split(":", 1)[0]
+    # `ssh-keys` -> `ssh_key`: the same target type as a path's `{ssh_key_id}` names.
+    name = segment.split(":", 1)[0].replace("-", "_")
     return name[:-1] if name.endswith("s") else name
 
 

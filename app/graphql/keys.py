@@ -1,5 +1,7 @@
 """API keys: the caller's keys, creating one (its secret in that answer only) and revoking one.
-The same service calls as REST's /v1/keys routes."""
+The same service calls as REST's /v1/keys routes. SSH keys: the caller's, adding one (refused
+with REST's codes: `ssh_key_is_private`, `ssh_key_too_weak` ...) and deleting one, as REST's
+/v1/ssh-keys routes."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from app.graphql.pagination import Connection, connection, page_params
 from app.graphql.permissions import TenantRead
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
-from app.keys.schemas import KeyCreate, KeyCreated, KeyOut
+from app.keys import ssh_keys as ssh_service
+from app.keys.schemas import KeyCreate, KeyCreated, KeyOut, SshKeyCreate, SshKeyOut
 from app.keys.service import create_key, revoke
 from app.models.keys import ApiKey as Row
 from app.tenancy.auth import require_tenant_scope
@@ -22,6 +25,9 @@ NewApiKey = view(KeyCreated, "NewApiKey", "A new API key: `key` is its secret, s
 KeyInput = input_view(KeyCreate, "ApiKeyInput")
 NewApiKeyResult = result_union("NewApiKeyResult", NewApiKey)
 ApiKeyResult = result_union("ApiKeyResult", ApiKey)
+SshKey = view(SshKeyOut, "SshKey", "An SSH public key, put on the instances you launch")
+SshKeyInput = input_view(SshKeyCreate, "SshKeyInput")
+SshKeyResult = result_union("SshKeyResult", SshKey)
 
 
 @strawberry.type
@@ -35,6 +41,15 @@ class KeyQuery:
             info.context.session, scoped_select(auth, Row), Row, page_params(first, after)
         )
         return connection(rows, lambda r: shape(KeyOut, r), nxt)
+
+    @strawberry.field(
+        permission_classes=[TenantRead], description="Your SSH keys (REST: GET /v1/ssh-keys)"
+    )
+    def ssh_keys(self, info: Info, first: int = 50, after: str | None = None) -> Connection[SshKey]:  # type: ignore[valid-type]
+        rows, nxt = ssh_service.list_ssh_keys(
+            info.context.session, info.context.auth, page_params(first, after)
+        )
+        return connection(rows, lambda r: shape(SshKeyOut, r), nxt)
 
 
 @strawberry.type
@@ -65,3 +80,37 @@ class KeyMutation:
             return {"key_id": str(id)}, key, shape(KeyOut, key)
 
         return run_mutation(info, "revokeApiKey", act)
+
+    @strawberry.mutation(
+        description="Add an SSH public key (REST: POST /v1/ssh-keys); a private key is refused "
+        "(`ssh_key_is_private`) and never stored"
+    )
+    def add_ssh_key(self, info: Info, input: SshKeyInput) -> SshKeyResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            body = parse(SshKeyCreate, input)
+            key = ssh_service.add_ssh_key(
+                ctx.session,
+                tenant_id=ctx.auth.tenant_id,
+                name=body.name,
+                public_key=body.public_key,
+            )
+            # The audit's parameters: never the body (its text may be a refused private key).
+            return {}, key, shape(SshKeyOut, key)
+
+        return run_mutation(info, "addSshKey", act)
+
+    @strawberry.mutation(
+        description="Delete an SSH key (REST: DELETE /v1/ssh-keys/{id}); answers it as it was"
+    )
+    def delete_ssh_key(self, info: Info, id: strawberry.ID) -> SshKeyResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            key = ssh_service.get_ssh_key(ctx.session, ctx.auth, str(id), for_update=True)
+            answer = shape(SshKeyOut, key)
+            ssh_service.delete_ssh_key(ctx.session, key)
+            return {"ssh_key_id": str(id)}, key, answer
+
+        return run_mutation(info, "deleteSshKey", act)

@@ -3,13 +3,14 @@ kind of refusal, so a client branches on `__typename` (or `code`) rather than pa
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import strawberry
 from pydantic import ValidationError as PydanticError
 
 from app.core.errors import AppError, Conflict, Forbidden, NotFound, ValidationFailed
-from app.graphql.views import field_errors
+from app.graphql.views import camel, field_errors
 from app.workloads.budget_gate import BudgetExhausted as Exhausted
 from app.workloads.service import QuotaLimitExceeded
 from app.workloads.tiers import IsolationRefused
@@ -100,8 +101,21 @@ def problem(e: AppError) -> Any:
             for f in e.extra.get("fields") or []
             if isinstance(f, dict)
         ]
+        # A service's refusal that names its field as REST's 422s do (`errors[].field`,
+        # `body.public_key`): the same field as GraphQL names it (`["input", "publicKey"]`).
+        fields += [
+            FieldProblem(path=_input_path(f["field"]), message=f.get("message", ""))
+            for f in e.extra.get("errors") or []
+            if isinstance(f, dict) and str(f.get("field", "")).startswith("body.")
+        ]
         return ValidationProblem(code=e.code, message=e.detail, fields=fields)
     raise e
+
+
+def _input_path(field: str) -> list[str]:
+    """REST's `body.gpu_models[0]` as GraphQL's `["input", "gpuModels", "0"]`."""
+    parts = re.findall(r"[^.\[\]]+", field.removeprefix("body."))
+    return ["input", *(p if p.isdigit() else camel(p) for p in parts)]
 
 
 def invalid(exc: PydanticError) -> ValidationProblem:

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from app.core.db import utcnow
-from app.core.schemas import OutModel, StrictModel
+from app.core.schemas import NO_NUL_PATTERN, OutModel, StrictModel
 
 TenantScope = Literal["read", "write", "admin"]
 
@@ -56,3 +56,57 @@ class SignupKey(KeyOut):
         description="The secret API key, shown once. Null when an `Idempotency-Key` replays the "
         "signup: a replay proves nothing about who sends it, so it never repeats a secret."
     )
+
+
+# SSH keys (app/keys/ssh.py reads the key; app/keys/ssh_keys.py stores it).
+SSH_KEY_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,63}$"
+
+
+class SshKeyCreate(StrictModel):
+    """A public key to put on the instances you launch."""
+
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=63,
+        pattern=SSH_KEY_NAME_PATTERN,
+        description="Unique in your account: letters, digits, `.`, `_` and `-` (1 to 63).",
+        examples=["laptop"],
+    )
+    public_key: str = Field(
+        ...,
+        min_length=1,
+        max_length=16384,
+        pattern=NO_NUL_PATTERN,
+        description="One OpenSSH public key line, `TYPE BASE64 [comment]` (the .pub file; "
+        "a trailing line break is fine): ssh-ed25519, ecdsa-sha2-nistp256/384/521, or ssh-rsa "
+        "of at least 3072 bits. A private key is refused (`ssh_key_is_private`) and never "
+        "stored.",
+        examples=[
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ5iA8uFQRe8LONmOliguTQz30Ci7m5MdD8vNqn6iyx3"
+            " me@laptop"
+        ],
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _json_values(cls, value: Any, info: ValidationInfo) -> Any:
+        """As every body's text (JSON strings, no NUL), except that the key may end with the
+        line break its .pub file has: it is read, not stored, as sent (app/keys/ssh.py)."""
+        if not isinstance(value, str):
+            raise ValueError("must be a string")
+        if "\x00" in value:
+            raise ValueError("text may not contain the NUL character (U+0000)")
+        return value
+
+
+class SshKeyOut(OutModel):
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    key_type: str = Field(description="ssh-ed25519, ecdsa-sha2-nistp256/384/521 or ssh-rsa.")
+    bits: int = Field(description="The key's size, as `ssh-keygen -l` prints it.")
+    public_key: str = Field(description="`TYPE BASE64`, normalised (the comment is apart).")
+    comment: str | None = Field(description="The comment that followed the key, if any.")
+    fingerprint: str = Field(description="As `ssh-keygen -l` prints it: `SHA256:...`.")
+    created_at: datetime

@@ -11,6 +11,7 @@ import { Lifecycle } from "./pages/Lifecycle";
 import { Keys } from "./pages/Keys";
 import { Prices } from "./pages/Prices";
 import { SignIn } from "./pages/SignIn";
+import { SshKeys } from "./pages/SshKeys";
 import { Submit } from "./pages/Submit";
 import { TenantPage, Tenants } from "./pages/Tenants";
 import { WorkloadPage } from "./pages/Workload";
@@ -65,6 +66,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
         ["/portal/billing", "Billing"],
         ["/portal/budget", "Budget"],
         ["/portal/keys", "API keys"],
+        ["/portal/ssh-keys", "SSH keys"],
       ];
   return (
     <>
@@ -101,6 +103,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
           <Route path="/portal/billing/:period?" component={Billing} />
           <Route path="/portal/budget" component={BudgetPage} />
           <Route path="/portal/keys" component={Keys} session={session} />
+          <Route path="/portal/ssh-keys" component={SshKeys} session={session} />
           <Route path="/portal/fleet" component={Fleet} />
           <Route path="/portal/tenants" component={Tenants} />
           <Route path="/portal/tenants/:id" component={TenantPage} />
