@@ -210,10 +210,14 @@ def test_rackplane_up_serves_on_sqlite_with_a_worker(tmp_path):
         wait_until(lambda: (w()["last_checkpoint_step"] or 0) >= 10, timeout=60, interval=0.5)
         state_dir = tmp_path / "data" / "agent" / "local-0"
         subprocess.run(["pkill", "-KILL", "-f", "--", f"--state-dir {state_dir}"])
+        # A power cut: the runs' shims (which would record the kill as the job's exit) and the
+        # jobs go too.
+        subprocess.run(["pkill", "-KILL", "-f", "--", f"--exit-file {state_dir.resolve()}/"])
         subprocess.run(["pkill", "-KILL", "-f", "--", f"--checkpoint-dir {ckpt}"])
         again = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "agent", "--api", base, "--state-dir", str(state_dir)]
-            + ["--inventory", str(ROOT / "examples" / "local-0.yaml"), "--address", "127.0.0.1"],
+            + ["--inventory", str(ROOT / "examples" / "local-0.yaml"), "--address", "127.0.0.1"]
+            + ["--same-user"],  # as `rackplane up` starts it (README)
             cwd=ROOT,
             env=env,
             stdout=open(tmp_path / "agent2.log", "wb"),
