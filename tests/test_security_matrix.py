@@ -356,9 +356,13 @@ def test_node_and_workload_credentials_reach_only_their_own(client, matrix, sess
     # The node's own state only: there is no way to name another node.
     mine = client.get("/v1/agent/assignments", params={"wait": "0s"}, headers=auth(cred))
     assert mine.status_code == 200 and mine.json()["node"] == a_name
-    # A tenant's secrets reach only the node that starts that run: not another node's.
+    # A tenant's secrets reach only the node that starts that run, at that attempt: never
+    # another attempt's (the workload may be placed on this node by now, at its current one).
+    from app.models.workloads import Workload
+
     w_id = matrix["ids"]["workload_id"]
-    for attempt in (0, 1):
+    current = session.scalar(select(Workload.attempts).where(Workload.id == uuid.UUID(w_id)))
+    for attempt in (current + 1, current + 7):
         r = client.get(f"/v1/agent/runs/{w_id}/{attempt}/0/env", headers=auth(cred))
         assert r.status_code == 409 and r.json()["code"] == "run_not_startable", r.text
         r = client.get(f"/v1/agent/runs/{w_id}/{attempt}/0/env", headers=auth(matrix["a_key"]))
@@ -373,8 +377,6 @@ def test_node_and_workload_credentials_reach_only_their_own(client, matrix, sess
     other = client.post(
         "/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=auth(matrix["a_key"])
     ).json()["id"]
-    from app.models.workloads import Workload
-
     attempt = session.scalar(select(Workload.attempts).where(Workload.id == uuid.UUID(w)))
     own = mint(uuid.UUID(w), attempt)
     ok = client.post(
