@@ -130,7 +130,8 @@ class Engine:
         here."""
         s = self.snap
         gang = req.replicas > 1
-        bound = req.runtime is not None and s.any_runtime_bound
+        # A runtime every node offers constrains nothing (and changes no candidate order).
+        bound = req.runtime is not None and not s.runtime_everywhere(req.runtime)
         if req.stack is None and not req.min_cuda and not (gang and s.any_drifted) and not bound:
             if stack is None:
                 return None

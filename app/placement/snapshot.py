@@ -166,6 +166,10 @@ class Snapshot:
             self._runtime_masks[runtime] = mask
         return mask
 
+    def runtime_everywhere(self, runtime: str) -> bool:
+        """Whether every node takes `runtime` (then it filters nothing)."""
+        return not self.any_runtime_bound or bool(self.runtime_mask(runtime).all())
+
     def _init_gpus(self, nodes: list[NodeSpec]) -> None:
         """Per (node, GPU slot): presence, free milli and memory, health, speed, MIG, tenancy."""
         n, g = len(nodes), self.max_gpus
