@@ -104,8 +104,9 @@ class MigInstance(_Wire):
 # What an agent can do beyond running work: `mig-layout` (it applies MIG layouts); `run-uids`
 # (each `process` run has a uid of its own: without it, runs share the agent's user and the
 # node is no wall between tenants); `sev-snp`, `tdx` (its `vm` runtime can launch confidential
-# VMs with that technology: the host's kernel and QEMU both offer it).
-Capability = Literal["mig-layout", "run-uids", "sev-snp", "tdx"]
+# VMs with that technology: the host's kernel and QEMU both offer it); `ssh` (its `podman`
+# runtime can make a run an instance one logs into: it has an SSH server to bring, and ports).
+Capability = Literal["mig-layout", "run-uids", "sev-snp", "tdx", "ssh"]
 
 
 class MigSlot(_Wire):
@@ -229,12 +230,14 @@ class Assignment(_Wire):
     # Memory and CPU the run was allocated (cgroup v2 limits where the host allows them).
     cpu_milli: int = Field(0, ge=0)
     memory_mib: int = Field(0, ge=0)
-    # --- `vm` runs (ignored by the other runtimes) ---
+    # --- instances customers log into (`podman` and `vm` runs) ---
     ssh_keys: list[Annotated[str, Field(max_length=16_384, pattern=SSH_PUBLIC_KEY)]] = Field(
         default_factory=list,
         max_length=32,
-        description="The tenant's SSH public keys (OpenSSH lines), given to the VM's default "
-        "user through its cloud-init NoCloud seed",
+        description="The tenant's SSH public keys (OpenSSH lines). Given: the run is an "
+        "instance one logs into as `root` on a port of the node the agent picks from its "
+        "`--ssh-ports` range (reported as `RunReport.ssh_port`): a `vm` gets the keys through "
+        "its cloud-init NoCloud seed, a `podman` container an SSH server the agent brings",
     )
     hostname: str | None = Field(
         None,
@@ -246,8 +249,8 @@ class Assignment(_Wire):
         None,
         ge=1,
         le=65_535,
-        description="The node's TCP port forwarded to the VM's SSH port (22), on every address "
-        "of the node; None: nothing reaches the VM from outside",
+        description="Set by the agent, never by the control plane: the node's TCP port it "
+        "forwards to the run's SSH port (22), chosen when the run starts",
     )
     confidential: Confidential | None = Field(
         None,
@@ -315,6 +318,10 @@ class RunReport(_Wire):
     # such an exit is a stop, not a failure, whatever its code.
     stopped: bool = False
     message: str | None = Field(None, max_length=2000, pattern=FREE)
+    # An instance's SSH endpoint: the node's port forwarded to its SSH server (22), and
+    # whether an SSH server answered there (its `SSH-2.0-...` banner) since the run started.
+    ssh_port: int | None = Field(None, ge=1, le=65_535)
+    ssh_ready: bool = False
     # The last lines of output, with an exit (at most 20, each cut to 500 characters).
     tail: list[Annotated[str, Field(max_length=2000, pattern=FREE)]] = Field(
         default_factory=list, max_length=20

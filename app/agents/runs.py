@@ -27,6 +27,8 @@ from app.models.health import NodeHeartbeat
 from app.models.tenants import Tenant
 from app.models.workloads import Allocation, State, Workload
 from app.outbox.service import enqueue
+from app.placement.isolation import Tier
+from app.scheduling import lifecycle
 from app.scheduling.providers import FAILED_RUNS, get_provider
 from app.tenancy.nodes import NodeCaller
 from app.tenancy.run_tokens import mint
@@ -35,6 +37,7 @@ from app.workloads.service import finish, interrupt_on_fault
 from rackplane_wire import (
     Assignment,
     Assignments,
+    Confidential,
     RunEnv,
     RunReport,
     StatusAck,
@@ -85,6 +88,9 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         ).all()
     )
     devices = _devices(agent.inventory)
+    node_offers = set(
+        session.scalar(select(Node.agent_offers).where(Node.id == caller.node_id)) or ()
+    )
     now = utcnow()
     out = []
     for a, w in rows:
@@ -128,6 +134,8 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
                 checkpoint_requests=w.checkpoint_requests,
                 cpu_milli=a.cpu_milli,
                 memory_mib=a.memory_mib,
+                ssh_keys=list(w.ssh_keys or []),
+                confidential=_confidential(w, node_offers),
             )
         )
     return Assignments(
@@ -192,6 +200,14 @@ def master_port(workload_id: uuid.UUID) -> int:
     """A gang's rendezvous port: fixed per workload, in 20000-29999 (two gangs whose rank 0s
     share a host rarely collide; torchrun's default 29500 would always)."""
     return 20000 + int(workload_id.hex[:8], 16) % 10000
+
+
+def _confidential(w: Workload, offers: set[str]) -> Confidential | None:
+    """The confidential-computing technology a `confidential-vm` launches with on this node
+    (placement put it only where the agent offers one)."""
+    if w.tier != Tier.CONFIDENTIAL_VM.label:
+        return None
+    return "sev-snp" if "sev-snp" in offers else "tdx" if "tdx" in offers else None
 
 
 def _hold(w: Workload) -> list[str]:
@@ -291,11 +307,38 @@ def report(session: Session, caller: NodeCaller, status: StatusReport) -> Status
         matched.add((w.id, a.replica))
         if _take(a, r, now):
             news.add(w.id)
+        if r.ssh_port is not None and r.state == "running":
+            _take_ssh(session, caller, w, r, now)
     stale += len(reported) - len(matched)
     tails = {(uuid.UUID(r.workload_id), r.replica): r for r in status.runs if r.tail}
     for wid in sorted(news):
         _settle(session, ws[wid], tails, as_aware(heard) if heard else now)
     return StatusAck(accepted=len(matched), stale=stale)
+
+
+def _take_ssh(
+    session: Session, caller: NodeCaller, w: Workload, r: RunReport, now: datetime
+) -> None:
+    """Where a running instance's SSH server is (the node's address, the port its agent
+    picked), and when it first answered."""
+    if w.ssh_port != r.ssh_port or w.ssh_host is None:
+        w.ssh_port = r.ssh_port
+        w.ssh_host = session.scalar(
+            select(AgentNode.address).where(AgentNode.node_id == caller.node_id)
+        )
+        w.ssh_ready_at = None
+    if r.ssh_ready and w.ssh_ready_at is None:
+        w.ssh_ready_at = now
+        lifecycle.record(
+            session,
+            w,
+            kind="ready",
+            from_state=w.state,
+            to_state=w.state,
+            reason=f"its SSH server answers: ssh -p {w.ssh_port} root@{w.ssh_host}",
+            details={"host": w.ssh_host, "port": w.ssh_port},
+            at=now,
+        )
 
 
 def _clamp(at: datetime, low: datetime | None, now: datetime) -> datetime:

@@ -27,7 +27,13 @@ from app.scheduling.lifecycle import State
 from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
 from app.workloads import service
-from app.workloads.schemas import CheckpointIn, DryRunOut, WorkloadCreate
+from app.workloads.schemas import (
+    CheckpointIn,
+    ConnectOut,
+    DryRunOut,
+    WorkloadCreate,
+    connect_of,
+)
 
 PRIORITIES = ("production", "training", "research", "preemptible")
 KINDS = ("instance", "vm", "job")
@@ -80,6 +86,20 @@ class WorkloadEvent:
         )
 
 
+@strawberry.type(description="Where an instance's SSH server is (REST's `connect`)")
+class Connect:
+    host: str
+    port: int
+    user: str
+    command: str = strawberry.field(description="e.g. `ssh -p 22001 root@10.0.0.7`")
+    ready: bool = strawberry.field(description="Its SSH server has answered")
+    ready_at: datetime | None
+
+    @classmethod
+    def of(cls, c: ConnectOut | None) -> Connect | None:
+        return None if c is None else cls(**c.model_dump())
+
+
 @strawberry.type
 class Workload:
     id: strawberry.ID
@@ -112,7 +132,11 @@ class Workload:
         description="The argv each replica's node agent runs (none: the replica holds its GPUs)"
     )
     env: JSON = strawberry.field(description="Its processes' environment (besides the agent's)")
-    runtime: str = strawberry.field(description="`process` or `podman`")
+    runtime: str = strawberry.field(description="`process`, `podman` or `vm`")
+    ssh_keys: list[str] = strawberry.field(description="The SSH public keys it was launched with")
+    connect: Connect | None = strawberry.field(
+        description="How to log in while it runs (instances and VMs launched with SSH keys)"
+    )
     attempts: int = strawberry.field(description="How many times it has been placed")
     stack: str | None = strawberry.field(description="The software stack it runs on, if it asked")
     min_cuda: str | None = strawberry.field(description="The least CUDA version it runs on")
@@ -170,6 +194,8 @@ class Workload:
             command=list(w.command) if w.command is not None else None,
             env=dict(w.env or {}),
             runtime=w.runtime or "process",
+            ssh_keys=list(w.ssh_keys or []),
+            connect=Connect.of(connect_of(w)),
             attempts=w.attempts or 0,
             stack=w.stack,
             min_cuda=cuda_text(w.min_cuda or 0),

@@ -154,6 +154,14 @@ class Workload(TimestampMixin, Base):
     command: Mapped[list | None] = mapped_column(JSON, default=None)
     env: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
     runtime: Mapped[str] = mapped_column(String(16), default="process", server_default="process")
+    # An instance one logs into: the tenant's SSH public keys it was launched with (OpenSSH
+    # lines, as they were then: deleting a key later does not reach into a running instance),
+    # and where its current run's SSH server is: the node's address, the port its agent picked,
+    # and when a server first answered there (`ready`). Cleared when it is placed again.
+    ssh_keys: Mapped[list | None] = mapped_column(JSON, default=None)
+    ssh_host: Mapped[str | None] = mapped_column(String(253), default=None)
+    ssh_port: Mapped[int | None] = mapped_column(Integer, default=None)
+    ssh_ready_at: Mapped[datetime | None] = mapped_column(default=None)
     # The signal that asks the process for a checkpoint now (it keeps running).
     checkpoint_signal: Mapped[str] = mapped_column(
         String(12), default="SIGUSR1", server_default="SIGUSR1"

@@ -216,6 +216,7 @@ def _admit(
     for adm in admissions:
         w = touched.locked(adm.workload)
         w.attempts = (w.attempts or 0) + 1  # a new run: its agents start it afresh
+        w.ssh_host = w.ssh_port = w.ssh_ready_at = None  # the new run's agent reports its own
         rows = _allocation_rows(world, w, adm, stamp)
         new_allocs += rows
         started += [

@@ -210,6 +210,9 @@ _MOVED = (
     "run_deadline_at",
     "expedited",
     "attempts",
+    "ssh_host",
+    "ssh_port",
+    "ssh_ready_at",
 )
 
 

@@ -81,8 +81,17 @@ def request_of(w: Workload) -> Request:
         avoid=avoid,
         stack=w.stack,
         min_cuda=w.min_cuda or 0,
-        runtime=w.runtime,
+        runtime=placed_runtime(w.runtime, w.tier, bool(w.ssh_keys)),
     )
+
+
+def placed_runtime(runtime: str, tier: str, ssh: bool) -> str:
+    """What a workload needs of a node's agent, as `node_runtimes` names what one offers."""
+    if tier == Tier.CONFIDENTIAL_VM.label:
+        return "confidential-vm"
+    if runtime == "podman" and ssh:
+        return "podman-ssh"
+    return runtime
 
 
 def node_runtimes(node: Node, process_pools: frozenset[str]) -> frozenset[str] | None:
@@ -90,7 +99,12 @@ def node_runtimes(node: Node, process_pools: frozenset[str]) -> frozenset[str] |
     operator trusts with it (`*`: every pool); None for a node no agent runs (anything)."""
     if node.agent_offers is None:
         return None
-    offers = set(node.agent_offers) & {"process", "podman"}
+    said = set(node.agent_offers)
+    offers = said & {"process", "podman", "vm"}
+    if "podman" in offers and "ssh" in said:
+        offers.add("podman-ssh")  # its containers can be instances one logs into
+    if "vm" in offers and said & {"sev-snp", "tdx"}:
+        offers.add("confidential-vm")
     if "*" not in process_pools and (node.pool or "") not in process_pools:
         offers.discard("process")
     return frozenset(offers)

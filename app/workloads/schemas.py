@@ -30,6 +30,8 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
     _strict_schema(schema, _model)
     zero, null = {"const": 0}, {"type": "null"}
     not_confidential = {"enum": [*_OTHER_ISOLATION, None]}
+    on_host = {"enum": ["process", "podman", None]}
+    no_keys = {"maxItems": 0}
     rules: list[dict[str, Any]] = [
         {
             "oneOf": [
@@ -66,14 +68,33 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
         # few read): what each kind may be, and which models a MIG profile's name belongs to.
         {
             "anyOf": [
-                {"properties": {"kind": {"const": "job"}, "isolation": not_confidential}},
                 {
+                    "properties": {
+                        "kind": {"const": "job"},
+                        "isolation": not_confidential,
+                        "runtime": on_host,
+                        "ssh_keys": no_keys,
+                    }
+                },
+                {  # an instance: SSH keys only in a container
                     "properties": {
                         "kind": {"const": "instance"},
                         "isolation": not_confidential,
                         "replicas": {"const": 1},
                         "topology": null,
+                        "runtime": on_host,
+                        "ssh_keys": no_keys,
                     }
+                },
+                {
+                    "required": ["runtime"],
+                    "properties": {
+                        "kind": {"const": "instance"},
+                        "isolation": not_confidential,
+                        "replicas": {"const": 1},
+                        "topology": null,
+                        "runtime": {"const": "podman"},
+                    },
                 },
                 {  # a VM: 1, 2, 4 or 8 whole GPUs, one replica
                     "required": ["gpus"],
@@ -82,6 +103,7 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
                         "gpus": {"enum": [1, 2, 4, 8]},
                         "replicas": {"const": 1},
                         "topology": null,
+                        "runtime": {"enum": ["vm", None]},
                     },
                 },
             ]
@@ -225,10 +247,20 @@ class WorkloadCreate(StrictModel):
             "`WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) are refused.",
         )
     )
-    runtime: Literal["process", "podman"] = Field(
-        "process",
-        description="`process`: the command as a process on the host; `podman`: in `image`, "
-        "its GPUs passed as CDI devices.",
+    runtime: Literal["process", "podman", "vm"] | None = Field(
+        None,
+        description="How a node agent runs it. `process`: the command as a process of its own "
+        "uid on the host (only in pools the operator trusts with it); `podman`: a container of "
+        "`image`, its GPUs passed as CDI devices; `vm`: a virtual machine booted from the disk "
+        "image `image`, its GPUs passed through (`kind: vm` only). Omitted: `vm` for a VM, "
+        "`process` otherwise.",
+    )
+    ssh_keys: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Names of your SSH keys (`/v1/ssh-keys`) that may log in as `root`: an "
+        "instance (`podman` runtime) or a VM becomes one you SSH into; its `connect` says how "
+        "once it runs. Keys are copied at launch: deleting one later does not reach into it.",
     )
 
     @field_validator("env")
@@ -253,6 +285,19 @@ class WorkloadCreate(StrictModel):
 
     @model_validator(mode="after")
     def _runtime(self) -> WorkloadCreate:
+        if self.runtime is None:
+            self.runtime = "vm" if self.kind == "vm" else "process"
+        if (self.kind == "vm") != (self.runtime == "vm"):
+            raise ValueError("a VM (kind `vm`) runs in the `vm` runtime, and only a VM does")
+        if len(set(self.ssh_keys)) != len(self.ssh_keys):
+            raise ValueError("ssh_keys names a key twice")
+        if self.ssh_keys and self.kind == "job":
+            raise ValueError("ssh_keys is for instances and VMs, not jobs")
+        if self.ssh_keys and self.runtime == "process":
+            raise ValueError(
+                "ssh_keys needs the podman runtime (an instance's container) or a VM: a "
+                "process has no SSH server of its own"
+            )
         if self.runtime == "podman" and not self.image:
             raise ValueError("the podman runtime needs an image")
         if self.runtime == "podman":
@@ -332,6 +377,28 @@ class WorkloadCreate(StrictModel):
         return per * self.replicas
 
 
+class ConnectOut(OutModel):
+    host: str = Field(description="The node's address")
+    port: int
+    user: str = "root"
+    command: str = Field(description="e.g. `ssh -p 22001 root@10.0.0.7`")
+    ready: bool = Field(description="Its SSH server has answered (billing ran from boot)")
+    ready_at: datetime | None = None
+
+
+def connect_of(w: Any) -> ConnectOut | None:
+    """Where a workload's SSH server is, while its run holds a node's port."""
+    if not w.ssh_port or not w.ssh_host or w.state not in ("provisioning", "running"):
+        return None
+    return ConnectOut(
+        host=w.ssh_host,
+        port=w.ssh_port,
+        command=f"ssh -p {w.ssh_port} root@{w.ssh_host}",
+        ready=w.ssh_ready_at is not None,
+        ready_at=w.ssh_ready_at,
+    )
+
+
 class WorkloadOut(OutModel):
     id: uuid.UUID
     name: str | None
@@ -354,6 +421,14 @@ class WorkloadOut(OutModel):
     command: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     runtime: str = "process"
+    ssh_keys: list[str] = Field(
+        default_factory=list, description="The SSH public keys it was launched with"
+    )
+    connect: ConnectOut | None = Field(
+        None,
+        description="How to log in while it runs (instances and VMs launched with SSH keys): "
+        "set when its node's agent has started it, `ready` once its SSH server answers",
+    )
     checkpoint_signal: str = "SIGUSR1"
     last_checkpoint_uri: str | None = Field(
         None,
@@ -384,6 +459,19 @@ class WorkloadOut(OutModel):
     )
     created_at: datetime
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _connect(cls, value: Any, handler: Any) -> WorkloadOut:
+        out = handler(value)
+        if out.connect is None and not isinstance(value, dict):
+            out.connect = connect_of(value)
+        return out
+
+    @field_validator("ssh_keys", mode="before")
+    @classmethod
+    def _keys(cls, value: Any) -> Any:
+        return value or []
+
     @field_validator("shape", mode="before")
     @classmethod
     def _shape_json(cls, value: Any) -> Any:
@@ -398,7 +486,10 @@ class WorkloadOut(OutModel):
 
 class EventOut(OutModel):
     seq: int
-    kind: str = Field(description="transition | checkpoint | health (a notice about its GPUs)")
+    kind: str = Field(
+        description="transition | checkpoint | health (a notice about its GPUs) | ready (its "
+        "SSH server answers)"
+    )
     from_state: str | None
     to_state: str
     reason: str

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.models.fleet import SoftwareStack
+from app.models.keys import SshKey
 from app.models.workloads import Workload, WorkloadEvent
 from app.outbox.service import enqueue
 from app.placement.model import cuda_code
@@ -25,6 +26,7 @@ from app.scheduling.apply import release, stopped
 from app.scheduling.cycle import dry_run as what_if
 from app.scheduling.lifecycle import HOLDING, State
 from app.tenancy.auth import AuthContext
+from app.tenancy.scoping import scoped_select
 from app.workloads.budget_gate import check_submission
 from app.workloads.disruptions import (
     health_notice,
@@ -82,6 +84,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     check_submission(session, auth.tenant_id, auth.budget_exhausted)
     region = choose_region(session, body)
     check_stack(session, body.stack)
+    keys = ssh_keys_named(session, auth.tenant_id, body.ssh_keys)
     now = utcnow()
     w = Workload(
         tenant_id=auth.tenant_id,
@@ -106,6 +109,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         command=list(body.command) if body.command is not None else None,
         env=dict(body.env),
         runtime=body.runtime,
+        ssh_keys=keys,
         checkpoint_signal=body.checkpoint.signal,
         checkpoint_requests=0,
         attempts=0,
@@ -119,6 +123,24 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     )
     w.id = new_id()
     return w
+
+
+def ssh_keys_named(session: Session, tenant_id: Any, names: list[str]) -> list[str] | None:
+    """The public keys of the tenant's SSH keys by these names, in their order; 422
+    `unknown_ssh_key` naming any the tenant does not have (another tenant's included)."""
+    if not names:
+        return None
+    stmt = scoped_select(tenant_id, SshKey).where(SshKey.name.in_(names))
+    found = {k.name: k.public_key for k in session.scalars(stmt)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValidationFailed(
+            f"You have no SSH key named {', '.join(map(repr, missing))}; add one at "
+            "POST /v1/ssh-keys, or list yours at GET /v1/ssh-keys.",
+            code="unknown_ssh_key",
+            field="ssh_keys",
+        )
+    return [found[n] for n in names]
 
 
 def check_stack(session: Session, name: str | None) -> None:
