@@ -3,7 +3,8 @@
     python -m rackplane_agent --api https://rackplane.example --token rpj_...
         [--state-dir DIR] [--work-dir DIR] [--run-uids FIRST-LAST | --same-user]
         [--inventory FILE] [--address HOST] [--runtime process|podman]
-        [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--log-level INFO]
+        [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--ssh-ports 22000-22999]
+        [--log-level INFO]
 
 Exit codes: 0 stopped (SIGTERM/SIGINT), 1 an unexpected error, 2 cannot start (no join token,
 a refused token, no inventory, another agent on the state directory), 3 the control plane
@@ -20,7 +21,13 @@ import threading
 from pathlib import Path
 
 from rackplane_agent import __version__
-from rackplane_agent.config import EXIT_USAGE, AgentConfig, default_state_dir, parse_uid_range
+from rackplane_agent.config import (
+    EXIT_USAGE,
+    AgentConfig,
+    default_state_dir,
+    parse_port_range,
+    parse_uid_range,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="a run's output kept on this node while it runs (past it, the newest 64 KiB)",
     )
+    p.add_argument(
+        "--ssh-ports",
+        metavar="LO-HI",
+        default="22000-22999",
+        help="the node's TCP ports an instance's SSH server is reached on, one per running "
+        "podman or vm run with SSH keys (default: 22000-22999; open them to the tenants)",
+    )
     p.add_argument("--dcgm-exporter", metavar="URL", help="dcgm-exporter's /metrics URL")
     p.add_argument(
         "--poll-wait", type=float, default=30.0, help="seconds a poll for assignments may wait"
@@ -114,11 +128,17 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"rackplane-agent: --run-uids: {exc}")
             return EXIT_USAGE
+    try:
+        ssh_ports = parse_port_range(args.ssh_ports)
+    except ValueError as exc:
+        print(f"rackplane-agent: --ssh-ports: {exc}")
+        return EXIT_USAGE
     config = AgentConfig(
         api=args.api,
         work_dir=args.work_dir,
         run_uids=run_uids,
         max_output_mib=args.max_output_mib,
+        ssh_ports=ssh_ports,
         state_dir=args.state_dir or default_state_dir(),
         token=args.token or None,
         inventory_file=args.inventory,

@@ -11,6 +11,8 @@ DEFAULT_STATE_DIR = "/var/lib/rackplane-agent"
 # the host should use (above the subordinate ids podman and useradd hand out by default).
 DEFAULT_RUN_UIDS = (2_000_000, 2_065_535)
 DEFAULT_MAX_OUTPUT_MIB = 16
+# The node's TCP ports an instance's SSH server is reached on (`--ssh-ports`), one per run.
+DEFAULT_SSH_PORTS = (22000, 22999)
 
 # Exit codes of `python -m rackplane_agent`.
 EXIT_OK = 0  # stopped by SIGTERM/SIGINT (its runs are left running)
@@ -31,6 +33,21 @@ def parse_uid_range(text: str) -> tuple[int, int]:
     first, last = int(low), int(high)
     if not 1000 <= first <= last < 2**32 - 1:
         raise ValueError(f"uid range {text!r} must lie within 1000-{2**32 - 2}, first <= last")
+    return first, last
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """`22000-22999` -> (22000, 22999); ValueError for anything else."""
+    low, sep, high = text.partition("-")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+        raise ValueError(f"a port range is LO-HI, e.g. 22000-22999 (got {text!r})")
+    return check_port_range((int(low), int(high)))
+
+
+def check_port_range(ports: tuple[int, int]) -> tuple[int, int]:
+    first, last = ports
+    if not 1 <= first <= last <= 65_535:
+        raise ValueError(f"port range {first}-{last} must lie within 1-65535, first <= last")
     return first, last
 
 
@@ -66,6 +83,9 @@ class AgentConfig:
     run_uids: tuple[int, int] | str | None = "auto"
     # A run's output kept on the node's disk while it runs (past it, only the newest 64 KiB).
     max_output_mib: int = DEFAULT_MAX_OUTPUT_MIB
+    # The node's ports an instance's SSH server is forwarded from (`podman` and `vm` runs with
+    # SSH keys), one per live run, first and last included.
+    ssh_ports: tuple[int, int] = DEFAULT_SSH_PORTS
 
     def __post_init__(self) -> None:
         # Absolute, whatever the cwd of the processes that use them (the shim runs in its run's
@@ -76,6 +96,7 @@ class AgentConfig:
         self.work_dir = Path(self.work_dir).absolute()
         if self.inventory_file is not None:
             self.inventory_file = Path(self.inventory_file).absolute()
+        self.ssh_ports = check_port_range(tuple(self.ssh_ports))  # type: ignore[arg-type]
 
     def uid_range(self, euid: int) -> tuple[int, int] | None:
         if self.run_uids == "auto":

@@ -9,6 +9,11 @@ Threads:
 - main: the reconciler, every `reconcile_interval` or when woken: starts, stops, kills,
   checkpoints and watches runs; forgets a run once its end is acknowledged and nobody names it.
 
+An instance one logs into (a `podman` or `vm` run with SSH keys) gets a port of the node from
+`--ssh-ports` as it starts (`sshports.pick`), kept in its run.json; the reporter knocks on it
+(each unready run at most every SSH_PROBE_INTERVAL, all at once, SSH_PROBE_TIMEOUT in all) until
+an SSH server greets, and reports it ready.
+
 Nothing the control plane says or fails to say kills a run by itself: a refused credential, an
 unreachable server, the agent's own restart all leave the runs running. Every run is watched
 by polling (its shim's pid and create time, and its exit file), so a run started by an earlier
@@ -28,7 +33,7 @@ from typing import Any, cast
 
 from rackplane_agent import inventory as inventory_mod
 from rackplane_agent import logs as logs_mod
-from rackplane_agent import runtimes
+from rackplane_agent import runtimes, sshports
 from rackplane_agent.burnin import BurnInRunner
 from rackplane_agent.cgroups import Cgroups
 from rackplane_agent.client import (
@@ -73,6 +78,10 @@ log = logging.getLogger("rackplane_agent")
 
 RUNNING, EXITED, FAILED_TO_START, LOST = "running", "exited", "failed_to_start", "lost"
 LOG_BATCH_BYTES = 512 * 1024
+# The runtimes whose runs with SSH keys are instances one logs into, on a port of the node.
+SSH_RUNTIMES = ("podman", "vm")
+SSH_PROBE_INTERVAL = 0.5  # seconds between two knocks on one run's SSH port
+SSH_PROBE_TIMEOUT = 0.5  # what one round of knocks (every unready run at once) may take
 
 
 class StartupError(Exception):
@@ -157,6 +166,7 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self._burnin: BurnInRunner | None = None
         self._mig: MigApplier | None = None
+        self._ssh_next_probe: dict[str, float] = {}  # run -> when to knock again (monotonic)
 
     # --- start -----------------------------------------------------------------------------
 
@@ -185,7 +195,9 @@ class Agent:
             )
         max_output = self.config.max_output_mib * 1024 * 1024
         self._runtimes = {
-            name: runtimes.make(name, self._environ, max_output, self._cgroups)
+            name: runtimes.make(
+                name, self._environ, max_output, self._cgroups, state_dir=self.state.root
+            )
             for name in self._runtime_names
         }
         if self.inventory is None:
@@ -292,8 +304,9 @@ class Agent:
     # --- the reconciler --------------------------------------------------------------------
 
     def step(self) -> None:
-        """One pass: reconcile, then report (when due)."""
+        """One pass: reconcile, knock on SSH ports not answering yet, then report (when due)."""
         self.reconcile()
+        self.check_ssh()
         self.report()
 
     def reconcile(self) -> None:
@@ -407,6 +420,16 @@ class Agent:
         )
         self._runs[rec.key] = rec
         problem = self._refusal(a)
+        # The SSH port is the agent's to choose, whatever the assignment says.
+        port = None
+        if problem is None and a.ssh_keys and a.runtime in SSH_RUNTIMES:
+            port = self._ssh_port()
+            if port is None:
+                first, last = self.config.ssh_ports
+                problem = (
+                    f"no free SSH port on this node: each of {first}-{last} (--ssh-ports) is "
+                    "held by a run or in use on the host"
+                )
         if problem is None:
             rec.exit_file.unlink(missing_ok=True)
             try:
@@ -415,9 +438,12 @@ class Agent:
                 place = self._users.take(run_dir.name, in_use, a.run_gid, runtime.own_uid)
                 rec.uid = place.user.uid if place.user else None
                 rec.workdir = str(place.workdir)
-                self._runtimes[a.runtime].start(rec, a, secret, place)
+                rec.ssh_port = port
+                started = a.model_copy(update={"ssh_port": port})
+                self._runtimes[a.runtime].start(rec, started, secret, place)
             except (runtimes.StartError, OSError) as exc:
                 problem = str(exc)
+                rec.ssh_port = None
             else:
                 rec.started_at = now
                 log.info(
@@ -428,6 +454,7 @@ class Agent:
                         runtime=a.runtime,
                         uid=rec.uid,
                         devices=",".join(a.devices) or None,
+                        ssh_port=rec.ssh_port,
                     )
                 )
         if problem is not None:
@@ -436,6 +463,64 @@ class Agent:
             rec.message = problem[:2000]
             log.warning(kv("run_failed_to_start", run=rec.key, reason=problem))
         self._changed(rec)
+
+    def _ssh_port(self) -> int | None:
+        """A port of `--ssh-ports` for a run starting now (`sshports.pick`), or None: one no
+        live run holds, no runtime's plumbing forwards (a stale DNAT rule of netavark's would
+        catch its traffic), free on the host, in turn after the last one handed out (kept in
+        the state directory, so an agent restarted goes on from there)."""
+        held = {r.ssh_port for r in self._runs.values() if r.state == RUNNING and r.ssh_port}
+        forwarded = {p for rt in self._runtimes.values() for p in rt.forwarded_ports()}
+        skipped = sorted(
+            p for p in forwarded - held if self.config.ssh_ports[0] <= p <= self.config.ssh_ports[1]
+        )
+        if skipped:
+            log.info(kv("ssh_ports_forwarded", ports=",".join(map(str, skipped[:20]))))
+        port = sshports.pick(self.config.ssh_ports, held | forwarded, self.state.read_ssh_port())
+        if port is not None:
+            self.state.write_ssh_port(port)
+        return port
+
+    def check_ssh(self) -> None:
+        """Knock on the SSH port of each running run whose server has not answered yet (each
+        at most every SSH_PROBE_INTERVAL, all at once, within SSH_PROBE_TIMEOUT); a run whose
+        server greets is reported ready."""
+        mono = time.monotonic()
+        with self._lock:
+            due = [
+                (r.key, r.ssh_port)
+                for r in self._runs.values()
+                if r.state == RUNNING
+                and r.ssh_port is not None
+                and not r.ssh_ready
+                and mono >= self._ssh_next_probe.get(r.key, 0.0)
+            ]
+            for key, _ in due:
+                self._ssh_next_probe[key] = mono + SSH_PROBE_INTERVAL
+        if not due:
+            return
+        answered = sshports.banners([port for _, port in due], timeout=SSH_PROBE_TIMEOUT)
+        if not answered:
+            return
+        with self._lock:
+            for key, port in due:
+                rec = self._runs.get(key)
+                if port not in answered or rec is None or rec.state != RUNNING:
+                    continue
+                if rec.ssh_port != port or rec.ssh_ready:
+                    continue
+                rec.ssh_ready = True
+                self._ssh_next_probe.pop(key, None)
+                after = self.clock() - rec.started_at if rec.started_at is not None else None
+                log.info(
+                    kv(
+                        "ssh_ready",
+                        run=key,
+                        port=port,
+                        after_s=round(after, 2) if after is not None else None,
+                    )
+                )
+                self._changed(rec)
 
     def _follow(self, rec: RunRecord, a: Assignment, now: float) -> None:
         """An existing run and its (latest) assignment."""
@@ -576,6 +661,7 @@ class Agent:
             self._users.release(rec.uid)  # swept when it ended
             StateDir.remove_run(rec.run_dir)
             del self._runs[key]
+            self._ssh_next_probe.pop(key, None)
             log.info(kv("run_forgotten", run=key))
 
     # --- reports ---------------------------------------------------------------------------
@@ -598,6 +684,9 @@ class Agent:
             signal=rec.signal if rec.state == EXITED else None,
             stopped=rec.stopped and rec.state != FAILED_TO_START,
             message=rec.message,
+            # The endpoint while it runs (the port is free again once it has ended).
+            ssh_port=rec.ssh_port if rec.state == RUNNING else None,
+            ssh_ready=rec.ssh_ready and rec.state == RUNNING,
             tail=tail,
         )
 
@@ -862,6 +951,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 if self._inventory_sent.is_set():
+                    self.check_ssh()
                     self.report()
                     mono = time.monotonic()
                     if mono - last_logs >= self.config.log_interval:

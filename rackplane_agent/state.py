@@ -3,6 +3,8 @@
     <state>/credential            the node credential (rpn_...), mode 0600
     <state>/node.json             the node's name and id, as the join answered
     <state>/agent.lock            held (flock) by the one agent using this directory
+    <state>/ssh-port              the last SSH port the agent handed out (they go in turn)
+    <state>/ssh-bundle/           the SSH server the podman runtime brings into containers
     <state>/runs/<wid>.<attempt>.<replica>/
         run.json                  what the agent knows of the run (`RunRecord`)
         launch.json               what the shim starts (argv, env with secrets, uid), removed
@@ -93,6 +95,10 @@ class RunRecord:
     cgroup: str | None = None
     uid: int | None = None  # the run's own uid (None: the agent's)
     workdir: str | None = None  # its working directory, under the work directory
+    # An instance's SSH endpoint: the node's port the agent picked for it (`podman` and `vm`
+    # runs with SSH keys), and whether an SSH server has answered there since it started.
+    ssh_port: int | None = None
+    ssh_ready: bool = False
     # --- not persisted ---
     run_dir: Path = field(default=Path("."), metadata={"persist": False})
     version: int = field(default=1, metadata={"persist": False})
@@ -192,6 +198,21 @@ class StateDir:
 
     def write_node(self, node: dict[str, Any]) -> None:
         write_atomic(self.node_file, json.dumps(node, indent=1, sort_keys=True).encode(), 0o600)
+
+    @property
+    def ssh_port_file(self) -> Path:
+        return self.root / "ssh-port"
+
+    def read_ssh_port(self) -> int | None:
+        """The last SSH port handed out (None: none yet, or unreadable)."""
+        try:
+            text = self.ssh_port_file.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def write_ssh_port(self, port: int) -> None:
+        write_atomic(self.ssh_port_file, f"{port}\n".encode(), 0o600)
 
     def run_dir(self, workload_id: str, attempt: int, replica: int) -> Path:
         return self.runs / run_dir_name(workload_id, attempt, replica)

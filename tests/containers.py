@@ -53,6 +53,9 @@ CONTAINERS_CONF / CONTAINERS_STORAGE_CONF from `env(d)`:
          (`podman run IMAGE -- echo` runs "--": exit 127, "executable file not found".)
     SSH: `build_image(d, "rpssh", ssh=True)` + `sshd(pubkey)` -> `ssh -p 2222 tenant@<ip>` logs
          in, with --userns=auto --user 1000:1000 --cap-drop all --read-only no-new-privileges.
+         (The agent's own instances bring dropbear from the host into the plain image instead:
+         `ssh_args(key, "127.0.0.1", user="root", port=<the run's ssh_port>)` logs into them;
+         tests/agent/test_container_wall.py.)
     `podman run --rm IMAGE true`, median of 5 (2 vCPUs, warm, host otherwise quiet): 0.39 s on
          the default network, 0.31 s on a tenant network, 0.22 s with --network none; hardened
          + --userns=auto: 0.21 s (none) / 0.33 s (tenant network). With the host busy (load 2):

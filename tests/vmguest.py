@@ -98,6 +98,11 @@ while true; do sleep 3600; done
 """
 
 
+def has_ssh_server() -> bool:
+    """Whether the guest gets dropbear (the host's, when it has one), and so answers on 22."""
+    return os.path.exists(shutil.which("dropbear") or "/usr/sbin/dropbear")
+
+
 class Unavailable(Exception):
     """The guest cannot be built here (the reason is the skip message)."""
 

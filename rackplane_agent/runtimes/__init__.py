@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
+from pathlib import Path
 
 from rackplane_agent.cgroups import Cgroups
 from rackplane_agent.runtimes.base import (
@@ -60,7 +61,10 @@ def make(
     environ: Mapping[str, str] = os.environ,
     max_output: int | None = None,
     cgroups: Cgroups | None = None,
+    state_dir: Path | None = None,
 ) -> Runtime:
+    """A runtime; `state_dir`: the agent's, where a runtime keeps what it builds (podman: the
+    SSH server it brings into containers, `<state_dir>/ssh-bundle`)."""
     if name == "process":
         from rackplane_agent.runtimes.process import ProcessRuntime
 
@@ -68,7 +72,8 @@ def make(
     if name == "podman":
         from rackplane_agent.runtimes.podman import PodmanRuntime
 
-        return PodmanRuntime(environ, max_output)
+        ssh_dir = Path(state_dir) / "ssh-bundle" if state_dir is not None else None
+        return PodmanRuntime(environ, max_output, ssh_dir)
     if name == "vm":
         from rackplane_agent.runtimes.vm import VmRuntime
 

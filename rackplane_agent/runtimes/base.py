@@ -108,6 +108,12 @@ class Runtime(Protocol):
         """What this runtime can do on this host that the inventory should advertise (the
         `vm` runtime: `sev-snp`, `tdx`)."""
 
+    def forwarded_ports(self) -> set[int]:
+        """The node's TCP ports this runtime's host plumbing forwards somewhere now (podman:
+        netavark's DNAT rules, a container's own or one left behind), which the agent must
+        not hand out as an instance's SSH port: such a rule catches the port's traffic before
+        any listener does."""
+
 
 def signal_group(pid: int | None, sig: int) -> bool:
     """Signal a run's process group (its shim leads it); False when it is gone."""
@@ -193,6 +199,9 @@ class ShimRuntime:
 
     def capabilities(self) -> list[str]:
         return []
+
+    def forwarded_ports(self) -> set[int]:
+        return set()
 
 
 def spawn_shim(

@@ -32,10 +32,13 @@ LABEL = "cidata"
 
 def seed_files(instance_id: str, hostname: str, ssh_keys: list[str]) -> dict[str, bytes]:
     """NoCloud's `meta-data` (the instance and its host name) and `user-data` (#cloud-config:
-    the host name and the tenant's SSH public keys, given to the image's default user).
-    Keys are written one per line (`  - KEY`), never folded."""
+    the host name and the tenant's SSH public keys). cloud-init gives the keys to the image's
+    default user and to root; `disable_root: false` lets root use them (by default cloud-init
+    prefixes root's with a command that only says which user to log in as), since `root` is
+    the user a tenant connects as, in a VM as in a container. Keys are written one per line
+    (`- KEY`), never folded."""
     meta = {"instance-id": instance_id, "local-hostname": hostname}
-    user = {"hostname": hostname, "ssh_authorized_keys": list(ssh_keys)}
+    user = {"hostname": hostname, "disable_root": False, "ssh_authorized_keys": list(ssh_keys)}
     dump = dict(default_flow_style=False, sort_keys=False, width=1 << 20, allow_unicode=False)
     return {
         "meta-data": yaml.safe_dump(meta, **dump).encode(),

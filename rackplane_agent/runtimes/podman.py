@@ -14,9 +14,8 @@ flag was tried against). Every run gets:
   FSETID, KILL, NET_BIND_SERVICE, SETFCAP, SETGID, SETPCAP, SETUID, SYS_CHROOT) serves image
   builds and daemons that switch users (apt's sandbox, gosu, su, sshd as root). Even namespaced
   they widen the kernel surface a tenant reaches. An image whose entrypoint needs them fails
-  visibly (`Operation not permitted` in its log), which is the honest answer on a shared node;
-  an SSH server in a container runs as the tenant's user and needs none
-  (docs/design/containers-here.md).
+  visibly (`Operation not permitted` in its log), which is the honest answer on a shared node.
+  An instance one logs into gets SETUID and SETGID back, and only those (below).
 - `--init`: podman's catatonit is PID 1, forwards the agent's signals to the workload and reaps
   it. Without it the workload is PID 1, and the kernel drops every signal PID 1 has no handler
   for: a stop's SIGTERM would do nothing and each stop would last the whole grace.
@@ -34,6 +33,33 @@ flag was tried against). Every run gets:
 `podman run` proxies the signals it gets to the container (`--sig-proxy`, on by default), so
 SIGTERM and the checkpoint signal reach the workload like a host process's. A SIGKILL cannot be
 proxied: when the agent kills the group it also asks podman to kill the container.
+
+An instance one logs into (a run with `ssh_keys`; the runtime advertises the `ssh` capability
+where the host has dropbear, dropbearkey and ldd) gets an SSH server the agent brings, so any
+image with /bin/sh will do (`sshbundle.py`; docs/design/containers-here.md says why this
+design). On top of the flags above:
+
+- `--volume <state>/ssh-bundle/<digest>:/.rackplane/ssh:ro`: dropbear, its libraries and their
+  loader, and the init script, which is the container's command before the workload's
+  (`/.rackplane/ssh/init COMMAND...`): it writes the keys to root's authorized_keys, makes a
+  host key and prints its fingerprint to the run's output (`RACKPLANE-SSH-HOSTKEY SHA256:...`),
+  starts dropbear on port 22 and execs the command;
+- `--user 0:0`: one logs in as `root` (the container's, an unprivileged id of the host), and
+  the workload runs as that root too, whatever the image's `USER`;
+- `--cap-add SETUID,SETGID`: dropbear switches to the user logging in. In the container's own
+  user namespace, with no-new-privileges, they switch only among the container's own 65536
+  mapped ids (seen: CapEff 0xc0, uid_map `0 2147483647 65536`);
+- `--sysctl net.ipv4.ip_unprivileged_port_start=22` (the container's network namespace only):
+  dropbear binds 22 without NET_BIND_SERVICE;
+- `--publish PORT:22`, PORT the one the agent picked from its `--ssh-ports` (`ssh_port`), on
+  the tenant's network: the wall between tenants' bridges drops another tenant's connections
+  to it (DNAT'd traffic is routed like any other);
+- `--env RACKPLANE_SSH_KEYS=...`: the keys, one a line (public, so argv may show them; the
+  env-file pipe carries no line breaks).
+
+A run with keys and no tenant is refused (`--network none` publishes nothing), as is one on a
+host without the tools. The image's ENTRYPOINT, if it has one, runs first and gets the init
+script as its first argument: entrypoints that end in `exec "$@"` (the usual kind) start it.
 """
 
 from __future__ import annotations
@@ -54,6 +80,9 @@ from pathlib import Path
 
 from rackplane_agent.logfmt import kv
 from rackplane_agent.runtimes.base import RunPlace, ShimRuntime, StartError, base_env, spawn_shim
+from rackplane_agent.runtimes.sshbundle import INIT as SSH_INIT
+from rackplane_agent.runtimes.sshbundle import MOUNT as SSH_MOUNT
+from rackplane_agent.runtimes.sshbundle import SshBundle
 from rackplane_agent.state import EXIT_FILE, OUTPUT_FILE, RunRecord
 from rackplane_wire import Assignment
 
@@ -71,12 +100,16 @@ PODMAN_ENV = (
 # The fd on which the shim hands podman the workload's env (`--env-file /dev/fd/N`).
 ENV_FD = 20
 USERNS_SIZE = 65536
+# What the SSH keys may take in podman's argv (Linux holds one argument to 128 KiB).
+MAX_SSH_KEYS_BYTES = 120_000
 PIDS_LIMIT = 16384
 NETWORK_PREFIX = "rp-tenant-"
 # The agent's iptables chains (filter table): WALL_CHAIN, first in FORWARD, sends what comes in
 # on a tenant's bridge to FROM_TENANT_CHAIN, which drops it when it leaves on another tenant's.
 WALL_CHAIN = "RACKPLANE_TENANT_WALL"
 FROM_TENANT_CHAIN = "RACKPLANE_FROM_TENANT"
+# netavark's chain (nat table) that DNATs the node's published ports to containers.
+HOSTPORT_CHAIN = "NETAVARK-HOSTPORT-DNAT"
 # Where iptables is when the agent's PATH lacks the sbin directories.
 _SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -95,14 +128,26 @@ def tenant_network(tenant: str | None) -> str | None:
     return NETWORK_PREFIX + hashlib.sha256(tenant.encode()).hexdigest()[:16]
 
 
-def podman_argv(assignment: Assignment, podman: str = "podman") -> list[str]:
+def podman_argv(
+    assignment: Assignment, podman: str = "podman", ssh_bundle: Path | None = None
+) -> list[str]:
     """`podman run` for an assignment, with the tier's boundary (the module's docstring says
     why each flag). The env is neither on the command line (any user may read a process's
     argv, and the env carries RACKPLANE_TOKEN) nor in podman's own environment (where PATH,
     LD_PRELOAD or CONTAINERS_CONF would steer podman itself): the shim hands it over on a pipe
-    (`--env-file /dev/fd/N`). `--` ends podman's options, so no image name is read as one."""
+    (`--env-file /dev/fd/N`). `--` ends podman's options, so no image name is read as one.
+    With `ssh_keys`: an SSH server from `ssh_bundle` on `ssh_port` (the module's docstring)."""
     if not assignment.image:
         raise StartError("the podman runtime needs an image")
+    if assignment.ssh_keys:
+        if assignment.tenant is None:
+            raise StartError("a container one logs into needs a tenant (its network)")
+        if ssh_bundle is None:
+            raise StartError("this node cannot bring an SSH server into a container")
+        if assignment.ssh_port is None:
+            raise StartError("the agent gave the run no SSH port")
+        if ":" in str(ssh_bundle) or "," in str(ssh_bundle):
+            raise StartError(f"the SSH bundle's path {ssh_bundle} holds a ':' or ','")
     argv = [
         podman,
         "run",
@@ -135,12 +180,29 @@ def podman_argv(assignment: Assignment, podman: str = "podman") -> list[str]:
         "--pull",
         "missing",
     ]
+    command = list(assignment.command)
+    if assignment.ssh_keys:
+        keys = "\n".join(k.strip() for k in assignment.ssh_keys)
+        if len(keys) > MAX_SSH_KEYS_BYTES:
+            raise StartError(
+                f"the run's SSH keys take {len(keys)} bytes, more than the {MAX_SSH_KEYS_BYTES} "
+                "one argument of podman's may hold"
+            )
+        argv += [
+            "--volume", f"{ssh_bundle}:{SSH_MOUNT}:ro",
+            "--user", "0:0",
+            "--cap-add", "SETUID,SETGID",
+            "--sysctl", "net.ipv4.ip_unprivileged_port_start=22",
+            "--publish", f"{assignment.ssh_port}:22/tcp",
+            "--env", f"RACKPLANE_SSH_KEYS={keys}",
+        ]  # fmt: skip
+        command = [SSH_INIT, *command]
     if assignment.cpu_milli > 0:
         argv += ["--cpus", f"{assignment.cpu_milli / 1000:g}"]
     if assignment.memory_mib > 0:
         argv += ["--memory", f"{assignment.memory_mib}m"]
     argv += ["--stop-timeout", str(math.ceil(assignment.grace_s))]
-    argv += ["--", assignment.image, *assignment.command]
+    argv += ["--", assignment.image, *command]
     return argv
 
 
@@ -216,6 +278,23 @@ class TenantNetworks:
                         if f"--comment {name}" in rule or f'--comment "{name}"' in rule:
                             self._ipt("-D", chain, *shlex.split(rule)[2:])
             self._run_podman("network", "rm", "--force", name)
+
+    def forwarded_ports(self) -> set[int]:
+        """The TCP ports netavark's port-forwarding chain (NETAVARK-HOSTPORT-DNAT) names."""
+        if self._iptables is None:
+            return set()
+        try:
+            got = self._ipt("-t", "nat", "-S", HOSTPORT_CHAIN)
+        except StartError:
+            return set()
+        ports: set[int] = set()
+        for rule in got.stdout.splitlines():
+            words = rule.split()
+            if "--dport" in words and words.index("--dport") + 1 < len(words):
+                low, _, high = words[words.index("--dport") + 1].partition(":")
+                if low.isdigit() and (not high or high.isdigit()):
+                    ports.update(range(int(low), int(high or low) + 1))
+        return ports
 
     def _inspect(self, name: str) -> dict | None:
         got = self._run_podman("network", "inspect", name)
@@ -312,9 +391,17 @@ class PodmanRuntime(ShimRuntime):
     name = "podman"
     own_uid = False  # root in its user namespace maps to an unnamed subordinate uid
 
-    def __init__(self, environ: Mapping[str, str] = os.environ, max_output: int | None = None):
+    def __init__(
+        self,
+        environ: Mapping[str, str] = os.environ,
+        max_output: int | None = None,
+        ssh_dir: Path | None = None,
+    ):
+        """`ssh_dir`: where the SSH server's bundle is built (`<state>/ssh-bundle`); None: no
+        run with SSH keys can start."""
         self._environ = environ
         self._max_output = max_output
+        self._ssh = SshBundle(ssh_dir, environ) if ssh_dir is not None else None
 
     def _podman(self) -> str:
         found = shutil.which("podman", path=self._environ.get("PATH"))
@@ -325,8 +412,39 @@ class PodmanRuntime(ShimRuntime):
     def networks(self) -> TenantNetworks:
         return TenantNetworks(self._podman(), self._environ)
 
+    def capabilities(self) -> list[str]:
+        """`ssh` where this host has what an SSH server in a container needs."""
+        return ["ssh"] if self._ssh is not None and not self._ssh.missing() else []
+
+    def forwarded_ports(self) -> set[int]:
+        """The ports netavark's DNAT rules forward (`--dport` in its NETAVARK-HOSTPORT-DNAT
+        chain of the nat table): a live container's, and ones netavark 1.4 left behind for a
+        container gone (seen here: the first rule for a port wins, so a port with a stale
+        rule never reaches a new container's server). Empty without iptables or the chain."""
+        try:
+            return self.networks().forwarded_ports()
+        except StartError:  # no podman
+            return set()
+
+    def _ssh_bundle(self, assignment: Assignment, build: bool) -> Path | None:
+        if not assignment.ssh_keys:
+            return None
+        if self._ssh is None:
+            raise StartError("this node cannot bring an SSH server into a container")
+        if not build:
+            missing = self._ssh.missing()
+            if missing:
+                raise StartError(
+                    "this node cannot bring an SSH server into a container: "
+                    f"{', '.join(missing)} not installed"
+                )
+            return self._ssh.root / "current"
+        return self._ssh.ensure()
+
     def check(self, assignment: Assignment) -> None:
-        podman_argv(assignment, self._podman())
+        if assignment.ssh_keys and assignment.ssh_port is None:  # the agent picks it later
+            assignment = assignment.model_copy(update={"ssh_port": 22})
+        podman_argv(assignment, self._podman(), self._ssh_bundle(assignment, build=False))
         check_env(assignment.env)
 
     def launch(
@@ -337,7 +455,7 @@ class PodmanRuntime(ShimRuntime):
         place: RunPlace,
         rec: RunRecord,
     ) -> subprocess.Popen:
-        argv = podman_argv(assignment, self._podman())
+        argv = podman_argv(assignment, self._podman(), self._ssh_bundle(assignment, build=True))
         full = {**assignment.env, **env}
         check_env(full)
         if assignment.tenant is not None:

@@ -7,7 +7,8 @@ What a run gets (`vm_argv`):
   the run's working directory: the guest writes only there; the base image, which QEMU opens
   read-only as a backing file, is never written and is shared by every run of that image;
 - a cloud-init **NoCloud seed** (`nocloud.py`: an ISO 9660 image labelled `cidata`, written in
-  Python) with its instance id, its host name and the tenant's SSH public keys;
+  Python) with its instance id, its host name and the tenant's SSH public keys, for `root`
+  (`disable_root: false`) as for the image's default user;
 - `-device vfio-pci,host=<PCI address>` for each of its GPUs, each behind a PCIe root port of its
   own. The assignment names GPUs by UUID; the agent's inventory (`GpuInfo.pci_bus_id`) maps
   them to PCI addresses (`use_inventory`). A MIG instance cannot be passed through (it is no
@@ -16,12 +17,17 @@ What a run gets (`vm_argv`):
 - a **QMP** socket in the run's state directory (the agent's, 0700; never in the tenant's
   working directory), through which a stop is an ACPI power button press (`system_powerdown`);
 - user-mode networking with `restrict=on`: the guest reaches neither the host's loopback
-  services (slirp maps 10.0.2.2 to the host) nor anything else; with `ssh_port`, that port of
-  the node is forwarded to the guest's port 22 (`hostfwd`), how a tenant logs in;
+  services (slirp maps 10.0.2.2 to the host) nor anything else; with SSH keys, the port of the
+  node the agent picked from its `--ssh-ports` (`ssh_port`, never the control plane's) is
+  forwarded to the guest's port 22 (`hostfwd`, on every address of the node), how a tenant
+  logs in as `root`: the image's own SSH server (cloud-init's images have one) takes the keys
+  from the seed, and the agent reports the run's SSH ready once a server greets on that port;
 - KVM (`-enable-kvm -cpu host`) where /dev/kvm opens and the CPU has hardware virtualization
   (vmx/svm): a /dev/kvm without it (a paravirtual KVM such as PVM, which runs only guest kernels
   built for it) boots nothing else, so TCG (`-accel tcg`) is used there, as where /dev/kvm is
-  missing. `RACKPLANE_VM_ACCEL=kvm|tcg` in the agent's environment overrides the choice;
+  missing. `RACKPLANE_VM_ACCEL=kvm|tcg` in the agent's environment overrides the choice
+  (and `RACKPLANE_VM_PASSTHROUGH=none` boots VMs without their GPUs: for test hosts whose
+  GPUs an inventory file describes);
 - with `confidential` (`confidential-vm`), the SEV-SNP or TDX guest objects, when the host
   advertises that technology (kernel and QEMU both: `probe_host`), with the confidential
   firmware (OVMF) the guest must boot from; refused (`StartError`) elsewhere.
@@ -328,10 +334,13 @@ def vm_argv(
     user: RunUser | None = None,
     firmware: Path | None = None,
     qemu: str = QEMU,
+    passthrough: bool = True,
 ) -> list[str]:
-    """QEMU's command line for a run. Raises StartError for what this host cannot give it."""
+    """QEMU's command line for a run. Raises StartError for what this host cannot give it.
+    `passthrough` False: the run's GPUs are not passed through (a test host whose GPUs an
+    inventory file describes: there is nothing to pass)."""
     memory, cpus = memory_mib(assignment), vcpus(assignment)
-    gpus = gpu_addresses(assignment, pci_bus_ids)
+    gpus = gpu_addresses(assignment, pci_bus_ids) if passthrough else []
     machine = ["q35"]
     objects: list[str] = []
     if assignment.confidential is not None:
@@ -483,6 +492,11 @@ class VmRuntime(ShimRuntime):
             (Path(p) for p in FIRMWARE_CANDIDATES if os.path.isfile(p)), None
         )
         self._found: _Found | None = None
+        # RACKPLANE_VM_PASSTHROUGH=none: GPUs are described (an inventory file), not real, so
+        # nothing is passed through; for test hosts only, and said in the agent's log.
+        self.passthrough = environ.get("RACKPLANE_VM_PASSTHROUGH", "vfio") != "none"
+        if not self.passthrough:
+            log.warning(kv("vm_passthrough_off", reason="RACKPLANE_VM_PASSTHROUGH=none"))
 
     # --- what the host has --------------------------------------------------------------
 
@@ -522,6 +536,7 @@ class VmRuntime(ShimRuntime):
             user=user,
             firmware=self.firmware,
             qemu=found.qemu,
+            passthrough=self.passthrough,
         )
 
     def check(self, assignment: Assignment) -> None:

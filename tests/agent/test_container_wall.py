@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rackplane_agent import sshports
 from rackplane_agent.runner import Agent
 from rackplane_agent.runtimes.podman import (
     FROM_TENANT_CHAIN,
@@ -51,8 +52,8 @@ pytestmark = pytest.mark.skipif(
     containers.available() is not None, reason=f"no real containers: {containers.available()}"
 )
 
-VICTIM, ATTACKER, FRIEND, EXITS, STOPS = (
-    f"00000000-0000-4000-8000-0000000000{i}" for i in ("c1", "c2", "c3", "c4", "c5")
+VICTIM, ATTACKER, FRIEND, EXITS, STOPS, INSTANCE, KNOCKER = (
+    f"00000000-0000-4000-8000-0000000000{i}" for i in ("c1", "c2", "c3", "c4", "c5", "c6", "c7")
 )
 SECRET = "hf_victim_5e2c9a"
 PORT = 8080
@@ -144,10 +145,10 @@ def work_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _agent(state_dir: Path, client: FakeClient, work_dir: Path, environ: dict, uids: tuple):
+def _agent(state_dir: Path, client: FakeClient, work_dir: Path, environ: dict, uids: tuple, **kw):
     """An agent offering podman, its podman pointed at the test's configuration through the
     environment it is given (as an operator's unit file would)."""
-    cfg = config(state_dir, runtimes=["process", "podman"], work_dir=work_dir, run_uids=uids)
+    cfg = config(state_dir, runtimes=["process", "podman"], work_dir=work_dir, run_uids=uids, **kw)
     a = Agent(cfg, client, inventory=INVENTORY, environ=environ)
     a.prepare()
     return a
@@ -187,6 +188,11 @@ def _without_netavarks_isolation() -> None:
         pass
 
 
+def _forward() -> list[str]:
+    ipt = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True)
+    return [r for r in ipt.stdout.splitlines() if r.startswith("-A FORWARD")]
+
+
 def _subordinate_ids(user: str = "containers") -> tuple[int, int]:
     """(first, count) of `user`'s range in /etc/subuid, which --userns=auto carves from."""
     for line in Path("/etc/subuid").read_text().splitlines():
@@ -203,6 +209,7 @@ def test_a_tenants_container_cannot_reach_the_agent_another_tenant_or_the_host(
     d, image, environ, tenants = pod.dir, pod.image, pod.environ, pod.tenants
     client = FakeClient()
     client.secret_env[VICTIM] = {"HF_TOKEN": SECRET, "RACKPLANE_TOKEN": "rpw_victim"}
+    walls_before = _forward().count(f"-A FORWARD -j {WALL_CHAIN}")
     a = _agent(state_dir, client, work_dir, environ, (2_100_300, 2_100_399))
     a.state.write_credential("rpn_" + "N" * 40, {"node_name": "node-1"})
     credential = state_dir / "credential"
@@ -261,7 +268,10 @@ def test_a_tenants_container_cannot_reach_the_agent_another_tenant_or_the_host(
         assert info["labels"]["rackplane.tenant"] == tenants[t]
     ipt = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True).stdout
     forward = [r for r in ipt.splitlines() if r.startswith("-A FORWARD")]
-    assert wall_leads(forward) and forward.count(f"-A FORWARD -j {WALL_CHAIN}") == 1, forward
+    # The wall leads FORWARD, put there once by these starts at most (a copy lower down, left
+    # when netavark put its own jump above an earlier one, is harmless: `wall_leads`).
+    walls = forward.count(f"-A FORWARD -j {WALL_CHAIN}")
+    assert wall_leads(forward) and 1 <= walls <= walls_before + 1, (forward, walls_before)
     assert all(f"--comment {n}" in ipt for n in nets.values()) and FROM_TENANT_CHAIN in ipt
     _without_netavarks_isolation()
     for ready in (attacker, friend):
@@ -359,3 +369,140 @@ def test_a_containers_exit_code_and_stop_go_through_the_agent(pod, state_dir, wo
         timeout=10,
     )
     a.close()
+
+
+# --- an instance one logs into -----------------------------------------------------------------
+
+SSH_PORTS = (22300, 22349)  # this test's agent's --ssh-ports
+
+# Tenant B knocks on tenant A's instance through the host's address (DNAT'd to A's bridge, so
+# routed: the wall's), and, to tell a drop from nobody listening, on a port nobody serves.
+KNOCKER_SCRIPT = r"""
+echo "knocker up"
+until [ -e /tmp/go ]; do sleep 0.05; done
+echo "SSHPORT $(nc -w 3 "$1" "$2" </dev/null 2>&1 | head -c 80)"
+echo "CLOSED $(nc -w 3 "$1" "$3" </dev/null 2>&1 | head -c 80)"
+"""
+
+
+def _keypair(path: Path) -> str:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def _ssh(key: Path, port: int, command: str) -> subprocess.CompletedProcess[str]:
+    argv = containers.ssh_args(key, "127.0.0.1", user="root", port=port)
+    return subprocess.run(
+        [*argv, command], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
+
+
+def _host_address() -> str:
+    """The host's own address on its default route (or any non-loopback one)."""
+    got = subprocess.run(["ip", "-4", "route", "get", "1.1.1.1"], capture_output=True, text=True)
+    words = got.stdout.split()
+    if "src" in words:
+        return words[words.index("src") + 1]
+    raise AssertionError(f"no source address for the default route: {got.stdout}{got.stderr}")
+
+
+@pytest.mark.skipif(
+    not (shutil.which("ssh") and shutil.which("ssh-keygen") and shutil.which("ssh-keyscan")),
+    reason="no OpenSSH client",
+)
+@pytest.mark.skipif(
+    not (Path("/usr/sbin/dropbear").exists() and shutil.which("dropbearkey")),
+    reason="no dropbear on this host (scripts/ensure-podman.sh installs dropbear-bin)",
+)
+def test_a_container_with_ssh_keys_is_an_instance_one_logs_into_as_root(pod, state_dir, work_dir):
+    """The agent picks a port of its range, brings dropbear into an image with no SSH server
+    and no glibc (busybox-static), reports the port and then that the server answers; the key
+    logs in as root (the container's: an unprivileged id of the host, SETUID and SETGID only),
+    another key does not, the host key's fingerprint is in the run's output, and another
+    tenant's container cannot reach the port (the wall drops what DNAT routes to A's bridge)."""
+    image, environ, tenants = pod.image, pod.environ, pod.tenants
+    keys = open_dir("rp-cwall-keys-")
+    try:
+        pub = _keypair(keys / "tenant")
+        _keypair(keys / "stranger")
+        client = FakeClient()
+        a = _agent(
+            state_dir, client, work_dir, environ, (2_100_500, 2_100_599), ssh_ports=SSH_PORTS
+        )
+        assert "ssh" in a.inventory.capabilities
+        inst = assignment(
+            INSTANCE, ["sh", "-c", "echo instance up as $(id -u) umask $(umask); exec sleep 60"],
+            runtime="podman", image=image, tenant=tenants["a"], grace_s=2.0, ssh_keys=[pub],
+        )  # fmt: skip
+        began = time.monotonic()
+        a.set_assignments(assignments(inst))
+        step_until(a, lambda: (r := client.last(INSTANCE)) and r.state == "running", timeout=20)
+        first = client.last(INSTANCE)
+        port = first.ssh_port
+        assert port is not None and SSH_PORTS[0] <= port <= SSH_PORTS[1], first
+        assert a.runs[f"{INSTANCE}.0.0"].ssh_port == port
+        step_until(a, lambda: client.last(INSTANCE).ssh_ready, timeout=30, interval=0.1)
+        ready_s = time.monotonic() - began
+        assert client.last(INSTANCE).ssh_port == port
+
+        # The tenant's key logs in as root, a root with no capability but SETUID and SETGID,
+        # mapped to an unprivileged id of the host.
+        t0 = time.monotonic()
+        got = _ssh(
+            keys / "tenant", port, "id; grep CapEff /proc/self/status; cat /proc/self/uid_map"
+        )
+        login_s = time.monotonic() - t0
+        assert got.returncode == 0, got
+        lines = got.stdout.splitlines()
+        assert lines[0].startswith("uid=0(root) gid=0(root)"), got.stdout
+        assert lines[1].split() == ["CapEff:", "00000000000000c0"], got.stdout
+        inside, host, size = (int(x) for x in lines[2].split())
+        first_id, count = _subordinate_ids()
+        assert (inside, size) == (0, 65536) and first_id <= host < first_id + count, got.stdout
+        # Another key is refused.
+        refused = _ssh(keys / "stranger", port, "id")
+        assert refused.returncode == 255 and "Permission denied (publickey)" in refused.stderr, (
+            refused
+        )
+        # The host key the client meets is the one whose fingerprint the run printed.
+        out = _output(a, client, INSTANCE)
+        assert "instance up as 0 umask 0022" in out, out  # the init's umask 077 stayed its own
+        printed = _lines(out, "RACKPLANE-SSH-HOSTKEY")
+        scan = subprocess.run(
+            ["ssh-keyscan", "-t", "ed25519", "-p", str(port), "127.0.0.1"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        seen = subprocess.run(
+            ["ssh-keygen", "-l", "-f", "-"], input=scan.stdout, capture_output=True, text=True
+        )
+        assert len(printed) == 1 and printed[0].startswith("SHA256:"), out
+        assert seen.stdout.split()[1] == printed[0], (seen.stdout, printed)
+
+        # Tenant B cannot reach it through the host's address (netavark's own isolation taken
+        # away first: the agent's wall alone): a drop (timed out), where a port nobody serves
+        # answers at once.
+        host_ip = _host_address()
+        closed = next(p for p in range(SSH_PORTS[1] + 1, 65_000) if sshports.bindable(p))
+        knock = assignment(
+            KNOCKER, ["sh", "-c", KNOCKER_SCRIPT, "sh", host_ip, str(port), str(closed)],
+            runtime="podman", image=image, tenant=tenants["b"], grace_s=2.0,
+        )  # fmt: skip
+        a.set_assignments(assignments(inst, knock, index=2))
+        step_until(a, lambda: "knocker up" in _output(a, client, KNOCKER), timeout=20)
+        _without_netavarks_isolation()  # netavark put it back as the knocker started
+        containers.podman(pod.dir, "exec", container_name(knock), "touch", "/tmp/go")
+        step_until(a, lambda: (r := client.last(KNOCKER)) and r.state == "exited", timeout=30)
+        knocked = _output(a, client, KNOCKER)
+        assert knock.ssh_port is None and client.last(KNOCKER).ssh_port is None
+        sshport, closed_port = _lines(knocked, "SSHPORT"), _lines(knocked, "CLOSED")
+        assert sshport and "timed out" in sshport[0] and "SSH-" not in sshport[0], knocked
+        assert closed_port and "refused" in closed_port[0], knocked
+        assert client.last(INSTANCE).state == "running"
+        print(f"\ncontainer ssh: ready {ready_s:.1f}s after the assignment, login {login_s:.2f}s")
+        a.close()
+    finally:
+        shutil.rmtree(keys, ignore_errors=True)

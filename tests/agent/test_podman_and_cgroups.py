@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from rackplane_agent import cgroups, logs, runtimes
+from rackplane_agent.runtimes import sshbundle
 from rackplane_agent.runtimes.podman import (
     ENV_FD,
+    PodmanRuntime,
     container_name,
     podman_argv,
     tenant_network,
@@ -68,6 +74,123 @@ def test_podman_argv_minimal_and_refusals():
     assert {"--userns=auto:size=65536", "no-new-privileges", "--init"} <= set(argv)
     assert argv[argv.index("--cap-drop") + 1] == "all"
     assert "--read-only" not in argv  # the wire cannot ask for it yet
+
+
+KEYS = [
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice",
+    "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY= bob",
+]
+
+
+def test_podman_argv_for_an_instance_one_logs_into():
+    a = assignment(
+        "wl-2", ["sleep", "infinity"], runtime="podman", image="img", tenant="t-0001",
+        ssh_keys=KEYS, ssh_port=22007,
+    )  # fmt: skip
+    bundle = Path("/var/lib/rackplane-agent/ssh-bundle/0123456789abcdef")
+    argv = podman_argv(a, ssh_bundle=bundle)
+    # The boundary is the same; on top of it, the SSH server's few needs.
+    assert {"--userns=auto:size=65536", "no-new-privileges", "--init"} <= set(argv)
+    assert argv[argv.index("--cap-drop") + 1] == "all"
+    assert argv[argv.index("--cap-add") + 1] == "SETUID,SETGID"
+    assert argv[argv.index("--user") + 1] == "0:0"
+    assert argv[argv.index("--volume") + 1] == f"{bundle}:/.rackplane/ssh:ro"
+    assert argv[argv.index("--sysctl") + 1] == "net.ipv4.ip_unprivileged_port_start=22"
+    assert argv[argv.index("--publish") + 1] == "22007:22/tcp"
+    assert argv[argv.index("--network") + 1] == tenant_network("t-0001")
+    assert argv[argv.index("--env") + 1] == "RACKPLANE_SSH_KEYS=" + "\n".join(KEYS)
+    assert argv[argv.index("--") :] == ["--", "img", "/.rackplane/ssh/init", "sleep", "infinity"]
+    # None of it without keys (an assignment's ssh_port alone does nothing).
+    plain = podman_argv(a.model_copy(update={"ssh_keys": []}), ssh_bundle=bundle)
+    assert not {"--cap-add", "--user", "--volume", "--publish", "--sysctl"} & set(plain)
+    assert plain[-3:] == ["img", "sleep", "infinity"]
+    # Refused: no tenant (no network to publish on), no bundle, no port, an unsafe path.
+    for update, words in [
+        ({"tenant": None}, "needs a tenant"),
+        ({"ssh_port": None}, "no SSH port"),
+    ]:
+        with pytest.raises(runtimes.StartError, match=words):
+            podman_argv(a.model_copy(update=update), ssh_bundle=bundle)
+    with pytest.raises(runtimes.StartError, match="cannot bring an SSH server"):
+        podman_argv(a)
+    with pytest.raises(runtimes.StartError, match="holds a"):
+        podman_argv(a, ssh_bundle=Path("/x:y"))
+    big = [KEYS[0][:-5] + f"k{i:04d}" + " " + "c" * 15_000 for i in range(9)]
+    with pytest.raises(runtimes.StartError, match="SSH keys take 13"):
+        podman_argv(a.model_copy(update={"ssh_keys": big}), ssh_bundle=bundle)
+
+
+def test_a_podman_without_dropbear_neither_offers_ssh_nor_starts_an_instance(tmp_path, monkeypatch):
+    a = assignment("wl-3", ["true"], runtime="podman", image="img", tenant="t", ssh_keys=KEYS)
+    monkeypatch.setattr(sshbundle, "DROPBEAR", str(tmp_path / "none"))
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    (empty / "podman").write_text("#!/bin/sh\n")
+    (empty / "podman").chmod(0o755)
+    monkeypatch.setattr(sshbundle, "_SEARCH", str(empty))
+    rt = PodmanRuntime({"PATH": str(empty)}, ssh_dir=tmp_path / "ssh-bundle")
+    assert rt.capabilities() == []
+    with pytest.raises(runtimes.StartError, match="dropbear not installed"):
+        rt.check(a)
+    rt.check(a.model_copy(update={"ssh_keys": []}))  # a plain container still starts
+    # A runtime given no place for the bundle cannot either.
+    assert PodmanRuntime({"PATH": str(empty)}).capabilities() == []
+
+
+def test_ldd_output_is_read_for_libraries_and_the_loader():
+    text = (
+        "\tlinux-vdso.so.1 (0x00007ffd)\n"
+        "\tlibtomcrypt.so.1 => /lib/x86_64-linux-gnu/libtomcrypt.so.1 (0x00007f24a84ea000)\n"
+        "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f24a828f000)\n"
+        "\t/lib64/ld-linux-x86-64.so.2 (0x00007f24a860b000)\n"
+    )
+    libs, loader = sshbundle.parse_ldd(text)
+    assert libs == {
+        "libtomcrypt.so.1": "/lib/x86_64-linux-gnu/libtomcrypt.so.1",
+        "libc.so.6": "/lib/x86_64-linux-gnu/libc.so.6",
+    }
+    assert loader == "/lib64/ld-linux-x86-64.so.2"
+    with pytest.raises(runtimes.StartError, match="cannot find libz.so.1"):
+        sshbundle.parse_ldd("\tlibz.so.1 => not found\n")
+
+
+@pytest.mark.skipif(
+    not (os.path.exists(sshbundle.DROPBEAR) and shutil.which("dropbearkey")),
+    reason="no dropbear on this host (scripts/ensure-podman.sh installs dropbear-bin)",
+)
+def test_the_ssh_bundle_carries_dropbear_its_libraries_and_loader(tmp_path):
+    bundle = sshbundle.SshBundle(tmp_path / "ssh-bundle")
+    assert bundle.missing() == []
+    d = bundle.ensure()
+    assert d.parent == tmp_path / "ssh-bundle" and len(d.name) == 16
+    names = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
+    assert {"init", "dropbear", "dropbearkey", "ld.so", "lib/libc.so.6"} <= names, names
+    for name in ("init", "dropbear", "dropbearkey", "ld.so"):
+        assert (d / name).stat().st_mode & 0o777 == 0o755, name
+    assert (d / "lib" / "libc.so.6").stat().st_mode & 0o777 == 0o644
+    assert d.stat().st_mode & 0o777 == 0o755 and d.parent.stat().st_mode & 0o777 == 0o755
+    init = (d / "init").read_text()
+    assert init.startswith("#!/bin/sh\n") and 'exec "$@"' in init
+    assert "$b/ld.so --library-path $b/lib $b/dropbear -s -E -p 22" in init
+    assert subprocess.run(["sh", "-n", str(d / "init")]).returncode == 0
+    # The bundled dropbearkey runs through the bundled loader and libraries alone.
+    key = tmp_path / "key"
+    made = subprocess.run(
+        [d / "ld.so", "--library-path", d / "lib", d / "dropbearkey", "-t", "ed25519", "-f", key],
+        capture_output=True, text=True, env={},
+    )  # fmt: skip
+    assert made.returncode == 0 and "Fingerprint:" in made.stdout, made
+    # Built once: the same directory again, untouched.
+    mtime = (d / "init").stat().st_mtime_ns
+    assert bundle.ensure() == d and (d / "init").stat().st_mtime_ns == mtime
+    # What went in changed (here: an older bundle lying about): only the newest two are kept.
+    for i, old in enumerate(["a" * 16, "b" * 16]):
+        (tmp_path / "ssh-bundle" / old).mkdir()
+        os.utime(tmp_path / "ssh-bundle" / old, (1000 + i, 1000 + i))
+    shutil.rmtree(d)
+    again = bundle.ensure()
+    assert again == d and (d / "init").is_file()
+    assert sorted(p.name for p in (tmp_path / "ssh-bundle").iterdir()) == sorted([d.name, "b" * 16])
 
 
 def test_tenant_networks_are_named_by_a_digest():

@@ -5,10 +5,11 @@ each run boots its own overlay, its seed and its QMP socket are where the agent 
 them, KVM where the host has it, and a confidential VM gets its objects or a clear refusal.
 
 The real boot runs the test guest (tests/vmguest.py: a Debian kernel and a busybox initramfs)
-through an in-process agent, as root with a uid per run: the run reports running, its console
-shows the host name from the seed, QEMU runs as the run's uid, the base image is unchanged, and
-removing the assignment powers the guest off through QMP within the grace, a clean exit (0), not
-a kill.
+through an in-process agent, as root with a uid per run: the run reports running with the SSH
+port the agent picked, its console shows the host name from the seed, QEMU runs as the run's
+uid, the agent reports the guest's SSH server ready and the tenant's key logs in as root through
+that port (another key does not), the base image is unchanged, and removing the assignment
+powers the guest off through QMP within the grace, a clean exit (0), not a kill.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ KEY = (
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop"
 )
 KEY2 = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY= bob"
+SSH_PORTS = (22400, 22449)  # the real boot's agent's --ssh-ports
 PATHS = VmPaths(Path("/w/run/disk.qcow2"), Path("/w/run/seed.iso"), Path("/s/runs/r/qmp.sock"))
 IMAGE = VmImage(disk=Path("/images/base.qcow2"))
 KVM = HostFeatures(kvm=True)
@@ -303,6 +305,7 @@ def test_the_seed_carries_the_instance_its_host_name_and_the_tenants_keys(tmp_pa
     user = files["user-data"].decode()
     assert user.startswith("#cloud-config\n")
     assert f"\n- {KEY}\n- {KEY2}\n" in user  # one line each, never folded
+    assert "\ndisable_root: false\n" in user  # root takes them too (one logs in as root)
     iso = nocloud.iso9660(files)
     assert len(iso) % 2048 == 0
     pvd = iso[16 * 2048 : 17 * 2048]
@@ -487,12 +490,6 @@ def _keypair(path: Path) -> str | None:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ssh(key: Path, port: int, expect_ok: bool = True) -> str | None:
     """`hostname; id -u; id -u -n` over SSH as root; its output, or None when refused."""
     argv = ["ssh", "-i", str(key), "-p", str(port), "-o", "BatchMode=yes"]
@@ -521,14 +518,13 @@ def test_a_vm_boots_from_its_overlay_and_powers_down_through_qmp(guest, short_di
         runtimes=["process", "vm"],
         work_dir=work_dir,
         run_uids=(2_100_400, 2_100_499),
+        ssh_ports=SSH_PORTS,
     )
     key = _keypair(work_dir / "tenant-key")
-    port = _free_port()
     vm = _vm(
         image=str(guest.image),
         hostname="tenant-box",
         ssh_keys=[key] if key else [KEY],
-        ssh_port=port,
         memory_mib=256,
         cpu_milli=1000,
         grace_s=30.0,
@@ -537,6 +533,10 @@ def test_a_vm_boots_from_its_overlay_and_powers_down_through_qmp(guest, short_di
     a.set_assignments(assignments(vm))
     step_until(a, lambda: (r := client.last(VM)) and r.state == "running", timeout=10)
     rec = a.runs[f"{VM}.0.0"]
+    # The agent picked the node's port for the guest's SSH server, from its range.
+    port = client.last(VM).ssh_port
+    assert port is not None and SSH_PORTS[0] <= port <= SSH_PORTS[1] and rec.ssh_port == port
+    assert not client.last(VM).ssh_ready
 
     def output() -> str:
         a.ship_logs()
@@ -554,6 +554,7 @@ def test_a_vm_boots_from_its_overlay_and_powers_down_through_qmp(guest, short_di
     qemu = next(p for p in shim.children() if p.name().startswith("qemu-system"))
     assert rec.uid is not None and qemu.uids().real == rec.uid and qemu.uids().effective == rec.uid
     assert "RACKPLANE_WORKLOAD_ID" not in qemu.environ()
+    assert f"user,id=net0,restrict=on,hostfwd=tcp::{port}-:22" in qemu.cmdline()
     # Its disk is the run's overlay: the guest wrote into it; the base is as it was.
     overlay = Path(rec.workdir) / "disk.qcow2"
     assert vmguest.DISK_MARKER in overlay.read_bytes()
@@ -561,10 +562,13 @@ def test_a_vm_boots_from_its_overlay_and_powers_down_through_qmp(guest, short_di
     assert vmguest.DISK_MARKER not in guest.image.read_bytes()
     assert (rec.run_dir / "qmp.sock").is_socket()  # in the agent's state, not the tenant's dir
     ssh_s = None
-    if key:  # the tenant logs in with the key from the seed, and with no other
+    if vmguest.has_ssh_server():  # the guest's dropbear greets: the agent says so
         ssh_began = time.monotonic()
-        got = wait_until(lambda: _ssh(work_dir / "tenant-key", port), timeout=30, interval=0.5)
+        step_until(a, lambda: (r := client.last(VM)) and r.ssh_ready, timeout=30, interval=0.2)
         ssh_s = time.monotonic() - ssh_began
+        assert client.last(VM).ssh_port == port
+    if key and ssh_s is not None:  # the tenant logs in with the key from the seed, no other
+        got = wait_until(lambda: _ssh(work_dir / "tenant-key", port), timeout=30, interval=0.5)
         assert got.split() == ["tenant-box", "0", "root"], got
         other = _keypair(work_dir / "other-key")
         assert _ssh(work_dir / "other-key", port, expect_ok=False) is None and other
@@ -579,6 +583,7 @@ def test_a_vm_boots_from_its_overlay_and_powers_down_through_qmp(guest, short_di
     assert rec.kill_sent_at is None and stopped_s < vm.grace_s
     assert vmguest.BUTTON_MARKER in output()
     assert _sha256(guest.image) == base_before
-    ssh = f", ssh answered {ssh_s:.1f}s after it" if ssh_s is not None else ", ssh not tried"
+    assert not client.last(VM).ssh_ready and client.last(VM).ssh_port is None  # ended
+    ssh = f", ssh ready {ssh_s:.1f}s after it" if ssh_s is not None else ", ssh not tried"
     print(f"\nvm: boot to marker {booted_s:.1f}s{ssh}, powerdown {stopped_s:.2f}s")
     a.close()
