@@ -22,7 +22,14 @@ import pytest
 import typer
 
 from app.cli import DEMO_FLEET, cli
-from tests.conftest import ROOT, TEST_DB, create_database, drop_database, wait_until
+from tests.conftest import (
+    CORDONED_H100,
+    ROOT,
+    TEST_DB,
+    create_database,
+    drop_database,
+    wait_until,
+)
 
 RACKPLANE = Path(sys.executable).with_name("rackplane")  # .venv/bin/rackplane
 
@@ -129,6 +136,13 @@ CASES: dict[str, Case] = {
     ),
     "ssh-keys list": Case("ssh-keys list --tenant acme --json", says='"name": "laptop"'),
     "ssh-keys delete": Case("ssh-keys delete laptop --tenant acme", says="ssh key laptop deleted"),
+    # Nothing submitted yet (a workload with its connect command: the test below).
+    "workloads list": Case("workloads list --tenant acme --json", says="[]"),
+    "workloads show": Case(
+        "workloads show 0b0e5a9e-8f4c-4d7e-9a51-3c1f2a6b7d90",
+        code=2,
+        says="No workload with id 0b0e5a9e-8f4c-4d7e-9a51-3c1f2a6b7d90",
+    ),
     # Xid 13 is an application error: the GPU stays in the pool.
     "chaos inject": Case(
         "chaos inject --xid 13 --node h100-a-001 --gpu 0 --max-gpus 1 --max-share 0.01 --json",
@@ -343,6 +357,65 @@ def test_a_key_revoked_from_the_cli_answers_401_over_rest_on_sqlite(embedded):
     finally:
         api.terminate()
         api.wait(timeout=20)
+
+
+def test_workloads_show_and_list_say_how_to_log_in(client, world, tmp_path):
+    """An instance launched with an SSH key, its run's SSH server where a node agent reports it
+    (the columns set here): `workloads show` and `workloads list` give the API's `connect`, and
+    whether the server answers yet."""
+    import uuid as _uuid
+
+    from app.core.db import session_scope, utcnow
+    from app.models.workloads import Workload
+
+    world.fleet(CORDONED_H100)  # it queues: where it runs is set below, as if placed
+    tenant = world.tenant("acme")
+    h = {"Authorization": f"Bearer {world.key(tenant)}"}
+    r = client.post(
+        "/v1/ssh-keys", json={"name": "laptop", "public_key": SSH_PUBLIC_KEY}, headers=h
+    )
+    assert r.status_code == 201, r.text
+    body = {"name": "box", "kind": "instance", "gpus": 1, "runtime": "podman"}
+    body |= {"image": "docker.io/library/ubuntu:24.04", "ssh_keys": ["laptop"]}
+    r = client.post("/v1/workloads", json=body, headers=h)
+    assert r.status_code == 201, r.text
+    wid = r.json()["id"]
+    placement = [
+        {"replica": 0, "region": "r1", "rack": "hgx-h100", "node": "h100-1", "gpu_indices": [3]}
+    ]
+
+    def report(**columns) -> None:  # as a node agent's report lands
+        with session_scope() as s:
+            w = s.get(Workload, _uuid.UUID(wid))
+            for k, v in columns.items():
+                setattr(w, k, v)
+
+    d = Deployment("postgresql", _base_env(), tmp_path)
+    out = d.ok("workloads", "show", wid)
+    assert "connect:" in out and "has not reported a port" in out, out  # not placed yet
+    report(state="running", placement=placement, ssh_host="10.0.0.7", ssh_port=22001)
+    out = d.ok("workloads", "show", wid)
+    for said in ("state:    running", "kind:     instance", "runtime:  podman", "nodes:    h100-1"):
+        assert said in out, out
+    assert "connect:  ssh -p 22001 root@10.0.0.7" in out and "booting" in out, out
+    doc = json.loads(d.ok("workloads", "show", wid, "--json"))
+    assert (doc["tenant"], doc["ssh_keys"]) == ("acme", [SSH_PUBLIC_KEY]), doc
+    assert doc["connect"]["command"] == "ssh -p 22001 root@10.0.0.7"
+    assert doc["connect"]["ready"] is False
+    report(ssh_ready_at=utcnow())
+    out = d.ok("workloads", "show", wid)
+    assert "ready:    yes, since" in out, out
+    # The list: newest first, narrowed by tenant and state.
+    other = client.post("/v1/workloads", json={"kind": "instance", "gpus": 1}, headers=h)
+    assert other.status_code == 201, other.text
+    listed = json.loads(d.ok("workloads", "list", "--tenant", "acme", "--json"))
+    assert [w["id"] for w in listed] == [other.json()["id"], wid]
+    listed = json.loads(d.ok("workloads", "list", "--state", "running", "--json"))
+    assert [(w["id"], w["connect"]["ready"]) for w in listed] == [(wid, True)]
+    table = d.ok("workloads", "list", "--tenant", "acme", "--limit", "1", "--state", "running")
+    assert wid in table and "ssh -p 22001 root@10.0.0.7 (ready)" in table, table
+    r = d.run("workloads", "list", "--tenant", "nope")
+    assert r.returncode == 2 and "no tenant nope" in r.stderr, r.stderr
 
 
 def test_fleet_health_json_is_whole(embedded):

@@ -260,6 +260,88 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         assert replay.status_code == 401 and replay.json()["code"] == "session_ended"
 
 
+def test_a_tenant_launches_an_instance_with_an_ssh_key_and_sees_how_to_log_in(api, world, browser):  # noqa: F811
+    from app.core.db import session_scope, utcnow
+    from app.models.workloads import Workload
+
+    world.fleet(fleet(1))
+    key = world.key(world.tenant("acme", policy=ALL))
+    pub, _, _ = _ssh_key_pair()
+    for name, text in (("laptop", pub), ("old", _ssh_key_pair()[0])):
+        r = httpx.post(
+            f"{api}/v1/ssh-keys", json={"name": name, "public_key": text}, headers=auth(key)
+        )
+        assert r.status_code == 201, r.text
+    with portal_page(browser, api, "ssh-instance") as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        sign_in(page, key)
+        page.get_by_role("navigation").get_by_role("link", name="Submit").click()
+        page.get_by_label("Name").fill("box")
+        page.get_by_label("Kind").select_option("instance")
+        page.get_by_label("GPUs per replica").fill("1")
+        # The tenant's keys are offered by name; both chosen, one deleted meanwhile (another
+        # tab): the API's typed refusal names it.
+        choice = page.get_by_test_id("ssh-keys-choice")
+        choice.get_by_role("checkbox", name=re.compile("^laptop")).check()
+        choice.get_by_role("checkbox", name=re.compile("^old")).check()
+        page.get_by_label("Runtime").select_option("podman")
+        page.get_by_label("Image").fill("docker.io/library/ubuntu:24.04")
+        [old] = [
+            k
+            for k in httpx.get(f"{api}/v1/ssh-keys", headers=auth(key)).json()["items"]
+            if k["name"] == "old"
+        ]
+        assert httpx.delete(f"{api}/v1/ssh-keys/{old['id']}", headers=auth(key)).is_success
+        submit = page.get_by_role("button", name="Submit", exact=True)
+        submit.click()
+        problem = page.locator("#form-problem")
+        problem.filter(has_text="unknown_ssh_key").wait_for()
+        assert "'old'" in problem.inner_text()
+        assert choice.get_attribute("aria-invalid") == "true"
+        shot(page, "submit-ssh-keys")
+        choice.get_by_role("checkbox", name=re.compile("^old")).uncheck()
+        # A process has no SSH server of its own: refused too, saying why.
+        page.get_by_label("Runtime").select_option("process")
+        submit.click()
+        problem.filter(has_text="podman runtime").wait_for()
+        assert "validation_error" in problem.inner_text()
+        page.get_by_label("Runtime").select_option("podman")
+        submit.click()
+        page.wait_for_url(re.compile(r"/portal/workloads/[0-9a-f-]{36}$"))
+        wid = page.url.rsplit("/", 1)[1]
+        # What the form sent reached the API: the key's public text, copied at launch.
+        created = created_by_api(api, key, wid)
+        assert (created["runtime"], created["image"]) == (
+            "podman",
+            "docker.io/library/ubuntu:24.04",
+        )
+        assert created["ssh_keys"] == [pub] and created["connect"] is None, created
+        page.get_by_test_id("connect-pending").wait_for()
+        wait_until(lambda: state_of(api, key, wid) == "running", timeout=60)
+
+        def report(**columns) -> None:  # what the node agent's report sets
+            with session_scope() as s:
+                w = s.get(Workload, uuid.UUID(wid))
+                for k, v in columns.items():
+                    setattr(w, k, v)
+
+        # Its agent started it on port 22001: the command shows, booting until SSH answers.
+        report(ssh_host="10.0.0.7", ssh_port=22001)
+        page.reload()
+        command = page.get_by_test_id("connect-command")
+        command.wait_for()
+        assert command.inner_text() == "ssh -p 22001 root@10.0.0.7"
+        assert page.get_by_test_id("connect-state").inner_text() == "booting"
+        report(ssh_ready_at=utcnow())
+        page.reload()
+        page.locator("[data-testid=connect][data-ready=true]").wait_for()
+        assert page.get_by_test_id("connect-state").inner_text() == "ready"
+        page.get_by_role("button", name="Copy the command").click()
+        page.get_by_role("status").filter(has_text="Copied").wait_for()
+        assert page.evaluate("navigator.clipboard.readText()") == "ssh -p 22001 root@10.0.0.7"
+        shot(page, "ssh-instance")
+
+
 # --- a tenant's account: API keys, budget, bills -------------------------------------------------
 
 

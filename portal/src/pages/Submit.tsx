@@ -12,6 +12,32 @@ interface Capacity {
   gpuModel: string;
 }
 
+/** One of the tenant's SSH keys, as the launch form offers it (by name). */
+interface SshKey {
+  name: string;
+  keyType: string;
+  fingerprint: string;
+}
+const SSH_KEYS = `query SubmitSshKeys($after: String) { sshKeys(first: 500, after: $after) {
+  edges { node { name keyType fingerprint } }
+  pageInfo { hasNextPage endCursor }
+} }`;
+
+/** Every SSH key of the tenant, a page at a time. */
+async function allSshKeys(): Promise<SshKey[]> {
+  const out: SshKey[] = [];
+  let after: string | null = null;
+  do {
+    const d: { sshKeys: { edges: { node: SshKey }[]; pageInfo: { hasNextPage: boolean; endCursor: string | null } } } = await gql(
+      SSH_KEYS,
+      { after },
+    );
+    out.push(...d.sshKeys.edges.map((e) => e.node));
+    after = d.sshKeys.pageInfo.hasNextPage ? d.sshKeys.pageInfo.endCursor : null;
+  } while (after);
+  return out;
+}
+
 /** The form's values as a WorkloadInput (only what the chosen shape uses). */
 function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
   const v = (n: string) => (form.elements.namedItem(n) as HTMLInputElement | null)?.value.trim() ?? "";
@@ -43,14 +69,24 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
       env.map((l) => (l.includes("=") ? [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)] : [l, ""])),
     );
   }
-  if (v("runtime") !== "process") input.runtime = v("runtime");
+  // How its node agent runs it: a VM is always the `vm` runtime (the API's default for one);
+  // a job or an instance runs as a process or in a podman container.
+  if (kind !== "vm" && v("runtime") && v("runtime") !== "process") input.runtime = v("runtime");
   if (v("image")) input.image = v("image");
+  // The SSH keys that may log in (instances and VMs): their names, as the tenant keeps them.
+  if (kind !== "job") {
+    const keys = [...form.querySelectorAll<HTMLInputElement>("input[name=sshKey]:checked")].map((i) => i.value);
+    if (keys.length) input.sshKeys = keys;
+  }
   return input;
 }
 
 export function Submit() {
   const { route } = useLocation();
   const [kind, setKind] = useState("job");
+  const [runtime, setRuntime] = useState("process");
+  const [sshKeys, setSshKeys] = useState<SshKey[] | null>(null);
+  const [sshKeysError, setSshKeysError] = useState("");
   const [shape, setShape] = useState<Shape>("gpus");
   const [capacity, setCapacity] = useState<Capacity[]>([]);
   const [problem, setProblem] = useState<Problem | null>(null);
@@ -58,6 +94,9 @@ export function Submit() {
   const [busy, setBusy] = useState(false);
   useEffect(() => {
     gql<{ capacity: Capacity[] }>(`{ capacity { region gpuModel } }`).then((d) => setCapacity(d.capacity)).catch(() => {});
+    allSshKeys()
+      .then(setSshKeys)
+      .catch((e: ApiError) => setSshKeysError(`${e.message} (${e.code})`));
   }, []);
   const models = [...new Set(capacity.map((c) => c.gpuModel))].sort();
   const regions = [...new Set(capacity.map((c) => c.region))].sort();
@@ -218,13 +257,49 @@ export function Submit() {
         />
         <label for="env">Environment (one KEY=value per line)</label>
         <textarea id="env" name="env" rows={2} spellcheck={false} placeholder="LR=0.001" aria-invalid={!!bad("env")} />
-        <label for="runtime">Runtime</label>
-        <select id="runtime" name="runtime">
-          <option value="process">process</option>
-          <option value="podman">podman (needs an image)</option>
-        </select>
-        <label for="image">Image</label>
-        <input id="image" name="image" placeholder="nvcr.io/nvidia/pytorch:24.10-py3" aria-invalid={!!bad("image")} />
+        {kind !== "vm" && (
+          <>
+            <label for="runtime">Runtime</label>
+            <select id="runtime" name="runtime" value={runtime} onChange={(e) => setRuntime((e.target as HTMLSelectElement).value)}>
+              <option value="process">process (on the host)</option>
+              <option value="podman">podman (a container of an image)</option>
+            </select>
+          </>
+        )}
+        <label for="image">{kind === "vm" ? "Disk image (a qcow2 file in the nodes' image directories)" : "Image"}</label>
+        <input
+          id="image"
+          name="image"
+          placeholder={kind === "vm" ? "debian-12-generic-amd64.qcow2" : "nvcr.io/nvidia/pytorch:24.10-py3"}
+          aria-invalid={!!bad("image")}
+        />
+        {kind !== "job" && (
+          <fieldset data-testid="ssh-keys-choice" aria-invalid={!!bad("sshKeys") || problem?.code === "unknown_ssh_key"} aria-describedby="ssh-keys-hint">
+            <legend>SSH keys that may log in as root</legend>
+            {sshKeysError ? (
+              <p class="error">Your SSH keys could not be read: {sshKeysError}</p>
+            ) : !sshKeys ? (
+              <p class="loading">Loading…</p>
+            ) : sshKeys.length === 0 ? (
+              <p class="muted">
+                You have no SSH keys yet: <a href="/portal/ssh-keys">add one</a> to log in to what you launch.
+              </p>
+            ) : (
+              sshKeys.map((k) => (
+                <label class="check">
+                  <input type="checkbox" name="sshKey" value={k.name} /> {k.name} <span class="muted">{k.fingerprint}</span>
+                </label>
+              ))
+            )}
+            <p id="ssh-keys-hint" class="muted">
+              {kind === "vm"
+                ? "The VM boots with them; its page then says how to log in."
+                : runtime === "podman"
+                  ? "Its container runs an SSH server with them; its page then says how to log in."
+                  : "An instance you log into runs in a container: choose the podman runtime and an image."}
+            </p>
+          </fieldset>
+        )}
         <label for="runForS">Run for (seconds: a simulated node, or a replica without a command)</label>
         <input id="runForS" name="runForS" type="number" min={1} aria-invalid={!!bad("runForS")} />
         <div class="actions">

@@ -7,6 +7,7 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   id name kind state tier priority replicas gpuMilli region shape topology labels
   createdAt startedAt finishedAt interruptions lostWorkGpuS preemptions lastCheckpointAt
   placement { replica region rack node gpuIndices migProfile migSlot }
+  runtime sshKeys connect { host port user command ready readyAt }
 } }`;
 
 const EVENTS = `subscription Timeline($id: ID!) { workloadEvents(after: "0", workloadId: $id) {
@@ -23,6 +24,18 @@ interface W extends WorkloadSummary {
   preemptions: number;
   lastCheckpointAt: string | null;
   placement: { replica: number; region: string | null; rack: string | null; node: string; gpuIndices: number[]; migProfile: string | null; migSlot: number | null }[];
+  runtime: string;
+  sshKeys: string[];
+  connect: Connect | null;
+}
+/** Where an instance's SSH server is (null until its node's agent reports the port). */
+interface Connect {
+  host: string;
+  port: number;
+  user: string;
+  command: string;
+  ready: boolean;
+  readyAt: string | null;
 }
 interface Ev {
   seq: number;
@@ -35,6 +48,53 @@ interface Ev {
 }
 
 const ENDED = ["succeeded", "failed", "terminated"];
+
+/** How to log in to an instance or VM launched with SSH keys: the command (selectable, with a
+ * copy button), and whether its SSH server answers yet. */
+function ConnectPanel({ w }: { w: W }) {
+  const [copied, setCopied] = useState("");
+  const c = w.connect;
+  if (!c) {
+    return (
+      <p data-testid="connect-pending">
+        {ENDED.includes(w.state) ? "It has ended: there is nothing to log in to." : "Once its node has started it, the command to log in appears here."}
+      </p>
+    );
+  }
+  const copy = async () => {
+    try {
+      await navigator.clipboard.writeText(c.command);
+      setCopied("Copied to the clipboard.");
+    } catch {
+      setCopied("The browser did not allow copying: select the command and copy it yourself.");
+    }
+  };
+  return (
+    <div data-testid="connect" data-ready={String(c.ready)}>
+      <p>
+        <code class="key" data-testid="connect-command">
+          {c.command}
+        </code>{" "}
+        <span class={`state state-ssh-${c.ready ? "ready" : "booting"}`} data-testid="connect-state">
+          {c.ready ? "ready" : "booting"}
+        </span>
+      </p>
+      <p class="muted">
+        {c.ready
+          ? `Its SSH server has answered since ${when(c.readyAt)}.`
+          : "Booting: its SSH server has not answered yet; the command works once it does."}
+      </p>
+      <div class="actions">
+        <button type="button" onClick={copy}>
+          Copy the command
+        </button>
+      </div>
+      <p role="status" class="muted">
+        {copied}
+      </p>
+    </div>
+  );
+}
 
 /** The input that would submit the same workload again (for a dry run of a copy). */
 function copyOf(w: W): Record<string, unknown> {
@@ -176,6 +236,8 @@ export function WorkloadPage({ id }: { id: string }) {
             <dd>{w.priority}</dd>
             <dt>Region</dt>
             <dd>{w.region ?? "—"}</dd>
+            <dt>Runtime</dt>
+            <dd>{w.runtime}</dd>
             {w.topology && (
               <>
                 <dt>Topology</dt>
@@ -225,6 +287,15 @@ export function WorkloadPage({ id }: { id: string }) {
             <p>Not placed {ENDED.includes(w.state) ? "(ended)" : "yet"}.</p>
           )}
         </section>
+        {(w.connect || w.sshKeys.length > 0) && (
+          <section aria-labelledby="ssh-h">
+            <h2 id="ssh-h">Log in</h2>
+            <ConnectPanel w={w} />
+            <p class="muted">
+              {w.sshKeys.length === 1 ? "1 SSH key" : `${w.sshKeys.length} SSH keys`} may log in as {w.connect?.user ?? "root"}.
+            </p>
+          </section>
+        )}
         <section aria-labelledby="t-h" class="wide">
           <h2 id="t-h">
             Timeline <small data-testid="live">{live ? "● live" : "connecting…"}</small>

@@ -1,0 +1,131 @@
+"""`rackplane workloads ...`: read a workload from the server's shell, as the API shows it (its
+state, where it runs and, for an instance or VM launched with SSH keys, how to log in)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from sqlalchemy import select
+
+from app.cli.common import console, fail
+from app.core.db import get_or_404, session_scope
+from app.core.errors import AppError
+from app.models.tenants import Tenant
+from app.models.workloads import State, Workload
+from app.workloads.schemas import WorkloadOut
+
+workloads_cli = typer.Typer(
+    help="Read workloads: one's state, placement and how to log in; the newest of them.",
+    no_args_is_help=True,
+)
+MAX_LIMIT = 500  # as REST's page
+
+
+def _nodes(out: WorkloadOut) -> list[str]:
+    """The nodes its replicas hold GPUs on, each once, in replica order."""
+    places = sorted(out.placement or [], key=lambda p: p.get("replica", 0))
+    return list(dict.fromkeys(str(p["node"]) for p in places if p.get("node")))
+
+
+def _document(out: WorkloadOut, tenant: str | None) -> dict:
+    """The API's document (GET /v1/workloads/{id}), with the tenant's slug beside it."""
+    return {"tenant": tenant, **out.model_dump(mode="json")}
+
+
+def _login(out: WorkloadOut) -> str:
+    c = out.connect
+    if c is None:
+        return "-"
+    return escape(f"{c.command} ({'ready' if c.ready else 'booting'})")
+
+
+@workloads_cli.command("show")
+def workloads_show(
+    workload_id: str = typer.Argument(..., help="The workload's id."),
+    as_json: bool = typer.Option(False, "--json", help="The API's document for it."),
+) -> None:
+    """One workload: its state, where it runs, and how to log in to it.
+
+    State, kind, runtime, tier, the nodes it runs on and, for an instance or VM launched with SSH
+    keys, the command to log in and whether its SSH server answers yet."""
+    try:
+        with session_scope() as session:
+            w = get_or_404(session, Workload, workload_id, what="workload")
+            tenant = session.scalar(select(Tenant.slug).where(Tenant.id == w.tenant_id))
+            out = WorkloadOut.model_validate(w)  # `connect` as the API works it out
+    except AppError as exc:
+        fail(escape(f"{exc.detail} ({exc.code})"), 2)
+    if as_json:
+        console.print_json(json.dumps(_document(out, tenant)))
+        return
+    nodes = _nodes(out)
+    lines = [
+        ("workload", f"{out.id}" + (f" ({escape(out.name)})" if out.name else "")),
+        ("tenant", tenant or "-"),
+        ("state", out.state),
+        ("kind", out.kind),
+        ("runtime", out.runtime + (f" {escape(out.image)}" if out.image else "")),
+        ("tier", out.tier),
+        ("priority", out.priority),
+        ("region", out.region or "-"),
+        ("nodes", ", ".join(nodes) if nodes else "not placed"),
+    ]
+    if out.ssh_keys:
+        lines.append(("ssh keys", str(len(out.ssh_keys))))
+    c = out.connect
+    if c is not None:
+        lines.append(("connect", escape(c.command)))
+        lines.append(
+            ("ready", f"yes, since {c.ready_at:%Y-%m-%d %H:%M:%S}" if c.ready_at else "yes")
+            if c.ready
+            else ("ready", "no: booting (its SSH server has not answered yet)")
+        )
+    elif out.ssh_keys:
+        lines.append(("connect", "not yet: its node's agent has not reported a port"))
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        console.print(f"{k + ':':<{width + 1}} {v}", highlight=False)
+
+
+@workloads_cli.command("list")
+def workloads_list(
+    tenant: str | None = typer.Option(None, help="Only this tenant's (its slug)."),
+    state: State | None = typer.Option(None, help="Only workloads in this state."),
+    limit: int = typer.Option(50, min=1, max=MAX_LIMIT, help="How many, at most."),
+    as_json: bool = typer.Option(False, "--json", help="The API's documents."),
+) -> None:
+    """Workloads, newest first (at most `--limit` of them).
+
+    Each with its id, tenant, state, kind, runtime, tier, nodes, and the command to log in where
+    there is one."""
+    with session_scope() as session:
+        stmt = select(Workload, Tenant.slug).join(Tenant, Tenant.id == Workload.tenant_id)
+        if tenant is not None:
+            tenant_id = session.scalar(select(Tenant.id).where(Tenant.slug == tenant))
+            if tenant_id is None:
+                fail(escape(f"no tenant {tenant}"), 2)
+            stmt = stmt.where(Workload.tenant_id == tenant_id)
+        if state is not None:
+            stmt = stmt.where(Workload.state == state.value)
+        stmt = stmt.order_by(Workload.created_at.desc(), Workload.id.desc()).limit(limit)
+        rows = [(WorkloadOut.model_validate(w), slug) for w, slug in session.execute(stmt)]
+    if as_json:
+        console.print_json(json.dumps([_document(out, slug) for out, slug in rows]))
+        return
+    table = Table("ID", "NAME", "TENANT", "STATE", "KIND", "RUNTIME", "TIER", "NODES", "CONNECT")
+    for out, slug in rows:
+        table.add_row(
+            str(out.id),
+            escape(out.name or ""),
+            slug,
+            out.state,
+            out.kind,
+            out.runtime,
+            out.tier,
+            ", ".join(_nodes(out)) or "-",
+            _login(out),
+        )
+    console.print(table if rows else "No workloads.")
