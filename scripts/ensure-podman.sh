@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `container` isolation tier's tests run real rootful podman containers with runc (this
 # host's cgroup v1 is refused by crun), from an image built locally out of busybox-static (see
-# tests/containers.py), never pulled. Install Debian's packages where they are missing, as
+# rackplane_bench/containers.py), never pulled. Install Debian's packages where they are missing, as
 # scripts/ensure-ha.sh does for the HA engines. No service is started: podman is daemonless.
 set -euo pipefail
 need=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `vm` isolation tier's tests boot real QEMU/KVM guests (TCG where /dev/kvm is missing):
 # Debian's qemu-system-x86 and qemu-utils (qemu-img, for the per-run qcow2 overlays). The test
-# guest (tests/vmguest.py) is a Debian kernel plus a busybox initramfs with dropbear, built in
+# guest (rackplane_bench/vmguest.py) is a Debian kernel plus a busybox initramfs with dropbear, built in
 # the tests: the kernel's package is downloaded and unpacked into the guest cache, never
 # installed on this host. Install what is missing, as scripts/ensure-ha.sh does for the HA
 # engines; idempotent, and no service is started (QEMU has none).

@@ -1,14 +1,14 @@
 """The `container` tier's wall, with real containers (issue 44 §2 and §4's escape matrix).
 
 A real agent (in this process, as root) runs tenants' workloads through its podman runtime:
-rootful podman 4.3 with runc, a private configuration and storage (tests/containers.py), an
-image built here from busybox-static. A victim of tenant A holds a secret in its env and
-listens on a port; an attacker of tenant B tries to read the agent's credential, to see the
-victim's processes and env, to reach it over the network, and to use capabilities; each
-attempt must fail, and the test asserts the failure (the error it got), not only an empty
-output. A second container of tenant A reaches the victim (the wall is between tenants, not
-inside one). netavark's own isolation is taken away before the probes, as netavark 1.4 takes
-it away itself (docs/design/containers-here.md): what holds is the runtime's own wall.
+rootful podman 4.3 with runc, a private configuration and storage
+(rackplane_bench/containers.py), an image built here from busybox-static. A victim of tenant A
+holds a secret in its env and listens on a port; an attacker of tenant B tries to read the
+agent's credential, to see the victim's processes and env, to reach it over the network, and to
+use capabilities; each attempt must fail, and the test asserts the failure (the error it got),
+not only an empty output. A second container of tenant A reaches the victim (the wall is between
+tenants, not inside one). netavark's own isolation is taken away before the probes, as netavark
+1.4 takes it away itself (docs/design/containers-here.md): what holds is the runtime's own wall.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from rackplane_agent.runtimes.podman import (
     tenant_network,
     wall_leads,
 )
-from tests import containers
+from rackplane_bench import containers
 from tests.agent.helpers import (
     INVENTORY,
     FakeClient,
@@ -109,7 +109,7 @@ echo "FRIEND $(nc -w 3 "$1" 8080 2>&1)"
 
 @dataclass(frozen=True)
 class Podman:
-    dir: Path  # its configuration, storage and networks' configs (tests/containers.py)
+    dir: Path  # its configuration, storage and networks' configs (rackplane_bench/containers.py)
     image: str
     environ: dict[str, str]  # the agent's environment: PATH and what points podman at `dir`
     tenants: dict[str, str]  # "a", "b" -> a tenant id of this test run only

@@ -4,12 +4,12 @@ The command-line tests need nothing: GPUs pass through by the PCI bus id the inv
 each run boots its own overlay, its seed and its QMP socket are where the agent alone reaches
 them, KVM where the host has it, and a confidential VM gets its objects or a clear refusal.
 
-The real boot runs the test guest (tests/vmguest.py: a Debian kernel and a busybox initramfs)
-through an in-process agent, as root with a uid per run: the run reports running with the SSH
-port the agent picked, its console shows the host name from the seed, QEMU runs as the run's
-uid, the agent reports the guest's SSH server ready and the tenant's key logs in as root through
-that port (another key does not), the base image is unchanged, and removing the assignment
-powers the guest off through QMP within the grace, a clean exit (0), not a kill.
+The real boot runs the test guest (rackplane_bench/vmguest.py: a Debian kernel and a busybox
+initramfs) through an in-process agent, as root with a uid per run: the run reports running with
+the SSH port the agent picked, its console shows the host name from the seed, QEMU runs as the
+run's uid, the agent reports the guest's SSH server ready and the tenant's key logs in as root
+through that port (another key does not), the base image is unchanged, and removing the
+assignment powers the guest off through QMP within the grace, a clean exit (0), not a kill.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from rackplane_agent.runtimes.vm import (
     vm_argv,
 )
 from rackplane_agent.state import RunRecord
+from rackplane_bench import vmguest
 from rackplane_wire import GpuInfo, Inventory
-from tests import vmguest
 from tests.agent.helpers import (
     GPU0,
     GPU1,

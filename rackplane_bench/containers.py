@@ -1,4 +1,4 @@
-"""Real rootful podman containers for the `container` isolation tier's tests: Debian's podman 4.3
+"""Real rootful podman containers for the `container` tier's tests and bench: Debian's podman 4.3
 with runc (scripts/ensure-podman.sh installs them), a private configuration and storage under a
 directory the test owns, and an image built here from busybox-static (never pulled).
 

@@ -1,4 +1,5 @@
-"""The `vm` runtime's test guest, built here and cached between runs (issue 44 §2).
+"""The `vm` runtime's test guest, built here and cached between runs (issue 44 §2); the tests
+and `rackplane bench instances` boot it.
 
 A Debian kernel (unpacked, not installed, by scripts/ensure-qemu.sh) boots a busybox initramfs
 directly (`-kernel`/`-initrd`, the way Firecracker and Kata boot theirs), with an empty qcow2
