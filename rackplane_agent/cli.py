@@ -2,7 +2,7 @@
 
     python -m rackplane_agent --api https://rackplane.example --token rpj_...
         [--state-dir DIR] [--work-dir DIR] [--run-uids FIRST-LAST | --same-user]
-        [--inventory FILE] [--address HOST] [--runtime process|podman]
+        [--inventory FILE] [--address HOST] [--runtime process|podman|vm]
         [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--ssh-ports 22000-22999]
         [--log-level INFO]
 
@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runtime",
         action="append",
-        choices=["process", "podman"],
-        help="a runtime to offer (repeatable; default: process, and podman when installed); "
-        "process is always offered",
+        choices=["process", "podman", "vm"],
+        help="a runtime to offer (repeatable; default: process, and podman and vm when "
+        "installed); process is always offered",
     )
     p.add_argument(
         "--work-dir",
