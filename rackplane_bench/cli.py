@@ -1147,3 +1147,22 @@ def bench_failover(
     if unknown:
         raise typer.BadParameter(f"unknown faults: {', '.join(unknown)}", param_hint="--faults")
     _emit(run(chosen, rate=rate, gap=gap), as_json)
+
+
+@bench_cli.command("instances")
+def bench_instances(
+    launches: int = typer.Option(10, min=1, help="Instances of each runtime, one at a time."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Time from POST /v1/workloads to the first SSH login with the tenant's key, for
+    container (podman) and VM instances on a real agent of this machine (root, podman, QEMU),
+    p50 and p95; then the escapes of issue 44 §4 tried from inside them (`escapes`: those that
+    worked). See rackplane_bench/instances.py."""
+    from rackplane_bench.instances import Unavailable, bench
+
+    try:
+        result = bench(launches=launches, log=lambda line: err.print(line))
+    except Unavailable as exc:
+        err.print(f"instances cannot run here: {exc}")
+        raise typer.Exit(2) from None
+    _emit(result, as_json)
