@@ -416,6 +416,10 @@ def test_workloads_show_and_list_say_how_to_log_in(client, world, tmp_path):
     assert wid in table and "ssh -p 22001 root@10.0.0.7 (ready)" in table, table
     r = d.run("workloads", "list", "--tenant", "nope")
     assert r.returncode == 2 and "no tenant nope" in r.stderr, r.stderr
+    # Ended: no way in, and it says why.
+    report(state="terminated")
+    out = d.ok("workloads", "show", wid)
+    assert "connect:  none: it is terminated" in out and "ssh -p" not in out, out
 
 
 def test_fleet_health_json_is_whole(embedded):

@@ -83,6 +83,8 @@ def workloads_show(
             if c.ready
             else ("ready", "no: booting (its SSH server has not answered yet)")
         )
+    elif out.ssh_keys and out.state in ("succeeded", "failed", "terminated"):
+        lines.append(("connect", f"none: it is {out.state}"))
     elif out.ssh_keys:
         lines.append(("connect", "not yet: its node's agent has not reported a port"))
     width = max(len(k) for k, _ in lines)
