@@ -78,8 +78,6 @@ log = logging.getLogger("rackplane_agent")
 
 RUNNING, EXITED, FAILED_TO_START, LOST = "running", "exited", "failed_to_start", "lost"
 LOG_BATCH_BYTES = 512 * 1024
-# The runtimes whose runs with SSH keys are instances one logs into, on a port of the node.
-SSH_RUNTIMES = ("podman", "vm")
 SSH_PROBE_INTERVAL = 0.5  # seconds between two knocks on one run's SSH port
 SSH_PROBE_TIMEOUT = 0.5  # what one round of knocks (every unready run at once) may take
 
@@ -422,7 +420,7 @@ class Agent:
         problem = self._refusal(a)
         # The SSH port is the agent's to choose, whatever the assignment says.
         port = None
-        if problem is None and a.ssh_keys and a.runtime in SSH_RUNTIMES:
+        if problem is None and a.ssh_keys and self._runtimes[a.runtime].serves_ssh:
             port = self._ssh_port()
             if port is None:
                 first, last = self.config.ssh_ports

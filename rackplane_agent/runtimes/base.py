@@ -74,6 +74,9 @@ class Runtime(Protocol):
     # Whether the run's processes take the run's own host uid (a container's or a VM's are
     # walled by their namespaces or their hypervisor instead, and take none).
     own_uid: bool
+    # Whether a run with SSH keys is an instance one logs into through a port of the node (the
+    # agent picks the port and hands it over as `ssh_port`).
+    serves_ssh: bool
 
     def check(self, assignment: Assignment) -> None:
         """Raise StartError when the assignment cannot be started by this runtime."""
@@ -135,6 +138,7 @@ class ShimRuntime:
 
     name = "shim"
     own_uid = True
+    serves_ssh = False
 
     def check(self, assignment: Assignment) -> None:
         raise StartError(f"the {self.name} runtime cannot start runs")

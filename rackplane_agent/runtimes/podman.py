@@ -390,6 +390,7 @@ _NETWORK_LOCK = threading.Lock()
 class PodmanRuntime(ShimRuntime):
     name = "podman"
     own_uid = False  # root in its user namespace maps to an unnamed subordinate uid
+    serves_ssh = True  # dropbear from the agent's bundle, published on the run's port
 
     def __init__(
         self,

@@ -468,6 +468,7 @@ class _Found:
 
 class VmRuntime(ShimRuntime):
     name = "vm"
+    serves_ssh = True  # the guest's own SSH server, forwarded from the run's port
 
     def __init__(
         self,

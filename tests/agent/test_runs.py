@@ -394,6 +394,7 @@ class _RecordingDriver:
 
     name = "process"
     own_uid = False
+    serves_ssh = False
 
     def __init__(self) -> None:
         self.calls: list[str] = []

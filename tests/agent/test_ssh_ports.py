@@ -50,6 +50,7 @@ class StandInRuntime(ShimRuntime):
 
     name = "vm"
     own_uid = False
+    serves_ssh = True
 
     def __init__(self) -> None:
         self.given: list[int | None] = []  # the ssh_port each start got
