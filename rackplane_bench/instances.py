@@ -373,6 +373,8 @@ if [ -z "$found" ]; then echo "PROBE environ_scan refused none"; else
 
 
 def parse_probes(output: str) -> dict[str, tuple[str, str]]:
+    """name -> (`refused` or `LEAKED`, detail), from `PROBE name verdict detail` lines (the
+    escape scripts here and in tests/agent/test_container_wall.py print them)."""
     out = {}
     for line in output.splitlines():
         parts = line.split(" ", 3)

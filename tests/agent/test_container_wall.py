@@ -37,6 +37,7 @@ from rackplane_agent.runtimes.podman import (
     wall_leads,
 )
 from rackplane_bench import containers
+from rackplane_bench.instances import parse_probes
 from tests.agent.helpers import (
     INVENTORY,
     FakeClient,
@@ -159,15 +160,6 @@ def _output(a: Agent, client: FakeClient, workload_id: str) -> str:
     return client.output(workload_id)
 
 
-def _probes(output: str) -> dict[str, tuple[str, str]]:
-    out = {}
-    for line in output.splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) >= 3 and parts[0] == "PROBE":
-            out[parts[1]] = (parts[2], parts[3] if len(parts) > 3 else "")
-    return out
-
-
 def _lines(output: str, prefix: str) -> list[str]:
     return [line[len(prefix) + 1 :] for line in output.splitlines() if line.startswith(prefix)]
 
@@ -283,7 +275,7 @@ def test_a_tenants_container_cannot_reach_the_agent_another_tenant_or_the_host(
     )
     out = _output(a, client, ATTACKER)
     assert "attacker done" in out, out
-    probes = _probes(out)
+    probes = parse_probes(out)
     assert set(probes) == {
         "credential", "credential_relative", "state_dir", "state_dir_mounted", "victim_environ",
         "victim_signal", "other_tenant", "chown", "mknod", "net_admin", "mount", "environ_scan",
