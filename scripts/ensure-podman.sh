@@ -25,6 +25,8 @@ if ! [[ -x /bin/busybox ]] || [[ $(LC_ALL=C ldd /bin/busybox 2>&1 || true) != *"
 fi
 # An SSH server for the image: dropbear, copied in with its shared libraries.
 command -v dropbear >/dev/null 2>&1 || [[ -x /usr/sbin/dropbear ]] || need+=(dropbear-bin)
+# The client the instance tests and `rackplane bench instances` log in with (ssh, ssh-keygen).
+command -v ssh >/dev/null 2>&1 && command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 # --userns=auto (rootful) takes its ranges from the subordinate IDs of the user "containers"
