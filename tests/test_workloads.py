@@ -321,6 +321,22 @@ def test_checkpoints_are_reported_only_while_running(client, tenant, session):
     )
     assert future.status_code == 422 and future.json()["code"] == "checkpoint_in_future"
 
+    # Steps never go back: step 1 after step 9 is refused and the resume point stays at 9.
+    def report(step: int, uri: str):
+        body = {"size_bytes": 1, "step": step, "uri": uri}
+        return client.post(f"/v1/workloads/{wid}/checkpoints", json=body, headers=auth(key))
+
+    assert report(9, "s3://ckpt/step-9").status_code == 201
+    behind = report(1, "s3://evil/step-1")
+    assert behind.status_code == 409, behind.text
+    assert (behind.json()["code"], behind.json()["resume_step"]) == ("checkpoint_step_behind", 9)
+    got = client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()
+    assert (got["last_checkpoint_step"], got["last_checkpoint_uri"]) == (9, "s3://ckpt/step-9")
+    assert report(9, "s3://ckpt/step-9-again").status_code == 201  # the same step: taken
+    assert report(10, "s3://ckpt/step-10").status_code == 201
+    got = client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()
+    assert got["last_checkpoint_step"] == 10
+
 
 def test_idempotency_key_makes_one_workload(client, tenant):
     _, key = tenant

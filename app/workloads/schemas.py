@@ -519,7 +519,14 @@ class CheckpointIn(StrictModel):
         description="Where it is (`s3://...`, `file:///...`): the next run resumes from it "
         "(`RACKPLANE_RESUME_FROM`)",
     )
-    step: int | None = Field(None, ge=0, le=2**31 - 1, description="The step it holds")
+    step: int | None = Field(
+        None,
+        ge=0,
+        le=2**31 - 1,
+        description="The step it holds. Never below the resume point's step "
+        "(`last_checkpoint_step`): such a report is refused, 409 `checkpoint_step_behind`, and "
+        "the resume point stays.",
+    )
 
 
 class RankStep(StrictModel):

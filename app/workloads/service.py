@@ -303,6 +303,16 @@ def report_checkpoint(
         raise ValidationFailed(
             "completed_at is before the workload started.", code="checkpoint_before_start"
         )
+    held = w.last_checkpoint_step
+    if step is not None and held is not None and step < held:
+        # The resume point never moves back: its next run would redo work it had done (or a
+        # confused or replayed report would undo a newer one).
+        raise Conflict(
+            f"Step {step} is behind the resume point's step {held}: a checkpoint's step never "
+            "goes back.",
+            code="checkpoint_step_behind",
+            resume_step=held,
+        )
     if w.last_checkpoint_at is None or at > as_aware(w.last_checkpoint_at):
         w.last_checkpoint_at = at
         w.last_checkpoint_bytes = size_bytes
