@@ -450,3 +450,17 @@ def test_the_runner_drives_any_runtime_through_its_verbs(state_dir):
     assert driver.calls == ["check", "start", "SIGUSR1", "SIGTERM", "exit", "destroy"]
     assert client.last(W1).state == "exited" and client.last(W1).signal == "SIGTERM"
     a.close()
+
+
+def test_a_relative_state_directory_records_exits(state_dir, monkeypatch):
+    """Issue 45 item 1: the README's `--state-dir .rackplane/agent/local-0` is relative, and the
+    shim works in the run's own directory: the exit file's path must not depend on the cwd.
+    Before, every run ended `lost` and was requeued as a hardware fault."""
+    monkeypatch.chdir(state_dir.parent)
+    client = FakeClient()
+    a = agent(Path(state_dir.name), client, work_dir=Path("work-rel"))
+    assert a.config.state_dir == state_dir and a.config.state_dir.is_absolute()
+    a.set_assignments(assignments(assignment(W1, python("print('ran'); raise SystemExit(3)"))))
+    run = step_until(a, lambda: (r := client.last(W1)) and r.state in ("exited", "lost") and r)
+    assert (run.state, run.exit_code) == ("exited", 3), run
+    assert "ran" in run.tail
