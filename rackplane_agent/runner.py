@@ -368,7 +368,8 @@ class Agent:
         rec.save()
         self._report_wake.set()
 
-    def _refusal(self, a: Assignment) -> str | None:
+    def _refusal(self, a: Assignment, rec: RunRecord) -> str | None:
+        """Why the run cannot start here, if it cannot (`rec.fault`: whose that is)."""
         if a.runtime not in self._runtimes:
             return (
                 f"runtime {a.runtime} is not available on this node "
@@ -380,6 +381,8 @@ class Agent:
         try:
             self._runtimes[a.runtime].check(a)
         except runtimes.StartError as exc:
+            if isinstance(exc, runtimes.WorkloadStartError):
+                rec.fault = "workload"
             return str(exc)
         return None
 
@@ -417,7 +420,7 @@ class Agent:
             run_dir=run_dir,
         )
         self._runs[rec.key] = rec
-        problem = self._refusal(a)
+        problem = self._refusal(a, rec)
         # The SSH port is the agent's to choose, whatever the assignment says.
         port = None
         if problem is None and a.ssh_keys and self._runtimes[a.runtime].serves_ssh:
@@ -442,6 +445,8 @@ class Agent:
             except (runtimes.StartError, OSError) as exc:
                 problem = str(exc)
                 rec.ssh_port = None
+                if isinstance(exc, runtimes.WorkloadStartError):
+                    rec.fault = "workload"
             else:
                 rec.started_at = now
                 log.info(
@@ -460,6 +465,11 @@ class Agent:
             rec.ended_at = now
             rec.message = problem[:2000]
             log.warning(kv("run_failed_to_start", run=rec.key, reason=problem))
+            try:  # the customer reads why in the workload's logs, not only in its events
+                with open(rec.output, "ab") as out:
+                    out.write(f"rackplane-agent: the run could not start: {problem}\n".encode())
+            except OSError:
+                pass
         self._changed(rec)
 
     def _ssh_port(self) -> int | None:
@@ -682,6 +692,7 @@ class Agent:
             signal=rec.signal if rec.state == EXITED else None,
             stopped=rec.stopped and rec.state != FAILED_TO_START,
             message=rec.message,
+            fault="workload" if rec.state == FAILED_TO_START and rec.fault == "workload" else None,
             # The endpoint while it runs (the port is free again once it has ended).
             ssh_port=rec.ssh_port if rec.state == RUNNING else None,
             ssh_ready=rec.ssh_ready and rec.state == RUNNING,

@@ -84,6 +84,9 @@ class RunRecord:
     exit_code: int | None = None
     signal: str | None = None
     message: str | None = None
+    # Whose a start failure is: "workload" (its command or image; it would fail anywhere) or
+    # None (the node's: no port, a device gone, a runtime broken).
+    fault: str | None = None
     stopped: bool = False
     grace_s: float = 10.0
     stop_seen_at: float | None = None  # when the agent first saw a reason to stop it

@@ -318,6 +318,10 @@ class RunReport(_Wire):
     # such an exit is a stop, not a failure, whatever its code.
     stopped: bool = False
     message: str | None = Field(None, max_length=2000, pattern=FREE)
+    # With `failed_to_start`: "workload" when the workload itself cannot start (no such command,
+    # not executable): it fails at once, as it would on any node. None: the node's fault, and the
+    # workload is placed again.
+    fault: Literal["workload"] | None = None
     # An instance's SSH endpoint: the node's port forwarded to its SSH server (22), and
     # whether an SSH server answered there (its `SSH-2.0-...` banner) since the run started.
     ssh_port: int | None = Field(None, ge=1, le=65_535)

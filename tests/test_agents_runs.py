@@ -392,3 +392,89 @@ def test_an_agent_pushes_telemetry_for_its_own_node_only(client, world, session)
     assert client.post("/v1/agent/telemetry", content=text, headers=auth(tenant)).status_code == 401
     session.expire_all()
     assert session.scalar(select(NodeHeartbeat.agent))  # the agent is known: silence is a fault
+
+
+def test_a_command_that_cannot_start_fails_at_once_and_is_never_billed(
+    client, world, session, celery_worker_process
+):
+    """Issue 45 item 2: `/no/such/binary` went round provisioning -> queued 47 times, billed,
+    never failed. A start failure that is the workload's own (the agent says `fault:
+    workload`) fails it at once with the reason; one that is the node's puts it back in the
+    queue, as before."""
+    from app.models.metering import UsageEvent
+
+    world.fleet(FLEET)
+    op = world.key()
+    key = world.key(world.tenant("acme"))
+    creds = {n: _join(client, op, n) for n in ("a-1", "a-2")}
+    for n in creds:
+        _bring_up(client, creds[n], _inventory(n))
+
+    def submit() -> str:
+        made = client.post(
+            "/v1/workloads",
+            json={"kind": "job", "gpus": 4, "replicas": 2, "command": ["/no/such/binary"]},
+            headers=auth(key),
+        )
+        assert made.status_code == 201, made.text
+        wid = made.json()["id"]
+        wait_until(lambda: _state(client, key, wid) == "provisioning", timeout=20)
+        return wid
+
+    def report(wid: str, replica: int, **run) -> None:
+        for node, cred in creds.items():
+            mine = client.get("/v1/agent/assignments", headers=auth(cred)).json()["assignments"]
+            for a in mine:
+                if a["workload_id"] == wid and a["replica"] == replica:
+                    body = {
+                        "runs": [
+                            {
+                                "workload_id": wid,
+                                "attempt": a["attempt"],
+                                "replica": replica,
+                                "at": _now(),
+                                **run,
+                            }
+                        ]
+                    }
+                    r = client.post("/v1/agent/status", json=body, headers=auth(cred))
+                    assert r.json() == {"accepted": 1, "stale": 0}, (node, r.text)
+                    return
+        raise AssertionError(f"replica {replica} of {wid} is on no node")
+
+    # The node's fault (no message of the workload's): back in the queue.
+    wid = submit()
+    report(wid, 0, state="failed_to_start", message="no free SSH port on this node")
+
+    def requeued() -> bool:
+        events = client.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+        return any(
+            e["to_state"] == "queued" and "provisioning failed" in e["reason"] for e in events
+        )
+
+    wait_until(requeued, timeout=15)
+    client.delete(f"/v1/workloads/{wid}", headers=auth(key))
+
+    # The workload's own: failed now, with why, its other replica stopped, nothing billed.
+    wid = submit()
+    report(wid, 1, state="running", pid=7)
+    message = "command not found or not executable: /no/such/binary"
+    report(wid, 0, state="failed_to_start", message=message, fault="workload")
+    assert _state(client, key, wid) == "failed"
+    ev = client.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"][-1]
+    assert ev["to_state"] == "failed" and ev["from_state"] == "provisioning"
+    assert ev["reason"] == f"replica 0 could not start: {message}"
+    assert ev["details"] == {"cause": "failed_to_start", "replica": 0, "message": message}
+    session.expire_all()
+    usage = session.execute(
+        select(UsageEvent.allocation_id, UsageEvent.kind, UsageEvent.occurred_at).where(
+            UsageEvent.workload_id == uuid.UUID(wid)
+        )
+    ).all()
+    spans: dict = {}
+    for alloc, kind, at in usage:
+        spans.setdefault(alloc, {})[kind] = at
+    assert len(spans) == 2 and all(s["stop"] == s["start"] for s in spans.values()), usage
+    for cred in creds.values():
+        left = client.get("/v1/agent/assignments", headers=auth(cred)).json()["assignments"]
+        assert all(x["workload_id"] != wid for x in left)

@@ -29,10 +29,12 @@ from app.models.workloads import Allocation, State, Workload
 from app.outbox.service import enqueue
 from app.placement.isolation import Tier
 from app.scheduling import lifecycle
+from app.scheduling.apply import release
 from app.scheduling.providers import FAILED_RUNS, get_provider
 from app.tenancy.nodes import NodeCaller
 from app.tenancy.run_tokens import mint
 from app.workloads import runs as workload_runs
+from app.workloads.queueing import kick_placement
 from app.workloads.service import finish, interrupt_on_fault
 from rackplane_wire import (
     Assignment,
@@ -310,7 +312,11 @@ def report(session: Session, caller: NodeCaller, status: StatusReport) -> Status
         if r.ssh_port is not None and r.state == "running":
             _take_ssh(session, caller, w, r, now)
     stale += len(reported) - len(matched)
-    tails = {(uuid.UUID(r.workload_id), r.replica): r for r in status.runs if r.tail}
+    tails = {
+        (uuid.UUID(r.workload_id), r.replica): r
+        for r in status.runs
+        if r.tail or r.message or r.fault
+    }
     for wid in sorted(news):
         _settle(session, ws[wid], tails, as_aware(heard) if heard else now)
     return StatusAck(accepted=len(matched), stale=stale)
@@ -382,6 +388,33 @@ def _settle(
     last heard before this report)."""
     allocs = [a for a, _ in session.execute(_held().where(Allocation.workload_id == w.id)).all()]
     if w.state == State.provisioning.value:
+        own = [
+            a
+            for a in allocs
+            if a.run_state == "failed_to_start"
+            and (r := tails.get((w.id, a.replica))) is not None
+            and r.fault == "workload"
+        ]
+        if own:
+            # It cannot start anywhere (its command is not there): failed now, with why,
+            # rather than placed again and again. It never ran: its allocations end when they
+            # began, so nothing of it is billed.
+            a = own[0]
+            r = tails[(w.id, a.replica)]
+            began = max(as_aware(x.created_at) for x in allocs)
+            held = release(session, w, at=began, reason="failed_to_start")
+            lifecycle.transition(
+                session,
+                w,
+                State.failed,
+                f"replica {a.replica} could not start: {r.message}",
+                {"cause": "failed_to_start", "replica": a.replica, "message": r.message},
+            )
+            if held:  # its other replicas stop; its GPUs go to the queue
+                wid = str(w.id)
+                enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=wid)
+                kick_placement(session, w.region)
+            return
         if any(_failure(a) for a in allocs):
             # A start that went wrong: `workloads.check` puts it back in the queue, at once.
             enqueue(session, "workloads.check", queue="provisioning", workload_ids=[str(w.id)])

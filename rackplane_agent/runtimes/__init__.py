@@ -21,6 +21,7 @@ from rackplane_agent.runtimes.base import (
     RunUser,
     ShimRuntime,
     StartError,
+    WorkloadStartError,
     base_env,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "Runtime",
     "ShimRuntime",
     "StartError",
+    "WorkloadStartError",
     "available",
     "base_env",
     "make",

@@ -40,6 +40,12 @@ class StartError(Exception):
     """The run cannot start (reported as `failed_to_start` with this message)."""
 
 
+class WorkloadStartError(StartError):
+    """The run cannot start because of the workload itself (its command is not there or not
+    executable): on any node it would fail the same way, so the control plane fails it at once
+    instead of placing it again (reported with `fault: workload`)."""
+
+
 @dataclass(frozen=True)
 class RunUser:
     """The unprivileged identity a run's processes have (None: the agent's own)."""

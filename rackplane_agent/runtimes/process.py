@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rackplane_agent.cgroups import Cgroups
-from rackplane_agent.runtimes.base import RunPlace, ShimRuntime, StartError, base_env, spawn_shim
+from rackplane_agent.runtimes.base import (
+    RunPlace,
+    ShimRuntime,
+    StartError,
+    WorkloadStartError,
+    base_env,
+    spawn_shim,
+)
 from rackplane_agent.state import EXIT_FILE, OUTPUT_FILE, RunRecord
 from rackplane_wire import Assignment
 
@@ -33,10 +40,10 @@ def resolve_command(argv0: str, path: str | None, cwd: Path) -> str:
         full = argv0 if os.path.isabs(argv0) else os.path.join(cwd, argv0)
         if os.path.isfile(full) and os.access(full, os.X_OK):
             return full
-        raise StartError(f"command not found or not executable: {argv0}")
+        raise WorkloadStartError(f"command not found or not executable: {argv0}")
     found = shutil.which(argv0, path=path or os.defpath)
     if found is None:
-        raise StartError(f"command not found on PATH: {argv0}")
+        raise WorkloadStartError(f"command not found on PATH: {argv0}")
     return found
 
 

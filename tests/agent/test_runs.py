@@ -464,3 +464,23 @@ def test_a_relative_state_directory_records_exits(state_dir, monkeypatch):
     run = step_until(a, lambda: (r := client.last(W1)) and r.state in ("exited", "lost") and r)
     assert (run.state, run.exit_code) == ("exited", 3), run
     assert "ran" in run.tail
+
+
+def test_a_command_that_is_not_there_is_the_workloads_fault_and_says_so_in_its_log(state_dir):
+    """Issue 45 item 2: the agent says whose a start failure is, and the reason reaches the
+    workload's logs (not only the agent's)."""
+    client = FakeClient()
+    a = agent(state_dir, client)
+    a.set_assignments(
+        assignments(assignment(W1, ["/no/such/binary"]), assignment(W2, ["no-such-command"]))
+    )
+    a.step()
+    for wid, said in (
+        (W1, "command not found or not executable: /no/such/binary"),
+        (W2, "command not found on PATH: no-such-command"),
+    ):
+        run = client.last(wid)
+        assert (run.state, run.fault, run.message) == ("failed_to_start", "workload", said)
+        a.ship_logs()
+        assert f"rackplane-agent: the run could not start: {said}" in client.output(wid)
+    a.close()
