@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
@@ -478,3 +478,55 @@ def test_a_command_that_cannot_start_fails_at_once_and_is_never_billed(
     for cred in creds.values():
         left = client.get("/v1/agent/assignments", headers=auth(cred)).json()["assignments"]
         assert all(x["workload_id"] != wid for x in left)
+
+
+def test_a_checkpoint_written_in_the_grace_of_a_terminate_counts(client, world, session):
+    """Issue 45 item 5: the workload token died at terminate, so the final checkpoint a run
+    writes in its grace (SIGTERM, then SIGKILL 30 s later) was refused with 401. It counts
+    while the run may still be in its grace, and not after."""
+    from app.models.workloads import Workload
+    from app.tenancy.run_tokens import STOP_GRACE_S
+
+    world.fleet(FLEET)
+    op = world.key()
+    key = world.key(world.tenant("acme"))
+    cred = _join(client, op, "a-1")
+    _bring_up(client, cred, _inventory("a-1"))
+    made = client.post(
+        "/v1/workloads",
+        json={"kind": "job", "gpus": 4, "command": ["python", "train.py"], "region": "r1"},
+        headers=auth(key),
+    )
+    assert made.status_code == 201, made.text
+    wid = made.json()["id"]
+    wait_until(lambda: _state(client, key, wid) == "provisioning", timeout=20)
+    a = client.get("/v1/agent/assignments", headers=auth(cred)).json()["assignments"][0]
+    env = client.get(f"/v1/agent/runs/{wid}/{a['attempt']}/0/env", headers=auth(cred)).json()
+    token = env["env"]["RACKPLANE_TOKEN"]
+    run = {"workload_id": wid, "attempt": a["attempt"], "replica": 0, "at": _now()}
+    client.post(
+        "/v1/agent/status",
+        json={"runs": [{**run, "state": "running", "pid": 9}]},
+        headers=auth(cred),
+    )
+    wait_until(lambda: _state(client, key, wid) == "running", timeout=10)
+
+    def checkpoint(step: int, who: str):
+        body = {"size_bytes": 1, "step": step, "uri": f"file:///ckpt/step-{step}"}
+        return client.post(f"/v1/workloads/{wid}/checkpoints", json=body, headers=auth(who))
+
+    assert checkpoint(5, token).status_code == 201
+    assert client.delete(f"/v1/workloads/{wid}", headers=auth(key)).json()["state"] == "terminated"
+    # In its grace: the run's SIGTERM handler writes step 6 and reports it with its token.
+    last = checkpoint(6, token)
+    assert last.status_code == 201, last.text
+    got = client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()
+    assert (got["last_checkpoint_step"], got["last_checkpoint_uri"]) == (6, "file:///ckpt/step-6")
+    # Past the grace (and the report's slack), the token is dead and nothing is taken.
+    w = session.get(Workload, uuid.UUID(wid))
+    w.finished_at = w.finished_at - timedelta(seconds=STOP_GRACE_S + 10)
+    session.commit()
+    late = checkpoint(7, token)
+    assert late.status_code == 401 and late.json()["code"] == "invalid_workload_token"
+    by_key = checkpoint(7, key)
+    assert by_key.status_code == 409 and by_key.json()["code"] == "workload_not_running"

@@ -32,7 +32,7 @@ from app.scheduling import lifecycle
 from app.scheduling.apply import release
 from app.scheduling.providers import FAILED_RUNS, get_provider
 from app.tenancy.nodes import NodeCaller
-from app.tenancy.run_tokens import mint
+from app.tenancy.run_tokens import STOP_GRACE_S, mint
 from app.workloads import runs as workload_runs
 from app.workloads.queueing import kick_placement
 from app.workloads.service import finish, interrupt_on_fault
@@ -131,7 +131,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
                 tenant=str(w.tenant_id),
                 devices=gpus,
                 stop_deadline=deadline,
-                grace_s=max(0.0, (deadline - now).total_seconds()) if deadline else 30.0,
+                grace_s=max(0.0, (deadline - now).total_seconds()) if deadline else STOP_GRACE_S,
                 checkpoint_signal=w.checkpoint_signal,
                 checkpoint_requests=w.checkpoint_requests,
                 cpu_milli=a.cpu_milli,

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import re
 import uuid
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -19,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from app.core.db import session_scope
+from app.core.db import as_aware, session_scope, utcnow
 from app.core.errors import Unauthorized
 from app.core.secrets import server_secret
 from app.models.tenants import Tenant
@@ -31,6 +32,18 @@ PREFIX = "rpw_"
 SCOPE = "workload"  # implies no other scope: a token passes no tenant_* check
 _SHAPE = re.compile(r"^rpw_([0-9a-f]{32})\.(\d{1,9})\.([A-Za-z0-9_-]{32})$")
 _ENDED = frozenset({"succeeded", "failed", "terminated"})
+# How long a run may outlive its workload's terminate: its node's agent sends SIGTERM, then
+# SIGKILL after this grace (app/agents/runs.py gives running work this grace). Its token, and a
+# checkpoint it writes meanwhile, count until then (with a few seconds for the report's trip).
+STOP_GRACE_S = 30.0
+_REPORT_SLACK_S = 5.0
+
+
+def in_stop_grace(state: str, finished_at: datetime | None, now: datetime) -> bool:
+    """Whether a workload terminated so recently that its run may still be in its grace."""
+    if state != "terminated" or finished_at is None:
+        return False
+    return (now - as_aware(finished_at)).total_seconds() <= STOP_GRACE_S + _REPORT_SLACK_S
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -65,11 +78,19 @@ def parse(raw: str) -> tuple[uuid.UUID, int] | None:
 def _context_of(workload_id: uuid.UUID, attempt: int) -> AuthContext | None:
     with session_scope() as session:
         row = session.execute(
-            select(Workload.tenant_id, Workload.attempts, Workload.state, Tenant.status)
+            select(
+                Workload.tenant_id,
+                Workload.attempts,
+                Workload.state,
+                Workload.finished_at,
+                Tenant.status,
+            )
             .join(Tenant, Tenant.id == Workload.tenant_id)
             .where(Workload.id == workload_id)
         ).first()
-    if row is None or row.attempts != attempt or row.state in _ENDED:
+    if row is None or row.attempts != attempt:
+        return None
+    if row.state in _ENDED and not in_stop_grace(row.state, row.finished_at, utcnow()):
         return None
     return AuthContext(
         key_id=workload_id,

@@ -26,6 +26,7 @@ from app.scheduling.apply import release, stopped
 from app.scheduling.cycle import dry_run as what_if
 from app.scheduling.lifecycle import HOLDING, State
 from app.tenancy.auth import AuthContext
+from app.tenancy.run_tokens import in_stop_grace
 from app.tenancy.scoping import scoped_select
 from app.workloads.budget_gate import check_submission
 from app.workloads.disruptions import (
@@ -293,7 +294,9 @@ def report_checkpoint(
     step: int | None = None,
 ) -> WorkloadEvent:
     """Record a completed checkpoint (the caller holds `w` locked); the event it added."""
-    if State(w.state) not in (State.running, State.checkpointing):
+    running = State(w.state) in (State.running, State.checkpointing)
+    if not running and not in_stop_grace(w.state, w.finished_at, utcnow()):
+        # (A terminated workload's run writes its last checkpoint in its grace: it counts.)
         raise NotRunning(f"A {w.state} workload has no checkpoints to report.", state=w.state)
     at = completed_at or utcnow()
     if at > utcnow():
