@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from rackplane_agent import inventory as inventory_mod
 from rackplane_agent import logs as logs_mod
@@ -77,6 +77,9 @@ from rackplane_wire import (
 log = logging.getLogger("rackplane_agent")
 
 RUNNING, EXITED, FAILED_TO_START, LOST = "running", "exited", "failed_to_start", "lost"
+# How often, at most, the agent writes down that it saw its runs alive (StateDir.mark_alive):
+# what a run found gone after a power cut is billed to, at worst this much short.
+ALIVE_MARK_S = 1.0
 LOG_BATCH_BYTES = 512 * 1024
 SSH_PROBE_INTERVAL = 0.5  # seconds between two knocks on one run's SSH port
 SSH_PROBE_TIMEOUT = 0.5  # what one round of knocks (every unready run at once) may take
@@ -143,6 +146,7 @@ class Agent:
         self._runs: dict[str, RunRecord] = {}
         self._assignments: Assignments | None = None
         self._heartbeat_s = config.heartbeat_s
+        self._alive_marked = float("-inf")
         self._last_report_ok: float | None = None  # monotonic
         self._next_report_at = 0.0
         self._report_backoff = Backoff(config.backoff_initial, config.backoff_max)
@@ -271,7 +275,9 @@ class Agent:
         )
 
     def _scan(self) -> None:
-        """Runs left by an earlier agent: adopted when their process lives on, else ended."""
+        """Runs left by an earlier agent: adopted when their process lives on, else ended (one
+        gone without an exit record: when the earlier agent last saw it alive)."""
+        seen = self.state.seen_alive()
         for run_dir in self.state.run_dirs():
             try:
                 rec = RunRecord.load(run_dir)
@@ -284,7 +290,7 @@ class Agent:
             if self._driver(rec).recover(rec):
                 log.info(kv("run_adopted", run=rec.key, pid=rec.pid))
             else:
-                self._ended(rec, self.clock(), while_down=True)
+                self._ended(rec, self.clock(), while_down=True, seen_alive=seen)
 
     # --- the desired state -----------------------------------------------------------------
 
@@ -310,9 +316,16 @@ class Agent:
     def reconcile(self) -> None:
         with self._lock:
             now = self.clock()
+            alive = False
             for rec in list(self._runs.values()):
-                if rec.state == RUNNING and not self._driver(rec).running(rec):
-                    self._ended(rec, now)
+                if rec.state == RUNNING:
+                    if self._driver(rec).running(rec):
+                        alive = True
+                    else:
+                        self._ended(rec, now)
+            if alive and now - self._alive_marked >= ALIVE_MARK_S:
+                self.state.mark_alive(now)
+                self._alive_marked = now
             desired = self._assignments
             if desired is not None:
                 named: dict[str, Assignment] = {}
@@ -609,7 +622,13 @@ class Agent:
         ended the way every runtime here is: a shim's group)."""
         return self._runtimes.get(rec.assignment.get("runtime", "process"), self._shim)
 
-    def _ended(self, rec: RunRecord, now: float, while_down: bool = False) -> None:
+    def _ended(
+        self,
+        rec: RunRecord,
+        now: float,
+        while_down: bool = False,
+        seen_alive: float | None = None,
+    ) -> None:
         self._users.sweep(rec.uid)  # what the run left behind goes with it
         exit_record = self._driver(rec).exit(rec)
         returncode = rec.popen.returncode if rec.popen is not None else None
@@ -629,10 +648,24 @@ class Agent:
             rec.signal = signal_name(-returncode)
             rec.ended_at = now
             rec.message = "the run's shim was killed"
+        elif returncode is not None:
+            # Its shim ended as it does after its process, yet no exit record is there: this
+            # agent failed to keep it (it could not be written or read), not the workload.
+            rec.state, rec.fault = LOST, "agent"
+            rec.ended_at = now
+            rec.message = (
+                f"the run's shim ended (code {returncode}) but its exit record could not be "
+                "read: the agent's failure"
+            )
         else:
             rec.state = LOST
             rec.ended_at = now
             rec.message = "the run's process is gone and left no exit record"
+            if while_down and seen_alive is not None:
+                # It ran at least until the earlier agent last saw it; nothing says longer.
+                rec.ended_at = min(now, max(seen_alive, rec.started_at or seen_alive))
+                at = datetime.fromtimestamp(rec.ended_at).astimezone()
+                rec.message += f"; last seen running at {at:%Y-%m-%d %H:%M:%S %z}"
         log.info(
             kv(
                 "run_ended",
@@ -692,7 +725,7 @@ class Agent:
             signal=rec.signal if rec.state == EXITED else None,
             stopped=rec.stopped and rec.state != FAILED_TO_START,
             message=rec.message,
-            fault="workload" if rec.state == FAILED_TO_START and rec.fault == "workload" else None,
+            fault=_fault(rec),
             # The endpoint while it runs (the port is free again once it has ended).
             ssh_port=rec.ssh_port if rec.state == RUNNING else None,
             ssh_ready=rec.ssh_ready and rec.state == RUNNING,
@@ -1076,3 +1109,13 @@ class Agent:
             t.join(timeout=2.0)
         self.state.unlock()
         self.client.close()
+
+
+def _fault(rec: RunRecord) -> Literal["workload", "agent"] | None:
+    """Whose fault a run's end is, where it is not the host's: the workload's own start
+    failure, or this agent's failure to record a lost run's exit."""
+    if rec.state == FAILED_TO_START and rec.fault == "workload":
+        return "workload"
+    if rec.state == LOST and rec.fault == "agent":
+        return "agent"
+    return None

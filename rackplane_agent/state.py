@@ -152,6 +152,27 @@ class StateDir:
         self.root = Path(root)
         self.runs = self.root / "runs"
         self._lock_fd: int | None = None
+        self._alive_fd: int | None = None
+
+    @property
+    def alive_file(self) -> Path:
+        return self.root / "runs-seen-alive"
+
+    def mark_alive(self, at: float) -> None:
+        """When this agent last saw its running runs' processes alive: a restarted agent ends
+        a run it finds gone then (its usage ends there, not when the agent came back). Written
+        in place, not synced: after a power cut the file holds this time or an earlier one,
+        never a later one."""
+        if self._alive_fd is None:
+            self._alive_fd = os.open(self.alive_file, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.pwrite(self._alive_fd, f"{at:20.3f}\n".encode(), 0)
+
+    def seen_alive(self) -> float | None:
+        """The time `mark_alive` last wrote (None: never, or unreadable)."""
+        try:
+            return float(self.alive_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     @property
     def credential_file(self) -> Path:
@@ -177,6 +198,9 @@ class StateDir:
         self._lock_fd = fd
 
     def unlock(self) -> None:
+        if self._alive_fd is not None:
+            os.close(self._alive_fd)
+            self._alive_fd = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None

@@ -320,8 +320,10 @@ class RunReport(_Wire):
     message: str | None = Field(None, max_length=2000, pattern=FREE)
     # With `failed_to_start`: "workload" when the workload itself cannot start (no such command,
     # not executable): it fails at once, as it would on any node. None: the node's fault, and the
-    # workload is placed again.
-    fault: Literal["workload"] | None = None
+    # workload is placed again. With `lost`: "agent" when the run's process ended but the agent
+    # failed to record how (its exit record could not be written or read): the agent's
+    # failure, never the workload's or its hardware's. None: it vanished with its host.
+    fault: Literal["workload", "agent"] | None = None
     # An instance's SSH endpoint: the node's port forwarded to its SSH server (22), and
     # whether an SSH server answered there (its `SSH-2.0-...` banner) since the run started.
     ssh_port: int | None = Field(None, ge=1, le=65_535)

@@ -62,6 +62,10 @@ print(f"installed {component} {version}")
 """
 
 
+# Waits are bounded generously (three times what a quiet machine needs): a busy machine's
+# `make test` must not fail them (issue 45 item 10); a wait that is met returns at once.
+
+
 def _env(**extra: str) -> dict[str, str]:
     # Agents report every heartbeat_timeout / 3; a silent node is lost after the timeout.
     return {**os.environ, "RACKPLANE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT), **extra}
@@ -121,8 +125,8 @@ def plane(database, tmp_path_factory):
         except httpx.HTTPError:
             return False
 
-    wait_until(up, timeout=40)
-    wait_until(lambda: b"ready" in (logs / "worker.log").read_bytes(), timeout=60)
+    wait_until(up, timeout=120)
+    wait_until(lambda: b"ready" in (logs / "worker.log").read_bytes(), timeout=180)
     yield url
     api.terminate()
     from app.core.processes import stop_groups
@@ -221,7 +225,7 @@ def agents(plane, world, client, tmp_path):
             )
             and _agent_nodes() == 2
         ),
-        timeout=30,
+        timeout=90,
     )
     yield a, http
     a.stop()
@@ -304,8 +308,8 @@ def test_restart_readopts_and_preemption_resumes_from_the_sigterm_checkpoint(
     )
     assert made.status_code == 201, made.text
     victim = made.json()["id"]
-    wait_until(lambda: _get(http, low, victim)["state"] == "running", timeout=40)
-    wait_until(lambda: len(_processes(victim)) == 2, timeout=10)
+    wait_until(lambda: _get(http, low, victim)["state"] == "running", timeout=120)
+    wait_until(lambda: len(_processes(victim)) == 2, timeout=30)
     before = {p.pid for p in _processes(victim)}
 
     # The agent of replica 0's node dies (SIGKILL, its work left alone) and comes back: it
@@ -314,7 +318,7 @@ def test_restart_readopts_and_preemption_resumes_from_the_sigterm_checkpoint(
     a.kill(node0, with_work=False)
     time.sleep(1.5)
     a.start(node0)
-    wait_until(lambda: "adopt" in (a.root / node0 / "agent.log").read_text(), timeout=15)
+    wait_until(lambda: "adopt" in (a.root / node0 / "agent.log").read_text(), timeout=45)
     time.sleep(2 * HEARTBEAT_TIMEOUT / 3)
     assert {p.pid for p in _processes(victim)} == before
     assert _get(http, low, victim)["state"] == "running"
@@ -327,7 +331,7 @@ def test_restart_readopts_and_preemption_resumes_from_the_sigterm_checkpoint(
         headers=auth(high),
     )
     assert job.status_code == 201, job.text
-    wait_until(lambda: _get(http, high, job.json()["id"])["state"] == "succeeded", timeout=60)
+    wait_until(lambda: _get(http, high, job.json()["id"])["state"] == "succeeded", timeout=180)
     events = http.get(f"/v1/workloads/{victim}/events", headers=auth(low)).json()["items"]
     requeued = next(
         e for e in events if e["to_state"] == "queued" and e["from_state"] == "preempted"
@@ -335,9 +339,9 @@ def test_restart_readopts_and_preemption_resumes_from_the_sigterm_checkpoint(
     step = requeued["details"]["checkpoint_step"]
     assert step and step > 0, requeued
     assert requeued["details"]["checkpoint_uri"].startswith("file://")
-    wait_until(lambda: _get(http, low, victim)["attempts"] == 2, timeout=30)
+    wait_until(lambda: _get(http, low, victim)["attempts"] == 2, timeout=90)
     try:
-        wait_until(lambda: f"resumed from step {step}" in _logs(http, low, victim, 0), timeout=40)
+        wait_until(lambda: f"resumed from step {step}" in _logs(http, low, victim, 0), timeout=120)
     except AssertionError:
         w = _get(http, low, victim)
         evs = http.get(f"/v1/workloads/{victim}/events", headers=auth(low)).json()["items"]
@@ -373,11 +377,11 @@ def test_a_gang_killed_with_its_node_resumes_from_its_checkpoint_and_bills_what_
     )
     assert made.status_code == 201, made.text
     wid = made.json()["id"]
-    wait_until(lambda: _get(http, key, wid)["state"] == "running", timeout=40)
+    wait_until(lambda: _get(http, key, wid)["state"] == "running", timeout=120)
 
     # Each replica: its own GPUs (UUIDs), its rank, one rendezvous address: rank 0's node's.
     placement = _get(http, key, wid)["placement"]
-    wait_until(lambda: "step 2/60" in _logs(http, key, wid, 1), timeout=20)
+    wait_until(lambda: "step 2/60" in _logs(http, key, wid, 1), timeout=60)
     starts = [re.search(r"^start .*$", _logs(http, key, wid, r), re.M).group(0) for r in (0, 1)]
     devices = [set(re.search(r"devices=(\S+)", s).group(1).split(",")) for s in starts]
     assert all(len(d) == 2 and all(g.startswith("GPU-e2e-") for g in d) for d in devices)
@@ -399,14 +403,14 @@ def test_a_gang_killed_with_its_node_resumes_from_its_checkpoint_and_bills_what_
 
     # A checkpoint is reported (by rank 0, with the run's own token), then rank 0's node dies
     # with everything on it.
-    wait_until(lambda: (_get(http, key, wid)["last_checkpoint_step"] or 0) >= 10, timeout=30)
+    wait_until(lambda: (_get(http, key, wid)["last_checkpoint_step"] or 0) >= 10, timeout=90)
     node = placement[0]["node"]
     a.kill(node, with_work=True)
     killed_at = datetime.now(UTC)
 
     # The node falls silent: the gang is requeued from its checkpoint, placed on the other
     # node, resumes from that step (not from 0) and ends succeeded.
-    wait_until(lambda: _get(http, key, wid)["attempts"] >= 2, timeout=40)
+    wait_until(lambda: _get(http, key, wid)["attempts"] >= 2, timeout=120)
     done = wait_until(
         lambda: (w := _get(http, key, wid))["state"] in ("succeeded", "failed") and w, timeout=60
     )
@@ -434,6 +438,46 @@ def test_a_gang_killed_with_its_node_resumes_from_its_checkpoint_and_bills_what_
     assert len(stops) == 4, stops
     first = sorted(stops)[:2]
     assert all(s <= killed_at + timedelta(seconds=1) for s in first), (first, killed_at)
+
+
+def test_a_short_power_cut_bills_only_until_the_run_was_last_seen(agents, world, session):
+    """Issue 45 item 4: after a power cut shorter than the heartbeat timeout, the lost run's
+    usage ran on until the agent came back (18.7 s x 4 GPUs with nothing running). It ends
+    when the agent last saw the process alive, before the cut."""
+    from app.models.metering import UsageEvent
+
+    a, http = agents
+    key = world.key(world.tenant("acme"))
+    made = http.post(
+        "/v1/workloads",
+        json={"kind": "job", "gpus": 1, "command": _train(600, 0.1, 5, a.ckpt())},
+        headers=auth(key),
+    )
+    assert made.status_code == 201, made.text
+    wid = made.json()["id"]
+    wait_until(lambda: "step 10/600" in _logs(http, key, wid, 0), timeout=180)
+    node = _get(http, key, wid)["placement"][0]["node"]
+    a.kill(node, with_work=True)
+    killed_at = datetime.now(UTC)
+    time.sleep(HEARTBEAT_TIMEOUT / 2)  # back before the node would be lost
+    a.start(node)
+    wait_until(lambda: _get(http, key, wid)["attempts"] >= 2, timeout=180)
+    events = http.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+    cut = next(e for e in events if e["to_state"] == "preempted")
+    # Its restarted agent reported the run lost (on a busy machine the node may have been
+    # declared lost first, a heartbeat timeout after its last report: the same bill).
+    assert re.search(r"process was lost on its node|agent stopped reporting", cut["reason"]), cut
+    session.expire_all()
+    first_stop = min(
+        session.execute(
+            select(UsageEvent.occurred_at).where(
+                UsageEvent.workload_id == uuid.UUID(wid), UsageEvent.kind == "stop"
+            )
+        ).scalars()
+    )
+    # At most a second's mark before the cut; never when the agent came back.
+    assert killed_at - timedelta(seconds=3) <= first_stop <= killed_at, (first_stop, killed_at)
+    http.delete(f"/v1/workloads/{wid}", headers=auth(key))
 
 
 def test_a_rolling_upgrade_moves_work_at_its_checkpoints_and_installs_the_stack(
@@ -465,7 +509,7 @@ def test_a_rolling_upgrade_moves_work_at_its_checkpoints_and_installs_the_stack(
     )
     assert made.status_code == 201, made.text
     wid = made.json()["id"]
-    wait_until(lambda: "step 12/500" in _logs(http, key, wid), timeout=60)
+    wait_until(lambda: "step 12/500" in _logs(http, key, wid), timeout=180)
 
     r = http.post(
         "/v1/admin/upgrades",
@@ -572,7 +616,7 @@ def test_a_mig_layout_is_made_by_the_agent_and_mig_work_runs_on_it(plane, world,
 
         wait_until(
             lambda: http.get(f"/v1/admin/nodes/{node['id']}", headers=op).json()["production_at"],
-            timeout=40,
+            timeout=120,
         )
         r = http.put(
             f"/v1/admin/gpus/{gpu0()['id']}/mig-layout",
@@ -580,7 +624,7 @@ def test_a_mig_layout_is_made_by_the_agent_and_mig_work_runs_on_it(plane, world,
             headers=op,
         )
         assert r.status_code == 202, r.text
-        wait_until(lambda: gpu0()["mig_layout"] is not None, timeout=40)
+        wait_until(lambda: gpu0()["mig_layout"] is not None, timeout=120)
         g = gpu0()
         assert g["mig_mode"] and not g["relayout_pending"]
         assert sorted(s["profile"] for s in g["mig_layout"]) == ["1g", "1g", "2g", "3g"]
@@ -603,7 +647,7 @@ def test_a_mig_layout_is_made_by_the_agent_and_mig_work_runs_on_it(plane, world,
         )
         assert w.status_code == 201, w.text
         wid = w.json()["id"]
-        wait_until(lambda: _get(http, key, wid)["state"] == "succeeded", timeout=60)
+        wait_until(lambda: _get(http, key, wid)["state"] == "succeeded", timeout=180)
 
         def printed() -> str | None:
             text = _logs(http, key, wid)

@@ -157,18 +157,20 @@ def test_inventory_assignments_and_reports_drive_a_gang(
         t0 = time.monotonic()
         r = client.get(
             "/v1/agent/assignments",
-            params={"index": idx, "wait": "20s"},
+            params={"index": idx, "wait": "60s"},
             headers=auth(creds["a-1"]),
         )
         answered.update(r.json(), took=time.monotonic() - t0)
 
     waiter = threading.Thread(target=wait)
     waiter.start()
+    # Two replicas of 4 GPUs: one on each node, a-1 among them (with 2 GPUs each the gang may
+    # land on a-2 alone, and a-1's wait was never answered).
     made = client.post(
         "/v1/workloads",
         json={
             "kind": "job",
-            "gpus": 2,
+            "gpus": 4,
             "replicas": 2,
             "command": ["python", "train.py", "--steps", "10"],
             "env": {"LR": "0.1"},
@@ -182,8 +184,9 @@ def test_inventory_assignments_and_reports_drive_a_gang(
         ["python", "train.py", "--steps", "10"],
         {"LR": "0.1"},
     )
-    waiter.join(25)
-    assert answered["index"] > idx and answered["took"] < 15
+    # Answered by the change, not by the wait's end (bounds for a busy machine).
+    waiter.join(70)
+    assert answered["index"] > idx and answered["took"] < 55, (answered, idx)
     wait_until(lambda: _state(client, key, wid) == "provisioning", timeout=20)
 
     runs = {}
@@ -193,7 +196,7 @@ def test_inventory_assignments_and_reports_drive_a_gang(
     assert sorted(runs) == [0, 1]
     envs = [runs[r][1]["env"] for r in (0, 1)]
     devices = [set(e["CUDA_VISIBLE_DEVICES"].split(",")) for e in envs]
-    assert all(len(d) == 2 for d in devices) and not devices[0] & devices[1]
+    assert all(len(d) == 4 for d in devices) and not devices[0] & devices[1]
     assert all(d.startswith("GPU-") for ds in devices for d in ds)
     assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] == f"{runs[0][0]}.test"
@@ -530,3 +533,122 @@ def test_a_checkpoint_written_in_the_grace_of_a_terminate_counts(client, world, 
     assert late.status_code == 401 and late.json()["code"] == "invalid_workload_token"
     by_key = checkpoint(7, key)
     assert by_key.status_code == 409 and by_key.json()["code"] == "workload_not_running"
+
+
+def test_a_restart_policy_restarts_failures_backs_off_and_stops_at_its_limit(
+    client, world, session, celery_worker_process
+):
+    """Issue 45 item 3: nothing capped automatic restarts. A job whose policy restarts it
+    after its own failure runs again from the queue, the second restart waits its back-off,
+    and the next failure past `max_restarts` fails it, saying why. A loss that is the agent's
+    own failure restarts it too, as infrastructure, never counted as a hardware fault."""
+    world.fleet(FLEET)
+    op = world.key()
+    key = world.key(world.tenant("acme"))
+    cred = _join(client, op, "a-1")
+    _bring_up(client, cred, _inventory("a-1"))
+    policy = {
+        "on": ["failure", "infrastructure", "preemption"],
+        "max_restarts": 2,
+        "backoff_s": 3,
+        "backoff_max_s": 3,
+    }
+    made = client.post(
+        "/v1/workloads",
+        json={
+            "kind": "job",
+            "gpus": 4,
+            "region": "r1",
+            "command": ["sh", "-c", "exit 3"],
+            "restart_policy": policy,
+        },
+        headers=auth(key),
+    )
+    assert made.status_code == 201, made.text
+    wid = made.json()["id"]
+    assert made.json()["restart_policy"] == {**policy, "counts": ["failure", "infrastructure"]}
+    assert made.json()["restarts"] == {}
+
+    def doc() -> dict:
+        return client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()
+
+    def events() -> list[dict]:
+        return client.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+
+    def run_and_fail(attempt: int) -> None:
+        wait_until(
+            lambda: (d := doc())["state"] == "provisioning" and d["attempts"] == attempt,
+            timeout=60,
+        )
+        run = {"workload_id": wid, "attempt": attempt, "replica": 0}
+        for body in (
+            {**run, "state": "running", "pid": 9, "at": _now()},
+            {**run, "state": "exited", "exit_code": 3, "at": _now(), "tail": ["boom"]},
+        ):
+            r = client.post("/v1/agent/status", json={"runs": [body]}, headers=auth(cred))
+            assert r.json() == {"accepted": 1, "stale": 0}, r.text
+
+    run_and_fail(1)
+    back = next(e for e in reversed(events()) if e["from_state"] == "running")
+    assert back["to_state"] == "queued"
+    assert "exited (code 3)" in back["reason"] and "restart 1 of 2 (failure)" in back["reason"]
+    assert back["details"]["restart"]["restart_number"] == 1
+
+    run_and_fail(2)  # the second restart backs off
+    got = doc()
+    back = next(e for e in reversed(events()) if e["from_state"] == "running")
+    assert "restart 2 of 2 (failure), in 3 s" in back["reason"], back
+    assert got["state"] == "queued" and got["not_before"] is not None, got
+    not_before = datetime.fromisoformat(got["not_before"])
+    assert got["restarts"] == {"failure": 2}
+
+    run_and_fail(3)  # placed no sooner than its back-off allowed
+    placed = [e for e in events() if e["to_state"] == "placing"]
+    assert datetime.fromisoformat(placed[-1]["at"]) >= not_before - timedelta(seconds=0.01)
+    wait_until(lambda: doc()["state"] == "failed", timeout=15)
+    last = events()[-1]
+    assert last["from_state"] == "running" and last["to_state"] == "failed"
+    assert "restart limit reached: 2 of 2 restarts spent (failure 2)" in last["reason"]
+    assert last["details"]["restart"]["why"] == "restart_limit_reached"
+    gql = client.post(
+        "/graphql",
+        json={"query": f'{{ workload(id: "{wid}") {{ restartPolicy restarts notBefore }} }}'},
+        headers=auth(key),
+    ).json()
+    assert gql["data"]["workload"] == {
+        "restartPolicy": {**policy, "counts": ["failure", "infrastructure"]},
+        "restarts": {"failure": 2},
+        "notBefore": None,
+    }
+
+    # The agent could not record a run's exit: restarted as infrastructure (not a failure of
+    # the workload, not a hardware interruption), once, by the default policy.
+    made = client.post(
+        "/v1/workloads",
+        json={"kind": "job", "gpus": 4, "region": "r1", "command": ["sleep", "60"]},
+        headers=auth(key),
+    )
+    wid = made.json()["id"]
+    wait_until(lambda: doc()["state"] == "provisioning", timeout=60)
+    run = {"workload_id": wid, "attempt": 1, "replica": 0}
+    client.post(
+        "/v1/agent/status",
+        json={"runs": [{**run, "state": "running", "pid": 9, "at": _now()}]},
+        headers=auth(cred),
+    )
+    lost = {
+        **run,
+        "state": "lost",
+        "at": _now(),
+        "fault": "agent",
+        "message": "the run's shim ended (code 1) but its exit record could not be read",
+    }
+    client.post("/v1/agent/status", json={"runs": [lost]}, headers=auth(cred))
+    stopped = next(e for e in events() if e["to_state"] == "preempted")
+    assert stopped["reason"].startswith("stopped: its node's agent could not record replica 0")
+    assert stopped["details"]["fault"] == "agent"
+    again = next(e for e in events() if e["from_state"] == "preempted")
+    assert again["to_state"] == "queued" and "restart 1 of 10 (infrastructure)" in again["reason"]
+    got = doc()
+    assert got["interruptions"] == 0 and got["restarts"] == {"infrastructure": 1}
+    client.delete(f"/v1/workloads/{wid}", headers=auth(key))

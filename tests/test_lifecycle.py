@@ -45,4 +45,7 @@ def test_terminal_states_have_no_way_out_and_every_state_can_end():
         if s not in TERMINAL:
             assert State.terminated in TRANSITIONS[s]
     assert State.running not in TRANSITIONS[State.queued]  # no skipping placement
-    assert State.queued not in TRANSITIONS[State.running]  # eviction goes via a checkpoint
+    # An eviction goes via a checkpoint and a stop; running -> queued is only its own failure
+    # restarting it (its restart policy), with nothing left to checkpoint.
+    assert State.queued not in TRANSITIONS[State.checkpointing]
+    assert State.queued in TRANSITIONS[State.running]

@@ -158,6 +158,9 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         problem.filter(has_text="validation_error").wait_for()
         assert "replicas" in problem.inner_text()
         replicas.fill("2")
+        # Its restart policy: restarted after its own failure too, at most 4 times.
+        page.get_by_label("Restart after its own failure").check()
+        page.get_by_label("At most this many restarts").fill("4")
         page.evaluate("window.__sameDocument = true")  # gone if the page reloads
         page.get_by_role("button", name="Submit", exact=True).click()
         page.wait_for_url(re.compile(r"/portal/workloads/[0-9a-f-]{36}$"))
@@ -166,6 +169,11 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         created = httpx.get(f"{api}/v1/workloads/{wid}", headers=auth(key)).json()
         assert (created["replicas"], created["shape"]["gpus"]) == (2, 4), created
         assert created["shape"]["gpu_models"] == ["H100-80GB"]
+        assert created["restart_policy"]["on"] == ["failure", "infrastructure", "preemption"]
+        assert created["restart_policy"]["max_restarts"] == 4
+        restarts = page.get_by_test_id("restarts")
+        restarts.filter(has_text="none; 0 of 4 counted").wait_for()
+        assert "restarts after failure, infrastructure, preemption" in restarts.inner_text()
         # Its states arrive over the subscription as they change: no reload.
         state = page.get_by_test_id("workload-state")
         timeline = page.get_by_test_id("timeline")

@@ -29,13 +29,13 @@ from app.models.workloads import Allocation, State, Workload
 from app.outbox.service import enqueue
 from app.placement.isolation import Tier
 from app.scheduling import lifecycle
-from app.scheduling.apply import release
+from app.scheduling.apply import release_unstarted
 from app.scheduling.providers import FAILED_RUNS, get_provider
 from app.tenancy.nodes import NodeCaller
 from app.tenancy.run_tokens import STOP_GRACE_S, mint
 from app.workloads import runs as workload_runs
 from app.workloads.queueing import kick_placement
-from app.workloads.service import finish, interrupt_on_fault
+from app.workloads.service import end_in_failure, finish, interrupt_on_fault
 from rackplane_wire import (
     Assignment,
     Assignments,
@@ -401,8 +401,7 @@ def _settle(
             # began, so nothing of it is billed.
             a = own[0]
             r = tails[(w.id, a.replica)]
-            began = max(as_aware(x.created_at) for x in allocs)
-            held = release(session, w, at=began, reason="failed_to_start")
+            held = release_unstarted(session, w, reason="failed_to_start")
             lifecycle.transition(
                 session,
                 w,
@@ -434,15 +433,24 @@ def _settle(
         r = tails.get((w.id, a.replica))
         # Its usage ends when it was last known to run, not when the agent came back.
         at = max(min(as_aware(a.run_ended_at), heard), as_aware(a.run_started_at))
+        agent = r is not None and r.fault == "agent"
         interrupt_on_fault(
             session,
             session.get_one(Node, a.node_id),
             list(a.gpu_indices),
             "gpu",
             at,
-            f"replica {a.replica}'s process was lost on its node (the host restarted?)",
-            {"replica": a.replica, "message": r.message if r else None},
+            f"its node's agent could not record replica {a.replica}'s exit (the agent's "
+            "failure, not the workload's or its GPUs')"
+            if agent
+            else f"replica {a.replica}'s process was lost on its node (the host restarted?)",
+            {
+                "replica": a.replica,
+                "message": r.message if r else None,
+                "fault": "agent" if agent else "host",
+            },
             only={w.id},
+            hardware=not agent,
         )
         return
     failed = sorted((a for a in allocs if _failure(a)), key=lambda a: a.run_ended_at)
@@ -450,10 +458,9 @@ def _settle(
         a = failed[0]
         r = tails.get((w.id, a.replica))
         code = f"code {a.exit_code}" if a.exit_code is not None else a.exit_signal or a.run_state
-        finish(
+        end_in_failure(
             session,
             w,
-            succeeded=False,
             reason=f"replica {a.replica}'s process {_ended(a)} ({code}) on its node",
             at=as_aware(a.run_ended_at),
             details={

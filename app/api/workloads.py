@@ -162,20 +162,33 @@ def request_checkpoint(workload_id: str, auth: TenantWrite, session: DbSession) 
     "/workloads/{workload_id}/exit",
     response_model=WorkloadOut,
     tags=["admin: workloads"],
-    summary="A node agent reports that a workload's process exited (0: succeeded, else failed)",
+    summary="A node agent reports that a workload's process exited (0: succeeded; else failed, or "
+    "restarted by its restart policy)",
 )
 def report_exit(workload_id: str, body: ExitIn, auth: Platform, session: DbSession) -> Workload:
     w = get_owned(session, auth, Workload, workload_id, what="workload", for_update=True)
     ok = body.exit_code == 0
-    service.finish(
-        session,
-        w,
-        succeeded=ok,
-        reason=f"the process exited with code {body.exit_code}"
-        + (f": {body.message}" if body.message else ""),
-        at=body.at or utcnow(),
-        details={"exit_code": body.exit_code, "cause": "exited" if ok else "exited_nonzero"},
+    reason = f"the process exited with code {body.exit_code}" + (
+        f": {body.message}" if body.message else ""
     )
+    at = body.at or utcnow()
+    if ok:
+        service.finish(
+            session,
+            w,
+            succeeded=True,
+            reason=reason,
+            at=at,
+            details={"exit_code": 0, "cause": "exited"},
+        )
+    else:  # its own failure: its restart policy says whether it runs again
+        service.end_in_failure(
+            session,
+            w,
+            reason=reason,
+            at=at,
+            details={"exit_code": body.exit_code, "cause": "exited_nonzero"},
+        )
     return w
 
 

@@ -42,6 +42,17 @@ def _login(out: WorkloadOut) -> str:
     return escape(f"{c.command} ({'ready' if c.ready else 'booting'})")
 
 
+def _restarts(out: WorkloadOut) -> str:
+    """Its restarts by cause, against its policy's limit, and its back-off if it waits one."""
+    p = out.restart_policy
+    counted = sum(out.restarts.get(c, 0) for c in p.counts)
+    by = ", ".join(f"{c} {n}" for c, n in sorted(out.restarts.items()) if n) or "none"
+    text = f"{by}; {counted} of {p.max_restarts} counted (after {', '.join(p.on) or 'nothing'})"
+    if out.not_before is not None:
+        text += f"; backing off until {out.not_before:%Y-%m-%d %H:%M:%S}"
+    return escape(text)
+
+
 @workloads_cli.command("show")
 def workloads_show(
     workload_id: str = typer.Argument(..., help="The workload's id."),
@@ -73,6 +84,7 @@ def workloads_show(
         ("region", out.region or "-"),
         ("nodes", ", ".join(nodes) if nodes else "not placed"),
     ]
+    lines.append(("restarts", _restarts(out)))
     if out.ssh_keys:
         lines.append(("ssh keys", str(len(out.ssh_keys))))
     c = out.connect

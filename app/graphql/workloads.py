@@ -26,12 +26,13 @@ from app.placement.model import cuda_text
 from app.scheduling.lifecycle import State
 from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
-from app.workloads import service
+from app.workloads import restarts, service
 from app.workloads.schemas import (
     CheckpointIn,
     ConnectOut,
     DryRunOut,
     WorkloadCreate,
+    backing_off_until,
     connect_of,
 )
 
@@ -138,6 +139,16 @@ class Workload:
         description="How to log in while it runs (instances and VMs launched with SSH keys)"
     )
     attempts: int = strawberry.field(description="How many times it has been placed")
+    restart_policy: JSON = strawberry.field(
+        description="What restarts it after its run ends early, how often, and its back-off "
+        "(as REST's `restart_policy`)"
+    )
+    restarts: JSON = strawberry.field(
+        description="The restarts it has had, by cause (`failure`, `infrastructure`, `preemption`)"
+    )
+    not_before: datetime | None = strawberry.field(
+        description="Backing off after a restart: no placement before this moment (queued only)"
+    )
     stack: str | None = strawberry.field(description="The software stack it runs on, if it asked")
     min_cuda: str | None = strawberry.field(description="The least CUDA version it runs on")
     _row: strawberry.Private[Any]
@@ -197,6 +208,9 @@ class Workload:
             ssh_keys=list(w.ssh_keys or []),
             connect=Connect.of(connect_of(w)),
             attempts=w.attempts or 0,
+            restart_policy=restarts.policy_of(w).model_dump(),
+            restarts=dict(w.restart_counts or {}),
+            not_before=backing_off_until(w),
             stack=w.stack,
             min_cuda=cuda_text(w.min_cuda or 0),
             _row=w,

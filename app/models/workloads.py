@@ -194,6 +194,12 @@ class Workload(TimestampMixin, Base):
     migrate_at_checkpoint: Mapped[bool] = mapped_column(
         Boolean, default=False, server_default=false()
     )
+    # What restarts it, and how often (app/workloads/restarts.py; None: the default policy);
+    # the restarts it has had, by cause ({"failure": 2, ...}); and, after a restart that backs
+    # off, the moment before which no cycle places it.
+    restart_policy: Mapped[dict | None] = mapped_column(JSON, default=None)
+    restart_counts: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
+    not_before: Mapped[datetime | None] = mapped_column(default=None)
     # Shared GPUs ([node, index]) it must not be placed on again: a noisy neighbour's.
     avoid_gpus: Mapped[list | None] = mapped_column(JSON, default=None)
     # Its best reported step time on a shared GPU: the pace a neighbour's load is judged by.

@@ -14,11 +14,11 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
-from app.core.db import dialect_insert, insert_objects, new_id, utcnow
+from app.core.db import as_aware, dialect_insert, insert_objects, new_id, utcnow
 from app.metering import service as metering
 from app.models.agents import AgentNode
 from app.models.fleet import Gpu, Node, Rack, Region
@@ -478,6 +478,17 @@ def stopped(session: Session, w: Workload) -> None:
             queue="provisioning",
             workload_ids=[str(i) for i in ids],
         )
+
+
+def release_unstarted(session: Session, w: Workload, reason: str) -> int:
+    """End the allocations of `w`, placed but never started (it failed to start, or its node
+    went before it did): when they began, so nothing of a run that never ran is billed."""
+    began = session.scalar(
+        select(func.max(Allocation.created_at)).where(
+            Allocation.workload_id == w.id, Allocation.released_at.is_(None)
+        )
+    )
+    return release(session, w, at=as_aware(began) if began is not None else None, reason=reason)
 
 
 def release(

@@ -29,11 +29,15 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.placing: frozenset({S.provisioning, S.queued, S.failed, S.terminated}),
     S.provisioning: frozenset({S.running, S.queued, S.failed, S.terminated}),
     # Straight to preempted when its hardware is gone (a node down): no grace to give.
-    S.running: frozenset({S.checkpointing, S.preempted, S.succeeded, S.failed, S.terminated}),
+    # Straight back to the queue when its own failure restarts it (its restart policy).
+    S.running: frozenset(
+        {S.checkpointing, S.preempted, S.queued, S.succeeded, S.failed, S.terminated}
+    ),
     # Preemption: checkpoint within the grace period, then stop (preempted). A process that
     # exits by itself during its grace ends as any run does: exit 0 is a success.
     S.checkpointing: frozenset({S.preempted, S.running, S.succeeded, S.failed, S.terminated}),
-    S.preempted: frozenset({S.queued, S.terminated}),
+    # Failed instead of requeued when its restart policy says so (or its restarts are spent).
+    S.preempted: frozenset({S.queued, S.failed, S.terminated}),
     S.succeeded: frozenset(),
     S.failed: frozenset(),
     S.terminated: frozenset(),

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from sqlalchemy import literal, select, text
+from sqlalchemy import literal, or_, select, text
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
@@ -492,10 +492,15 @@ def load(
             return None
         world, holding = fresh, _hold(session, fresh, region)
         world.snap.commit()
+    # Not those backing off after a restart (their back-off's end sends a cycle).
     queued = list(
         session.scalars(
             select(Workload)
-            .where(Workload.region == region, IS_QUEUED)
+            .where(
+                Workload.region == region,
+                IS_QUEUED,
+                or_(Workload.not_before.is_(None), Workload.not_before <= utcnow()),
+            )
             .order_by(Workload.created_at)
         )
     )

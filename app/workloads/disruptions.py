@@ -17,8 +17,9 @@ from app.models.fleet import Node
 from app.models.workloads import Allocation, Workload
 from app.outbox.service import enqueue
 from app.scheduling import lifecycle
-from app.scheduling.apply import release
+from app.scheduling.apply import release, release_unstarted
 from app.scheduling.lifecycle import State
+from app.workloads import restarts
 from app.workloads.queueing import kick_placement, requeue_reason
 from app.workloads.regions import fail_what_no_longer_fits, node_region
 
@@ -82,9 +83,12 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
                     session, w, State.preempted, f"stopped: node {name} is {state}", at=now
                 )
                 reason, details = requeue_reason(w)
-                lifecycle.transition(session, w, State.queued, reason, details, at=now)
+                restarts.requeue(session, w, "infrastructure", reason, details, at=now)
             continue  # draining: already on its way off
-        release(session, w, now, reason=f"node_{state}")
+        if running:
+            release(session, w, now, reason=f"node_{state}")
+        else:  # placed, not started: it never ran, nothing of it is billed
+            release_unstarted(session, w, reason=f"node_{state}")
         if running:
             lifecycle.transition(
                 session, w, State.preempted, f"stopped: node {name} is {state}", at=now
@@ -93,7 +97,7 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
         else:  # placing or provisioning: it never started there
             reason = f"node {name} is {state} before it started: back in the queue"
             details = {"node": name}
-        lifecycle.transition(session, w, State.queued, reason, details, at=now)
+        restarts.requeue(session, w, "infrastructure", reason, details, at=now)
         entries.append((w.tenant_id, "workload", w.id, {"reason": f"node_{state}"}, {}))
     audit.record_system(session, "workload.requeue", entries)
     if state == "retired":
@@ -148,12 +152,15 @@ def interrupt_on_fault(
     cause: str,
     details: dict,
     only: set[uuid.UUID] | None = None,
+    hardware: bool = True,
 ) -> int:
     """A hardware fault took GPUs away (app/health), or a node agent lost the process of one of
     its runs (`only` that workload): every workload holding them stops on all its replicas (a
     gang is one unit). Its usage ends at the fault, not when this runs; the work
     since its last checkpoint is recorded as lost; it goes back to the queue ahead of its
-    priority peers, to resume from its last checkpoint. Returns how many were stopped."""
+    priority peers, to resume from its last checkpoint. Not `hardware`: the node's agent
+    failed it (it could not record the run's exit), which is no fault of the GPUs: the same,
+    said so, and not counted among its hardware interruptions. Returns how many were stopped."""
     now = utcnow()
     regions, entries = set(), []
     ws = _holders(session, node, gpu_indices, scope)
@@ -175,7 +182,7 @@ def interrupt_on_fault(
                 session,
                 w,
                 State.preempted,
-                f"interrupted by a hardware fault: {cause}",
+                f"interrupted by a hardware fault: {cause}" if hardware else f"stopped: {cause}",
                 {
                     **details,
                     "fault_at": at.isoformat(),
@@ -184,17 +191,18 @@ def interrupt_on_fault(
                 },
                 at=at,
             )
-            w.interruptions = (w.interruptions or 0) + 1
+            if hardware:
+                w.interruptions = (w.interruptions or 0) + 1
             w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
             reason, more = requeue_reason(w)
-        else:  # placed but not started: nothing ran, nothing is lost
-            release(session, w, now, reason="gpu_fault")
+        else:  # placed but not started: nothing ran, nothing is lost or billed
+            release_unstarted(session, w, reason="gpu_fault")
             reason, more = f"{cause} before it started: back in the queue", {}
         w.expedited = True
-        lifecycle.transition(
+        restarts.requeue(
             session,
             w,
-            State.queued,
+            "infrastructure",
             f"{reason}; ahead of its priority peers",
             {**more, "expedited": True, "incident": details.get("incident")},
             at=now,
@@ -228,10 +236,10 @@ def move_off_suspect(
     w.migrate_at_checkpoint = False
     w.expedited = True
     reason, more = requeue_reason(w)
-    lifecycle.transition(
+    restarts.requeue(
         session,
         w,
-        State.queued,
+        "preemption",
         f"{reason}; ahead of its priority peers, on healthy GPUs",
         {**more, "expedited": True},
         at=now,

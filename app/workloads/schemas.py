@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field, field_validator, model_validator
@@ -146,6 +146,59 @@ class CheckpointPolicy(StrictModel):
     )
 
 
+RestartCause = Literal["failure", "infrastructure", "preemption"]
+
+
+class RestartPolicy(StrictModel):
+    """What restarts a workload, and how often, before it fails (as Kubernetes' `backoffLimit`
+    with a pod failure policy, SkyPilot's `max_restarts_on_errors`, Slurm's requeue limit).
+    Causes: `failure` (its own process exited non-zero or crashed), `infrastructure` (a hardware
+    fault, its node went down or its agent lost the run, a start that failed on the node) and
+    `preemption` (higher-priority work took its GPUs, its node was drained, or it was moved
+    off a suspect GPU). The default never loops without bound: a failure ends it, and the
+    eleventh infrastructure restart fails it; preemptions restart it without counting."""
+
+    on: list[RestartCause] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["infrastructure", "preemption"],
+        max_length=3,
+        description="The causes after which it restarts (from its last checkpoint); after any "
+        "other it fails. Add `failure` to restart it after its own non-zero exit.",
+    )
+    max_restarts: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description="Restarts it may have for the causes in `counts`; the next such cause "
+        "fails it (`restart_limit_reached`).",
+    )
+    counts: list[RestartCause] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["failure", "infrastructure"],
+        max_length=3,
+        description="The causes whose restarts count against `max_restarts`.",
+    )
+    backoff_s: int = Field(
+        10,
+        ge=0,
+        le=3600,
+        description="A counted restart after the first waits this long before it may be "
+        "placed, doubling each time up to `backoff_max_s` (the first is at once).",
+    )
+    backoff_max_s: int = Field(300, ge=0, le=86400)
+
+    @field_validator("on", "counts")
+    @classmethod
+    def _distinct(cls, causes: list[str]) -> list[str]:
+        if len(set(causes)) != len(causes):
+            raise ValueError("names a cause twice")
+        return causes
+
+    @model_validator(mode="after")
+    def _backoff(self) -> RestartPolicy:
+        if self.backoff_max_s < self.backoff_s:
+            raise ValueError("backoff_max_s is less than backoff_s")
+        return self
+
+
 # What a workload's process is given: names as POSIX shells allow, none of the agent's own.
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 ENV_RESERVED_PREFIX = "RACKPLANE_"
@@ -220,6 +273,11 @@ class WorkloadCreate(StrictModel):
         "tests), and on an agent's node when no `command` is given (a `sleep`).",
     )
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    restart_policy: RestartPolicy = Field(
+        default_factory=RestartPolicy,
+        description="What restarts it after its run ends early, how often, and the back-off "
+        "between restarts.",
+    )
     labels: dict[
         Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]
     ] = Field(default_factory=dict, max_length=64)
@@ -386,6 +444,15 @@ class ConnectOut(OutModel):
     ready_at: datetime | None = None
 
 
+def backing_off_until(w: Any) -> datetime | None:
+    """When a queued workload backing off after a restart may be placed again, if it waits."""
+    at = getattr(w, "not_before", None)
+    if w.state != "queued" or at is None:
+        return None
+    at = at if at.tzinfo else at.replace(tzinfo=UTC)
+    return at if at > datetime.now(UTC) else None
+
+
 def connect_of(w: Any) -> ConnectOut | None:
     """Where a workload's SSH server is, while its run holds a node's port."""
     if not w.ssh_port or not w.ssh_host or w.state not in ("provisioning", "running"):
@@ -451,6 +518,15 @@ class WorkloadOut(OutModel):
     expedited: bool = Field(
         description="Requeued after a fault that was not its own: placed ahead of its peers"
     )
+    restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
+    restarts: dict[str, int] = Field(
+        default_factory=dict,
+        description="The restarts it has had, by cause (`failure`, `infrastructure`, `preemption`)",
+    )
+    not_before: datetime | None = Field(
+        None,
+        description="Backing off after a restart: no placement before this moment (queued only)",
+    )
     finished_at: datetime | None
     run_for_s: int | None
     run_deadline_at: datetime | None = Field(
@@ -463,14 +539,22 @@ class WorkloadOut(OutModel):
     @classmethod
     def _connect(cls, value: Any, handler: Any) -> WorkloadOut:
         out = handler(value)
-        if out.connect is None and not isinstance(value, dict):
-            out.connect = connect_of(value)
+        if not isinstance(value, dict):
+            if out.connect is None:
+                out.connect = connect_of(value)
+            out.restarts = dict(getattr(value, "restart_counts", None) or {})
+            out.not_before = backing_off_until(value)
         return out
 
     @field_validator("ssh_keys", mode="before")
     @classmethod
     def _keys(cls, value: Any) -> Any:
         return value or []
+
+    @field_validator("restart_policy", mode="before")
+    @classmethod
+    def _policy(cls, value: Any) -> Any:
+        return value or {}
 
     @field_validator("shape", mode="before")
     @classmethod

@@ -28,6 +28,7 @@ from app.scheduling.lifecycle import HOLDING, State
 from app.tenancy.auth import AuthContext
 from app.tenancy.run_tokens import in_stop_grace
 from app.tenancy.scoping import scoped_select
+from app.workloads import restarts
 from app.workloads.budget_gate import check_submission
 from app.workloads.disruptions import (
     health_notice,
@@ -49,6 +50,7 @@ __all__ = [
     "build",
     "dry_run",
     "events_of",
+    "end_in_failure",
     "finish",
     "forget_regions",
     "health_notice",
@@ -112,6 +114,8 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         runtime=body.runtime,
         ssh_keys=keys,
         checkpoint_signal=body.checkpoint.signal,
+        restart_policy=body.restart_policy.model_dump(),
+        restart_counts={},
         checkpoint_requests=0,
         attempts=0,
         generation=0,
@@ -254,6 +258,27 @@ def finish(
         kick_placement(session, w.region)
     if evicted:
         stopped(session, w)
+
+
+def end_in_failure(
+    session: Session, w: Workload, *, reason: str, at: datetime, details: dict
+) -> None:
+    """Its own process failed (exited non-zero, crashed) by itself: a running workload whose
+    restart policy restarts it after its own failure goes back to the queue (its run, and
+    usage, ending at `at`), backing off as the policy says, or fails once its restarts are
+    spent; any other fails (`finish`)."""
+    if w.state != State.running.value or "failure" not in restarts.policy_of(w).on:
+        finish(session, w, succeeded=False, reason=reason, at=at, details=details)
+        return
+    at = min(at, utcnow())
+    if w.run_started_at is not None:
+        at = max(at, as_aware(w.run_started_at))
+    held = release(session, w, at, reason=details.get("cause", "exited"))
+    resumes, more = requeue_reason(w)
+    restarts.requeue(session, w, "failure", f"{reason}; {resumes}", {**details, **more}, at=at)
+    if held:
+        enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
+    kick_placement(session, w.region)
 
 
 def request_checkpoint(session: Session, w: Workload) -> Workload:

@@ -19,10 +19,10 @@ from app.models.workloads import (
 )
 from app.outbox.service import enqueue
 from app.scheduling import lifecycle
-from app.scheduling.apply import release, stopped, unstopped_holders
+from app.scheduling.apply import release_unstarted, stopped, unstopped_holders
 from app.scheduling.lifecycle import State
 from app.scheduling.providers import PerNodeProvider, get_provider
-from app.workloads import runs
+from app.workloads import restarts, runs
 from app.workloads.queueing import kick_placement, requeue_reason
 from app.workloads.service import finish
 
@@ -181,17 +181,13 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
         )
         for w, status in failed:
             nodes = sorted({p["node"] for p in w.placement or []})
-            release(session, w, reason="provisioning_failed")
-            lifecycle.transition(
+            release_unstarted(session, w, reason="provisioning_failed")  # it never ran
+            restarts.requeue(
                 session,
                 w,
-                State.queued,
+                "infrastructure",
                 "provisioning failed: back in the queue",
-                {
-                    "provider_status": status,
-                    "nodes": nodes,
-                },
-                flush=False,
+                {"provider_status": status, "nodes": nodes},
             )
             kick_placement(session, w.region)
         _check_later(session, later)
@@ -280,10 +276,10 @@ def finish_preemption(workload_id: str, all_stopped: bool = False) -> str:
         )
         lifecycle.transition(session, w, State.preempted, "grace period over: stopped", at=now)
         reason, details = requeue_reason(w)  # the checkpoint, or the start: said truly
-        lifecycle.transition(session, w, State.queued, reason, details, at=now)
+        requeued = restarts.requeue(session, w, "preemption", reason, details, at=now)
         stopped(session, w)
         kick_placement(session, w.region)
-        return "requeued"
+        return "requeued" if requeued else "failed"
 
 
 @_task("workloads.deprovision")

@@ -59,6 +59,14 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
     if (v("topology")) input.topology = { level: v("topology"), mode: v("topologyMode") };
   }
   if (v("runForS")) input.runForS = num("runForS");
+  // Its restart policy: only what the form changed from the API's defaults.
+  const onFailure = (form.elements.namedItem("restartOnFailure") as HTMLInputElement | null)?.checked;
+  if (onFailure || v("maxRestarts")) {
+    const policy: Record<string, unknown> = {};
+    if (onFailure) policy.on = ["failure", "infrastructure", "preemption"];
+    if (v("maxRestarts")) policy.maxRestarts = num("maxRestarts");
+    input.restartPolicy = policy;
+  }
   // What its node agents run: one argument per line, and NAME=value lines.
   const lines = (n: string) => v(n).split("\n").map((l) => l.trim()).filter((l) => l !== "");
   const command = lines("command");
@@ -300,6 +308,15 @@ export function Submit() {
             </p>
           </fieldset>
         )}
+        <fieldset data-testid="restart-policy" aria-invalid={!!bad("maxRestarts") || !!bad("restartPolicy")}>
+          <legend>Restarts</legend>
+          <label class="check">
+            <input type="checkbox" name="restartOnFailure" /> Restart after its own failure (a non-zero exit), from its last checkpoint
+          </label>
+          <label for="maxRestarts">At most this many restarts after failures and infrastructure faults, then it fails</label>
+          <input id="maxRestarts" name="maxRestarts" type="number" min={0} max={1000} placeholder="10" aria-invalid={!!bad("maxRestarts")} />
+          <p class="muted">A fault of the hardware or a preemption always restarts it; each restart after the first waits longer (10 s, doubling to 5 min).</p>
+        </fieldset>
         <label for="runForS">Run for (seconds: a simulated node, or a replica without a command)</label>
         <input id="runForS" name="runForS" type="number" min={1} aria-invalid={!!bad("runForS")} />
         <div class="actions">

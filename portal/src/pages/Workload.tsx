@@ -8,6 +8,7 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   createdAt startedAt finishedAt interruptions lostWorkGpuS preemptions lastCheckpointAt
   placement { replica region rack node gpuIndices migProfile migSlot }
   runtime sshKeys connect { host port user command ready readyAt }
+  restartPolicy restarts notBefore
 } }`;
 
 const EVENTS = `subscription Timeline($id: ID!) { workloadEvents(after: "0", workloadId: $id) {
@@ -27,6 +28,28 @@ interface W extends WorkloadSummary {
   runtime: string;
   sshKeys: string[];
   connect: Connect | null;
+  restartPolicy: RestartPolicy;
+  restarts: Record<string, number>;
+  notBefore: string | null;
+}
+/** What restarts it after its run ends early (REST's `restart_policy`). */
+interface RestartPolicy {
+  on: string[];
+  max_restarts: number;
+  counts: string[];
+  backoff_s: number;
+  backoff_max_s: number;
+}
+
+/** Its restarts by cause, against its policy's limit. */
+function restartsText(w: W): string {
+  const p = w.restartPolicy;
+  const counted = p.counts.reduce((n, c) => n + (w.restarts[c] ?? 0), 0);
+  const by = Object.entries(w.restarts)
+    .filter(([, n]) => n > 0)
+    .map(([c, n]) => `${c} ${n}`)
+    .join(", ");
+  return `${by || "none"}; ${counted} of ${p.max_restarts} counted (restarts after ${p.on.join(", ") || "nothing"})`;
 }
 /** Where an instance's SSH server is (null until its node's agent reports the port). */
 interface Connect {
@@ -255,6 +278,11 @@ export function WorkloadPage({ id }: { id: string }) {
             <dt>Preemptions / interruptions</dt>
             <dd>
               {w.preemptions} / {w.interruptions} (lost work {w.lostWorkGpuS.toFixed(0)} GPU-s)
+            </dd>
+            <dt>Restarts</dt>
+            <dd data-testid="restarts">
+              {restartsText(w)}
+              {w.notBefore && w.state === "queued" && <> · backing off until {when(w.notBefore)}</>}
             </dd>
           </dl>
         </section>
