@@ -5,6 +5,7 @@
         [--inventory FILE] [--address HOST] [--runtime process|podman|vm]
         [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--ssh-ports 22000-22999]
         [--log-level INFO]
+    python -m rackplane_agent stop [--state-dir DIR] [--kill | --power-cut]
 
 Exit codes: 0 stopped (SIGTERM/SIGINT), 1 an unexpected error, 2 cannot start (no join token,
 a refused token, no inventory, another agent on the state directory), 3 the control plane
@@ -17,10 +18,12 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 from rackplane_agent import __version__
+from rackplane_agent import stop as stop_cmd
 from rackplane_agent.config import (
     EXIT_USAGE,
     AgentConfig,
@@ -107,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["stop"]:  # `rackplane agent stop --state-dir DIR`: that agent alone
+        return stop_cmd.main(argv[1:])
     args = build_parser().parse_args(argv)
     from rackplane_agent import logfmt
 

@@ -179,7 +179,9 @@ async def get_assignments(
     try:
         while True:
             waiter.clear()  # before the read: a change committed after it wakes us
-            left = deadline - time.monotonic()
+            # The server stopping: the current state now (the agent asks again, of whichever
+            # server answers).
+            left = 0.0 if pubsub.hub.closing else deadline - time.monotonic()
             out = await _newer(caller, topic, index if left > 0 else -1)
             if out is not None:
                 return out

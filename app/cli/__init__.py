@@ -9,7 +9,6 @@ the `rackplane.cli` entry point group.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,6 @@ import typer
 # the CLI changes there counts at once, as it does through the API.
 import app.models  # noqa: F401
 import app.tenancy.auth  # noqa: F401
-from app.cli import local_agent
 from app.cli.billing import billing_cli
 from app.cli.chaos import chaos_cli
 from app.cli.common import DEMO_FLEET, ROOT, console, err, fail
@@ -131,7 +129,7 @@ def up(
     ),
 ) -> None:
     """Migrate, seed a demo on first start, and run the API, a Celery worker and beat."""
-    import uvicorn  # deferred: `up` alone runs a server (~11 ms with watchfiles)
+    from app.cli.serve import serve  # deferred: `up` alone runs a server (uvicorn, ~11 ms)
 
     settings = get_settings()
     host = host or settings.api_host
@@ -177,40 +175,15 @@ def up(
             soft_wrap=True,
         )
     children: list[subprocess.Popen] = []
-    if agent if agent is not None else settings.local_agent:
-        if "RACKPLANE_PUBLIC_API_URL" not in os.environ:
-            settings.public_api_url = base  # what this process tells the runs to report to
-        children.append(local_agent.start(base))
-        console.print(
-            f"  node agent {local_agent.NODE} (4 made-up GPUs: examples/local-0.yaml), "
-            "runs work submitted with region `local`"
-        )
-    if worker:
-        cmd = worker_command(
-            f"rackplane-{os.getpid()}@%h",
-            beat=True,
-            concurrency=concurrency,
-            loglevel=settings.log_level,
-        )
-        # Its own process group, so the worker's pool and beat children stop with it.
-        children.append(subprocess.Popen(cmd, cwd=ROOT, start_new_session=True))
-    sys.stdout.flush()
 
     def stop(*_a) -> None:
         raise KeyboardInterrupt
 
+    # SIGTERM (systemd, `docker stop`, kill) stops it as SIGINT does, from here on: a signal
+    # while the children start stops those already started too.
     signal.signal(signal.SIGTERM, stop)
     try:
-        # An agent's blocking query holds its request open for up to a minute: the server does
-        # not wait for it to stop (the agent asks again, of whichever server answers).
-        uvicorn.run(
-            "app.main:app",
-            host=host,
-            port=port,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=3,
-        )
+        serve(host, port, base, children, agent, worker, concurrency)
     except KeyboardInterrupt:
         pass
     finally:

@@ -170,6 +170,9 @@ class Hub:
         self._lock = threading.Lock()
         # Dropped before any waiter wakes: a woken reader never finds what its wake-up replaced.
         self.caches: list[TopicCache] = []
+        # The server is stopping: long polls answer what they have now rather than wait (and
+        # be cancelled by the server's shutdown, an error where an answer was due).
+        self.closing = False
 
     def register(self, matches: Callable[[str], bool]) -> Waiter:
         w = Waiter(matches)
@@ -225,6 +228,11 @@ class Hub:
             waiters += [w for same in self._by_topic.values() for w in same]
         for w in waiters:
             w.wake()
+
+    def shut(self) -> None:
+        """The server is stopping: every waiter wakes, and waits no more."""
+        self.closing = True
+        self.notify_all()
 
     def __len__(self) -> int:
         return len(self._waiters) + sum(len(same) for same in self._by_topic.values())

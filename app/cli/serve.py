@@ -1,0 +1,98 @@
+"""`rackplane up`'s server: the API under uvicorn, with the local node agent and a Celery
+worker (with beat) as children. Apart from the CLI's module because uvicorn is imported for
+this command alone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import uvicorn
+
+from app.cli import local_agent
+from app.cli.common import ROOT, console, err
+from app.core import pubsub
+from app.core.config import get_settings
+from app.core.processes import stop_groups
+from workers.settings import worker_command
+
+# After SIGTERM or SIGINT: the server's graceful stop (3 s for requests in flight), then its
+# children's (a worker's running tasks); past this, whatever hangs is stopped regardless.
+STOP_DEADLINE_S = 30.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose stop wakes every long poll (agents' assignments) to answer now,
+    and which is stopped outright if its graceful stop hangs past STOP_DEADLINE_S."""
+
+    children: list[subprocess.Popen] = []
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(pubsub.hub.shut)
+        except RuntimeError:  # not from the loop's thread: no loop to hand it to
+            pubsub.hub.closing = True
+        if not self.should_exit:
+            timer = threading.Timer(STOP_DEADLINE_S, self._overdue, args=(sig,))
+            timer.daemon = True  # a process that stopped in time does not wait for it
+            timer.start()
+        super().handle_exit(sig, frame)
+
+    def _overdue(self, sig: int) -> None:
+        err.print(f"[red]still stopping {STOP_DEADLINE_S:g} s after {signal.Signals(sig).name}: "
+                  "stopping now[/red]")
+        stop_groups(self.children, timeout=5)
+        os._exit(1)
+
+
+def serve(
+    host: str,
+    port: int,
+    base: str,
+    children: list[subprocess.Popen],
+    agent: bool | None,
+    worker: bool,
+    concurrency: int,
+) -> None:
+    """Start the children (each appended to `children` as it starts, for the caller to stop),
+    then serve the API until SIGTERM or SIGINT."""
+    settings = get_settings()
+    if agent if agent is not None else settings.local_agent:
+        if "RACKPLANE_PUBLIC_API_URL" not in os.environ:
+            settings.public_api_url = base  # what this process tells the runs to report to
+        children.append(local_agent.start(base))
+        console.print(
+            f"  node agent {local_agent.NODE} (4 made-up GPUs: examples/local-0.yaml), "
+            "runs work submitted with region `local`"
+        )
+    if worker:
+        cmd = worker_command(
+            f"rackplane-{os.getpid()}@%h",
+            beat=True,
+            concurrency=concurrency,
+            loglevel=settings.log_level,
+        )
+        # Its own process group, so the worker's pool and beat children stop with it.
+        children.append(subprocess.Popen(cmd, cwd=ROOT, start_new_session=True))
+    sys.stdout.flush()
+    # An agent's blocking query holds its request open for up to a minute: the server wakes it
+    # to answer at once when it stops (the agent asks again, of whichever server answers).
+    server = _Server(
+        uvicorn.Config(
+            "app.main:app",
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=3,
+        )
+    )
+    server.children = children
+    server.run()
+
+
