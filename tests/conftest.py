@@ -51,6 +51,9 @@ def pytest_configure(config: pytest.Config) -> None:
     data_dir = tempfile.mkdtemp(prefix="rackplane-test-")
     os.environ.update(
         {
+            # Never the checkout's `.env` (the README suggests one for settings): the tests
+            # set what they need, and its processes inherit this.
+            "RACKPLANE_ENV_FILE": "",
             "DATABASE_URL": db_url(TEST_DB),
             "REDIS_URL": REDIS_URL,
             "RACKPLANE_BROKER_PREFIX": f"rptest-{RUN_ID}:",

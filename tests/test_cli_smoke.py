@@ -439,7 +439,12 @@ def test_chaos_off_for_the_cli_says_where_it_reads_the_setting(embedded):
     or ./.env, as the server does from its own."""
     args = ["chaos", "inject", "--xid", "13", "--node", "h100-a-001", "--gpu", "5"]
     args += ["--max-gpus", "1", "--max-share", "0.01"]
-    off = {k: v for k, v in embedded.env.items() if k != "RACKPLANE_CHAOS_ENABLED"}
+    # As a user's shell: no chaos setting, and `.env` read (the tests' own processes read none).
+    off = {
+        k: v
+        for k, v in embedded.env.items()
+        if k not in ("RACKPLANE_CHAOS_ENABLED", "RACKPLANE_ENV_FILE")
+    }
     r = embedded.run(*args, env=off)
     assert r.returncode == 2
     assert "RACKPLANE_CHAOS_ENABLED=true" in r.stderr and ".env" in r.stderr, r.stderr

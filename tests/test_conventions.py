@@ -241,3 +241,29 @@ def test_a_body_that_is_not_json_says_where(client, world):
     [error] = r.json()["errors"]
     assert (error["field"], error["line"], error["column"]) == ("body", 3, 13)
     assert error["message"].startswith("invalid JSON at line 3, column 13")
+
+
+def test_the_tests_never_read_a_checkouts_env_file(tmp_path):
+    """Issue 45 item 10: the README suggests `.env` for settings, and a user's `.env` broke
+    two upgrade tests. The tests' processes read none (RACKPLANE_ENV_FILE=""); anyone else
+    reads `.env` in the directory they start from."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / ".env").write_text("RACKPLANE_PORT=1234\n")
+    probe = "from app.core.config import get_settings; print(get_settings().api_port)"
+
+    def port(env: dict) -> str:
+        env = {**env, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run(
+            [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert os.environ["RACKPLANE_ENV_FILE"] == ""
+    assert port(dict(os.environ)) == "8000"
+    assert port({k: v for k, v in os.environ.items() if k != "RACKPLANE_ENV_FILE"}) == "1234"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,7 +15,11 @@ from app.core.limits import parse
 class Settings(BaseSettings):
     """Every knob Rackplane reads. Unset database/broker means the embedded default."""
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+    # Besides the environment: `.env` in the working directory, or the file RACKPLANE_ENV_FILE
+    # names ("": none; the tests set that, so a checkout's own `.env` never changes them).
+    model_config = SettingsConfigDict(
+        env_file=os.environ.get("RACKPLANE_ENV_FILE", ".env") or None, extra="ignore"
+    )
 
     data_dir: Path = Field(default=Path(".rackplane"), alias="RACKPLANE_DATA_DIR")
     database_url: str | None = Field(default=None, alias="DATABASE_URL")

@@ -260,10 +260,15 @@ def test_a_tenants_container_cannot_reach_the_agent_another_tenant_or_the_host(
         assert info["labels"]["rackplane.tenant"] == tenants[t]
     ipt = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True).stdout
     forward = [r for r in ipt.splitlines() if r.startswith("-A FORWARD")]
-    # The wall leads FORWARD, put there once by these starts at most (a copy lower down, left
-    # when netavark put its own jump above an earlier one, is harmless: `wall_leads`).
+    # The wall leads FORWARD, put there once by these starts, and again at most once per
+    # tenant network made here: netavark may put its own jump above the wall when it makes
+    # one, and the wall goes in again at the top (the copy lower down is harmless:
+    # `wall_leads`; how often that happens is a race, which failed a stricter bound).
     walls = forward.count(f"-A FORWARD -j {WALL_CHAIN}")
-    assert wall_leads(forward) and 1 <= walls <= walls_before + 1, (forward, walls_before)
+    assert wall_leads(forward) and 1 <= walls <= walls_before + 1 + len(nets), (
+        forward,
+        walls_before,
+    )
     assert all(f"--comment {n}" in ipt for n in nets.values()) and FROM_TENANT_CHAIN in ipt
     _without_netavarks_isolation()
     for ready in (attacker, friend):
