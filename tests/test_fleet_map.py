@@ -24,6 +24,17 @@ def test_the_map_lays_out_every_gpu_with_its_state(client, world):
                 "(SELECT id FROM nodes WHERE name = 'h100-1')"
             )
         )
+        # Three trays out as nodes, their GPUs healthy (issue 45 item 8: a node whose agent
+        # went silent was `repairing` on the Health page and idle here).
+        for tray, health in ((0, "repairing"), (1, "validating"), (2, "unreachable")):
+            s.execute(
+                text(
+                    "UPDATE nodes SET health = :h WHERE id = (SELECT n.id FROM nodes n "
+                    "JOIN racks r ON r.id = n.rack_id WHERE r.name = 'nvl-1' "
+                    "ORDER BY n.name OFFSET :i LIMIT 1)"
+                ),
+                {"h": health, "i": tray},
+            )
     m = gql(client, op, MAP)["data"]["fleetMap"]
     assert m["regions"] == ["r1"]
     assert [(r["name"], r["kind"], r["nodes"]) for r in m["racks"]] == [
@@ -36,7 +47,10 @@ def test_the_map_lays_out_every_gpu_with_its_state(client, world):
     h1, h2 = m["gpus"][:8], m["gpus"][8:16]
     assert h1 == ".AQS...P"  # GPU 7 in MIG mode, nothing held on it; validating is not quarantined
     assert h2 == "KKQSKKKK"  # cordoned: idle GPUs take no work; health still shows
-    assert all(t[2:4] == "QS" for t in (m["gpus"][16 + 4 * i : 20 + 4 * i] for i in range(18)))
+    trays = [m["gpus"][16 + 4 * i : 20 + 4 * i] for i in range(18)]
+    # The node's own health, as Health says (GPU 2's own quarantine still shows).
+    assert trays[:3] == ["QQQQ", "AAQA", "XXQX"]
+    assert all(t[2:4] == "QS" for t in trays[3:])
     assert m["mig"] == [{"gpu": 7, "layout": ""}]
     assert {x["code"] for x in m["legend"]} >= set(m["gpus"])
     assert m["models"][m["nodeModels"][0]] == "H100-80GB"

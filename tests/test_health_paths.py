@@ -9,7 +9,8 @@ The paths (app/health/states.py) and what moves each state on:
 - node reboot: the same for the node and the GPUs that faulted; a node with an agent that has not
   reported since the reboot is `unreachable` until it does, then validated with its GPUs;
 - heartbeat lost (a node with an agent): unreachable -> repairing (power-cycled) -> validating ->
-  unreachable -> (it reports) -> validating -> healthy;
+  unreachable -> (it reports) -> validating -> healthy; or, when it reports while being
+  power-cycled, at once -> validating -> healthy;
 - out_of_service: an RMA-class fault, a fault after a repair, a failed repair (terminal until an
   operator returns it: -> validating -> healthy).
 
@@ -220,6 +221,25 @@ def heartbeat_lost(c: Ctx):
     return "h1", None
 
 
+def heartbeat_lost_agent_back(c: Ctx):
+    """Issue 45 item 8: its agent reports again while it is being power-cycled: the reboot is
+    not waited out (it was 180 s by the provider, whatever the agent said)."""
+    c.agent("h1")
+    assert c.silence(timeout=0.9)["silent"] == 1
+    c.wait(lambda: c.at("h1") == "repairing")
+    # A provider's reboot that would take an hour.
+    c.sql("UPDATE health_repairs SET due_at = now() + interval '1 hour' WHERE finished_at IS NULL")
+    c.session.commit()
+    c.report("h1")
+    assert tasks.sweep()["back"] == 1
+    why = c.sql(
+        "SELECT e.cause FROM health_events e JOIN nodes n ON n.id = e.node_id "
+        "WHERE n.name = 'h1' AND e.gpu_index IS NULL ORDER BY e.id DESC LIMIT 1"
+    ).scalar()
+    assert "the power cycle is not waited out" in why, why
+    return "h1", None
+
+
 def service(c: Ctx):
     c.terminal[("h1", 5)] = "out_of_service"
     c.xid("h1", 5, 64)
@@ -278,6 +298,13 @@ PATHS = [
         [("xid", 79)],
     ),
     ("heartbeat_lost", heartbeat_lost, None, [U, R, V, U, V, H], [("heartbeat_lost", None)]),
+    (
+        "heartbeat_lost_agent_back",
+        heartbeat_lost_agent_back,
+        None,
+        [U, R, V, H],
+        [("heartbeat_lost", None)],
+    ),
     ("service", service, [OOS], [], [("xid", 64)]),
     ("refault", refault, [Q, R, V, H, OOS], [], [("xid", 48)]),
     ("failed_repair", failed_repair, [Q, R, OOS], [], [("xid", 48)]),

@@ -44,8 +44,10 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def _overdue(self, sig: int) -> None:
-        err.print(f"[red]still stopping {STOP_DEADLINE_S:g} s after {signal.Signals(sig).name}: "
-                  "stopping now[/red]")
+        err.print(
+            f"[red]still stopping {STOP_DEADLINE_S:g} s after {signal.Signals(sig).name}: "
+            "stopping now[/red]"
+        )
         stop_groups(self.children, timeout=5)
         os._exit(1)
 
@@ -94,5 +96,3 @@ def serve(
     )
     server.children = children
     server.run()
-
-

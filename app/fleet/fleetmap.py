@@ -78,10 +78,13 @@ def _gpu_codes(session: Session, region: str | None) -> dict[Any, str]:
 
 
 def _node_codes(codes: str, state: str, health: str, held: dict[int, str]) -> str:
-    """A node's GPU characters with its state and the work on it laid over (see LEGEND)."""
+    """A node's GPU characters with its state, its own health and the work on it laid over
+    (see LEGEND): a node out of the pool (repairing, quarantined...) or validating takes its
+    GPUs with it, as the Health page and Lifecycle say, whatever the GPUs' own health."""
     down = state in ("down", "retired") or health == "unreachable"
     closed = state in ("cordoned", "draining")
-    if not (down or closed or held):
+    node_out = "Q" if health in _OUT else "A" if health == "validating" else None
+    if not (down or closed or held or node_out):
         return codes
     out = list(codes)
     for i, c in enumerate(out):
@@ -89,6 +92,8 @@ def _node_codes(codes: str, state: str, health: str, held: dict[int, str]) -> st
             continue
         if down:
             out[i] = "X"
+        elif node_out is not None:
+            out[i] = node_out
         elif c != "S" and i in held:
             out[i] = held[i]
         elif closed and c in ".P":

@@ -209,6 +209,12 @@ def bring_up(session: Session, now: datetime) -> BringUp:
             or_(
                 Node.health == H.validating.value,
                 and_(AgentNode.node_id.is_not(None), Node.production_at.is_(None)),
+                # A node with an agent out of service (silent, being repaired): not "in
+                # service" here while the Health page and the heatmap say it is out.
+                and_(
+                    AgentNode.node_id.is_not(None),
+                    Node.health.not_in([H.healthy.value, H.suspect.value]),
+                ),
             ),
             Node.state != "retired",
         )

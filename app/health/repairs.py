@@ -132,13 +132,16 @@ def start_repair(
     rep.due_at = now + timedelta(seconds=seconds)
     session.add(rep)
     what = "node reboot" if kind == "reboot" else "GPU reset"
+    why = f"{what} by the provider, about {seconds:.0f} s"
+    if inc is not None and inc.signal == "heartbeat_lost":  # see `agent_back`
+        why = f"its agent stopped reporting: power-cycled ({why}, or until it reports again)"
     for x in subjects:
         move(
             session,
             at,
             x,
             H.repairing,
-            f"{what} by the provider, about {seconds:.0f} s",
+            why,
             incident=inc,
             details={"repair": str(rep.id)},
             now=now,
@@ -247,21 +250,67 @@ def _repaired(
             )
         rep.finished_at, rep.outcome = now, "failed"
         return "failed"
+    return _validate(session, rep, at, current, now, f"{what} done: validating")
+
+
+def _validate(
+    session: Session,
+    rep: HealthRepair,
+    at: Where,
+    current: list[Node | Gpu],
+    now: datetime,
+    why: str,
+) -> str:
+    """The repair's hardware (`current`, repairing) on to validation."""
     for x in current:
-        move(
-            session,
-            at,
-            x,
-            H.validating,
-            f"{what} done: validating",
-            now=now,
-            details={"repair": str(rep.id)},
-        )
+        move(session, at, x, H.validating, why, now=now, details={"repair": str(rep.id)})
     rep.phase = "validating"
     seconds = get_settings().validate_seconds
     rep.due_at = now + timedelta(seconds=seconds)
     enqueue(session, "health.repair", queue="health", countdown=seconds, repair_id=str(rep.id))
     return "validating"
+
+
+def agent_back(session: Session, node_id: uuid.UUID, now: datetime) -> str | None:
+    """A node power-cycled because its agent fell silent, whose agent reports again: what the
+    reboot was for has come about (the host is up), so it is not waited out; the node is
+    validated now, and burned in, as after any reboot. A reboot for another cause (an Xid 79,
+    an operator's) is waited out: its agent may well report until the reboot comes. Locks the
+    repair, then the node (the order of `repair_step`). Returns the repair's next phase, or
+    None when there is no such repair."""
+    rep = session.scalar(
+        select(HealthRepair)
+        .where(
+            HealthRepair.node_id == node_id,
+            HealthRepair.finished_at.is_(None),
+            HealthRepair.kind == "reboot",
+            HealthRepair.phase == "repairing",
+            HealthRepair.incident_id.is_not(None),
+        )
+        .with_for_update()
+    )
+    if rep is None:
+        return None
+    cause = session.scalar(
+        select(HealthIncident.signal).where(HealthIncident.id == rep.incident_id)
+    )
+    if cause != "heartbeat_lost":
+        return None
+    node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
+    if node is None:
+        return None
+    at = where(session, node)
+    current = [x for x in _subjects(session, rep, node) if x.health == H.repairing.value]
+    if node not in current:
+        return None  # moved on meanwhile (an operator, or a worse fault)
+    return _validate(
+        session,
+        rep,
+        at,
+        current,
+        now,
+        "the node agent reports again: the power cycle is not waited out; validating",
+    )
 
 
 def _validated(

@@ -14,7 +14,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.core.config import get_settings
 from app.core.db import RETRY_DB, as_aware, session_scope, utcnow
 from app.core.logging import get_logger
-from app.health import burnin, idle, service
+from app.health import burnin, idle, repairs, service
 from app.health.states import Health
 from app.models.fleet import Gpu, Node
 from app.models.health import HealthIncident, HealthRepair, IdleIron, IncidentState, NodeHeartbeat
@@ -139,7 +139,7 @@ def _silent_or_back(session: Session, now: datetime) -> tuple[int, int]:
         .join(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
         .where(
             ((NodeHeartbeat.last_seen_at < silent_since) & expected)
-            | (Node.health == H.unreachable.value)
+            | Node.health.in_([H.unreachable.value, H.repairing.value])
         )
     ).all()
     for node_id, health, since, seen, agent in rows:
@@ -188,6 +188,13 @@ def _silent_or_back(session: Session, now: datetime) -> tuple[int, int]:
                 service.move(session, at, node, H.validating, "the node agent reports again")
                 service.start_validation(session, node, [], "return", now)
                 back += 1
+        elif (
+            seen >= silent_since
+            and health == H.repairing.value
+            and (since is None or seen > as_aware(since))  # reported since the repair began
+            and repairs.agent_back(session, node_id, now) is not None
+        ):
+            back += 1
     return silent, back
 
 
