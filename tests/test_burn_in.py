@@ -69,6 +69,13 @@ def test_bring_up_repair_and_rma(client, world, session, celery_worker_process):
         "/v1/workloads:dry-run", json={"kind": "instance", "gpus": 1}, headers=auth(key)
     )
     assert dry.json()["placeable_now"] is False, "nothing is placed on nodes burning in"
+    # It waits for them (issue 45 item 7: it said "does not fit the fleet"), naming them.
+    assert dry.json()["reason"].startswith("waits: it fits the fleet"), dry.json()
+    assert "b-1 (validating)" in dry.json()["reason"]
+    never = client.post(
+        "/v1/workloads:dry-run", json={"kind": "instance", "gpus": 16}, headers=auth(key)
+    )
+    assert never.json()["reason"].startswith("does not fit the fleet: "), never.json()
 
     # b-1 passes (DCGM not installed: its optional step skipped): in service, in production.
     _report(
@@ -139,6 +146,16 @@ def test_bring_up_repair_and_rma(client, world, session, celery_worker_process):
         None,
     )
     assert not any(i["node"] == "b-1" for i in view["items"]), "in production: not listed"
+    # Unless it is out of service: its agent silent, it is being power-cycled (issue 45 item 8:
+    # Lifecycle said every node with an agent was in service while Health said `repairing`).
+    b1 = session.scalar(select(Node).where(Node.name == "b-1"))
+    b1.health = "repairing"
+    session.flush()
+    out = {i.node: i for i in burnin.bring_up(session, later).items}
+    assert out["b-1"].health == "repairing" and out["b-1"].stuck.startswith(
+        "its agent is silent since"
+    ), out["b-1"]
+    session.rollback()
     stuck = {i.node: i.stuck for i in burnin.bring_up(session, later).items}
     assert stuck["b-3"] == "burn-in past its limit at dcgm-diag"
     assert burnin.overdue(session, later) == 1
@@ -157,5 +174,5 @@ def test_bring_up_repair_and_rma(client, world, session, celery_worker_process):
     # Bring-up on /metrics: who is burning in, time to production, GPU-hours spent.
     metrics = client.get("/metrics").text
     assert 'rackplane_time_to_production_seconds_count{fleet="all"} 1.0' in metrics
-    assert "rackplane_burn_in_nodes{reason=\"bring-up\"} 0.0" in metrics
+    assert 'rackplane_burn_in_nodes{reason="bring-up"} 0.0' in metrics
     assert 'rackplane_burn_in_gpu_hours_total{outcome="rma"}' in metrics

@@ -88,3 +88,27 @@ def test_capacity_subtracts_every_live_allocation(client, world, celery_worker_p
     for w in ids:
         client.delete(f"/v1/workloads/{w}", headers=auth(key))
     assert wait_until(lambda: _row(client, key) == empty, timeout=30)
+
+
+def test_capacity_counts_only_the_instances_an_agents_gpu_has(client, world, session):
+    """Issue 45 item 7: capacity showed a free 7g.80gb on an agent's GPU laid out as seven
+    1g slices (or being laid out again), where placement could put none."""
+    import json
+
+    from sqlalchemy import text
+
+    world.fleet(FLEET)
+    key = world.key(world.tenant("acme", policy=ALL))
+    assert _row(client, key)["free_mig"]["7g.80gb"] == 1  # a simulated GPU: any layout
+    seven = [["1g", s] for s in range(7)]
+    session.execute(
+        text("UPDATE gpus SET mig_layout = CAST(:l AS json) WHERE mig_mode"),
+        {"l": json.dumps(seven)},
+    )
+    session.commit()
+    free = _row(client, key)["free_mig"]
+    assert free == {"1g.10gb": 7}, free  # what its agent reported, and only that
+    session.execute(text("UPDATE gpus SET relayout_pending = true WHERE mig_mode"))
+    session.commit()
+    row = _row(client, key)
+    assert row["free_mig"] == {} and row["free_gpus"] == 23  # being laid out: no work on it

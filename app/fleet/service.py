@@ -11,6 +11,7 @@ from app.core.db import get_or_404, new_id, utcnow
 from app.core.errors import Conflict
 from app.core.schemas import paginate
 from app.fleet.schemas import GpuOut, NodeOut
+from app.models.agents import AgentNode
 from app.models.fleet import FleetImport, Gpu, Node, NodeState, Rack, Region
 from app.models.health import PLACEABLE, Health
 from app.models.workloads import Allocation, GpuUsage, MigClaim
@@ -231,6 +232,7 @@ def capacity(session: Session) -> list[dict[str, Any]]:
         Node.state == NodeState.ready.value,
         Node.health.in_(placeable),
         Gpu.health.in_(placeable),
+        Gpu.relayout_pending.is_(False),  # being laid out again: no work until its agent reports
     )
     used = func.coalesce(GpuUsage.milli_used, 0)
     whole = and_(usable, Gpu.mig_mode.is_(False))
@@ -263,11 +265,21 @@ def capacity(session: Session) -> list[dict[str, Any]]:
         for r, m, t, f, fm in session.execute(stmt)
     }
     # MIG GPUs: their layout from the live claims (memory slices) and allocations (compute).
+    # An agent's GPU has the instances its agent reported and no others (placement puts MIG
+    # work only on those: app/scheduling/snapshot.py); a simulated one any that fit.
     mig_gpus = session.execute(
-        select(Region.name, Gpu.model, Gpu.node_id, Gpu.index)
+        select(
+            Region.name,
+            Gpu.model,
+            Gpu.node_id,
+            Gpu.index,
+            Gpu.mig_layout,
+            AgentNode.node_id.is_not(None),
+        )
         .join(Node, Gpu.node_id == Node.id)
         .join(Rack, Node.rack_id == Rack.id)
         .join(Region, Rack.region_id == Region.id)
+        .outerjoin(AgentNode, AgentNode.node_id == Node.id)
         .where(usable, Gpu.mig_mode.is_(True))
     ).all()
     if not mig_gpus:
@@ -289,9 +301,15 @@ def capacity(session: Session) -> list[dict[str, Any]]:
             h = held.setdefault((node, g), [0, 0])
             h[0] += PROFILES[profile].compute
             h[1] += 1
-    for region, model, node, index in mig_gpus:
+    for region, model, node, index, layout, agent in mig_gpus:
         free = rows[(region, model)]["free_mig"]
         mask = masks.get((node, index), 0)
+        if layout is not None or agent:
+            for key, start in layout or []:
+                if not PROFILES[key].mask(int(start)) & mask:
+                    name = profile_name(model, key)
+                    free[name] = free.get(name, 0) + 1
+            continue
         compute, instances = held.get((node, index), (0, 0))
         for key, profile in PROFILES.items():
             n, m, c, i = 0, mask, compute, instances

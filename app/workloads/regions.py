@@ -10,8 +10,10 @@ import uuid
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.core.config import get_settings
 from app.core.errors import ValidationFailed
 from app.models.fleet import Gpu, Node, Rack, Region
+from app.models.health import PLACEABLE
 from app.models.workloads import Workload
 from app.scheduling import lifecycle
 from app.scheduling.lifecycle import State
@@ -96,8 +98,8 @@ def region_nodes(session: Session, region: str) -> list:
     return nodes
 
 
-def _never_fits_row(session: Session, w: Workload) -> str | None:
-    """`never_fits` for a stored workload (its shape as submitted)."""
+def never_fits_row(session: Session, w: Workload) -> str | None:
+    """`never_fits` for a workload (stored, or built for a dry-run): its shape as submitted."""
     return never_fits(
         region_nodes(session, w.region or ""),
         models=w.shape.gpu_models,
@@ -121,7 +123,7 @@ def fail_what_no_longer_fits(session: Session, region: str) -> int:
         .order_by(Workload.id)
         .with_for_update()
     ):
-        why = _never_fits_row(session, w)
+        why = never_fits_row(session, w)
         if why:
             lifecycle.transition(
                 session,
@@ -132,6 +134,63 @@ def fail_what_no_longer_fits(session: Session, region: str) -> int:
             )
             failed += 1
     return failed
+
+
+PLACEABLE_HEALTH = frozenset(h.value for h in PLACEABLE)
+# Nodes named in a dry-run's "waits" reason, at most: then how many more.
+WAIT_NAMES = 5
+
+
+def why_waiting(
+    session: Session, region: str, models: tuple[str, ...], mig_profile: str | None = None
+) -> str:
+    """Why work that fits the region's fleet (`never_fits` found nothing) cannot be placed on
+    it now, as far as the nodes of its models say: nodes that take no work now (their state,
+    their health), nodes drifted from their software stack, GPUs whose MIG layout is being
+    made. None of those: what runs or is starting on the nodes must end first."""
+    rows = session.execute(
+        select(Node.id, Node.name, Node.state, Node.health, Node.drift)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .where(
+            Region.name == region,
+            Node.state != "retired",
+            *([Node.gpu_model.in_(models)] if models else []),
+        )
+        .order_by(Node.name)
+    ).all()
+    laying = set(
+        session.scalars(
+            select(Gpu.node_id).where(
+                Gpu.node_id.in_([r.id for r in rows]), Gpu.relayout_pending.is_(True)
+            )
+        )
+    )
+    out: list[str] = []
+    for _id, name, state, health, drift in rows:
+        if state != "ready":
+            out.append(f"{name} ({state})")
+        elif health not in PLACEABLE_HEALTH:
+            out.append(f"{name} ({health})")
+        elif drift:
+            out.append(f"{name} (drifted from its software stack)")
+        elif _id in laying:
+            out.append(f"{name} (a MIG layout being made)")
+    if not out and mig_profile:
+        how = (
+            "agents' nodes are laid out again as waiting work asks"
+            if get_settings().mig_relayout
+            else "MIG layouts are the operator's here (RACKPLANE_MIG_RELAYOUT is off)"
+        )
+        return f"waits: no free {mig_profile} instance on the nodes now; {how}"
+    if not out:
+        return "waits: what runs or is starting on the nodes must end first"
+    more = f" and {len(out) - WAIT_NAMES} more" if len(out) > WAIT_NAMES else ""
+    return (
+        "waits: it fits the fleet, not the nodes taking work now; out now: "
+        + ", ".join(out[:WAIT_NAMES])
+        + more
+    )
 
 
 def check_feasible(session: Session, w: Workload, body: WorkloadCreate) -> None:

@@ -718,4 +718,8 @@ class DryRunOut(OutModel):
         description="Now, after the victims' grace period, or when running work ends; "
         "null if it cannot start under its quota and the fleet.",
     )
-    reason: str
+    reason: str = Field(
+        description="Why: `fits now`, `preempts lower priority`, `waits for running work to "
+        "end`; `waits: ...` (it fits the fleet, but waits for nodes that are out, drifted or "
+        "being laid out, named); `does not fit the fleet: ...` (never: a submission is a 422)"
+    )

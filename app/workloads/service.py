@@ -40,7 +40,13 @@ from app.workloads.disruptions import (
 from app.workloads.queueing import kick_placement, requeue_reason
 from app.workloads.quotas import QuotaLimitExceeded, check_limit, quota_list, set_quotas, usage
 from app.workloads.reads import events_of, list_workloads, manifest, parse_labels
-from app.workloads.regions import check_feasible, choose_region, forget_regions
+from app.workloads.regions import (
+    check_feasible,
+    choose_region,
+    forget_regions,
+    never_fits_row,
+    why_waiting,
+)
 from app.workloads.schemas import WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
 
@@ -194,10 +200,25 @@ def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workloa
     return w
 
 
+# What the placement core answers for work it cannot place now, nor later on the nodes as they
+# are (app/placement/queueing `what_if`).
+NO_FIT = "does not fit the fleet"
+
+
 def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[str, Any]:
     """What-if: where the workload would land now, whom it would preempt, or when it starts."""
     w = build(session, auth, body)
     ans = what_if(session, w)
+    reason = ans.reason
+    if not ans.placeable_now and ans.expected_start is None and reason == NO_FIT:
+        # The core sees only the nodes as they are now: say whether it never fits (a 422 on
+        # submission), or only waits for nodes that are out, drifted or being laid out.
+        why = never_fits_row(session, w)
+        reason = (
+            f"{NO_FIT}: {why}"
+            if why
+            else why_waiting(session, w.region or "", tuple(body.gpu_models), body.mig_profile)
+        )
     return {
         "placeable_now": ans.placeable_now,
         "tier": w.tier,
@@ -206,7 +227,7 @@ def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[s
         "preempts": ans.preempts,
         "preempts_others": ans.preempts_others,
         "expected_start": ans.expected_start,
-        "reason": ans.reason,
+        "reason": reason,
     }
 
 

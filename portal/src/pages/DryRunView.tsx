@@ -20,8 +20,9 @@ export const DRY_RUN_FIELDS = `placeableNow tier region reason expectedStart pre
  * - preempts: placeable once the workloads it preempts have stopped (after their grace);
  * - waits: not placeable now, but it would queue and start later: when running work ends
  *   (`expectedStart`), or when the tenant's own use falls under its limit or fair share;
- * - never: no start under the fleet as it is ("does not fit the fleet", "the region has no
- *   nodes"): submitted, it would wait in the queue indefinitely. */
+ * - never: the fleet could never hold it ("does not fit the fleet: ...", "the region has no
+ *   nodes"): submitted, it is refused (422 `does_not_fit_fleet`). Work that fits the fleet but
+ *   not the nodes taking work now says "waits: ..." and why (nodes out, drifted, laid out). */
 export type Verdict = "now" | "preempts" | "waits" | "never";
 
 // The scheduler's reasons for "not now, no estimate" that still clear by themselves: the
@@ -30,7 +31,8 @@ const QUOTA_WAITS = ["over its tenant's limit", "at its fair share while other t
 
 export function verdictOf(d: DryRun): Verdict {
   if (d.placeableNow) return d.preempts.length || d.preemptsOthers.length ? "preempts" : "now";
-  if (d.expectedStart || QUOTA_WAITS.includes(d.reason)) return "waits";
+  // "waits: ...": it fits the fleet, and waits for nodes that are out, drifted or being laid out.
+  if (d.expectedStart || QUOTA_WAITS.includes(d.reason) || d.reason.startsWith("waits")) return "waits";
   return "never";
 }
 
@@ -47,7 +49,7 @@ export function DryRunView({ d }: { d: DryRun }) {
     <div class={`dryrun dryrun-${verdict}`} data-testid="dry-run" data-verdict={verdict} role="status">
       <p>
         <strong>{headline}</strong> ({d.tier}, {d.region}). Scheduler: {d.reason}.
-        {verdict === "never" && " Submitted, it would wait in the queue until the fleet changes."}
+        {verdict === "never" && " Submitted, it is refused: the fleet could never hold it."}
       </p>
       {verdict === "preempts" && (
         <div data-testid="dry-run-victims">
