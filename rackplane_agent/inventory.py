@@ -83,10 +83,27 @@ def device_ids(inventory: Inventory) -> set[str]:
 _FIXED = {"GB200": "GB200", "GB300": "GB300", "B200": "B200", "B300": "B300", "H200": "H200-141GB"}
 
 
+# PCIe cards, by the words of NVML's name (`NVIDIA H100 NVL`, `NVIDIA RTX 6000 Ada
+# Generation`): the fleet names them apart from the SXM parts of the same family.
+_CARDS = (
+    (("H100", "NVL"), "H100-NVL-94GB"),
+    (("H200", "NVL"), "H200-NVL-141GB"),
+    (("H100", "PCIE"), "H100-PCIe-80GB"),
+    (("RTX", "6000", "ADA"), "RTX6000Ada-48GB"),
+    (("L40S",), "L40S-48GB"),
+    (("L4",), "L4-24GB"),
+)
+
+
 def fleet_model(nvml_name: str, memory_mib: int) -> str:
     """NVML's product name -> the fleet's model name (`NVIDIA H100 80GB HBM3` -> `H100-80GB`,
-    `NVIDIA A100-SXM4-80GB` -> `A100-80GB`, `NVIDIA GB200` -> `GB200`)."""
+    `NVIDIA A100-SXM4-80GB` -> `A100-80GB`, `NVIDIA GB200` -> `GB200`, `NVIDIA L4` ->
+    `L4-24GB`)."""
     name = nvml_name.replace("NVIDIA", "").strip()
+    words = set(re.split(r"[\s-]+", name.upper()))
+    for needed, model in _CARDS:
+        if words.issuperset(needed):
+            return model
     family_match = re.search(r"\b(G?[A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.replace("-", " "))
     if family_match is None:
         return name.replace(" ", "-")[:64] or "unknown"

@@ -652,3 +652,96 @@ def test_a_restart_policy_restarts_failures_backs_off_and_stops_at_its_limit(
     got = doc()
     assert got["interruptions"] == 0 and got["restarts"] == {"infrastructure": 1}
     client.delete(f"/v1/workloads/{wid}", headers=auth(key))
+
+
+PCIE = """
+regions:
+  - name: r1
+    racks:
+      - name: pcie-a
+        kind: pcie
+        nodes:
+          - {name: h200-vm, gpu_model: H100-80GB, gpus: 4, agent: true}
+          - {name: l4-box, gpu_model: L4-24GB, gpus: 2, agent: true}
+"""
+
+
+def test_a_pcie_host_is_adopted_from_its_agent_and_works_only_after_bring_up(
+    client, world, session
+):
+    """Issue 45 item 11: the real H200 host (1 GPU) could not be described (`hgx nodes have
+    8 or 4 GPUs; got 1`), and its GPUs had to be typed twice. A `pcie` rack takes 1 to 10
+    GPUs; an adopting join token lets the agent's inventory complete the node's record; a
+    node imported for an agent takes no work until it has joined and passed burn-in."""
+    from app.models.fleet import Node
+
+    world.fleet(PCIE)
+    op = world.key()
+    key = world.key(world.tenant("acme"))
+    nodes = {
+        n["name"]: n
+        for n in client.get("/v1/admin/nodes", headers=auth(op)).json()["items"]
+    }
+    assert {n["health"] for n in nodes.values()} == {"validating"}, nodes
+    dry = client.post(
+        "/v1/workloads:dry-run", json={"kind": "instance", "gpus": 1}, headers=auth(key)
+    ).json()
+    assert not dry["placeable_now"] and dry["reason"].startswith("waits: "), dry
+
+    def gpu(node: str, i: int, model: str) -> dict:
+        return {"index": i, "uuid": f"GPU-{node}-{i}", "model": model, "memory_mib": 143771}
+
+    # A plain token: what the agent reads differs, so the node stays out.
+    plain = _join(client, op, "l4-box")
+    got = client.put(
+        "/v1/agent/inventory",
+        json=_inventory("l4-box", [gpu("l4-box", 0, "L40S-48GB")]),
+        headers=auth(plain),
+    ).json()
+    assert not got["matches"] and got["node_state"] == "validating", got
+
+    # An adopting token: the host's one H200 becomes the record (the file said 4 H100s).
+    made = client.post(
+        f"/v1/admin/nodes/{nodes['h200-vm']['id']}/join-tokens",
+        json={"adopt": True},
+        headers=auth(op),
+    )
+    assert made.status_code == 201 and made.json()["adopt"] is True, made.text
+    cred = client.post("/v1/agent/join", json={"token": made.json()["token"]}).json()["credential"]
+    one_h200 = _inventory("h200-vm", [gpu("h200-vm", 0, "H200-141GB")])
+    verdict = _bring_up(client, cred, one_h200).json()
+    assert verdict["matches"] and verdict["node_state"] == "ready", verdict
+    node = client.get(f"/v1/admin/nodes/{nodes['h200-vm']['id']}", headers=auth(op)).json()
+    assert (node["gpu_model"], node["health"]) == ("H200-141GB", "healthy"), node
+    gpus = client.get(
+        "/v1/admin/gpus", params={"node_id": node["id"]}, headers=auth(op)
+    ).json()["items"]
+    assert [(g["index"], g["model"], g["uuid"]) for g in gpus] == [
+        (0, "H200-141GB", "GPU-h200-vm-0")
+    ]
+    session.expire_all()
+    assert session.get(Node, uuid.UUID(node["id"])).adopt_inventory is False  # once
+    dry = client.post(
+        "/v1/workloads:dry-run",
+        json={"kind": "instance", "gpus": 1, "gpu_models": ["H200-141GB"]},
+        headers=auth(key),
+    ).json()
+    assert dry["placeable_now"] and dry["placement"][0]["node"] == "h200-vm", dry
+
+    # An adoption the rack's kind cannot sell is refused, and says why.
+    again = client.post(
+        f"/v1/admin/nodes/{nodes['l4-box']['id']}/join-tokens",
+        json={"adopt": True},
+        headers=auth(op),
+    ).json()["token"]
+    cred = client.post("/v1/agent/join", json={"token": again}).json()["credential"]
+    got = client.put(
+        "/v1/agent/inventory",
+        json=_inventory("l4-box", [gpu("l4-box", 0, "GB200")]),
+        headers=auth(cred),
+    ).json()
+    assert not got["matches"]
+    assert "not adopted: GB200 is not sold in pcie racks" in got["differences"], got
+    # A refused join token says what it is (it was titled as an API key).
+    bad = client.post("/v1/agent/join", json={"token": again})
+    assert bad.status_code == 401 and bad.json()["title"] == "Invalid join token"

@@ -288,3 +288,32 @@ def test_the_clis_dry_run_checks_against_the_fleet_too(world, tmp_path):
     out = CliRunner().invoke(cli, ["fleet", "import", str(clash), "--dry-run"])
     assert out.exit_code == 2, out.output
     assert "regions[0].racks[0].nodes[0].name" in out.output and "valid" not in out.output
+
+
+def test_pcie_racks_hold_one_to_ten_gpus_of_pcie_models(client, world):
+    """Issue 45 item 11: a 1-GPU host (the real H200) was refused: `hgx nodes have 8 or 4
+    GPUs; got 1`."""
+    op = world.key(None)
+    doc = """regions:
+  - name: r1
+    racks:
+      - name: pcie-1
+        kind: pcie
+        gpu_model: L4-24GB
+        nodes:
+          - {name: one, gpu_model: H200-141GB, gpus: 1}
+          - {name: ten, gpus: 10}
+          - {name: nvl, gpu_model: H100-NVL-94GB, gpus: 2, mig_gpus: [1], agent: true}
+          - {name: eleven, gpus: 11}
+          - {name: tray, gpu_model: GB200, gpus: 4}
+"""
+    r = client.post("/v1/admin/fleet:import", headers=_yaml(op), content=doc)
+    assert r.status_code == 422
+    errors = {e["field"]: e["message"] for e in r.json()["errors"]}
+    assert errors == {
+        "regions[0].racks[0].nodes[3].gpus": "pcie nodes have 1 to 10 GPUs; got 11",
+        "regions[0].racks[0].nodes[4].gpu_model": "GB200 is not sold in pcie racks",
+    }, errors
+    good = "\n".join(doc.splitlines()[:-2]) + "\n"
+    r = client.post("/v1/admin/fleet:import", headers=_yaml(op), content=good)
+    assert r.status_code in (200, 201, 202), r.text

@@ -8,14 +8,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.agents import mig
+from app.audit import service as audit
 from app.core import pubsub
 from app.core.config import get_settings
 from app.core.db import utcnow
 from app.health import suite, telemetry
 from app.health.transitions import move, where
 from app.models.agents import AgentNode
-from app.models.fleet import Gpu, Node, NodeState
+from app.models.fleet import AWAITING_AGENT, Gpu, Node, NodeState, Rack
 from app.models.health import Health
+from app.models.workloads import Allocation
+from app.placement.catalog import GPU_MODELS, RACK_KINDS
 from app.scheduling.lifecycle import agent_topic
 from app.stacks import service as stacks
 from app.tenancy.nodes import NodeCaller
@@ -69,7 +72,15 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     node = session.scalar(select(Node).where(Node.id == caller.node_id).with_for_update())
     assert node is not None  # the credential's node (a node's credentials go with it)
     gpus = list(session.scalars(select(Gpu).where(Gpu.node_id == node.id)))
-    diff = differences(gpus, inv.gpus, _held_elsewhere(session, node, inv.gpus))
+    elsewhere = _held_elsewhere(session, node, inv.gpus)
+    diff = differences(gpus, inv.gpus, elsewhere)
+    if diff and node.adopt_inventory:
+        refused = adopt(session, node, gpus, inv, elsewhere)
+        if refused is None:
+            gpus = list(session.scalars(select(Gpu).where(Gpu.node_id == node.id)))
+            diff = differences(gpus, inv.gpus, elsewhere)
+        else:
+            diff = [*diff, f"not adopted: {refused}"]
     if not diff:
         _learn_uuids(gpus, inv.gpus)
         mig.learn(gpus, inv.gpus)
@@ -114,15 +125,96 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     )
 
 
+def adopt(
+    session: Session,
+    node: Node,
+    gpus: list[Gpu],
+    inv: Inventory,
+    elsewhere: dict[str, tuple[str, int]],
+) -> str | None:
+    """The node's agent joined with an adopting token (`rackplane fleet join-token NODE
+    --adopt`): its inventory becomes the node's GPUs' record (model, count, MIG mode, UUIDs),
+    once, where the rack's kind sells that model and count and nothing runs on the node.
+    Why it cannot be, or None when it was."""
+    models = sorted({g.model for g in inv.gpus})
+    rack_kind = session.scalar(select(Rack.kind).where(Rack.id == node.rack_id))
+    spec = RACK_KINDS.get(rack_kind or "")
+    if not inv.gpus:
+        return "the agent reports no GPU"
+    if len(models) > 1:
+        return f"its GPUs are of several models ({', '.join(models)}): one model per node"
+    model = models[0]
+    if model not in GPU_MODELS:
+        return f"{model} is not a GPU model the fleet knows ({', '.join(GPU_MODELS)})"
+    if spec is None or model not in spec.gpu_models:
+        return f"{model} is not sold in {rack_kind} racks"
+    counts = {spec.gpus_per_node, *spec.other_gpu_counts}
+    if len(inv.gpus) not in counts:
+        return f"{rack_kind} nodes have {' or '.join(map(str, sorted(counts)))} GPUs"
+    if sorted(g.index for g in inv.gpus) != list(range(len(inv.gpus))):
+        return "its GPU indices are not 0 to n-1"
+    if elsewhere:
+        return "a GPU it reports is recorded on another node"
+    busy = session.scalar(
+        select(Allocation.id)
+        .where(Allocation.node_id == node.id, Allocation.released_at.is_(None))
+        .limit(1)
+    )
+    if busy is not None:
+        return "work holds GPUs on the node"
+    by_index = {g.index: g for g in gpus}
+    for r in inv.gpus:
+        g = by_index.pop(r.index, None)
+        if g is None:
+            g = Gpu(node_id=node.id, index=r.index, health=Health.healthy.value)
+            session.add(g)
+        g.model, g.mig_mode, g.uuid = model, r.mig_mode, r.uuid
+    for g in by_index.values():  # GPUs the host does not have
+        session.delete(g)
+    was = f"{len(gpus)} x {node.gpu_model}"
+    node.gpu_model = model
+    node.adopt_inventory = False
+    node.generation += 1
+    session.flush()
+    audit.record_system(
+        session,
+        "node.adopt",
+        [
+            (
+                None,
+                "node",
+                node.id,
+                {"gpus": len(inv.gpus), "gpu_model": model},
+                {"was": was, "hostname": inv.hostname},
+            )
+        ],
+    )
+    return None
+
+
 def bring_up(session: Session, node: Node, gpus: int, now) -> None:
     """A node that has never passed a burn-in is burned in before it takes work: its first
-    matching inventory starts one (again after a failed one was repaired and it reports)."""
+    matching inventory starts one (again after a failed one was repaired and it reports). A
+    node imported for an agent waited for it, validating: its burn-in starts now (without
+    burn-in, it is in service now)."""
+    awaiting = node.health == Health.validating.value and node.health_reason == AWAITING_AGENT
+    at = where(session, node)
+    if awaiting and not get_settings().burn_in:
+        move(session, at, node, Health.healthy, "its agent joined: in service", now=now)
+        node.production_at = node.production_at or now
+        return
     if node.production_at is not None or not get_settings().burn_in:
         return
-    if node.health != Health.healthy.value or suite.active(session, node.id) is not None:
+    if suite.active(session, node.id) is not None:
         return
-    at = where(session, node)
-    move(session, at, node, Health.validating, "bring-up: burn-in before it takes work", now=now)
+    if awaiting:
+        node.health_reason = "bring-up: burn-in before it takes work"
+    elif node.health == Health.healthy.value:
+        move(
+            session, at, node, Health.validating, "bring-up: burn-in before it takes work", now=now
+        )
+    else:
+        return
     suite.start(session, node, "bring-up", gpus, now)
 
 

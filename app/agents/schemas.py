@@ -13,6 +13,12 @@ class JoinTokenCreate(StrictModel):
     ttl_s: int = Field(
         900, ge=60, le=86400, description="Seconds the token may be used in (once); 15 minutes."
     )
+    adopt: bool = Field(
+        False,
+        description="The joining agent's first inventory becomes the node's GPUs' record "
+        "(model, count, MIG mode, UUIDs) instead of a difference to resolve: where the rack's "
+        "kind sells that model and count, and nothing runs on the node.",
+    )
 
 
 class JoinTokenOut(OutModel):
@@ -20,6 +26,7 @@ class JoinTokenOut(OutModel):
     node_name: str
     token: str = Field(description="`rpj_...`: shown once; give it to `rackplane agent --token`.")
     expires_at: datetime
+    adopt: bool = False
 
 
 class JoinIn(StrictModel):

@@ -26,17 +26,30 @@ from app.tenancy.nodes import (
 
 class InvalidJoinToken(Unauthorized):
     code = "invalid_join_token"
+    title = "Invalid join token"  # not the API key's title it inherited (issue 45 item 16)
 
 
-def create_join_token(session: Session, node: Node, ttl_s: int = 900) -> JoinTokenOut:
+def create_join_token(
+    session: Session, node: Node, ttl_s: int = 900, adopt: bool = False
+) -> JoinTokenOut:
+    """A single-use join token for `node`'s agent. `adopt`: the agent's first inventory
+    becomes the node's GPUs' record (model, count, MIG mode, UUIDs) instead of a difference,
+    where the rack's kind sells that and nothing runs on the node."""
     token, digest = new_secret(JOIN_PREFIX)
     row = NodeJoinToken(
-        node_id=node.id, token_hash=digest, expires_at=utcnow() + timedelta(seconds=ttl_s)
+        node_id=node.id,
+        token_hash=digest,
+        expires_at=utcnow() + timedelta(seconds=ttl_s),
+        adopt=adopt,
     )
     session.add(row)
     session.flush()
     return JoinTokenOut(
-        node_id=node.id, node_name=node.name, token=token, expires_at=row.expires_at
+        node_id=node.id,
+        node_name=node.name,
+        token=token,
+        expires_at=row.expires_at,
+        adopt=adopt,
     )
 
 
@@ -53,10 +66,10 @@ def _issue(session: Session, node: Node) -> Joined:
 def join(session: Session, token: str) -> Joined:
     """Trade a join token for a node credential. The token is spent by one conditional UPDATE,
     so two agents racing with it get one credential between them."""
-    node_id = None
+    spent = None
     if well_formed(token, JOIN_PREFIX):
         now = utcnow()
-        node_id = session.scalar(
+        spent = session.execute(
             update(NodeJoinToken)
             .where(
                 NodeJoinToken.token_hash == hash_secret(token),
@@ -64,14 +77,17 @@ def join(session: Session, token: str) -> Joined:
                 NodeJoinToken.expires_at > now,
             )
             .values(used_at=now)
-            .returning(NodeJoinToken.node_id)
-        )
-    if node_id is None:
+            .returning(NodeJoinToken.node_id, NodeJoinToken.adopt)
+        ).one_or_none()
+    if spent is None:
         raise InvalidJoinToken(
             "This join token is unknown, already used or expired: ask an operator for a new "
             "one (`rackplane fleet join-token NODE`)."
         )
-    return _issue(session, session.get_one(Node, node_id))
+    node = session.get_one(Node, spent.node_id)
+    if spent.adopt:
+        node.adopt_inventory = True  # its agent's next inventory becomes its record
+    return _issue(session, node)
 
 
 def rotate(session: Session, caller: NodeCaller) -> Joined:

@@ -55,7 +55,8 @@ def create_join_token(
     node_id: str, auth: Platform, session: DbSession, body: JoinTokenCreate | None = None
 ) -> JoinTokenOut:
     node = get_or_404(session, Node, node_id, what="node")
-    return service.create_join_token(session, node, (body or JoinTokenCreate()).ttl_s)
+    body = body or JoinTokenCreate()
+    return service.create_join_token(session, node, body.ttl_s, body.adopt)
 
 
 @admin.post(

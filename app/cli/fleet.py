@@ -226,19 +226,32 @@ def fleet_history(
 def fleet_join_token(
     node: str,
     ttl: int = typer.Option(900, min=60, max=86400, help="Seconds it may be used in (once)."),
+    adopt: bool = typer.Option(
+        False,
+        "--adopt",
+        help="The agent's first inventory becomes NODE's GPUs' record (no typing them twice).",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """A single-use join token for NODE's agent (`rackplane agent --token`), shown once."""
+    """A single-use join token for NODE's agent (`rackplane agent --token`), shown once.
+
+    With --adopt, what the agent reads through NVML (the GPUs' model, count, MIG mode and
+    UUIDs) becomes the node's record when it joins, where the node's rack kind sells that
+    model and count (a `pcie` rack: 1 to 10 GPUs of any PCIe model) and nothing runs on it;
+    otherwise a difference keeps the node validating, as without --adopt."""
     with session_scope() as session:
         row = node_named(session, node)
         if row is None:
             fail(f"no node named {node}", 2)
-        made = create_join_token(session, row, ttl)
+        made = create_join_token(session, row, ttl, adopt)
     if as_json:
         print(made.model_dump_json())
         return
     console.print(made.token)
-    err.print(f"for {made.node_name}, single use, until {made.expires_at:%Y-%m-%d %H:%M:%S}Z")
+    err.print(
+        f"for {made.node_name}, single use, until {made.expires_at:%Y-%m-%d %H:%M:%S}Z"
+        + (": its agent's inventory becomes the node's record" if adopt else "")
+    )
 
 
 stack_cli = typer.Typer(

@@ -37,6 +37,12 @@ class NodeSpec(StrictModel):
         default_factory=list, max_length=72, description="Indices of GPUs in MIG mode."
     )
     pool: Name | None = Field(None, description="Defaults to the rack's pool.")
+    agent: bool = Field(
+        False,
+        description="Run by a node agent: it takes no work until its agent has joined, its "
+        "inventory matches (or was adopted: `rackplane fleet join-token NODE --adopt`) and "
+        "its bring-up burn-in passed.",
+    )
 
 
 class NodeTemplate(StrictModel):
@@ -50,11 +56,12 @@ class NodeTemplate(StrictModel):
     mig_gpus: list[Annotated[StrictInt, Field(ge=0, le=71)]] = Field(
         default_factory=list, max_length=72
     )
+    agent: bool = Field(False, description="Run by node agents (see a node's `agent`).")
 
 
 class RackSpec(StrictModel):
     name: Name
-    kind: Literal["nvl72", "hgx"]
+    kind: Literal["nvl72", "hgx", "pcie"]
     block: Name | None = Field(None, description="Spine group; defaults to the rack's own name.")
     gpu_model: str | None = Field(
         None, max_length=32, description="Default GPU model of the rack's nodes."
@@ -70,8 +77,8 @@ class RackSpec(StrictModel):
         # A rack's gpu_model is checked in `validate`, where the error can name that field.
         if self.nodes is not None and self.node_template is not None:
             raise ValueError("give either nodes or node_template, not both")
-        if self.kind == "hgx" and self.nodes is None and self.node_template is None:
-            raise ValueError("an hgx rack needs nodes or a node_template")
+        if self.kind != "nvl72" and self.nodes is None and self.node_template is None:
+            raise ValueError(f"a {self.kind} rack needs nodes or a node_template")
         return self
 
 
@@ -353,6 +360,7 @@ def _rack_nodes(
                         "state": "ready",
                         "mig_gpus": list(t.mig_gpus),
                         "pool": rack.pool,
+                        "agent": t.agent,
                     },
                 )
             )
@@ -375,6 +383,7 @@ def _rack_nodes(
                         "state": "ready",
                         "mig_gpus": [],
                         "pool": rack.pool,
+                        "agent": False,
                     },
                 )
             )
@@ -405,7 +414,12 @@ def _node(
     elif model not in spec.gpu_models:
         err(nloc + ("gpu_model",), f"{model} is not sold in {kind} racks")
     if gpus != spec.gpus_per_node and gpus not in spec.other_gpu_counts:
-        counts = " or ".join(str(c) for c in (spec.gpus_per_node, *spec.other_gpu_counts))
+        allowed = sorted((spec.gpus_per_node, *spec.other_gpu_counts))
+        counts = (
+            f"{allowed[0]} to {allowed[-1]}"
+            if len(allowed) > 2 and allowed == list(range(allowed[0], allowed[-1] + 1))
+            else " or ".join(str(c) for c in (spec.gpus_per_node, *spec.other_gpu_counts))
+        )
         err(
             nloc + ("gpus",),
             f"{kind} nodes have {counts} GPUs; got {gpus}",
@@ -433,6 +447,7 @@ def _node(
         "state": n["state"],
         "mig_gpus": sorted(set(n["mig_gpus"])),
         "pool": n["pool"],
+        "agent": bool(n.get("agent")),
     }
 
 

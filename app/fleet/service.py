@@ -12,7 +12,7 @@ from app.core.errors import Conflict
 from app.core.schemas import paginate
 from app.fleet.schemas import GpuOut, NodeOut
 from app.models.agents import AgentNode
-from app.models.fleet import FleetImport, Gpu, Node, NodeState, Rack, Region
+from app.models.fleet import AWAITING_AGENT, FleetImport, Gpu, Node, NodeState, Rack, Region
 from app.models.health import PLACEABLE, Health
 from app.models.workloads import Allocation, GpuUsage, MigClaim
 from app.outbox.service import enqueue
@@ -181,6 +181,12 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
                     generation=0,
                     created_at=now,
                 )
+                if nd.get("agent"):
+                    # Meant for an agent: no work until it has joined and passed bring-up
+                    # (app/agents/inventory.py `bring_up`).
+                    node.health = Health.validating.value
+                    node.health_reason = AWAITING_AGENT
+                    node.health_since = now
                 session.add(node)
                 session.flush()
                 created["nodes"] += 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, String
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, new_id, utcnow
@@ -23,6 +23,9 @@ class NodeJoinToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # The node's first inventory from the agent that spends it becomes the node's GPUs'
+    # record (`Node.adopt_inventory`), rather than a difference to resolve.
+    adopt: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class NodeCredential(Base):

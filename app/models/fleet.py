@@ -27,6 +27,12 @@ from app.models.health import Health
 class RackKind(str, enum.Enum):
     nvl72 = "nvl72"
     hgx = "hgx"
+    pcie = "pcie"
+
+
+# Why a node imported for an agent (fleet file `agent: true`) is validating: no work until
+# its agent joins and passes its bring-up burn-in (app/agents/inventory.py `bring_up`).
+AWAITING_AGENT = "awaiting its agent: no work until it joins and passes its bring-up burn-in"
 
 
 class NodeState(str, enum.Enum):
@@ -125,6 +131,11 @@ class Node(TimestampMixin, Base):
     agent_offers: Mapped[list | None] = mapped_column(JSON, default=None)
     # When its first burn-in passed (bring-up done; none for nodes without an agent).
     production_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Its agent joined with an adopting token: its next inventory becomes its GPUs' record
+    # (app/agents/inventory.py `adopt`), once.
+    adopt_inventory: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=sql_false()
+    )
     rack: Mapped[Rack] = relationship(back_populates="nodes")
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.index")
 

@@ -54,6 +54,25 @@ GPU_MODELS: dict[str, GpuModel] = {
         ),
         GpuModel("B200", 180 * 1024, "blackwell"),
         GpuModel("GB200", 186 * 1024, "blackwell"),
+        # PCIe cards (the `pcie` rack kind): NVIDIA's datasheets. Hopper PCIe cards have MIG
+        # and per-GPU confidential computing (no NVSwitch to claim); Ada cards have neither.
+        GpuModel("H100-PCIe-80GB", 80 * 1024, "hopper", sm_clock_mhz=1755),
+        GpuModel("H100-NVL-94GB", 94 * 1024, "hopper", sm_clock_mhz=1785),
+        GpuModel("H200-NVL-141GB", 141 * 1024, "hopper", sm_clock_mhz=1785),
+        GpuModel(
+            "L40S-48GB", 48 * 1024, "ada", mig_capable=False, confidential=False, sm_clock_mhz=2520
+        ),
+        GpuModel(
+            "RTX6000Ada-48GB",
+            48 * 1024,
+            "ada",
+            mig_capable=False,
+            confidential=False,
+            sm_clock_mhz=2505,
+        ),
+        GpuModel(
+            "L4-24GB", 24 * 1024, "ada", mig_capable=False, confidential=False, sm_clock_mhz=2040
+        ),
     )
 }
 
@@ -83,5 +102,28 @@ RACK_KINDS: dict[str, RackKindSpec] = {
         224_000,
         2048 * 1024,
         other_gpu_counts=(4,),
+    ),
+    # PCIe servers: 1 to 10 cards of any model but the NVL72 tray's, each node its own NVLink
+    # domain (at most bridged pairs inside it); what a cloud's single-GPU VM is, too.
+    "pcie": RackKindSpec(
+        "pcie",
+        8,
+        None,
+        (
+            "L4-24GB",
+            "L40S-48GB",
+            "RTX6000Ada-48GB",
+            "H100-PCIe-80GB",
+            "H100-NVL-94GB",
+            "H200-NVL-141GB",
+            "H100-80GB",
+            "H200-141GB",
+            "A100-80GB",
+            "B200",
+        ),
+        False,
+        64_000,
+        512 * 1024,
+        other_gpu_counts=(1, 2, 3, 4, 5, 6, 7, 9, 10),
     ),
 }

@@ -99,7 +99,13 @@ def test_neither_nvml_nor_a_file(tmp_path):
         ("NVIDIA H200", 143771, "H200-141GB"),
         ("NVIDIA B200", 183359, "B200"),
         ("NVIDIA GB200", 189471, "GB200"),
-        ("NVIDIA L40S", 46068, "L40S-45GB"),
+        # PCIe cards by name (the `pcie` rack kind's models), not by a rounded memory size.
+        ("NVIDIA L40S", 46068, "L40S-48GB"),
+        ("NVIDIA L4", 23034, "L4-24GB"),
+        ("NVIDIA RTX 6000 Ada Generation", 49140, "RTX6000Ada-48GB"),
+        ("NVIDIA H100 PCIe", 81559, "H100-PCIe-80GB"),
+        ("NVIDIA H100 NVL", 95830, "H100-NVL-94GB"),
+        ("NVIDIA H200 NVL", 143771, "H200-NVL-141GB"),
     ],
 )
 def test_fleet_model_names(name, mib, model):
