@@ -268,6 +268,40 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         assert replay.status_code == 401 and replay.json()["code"] == "session_ended"
 
 
+def test_a_queued_workload_says_why_it_waits_on_its_page(api, world, browser):  # noqa: F811
+    """Issue 45 item 12: a queued workload's page says why it waits (REST's `pending`)."""
+    world.fleet(fleet(1))
+    tenant = world.tenant("acme", policy=ALL)
+    key = world.key(tenant)
+
+    def submit(name: str) -> str:
+        r = httpx.post(
+            f"{api}/v1/workloads",
+            json={"kind": "job", "name": name, "gpus": 8, "run_for_s": 3600},
+            headers=auth(key),
+        )
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    holder = submit("holder")
+    wait_until(lambda: state_of(api, key, holder) == "running", timeout=60)
+    waiting = submit("waiting")
+
+    def reason() -> str | None:
+        got = httpx.get(f"{api}/v1/workloads/{waiting}", headers=auth(key)).json()
+        return (got.get("pending") or {}).get("reason")
+
+    wait_until(reason, timeout=30)
+    with portal_page(browser, api, "pending") as page:
+        sign_in(page, key)
+        page.goto(f"/portal/workloads/{waiting}")
+        why = page.get_by_test_id("pending-reason")
+        why.wait_for()
+        assert why.get_attribute("data-reason") == reason() == "Resources"
+        assert why.inner_text().startswith("Waits: Resources, ")
+        shot(page, "workload-pending")
+
+
 def test_a_tenant_launches_an_instance_with_an_ssh_key_and_sees_how_to_log_in(api, world, browser):  # noqa: F811
     from app.core.db import session_scope, utcnow
     from app.models.workloads import Workload

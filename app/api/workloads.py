@@ -95,7 +95,8 @@ def list_workloads(
 
 @router.get("/workloads/{workload_id}", response_model=WorkloadOut, summary="Read a workload")
 def read(workload_id: str, auth: TenantRead, session: DbSession) -> Workload:
-    return get_owned(session, auth, Workload, workload_id, what="workload")
+    w = get_owned(session, auth, Workload, workload_id, what="workload")
+    return reads.attach_pending(session, [w])[0]
 
 
 @router.delete(

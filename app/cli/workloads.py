@@ -15,6 +15,7 @@ from app.core.db import get_or_404, session_scope
 from app.core.errors import AppError
 from app.models.tenants import Tenant
 from app.models.workloads import State, Workload
+from app.workloads.reads import attach_pending
 from app.workloads.schemas import WorkloadOut
 
 workloads_cli = typer.Typer(
@@ -66,7 +67,8 @@ def workloads_show(
         with session_scope() as session:
             w = get_or_404(session, Workload, workload_id, what="workload")
             tenant = session.scalar(select(Tenant.slug).where(Tenant.id == w.tenant_id))
-            out = WorkloadOut.model_validate(w)  # `connect` as the API works it out
+            # `connect` and `pending` as the API works them out.
+            out = WorkloadOut.model_validate(attach_pending(session, [w])[0])
     except AppError as exc:
         fail(escape(f"{exc.detail} ({exc.code})"), 2)
     if as_json:
@@ -77,6 +79,11 @@ def workloads_show(
         ("workload", f"{out.id}" + (f" ({escape(out.name)})" if out.name else "")),
         ("tenant", tenant or "-"),
         ("state", out.state),
+        *(
+            [("waits", escape(f"{out.pending.reason}: {out.pending.detail}"))]
+            if out.pending
+            else []
+        ),
         ("kind", out.kind),
         ("runtime", out.runtime + (f" {escape(out.image)}" if out.image else "")),
         ("tier", out.tier),
@@ -125,7 +132,9 @@ def workloads_list(
         if state is not None:
             stmt = stmt.where(Workload.state == state.value)
         stmt = stmt.order_by(Workload.created_at.desc(), Workload.id.desc()).limit(limit)
-        rows = [(WorkloadOut.model_validate(w), slug) for w, slug in session.execute(stmt)]
+        found = session.execute(stmt).all()
+        attach_pending(session, [w for w, _ in found])
+        rows = [(WorkloadOut.model_validate(w), slug) for w, slug in found]
     if as_json:
         console.print_json(json.dumps([_document(out, slug) for out, slug in rows]))
         return
@@ -135,7 +144,7 @@ def workloads_list(
             str(out.id),
             escape(out.name or ""),
             slug,
-            out.state,
+            out.state + (f" ({out.pending.reason})" if out.pending else ""),
             out.kind,
             out.runtime,
             out.tier,

@@ -101,6 +101,16 @@ class Connect:
         return None if c is None else cls(**c.model_dump())
 
 
+@strawberry.type(description="Why a queued workload waits (as REST's `pending`)")
+class Pending:
+    reason: str = strawberry.field(
+        description="Resources, Priority, QuotaExhausted, FairShare, NodeNotReady, StackDrift, "
+        "MigLayoutPending or BackOff"
+    )
+    detail: str
+    since: datetime
+
+
 @strawberry.type
 class Workload:
     id: strawberry.ID
@@ -148,6 +158,9 @@ class Workload:
     )
     not_before: datetime | None = strawberry.field(
         description="Backing off after a restart: no placement before this moment (queued only)"
+    )
+    pending: Pending | None = strawberry.field(
+        description="Why it waits (queued only), as its region's latest placement cycle saw it"
     )
     stack: str | None = strawberry.field(description="The software stack it runs on, if it asked")
     min_cuda: str | None = strawberry.field(description="The least CUDA version it runs on")
@@ -211,6 +224,7 @@ class Workload:
             restart_policy=restarts.policy_of(w).model_dump(),
             restarts=dict(w.restart_counts or {}),
             not_before=backing_off_until(w),
+            pending=Pending(**p) if (p := getattr(w, "pending", None)) else None,
             stack=w.stack,
             min_cuda=cuda_text(w.min_cuda or 0),
             _row=w,
@@ -334,7 +348,8 @@ class WorkloadQuery:
         wid: uuid.UUID | None = node_id(str(id))
         if wid is None:
             raise NotFound(f"No workload with id {id}.", code="workload_not_found")
-        return Workload.of(get_owned(info.context.session, auth, Row, str(wid), what="workload"))
+        w = get_owned(info.context.session, auth, Row, str(wid), what="workload")
+        return Workload.of(service.attach_pending(info.context.session, [w])[0])
 
     @strawberry.field(
         permission_classes=[TenantRead],

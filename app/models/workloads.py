@@ -392,6 +392,29 @@ def cycle_bucket_column(bound: float) -> str:
     return "le_" + f"{bound:g}".replace(".", "_")
 
 
+class PendingReason(Base):
+    """Why a queued workload waits, as the latest placement cycle of its region saw it (as
+    Slurm's squeue REASON): `Resources`, `Priority`, `QuotaExhausted`, `FairShare`,
+    `NodeNotReady`, `StackDrift`, `MigLayoutPending`, `BackOff`. A row of its own, so that
+    the cycle writing it never touches (nor versions) the workload's row; shown only while the
+    workload is queued."""
+
+    __tablename__ = "workload_pending"
+    __tenant_column__ = "tenant_id"
+
+    workload_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True
+    )
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="RESTRICT"), index=True
+    )
+    reason: Mapped[str] = mapped_column(String(24))
+    detail: Mapped[str] = mapped_column(String(300))
+    # Since when this reason holds (a changed reason starts again), and the cycle that saw it.
+    since: Mapped[datetime] = mapped_column()
+    seen_at: Mapped[datetime] = mapped_column()
+
+
 class PlacementCycleStats(Base):
     """Per region: how many placement cycles ran and how long they took (a cumulative
     histogram, one counter per bucket), added by each cycle in its own transaction, so /metrics

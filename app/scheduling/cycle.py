@@ -25,6 +25,7 @@ from app.models.workloads import Workload
 from app.placement.queueing import (
     QueueConfig,
 )
+from app.scheduling import pending
 from app.scheduling.apply import CycleReport, apply_plan, describe, disclose
 from app.scheduling.snapshot import EPOCH, IS_QUEUED, clock, load, qworkload
 
@@ -62,7 +63,9 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
     snap = loaded.world.snap
     mark = snap.checkpoint()
     try:
-        return apply_plan(session, region, loaded, now, config)
+        report = apply_plan(session, region, loaded, now, config)
+        pending.record(session, region, loaded, report, now)  # why the rest waits
+        return report
     finally:
         # The kept snapshot goes back to what the database held before this cycle: what the
         # cycle wrote (if it commits) comes back through the next cycle's diff.

@@ -15,6 +15,7 @@ from app.models.fleet import Node
 from app.models.tenants import Tenant
 from app.models.workloads import Allocation, Workload, WorkloadEvent
 from app.scheduling.lifecycle import HOLDING, TERMINAL, State
+from app.scheduling.pending import reasons_of
 from app.tenancy.auth import AuthContext
 from app.tenancy.scoping import restrict, scoped_select
 
@@ -60,7 +61,22 @@ def list_workloads(
                 .where(Node.name == node, Allocation.released_at.is_(None))
             )
         )
-    return paginate(session, stmt, Workload, page)
+    items, nxt = paginate(session, stmt, Workload, page)
+    attach_pending(session, items)
+    return items, nxt
+
+
+def attach_pending(session: Session, ws: list[Workload]) -> list[Workload]:
+    """Give each queued workload of `ws` why it waits (`w.pending`, as its region's last
+    placement cycle saw it: app/scheduling/pending.py), in one read; the others none."""
+    queued = [w for w in ws if w.state == State.queued.value]
+    found = reasons_of(session, [w.id for w in queued])
+    for w in ws:
+        row = found.get(w.id) if w.state == State.queued.value else None
+        w.pending = (  # type: ignore[attr-defined]
+            {"reason": row.reason, "detail": row.detail, "since": row.since} if row else None
+        )
+    return ws
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:

@@ -435,6 +435,15 @@ class WorkloadCreate(StrictModel):
         return per * self.replicas
 
 
+class PendingOut(OutModel):
+    reason: str = Field(
+        description="As Slurm's REASON: `Resources`, `Priority`, `QuotaExhausted`, "
+        "`FairShare`, `NodeNotReady`, `StackDrift`, `MigLayoutPending`, `BackOff`"
+    )
+    detail: str = Field(description="The same in words, naming nodes where it helps")
+    since: datetime = Field(description="Since when this reason holds")
+
+
 class ConnectOut(OutModel):
     host: str = Field(description="The node's address")
     port: int
@@ -526,6 +535,11 @@ class WorkloadOut(OutModel):
     not_before: datetime | None = Field(
         None,
         description="Backing off after a restart: no placement before this moment (queued only)",
+    )
+    pending: PendingOut | None = Field(
+        None,
+        description="Why it waits (queued only), as its region's latest placement cycle saw "
+        "it; none before its first cycle",
     )
     finished_at: datetime | None
     run_for_s: int | None

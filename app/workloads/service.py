@@ -39,7 +39,7 @@ from app.workloads.disruptions import (
 )
 from app.workloads.queueing import kick_placement, requeue_reason
 from app.workloads.quotas import QuotaLimitExceeded, check_limit, quota_list, set_quotas, usage
-from app.workloads.reads import events_of, list_workloads, manifest, parse_labels
+from app.workloads.reads import attach_pending, events_of, list_workloads, manifest, parse_labels
 from app.workloads.regions import (
     check_feasible,
     choose_region,
@@ -64,6 +64,7 @@ __all__ = [
     "request_checkpoint",
     "kick_placement",
     "list_workloads",
+    "attach_pending",
     "manifest",
     "move_off_suspect",
     "node_state_changed",

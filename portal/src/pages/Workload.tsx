@@ -8,7 +8,7 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   createdAt startedAt finishedAt interruptions lostWorkGpuS preemptions lastCheckpointAt
   placement { replica region rack node gpuIndices migProfile migSlot }
   runtime sshKeys connect { host port user command ready readyAt }
-  restartPolicy restarts notBefore
+  restartPolicy restarts notBefore pending { reason detail since }
 } }`;
 
 const EVENTS = `subscription Timeline($id: ID!) { workloadEvents(after: "0", workloadId: $id) {
@@ -31,6 +31,7 @@ interface W extends WorkloadSummary {
   restartPolicy: RestartPolicy;
   restarts: Record<string, number>;
   notBefore: string | null;
+  pending: { reason: string; detail: string; since: string } | null;
 }
 /** What restarts it after its run ends early (REST's `restart_policy`). */
 interface RestartPolicy {
@@ -205,6 +206,11 @@ export function WorkloadPage({ id }: { id: string }) {
         {w.name ?? "Workload"} <span class={`state state-${w.state}`} data-testid="workload-state">{w.state}</span>
       </h1>
       <p class="muted">{w.id}</p>
+      {w.state === "queued" && w.pending && (
+        <p data-testid="pending-reason" data-reason={w.pending.reason}>
+          Waits: <strong>{w.pending.reason}</strong>, {w.pending.detail} (since {when(w.pending.since)}).
+        </p>
+      )}
       {error && <p class="error" role="alert">{error}</p>}
       <div class="actions">
         <button
