@@ -217,3 +217,36 @@ def test_money_is_said_in_its_currency():
     assert format_money(-1250, "eur") == "-€12.50"
     assert format_money(1500, "jpy") == "¥1,500"
     assert format_money(123450, "chf") == "1,234.50 CHF"
+
+
+def test_a_dry_run_prices_its_placement_and_the_budget_it_would_leave(client, world):
+    """Issue 45 item 15: a price before submitting, the same through REST and GraphQL."""
+    world.fleet(fleet(1))
+    op = world.key()
+    key = world.key(world.tenant("acme", policy=ALL))
+    body = {"kind": "job", "gpus": 4, "replicas": 2, "max_runtime_s": 7200}
+    unpriced = client.post("/v1/workloads:dry-run", json=body, headers=auth(key)).json()
+    assert unpriced["price"]["currency"] is None and unpriced["price"]["unpriced_replicas"] == 2
+    _price(client, op, cents=300)
+    got = client.post("/v1/workloads:dry-run", json=body, headers=auth(key)).json()
+    # 8 GPUs at $3.00 an hour; two hours at most.
+    assert got["price"] == {
+        "currency": "usd",
+        "plan": "on_demand",
+        "per_hour": 2400,
+        "max_cost": 4800,
+        "unpriced_replicas": 0,
+        "budget_left": None,
+        "budget_hours": None,
+    }, got
+    assert client.put("/v1/budget", json={"spend_limit": 10_000}, headers=auth(key)).status_code
+    got = client.post("/v1/workloads:dry-run", json=body, headers=auth(key)).json()
+    assert (got["price"]["budget_left"], got["price"]["budget_hours"]) == (5200, 4.17), got
+    q = """query($i: WorkloadInput!) { dryRun(input: $i) { price { perHour maxCost budgetLeft } } }"""
+    data = client.post(
+        "/graphql",
+        json={"query": q, "variables": {"i": {"kind": "job", "gpus": 4, "replicas": 2,
+                                               "maxRuntimeS": 7200}}},
+        headers=auth(key),
+    ).json()  # fmt: skip
+    assert data["data"]["dryRun"]["price"] == {"perHour": 2400, "maxCost": 4800, "budgetLeft": 5200}

@@ -110,6 +110,19 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         headers=auth(world.key()),
     )
     assert r.status_code == 200, r.text
+    r = httpx.post(  # $3 an H100-hour: the preview prices what it shows
+        f"{api}/v1/admin/prices",
+        json={
+            "gpu_model": "H100-80GB",
+            "shape": "whole",
+            "plan": "preemptible",
+            "currency": "usd",
+            "unit_amount": 300,
+            "effective_from": _month_start(1).isoformat(),
+        },
+        headers=auth(world.key()),
+    )
+    assert r.status_code == 201, r.text
     # Higher-priority work holds one of the two 8-GPU nodes all along.
     serving = httpx.post(
         f"{api}/v1/workloads",
@@ -146,6 +159,9 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
         gpus.fill("4")  # two of 4: the free node holds both
         page.get_by_role("button", name="Preview (dry run)").click()
         assert "It would start now" in previewed(page, "now")
+        # Its price (issue 45 item 15): 2 x 4 H100s at the preemptible $3.
+        price = page.get_by_test_id("dry-run-price").inner_text()
+        assert price.startswith("$24.00 an hour (preemptible list price)"), price
         preview = page.get_by_test_id("dry-run")
         assert preview.locator("tbody tr").count() == 2
         # The form still holds what was previewed.

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from fastapi import Depends, Query, Response
 from pydantic import StringConstraints
 
+from app.billing import quotes
 from app.core.db import utcnow
 from app.core.routing import DbSession, api_router
 from app.core.schemas import Page, PageParams, text_query
@@ -59,7 +60,7 @@ def submit(
     summary="What-if: where a workload would land now, whom it would preempt, or when it starts",
 )
 def dry_run(body: WorkloadCreate, auth: TenantRead, session: DbSession) -> dict:
-    return service.dry_run(session, auth, body)
+    return quotes.dry_run(session, auth, body)  # with its price
 
 
 @router.get("/workloads", response_model=Page[WorkloadOut], summary="List workloads")

@@ -12,6 +12,7 @@ import strawberry
 from strawberry.scalars import JSON
 from strawberry.types.nodes import SelectedField
 
+from app.billing import quotes
 from app.core.db import as_aware
 from app.core.errors import NotFound, ValidationFailed
 from app.graphql.arguments import node_id, parse_or_fail
@@ -359,7 +360,7 @@ class WorkloadQuery:
     def dry_run(self, info: Info, input: WorkloadInput) -> DryRun:  # type: ignore[valid-type]
         auth = info.context.auth
         body = parse_or_fail(WorkloadCreate, input)
-        return shape(DryRunOut, service.dry_run(info.context.session, auth, body))
+        return shape(DryRunOut, quotes.dry_run(info.context.session, auth, body))
 
 
 @strawberry.type

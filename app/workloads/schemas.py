@@ -718,6 +718,24 @@ class OtherWorkloads(OutModel):
     count: int
 
 
+class QuoteOut(OutModel):
+    """What the placement a dry-run shows would cost at list prices (before commitments)."""
+
+    currency: str | None = Field(description="None when no price covers any of it")
+    plan: str = Field(description="`on_demand`, or `preemptible` for preemptible work")
+    per_hour: int = Field(description="Minor units (cents) an hour, all replicas together")
+    max_cost: int = Field(description="per_hour over its max_runtime_s: the most a run costs")
+    unpriced_replicas: int = Field(description="Replicas no price in the book covers")
+    budget_left: int | None = Field(
+        None,
+        description="Your budget's spend limit this month, less what is spent and max_cost "
+        "(negative: it would run past the limit); none without a budget in this currency",
+    )
+    budget_hours: float | None = Field(
+        None, description="Hours of it the budget left now would pay for"
+    )
+
+
 class DryRunOut(OutModel):
     placeable_now: bool = Field(..., description="It would be placed by the next cycle.")
     tier: str
@@ -731,6 +749,9 @@ class DryRunOut(OutModel):
         ...,
         description="Now, after the victims' grace period, or when running work ends; "
         "null if it cannot start under its quota and the fleet.",
+    )
+    price: QuoteOut | None = Field(
+        None, description="The price of the placement it shows (none when it shows none)"
     )
     reason: str = Field(
         description="Why: `fits now`, `preempts lower priority`, `waits for running work to "

@@ -1,4 +1,4 @@
-import { when } from "../api";
+import { money, when } from "../api";
 
 export interface DryRun {
   placeableNow: boolean;
@@ -9,11 +9,24 @@ export interface DryRun {
   preemptsOthers: { priority: string; count: number }[];
   expectedStart: string | null;
   reason: string;
+  price: Price | null;
+}
+
+/** What the placement shown would cost at list prices (REST's `price`). */
+interface Price {
+  currency: string | null;
+  plan: string;
+  perHour: number;
+  maxCost: number;
+  unpricedReplicas: number;
+  budgetLeft: number | null;
+  budgetHours: number | null;
 }
 
 export const DRY_RUN_FIELDS = `placeableNow tier region reason expectedStart preempts
   preemptsOthers { priority count }
-  placement { replica rack node gpuIndices gpuModel migProfile migSlot milli }`;
+  placement { replica rack node gpuIndices gpuModel migProfile migSlot milli }
+  price { currency plan perHour maxCost unpricedReplicas budgetLeft budgetHours }`;
 
 /** The API's answer as one of four outcomes (app/placement/queueing/ `what_if`):
  * - now: placeable now, nobody preempted;
@@ -67,6 +80,18 @@ export function DryRunView({ d }: { d: DryRun }) {
             ))}
           </ul>
         </div>
+      )}
+      {d.price && (
+        <p data-testid="dry-run-price">
+          {d.price.currency
+            ? `${money(d.price.perHour, d.price.currency)} an hour (${d.price.plan.replace("_", " ")} list price), at most ${money(d.price.maxCost, d.price.currency)} over its maximum run time`
+            : "No price in the book covers it"}
+          {d.price.unpricedReplicas > 0 && ` (${plural(d.price.unpricedReplicas, "replica")} unpriced)`}
+          {d.price.budgetLeft != null &&
+            d.price.currency &&
+            `; your budget would have ${money(d.price.budgetLeft, d.price.currency)} left (it pays for ${d.price.budgetHours ?? "—"} hours of it now)`}
+          .
+        </p>
       )}
       {d.placement.length > 0 && (
         <table class="compact">
