@@ -242,7 +242,7 @@ def test_a_dry_run_prices_its_placement_and_the_budget_it_would_leave(client, wo
     assert client.put("/v1/budget", json={"spend_limit": 10_000}, headers=auth(key)).status_code
     got = client.post("/v1/workloads:dry-run", json=body, headers=auth(key)).json()
     assert (got["price"]["budget_left"], got["price"]["budget_hours"]) == (5200, 4.17), got
-    q = """query($i: WorkloadInput!) { dryRun(input: $i) { price { perHour maxCost budgetLeft } } }"""
+    q = "query($i: WorkloadInput!) { dryRun(input: $i) { price { perHour maxCost budgetLeft } } }"
     data = client.post(
         "/graphql",
         json={"query": q, "variables": {"i": {"kind": "job", "gpus": 4, "replicas": 2,
