@@ -50,9 +50,11 @@ vm-engines:
 
 # The high-availability topology on this machine (docs/ha.md): Patroni, Sentinel, two API
 # processes, two workers and a beat, left running; `make ha-down` stops it.
+# `make ha HA_BASE_PORT=16400` where 15400 and the ports after it are taken.
+HA_BASE_PORT ?= 15400
 ha: install ha-engines
 	@$(MAKE) --no-print-directory $(PORTAL) || bash scripts/build-portal.sh --optional
-	$(BIN)/python -m rackplane_bench.ha up --dir .ha
+	$(BIN)/python -m rackplane_bench.ha up --dir .ha --base-port $(HA_BASE_PORT)
 
 ha-down:
 	$(BIN)/python -m rackplane_bench.ha down --dir .ha

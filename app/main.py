@@ -77,7 +77,7 @@ async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
 
 def create_app() -> FastAPI:
     settings = get_settings()
-    configure_logging(settings.log_level, settings.log_json)
+    configure_logging(settings.log_level, settings.log_json, settings.log_file)
     suite.check_suite()  # an unusable burn-in suite file stops the API here, named
     fleet_upgrades.check_commands()  # and so does an unusable upgrade commands file
     # /docs and /redoc with their assets served by the app: no CDN, so they work offline.

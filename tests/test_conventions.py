@@ -267,3 +267,15 @@ def test_the_tests_never_read_a_checkouts_env_file(tmp_path):
     assert os.environ["RACKPLANE_ENV_FILE"] == ""
     assert port(dict(os.environ)) == "8000"
     assert port({k: v for k, v in os.environ.items() if k != "RACKPLANE_ENV_FILE"}) == "1234"
+
+
+def test_make_ha_takes_another_base_port():
+    """Issue 45 item 16: `make ha` could only use ports from 15400."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    dry = subprocess.run(
+        ["make", "-n", "ha", "HA_BASE_PORT=16400"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert "rackplane_bench.ha up --dir .ha --base-port 16400" in dry.stdout, dry.stdout

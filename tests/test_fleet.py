@@ -288,6 +288,15 @@ def test_the_clis_dry_run_checks_against_the_fleet_too(world, tmp_path):
     out = CliRunner().invoke(cli, ["fleet", "import", str(clash), "--dry-run"])
     assert out.exit_code == 2, out.output
     assert "regions[0].racks[0].nodes[0].name" in out.output and "valid" not in out.output
+    # A valid one: JSON, as the import prints and as REST answers (it was a Python dict).
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(clash.read_text().replace("h100-1", "h100-9"))
+    out = CliRunner().invoke(cli, ["fleet", "import", str(fine), "--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {
+        "valid": True,
+        "totals": {"regions": 1, "racks": 1, "nodes": 1, "gpus": 8},
+    }
 
 
 def test_pcie_racks_hold_one_to_ten_gpus_of_pcie_models(client, world):
@@ -317,3 +326,15 @@ def test_pcie_racks_hold_one_to_ten_gpus_of_pcie_models(client, world):
     good = "\n".join(doc.splitlines()[:-2]) + "\n"
     r = client.post("/v1/admin/fleet:import", headers=_yaml(op), content=good)
     assert r.status_code in (200, 201, 202), r.text
+
+
+def test_the_readmes_mig_try_it_node_imports_beside_the_local_node(client, world):
+    """Issue 45 item 16: the README's path to try a MIG layout without a GPU imports
+    examples/mig-0.yaml into region `local` beside local-0."""
+    from tests.conftest import ROOT
+
+    op = world.key(None)
+    world.fleet((ROOT / "app" / "fleet" / "local_node.yaml").read_text())
+    world.fleet((ROOT / "examples" / "mig-0.yaml").read_text())
+    nodes = {n["name"]: n for n in client.get("/v1/admin/nodes", headers=auth(op)).json()["items"]}
+    assert nodes["mig-0"]["health"] == "validating"  # until its agent joins and burns in

@@ -244,6 +244,12 @@ def test_a_tenant_signs_in_runs_a_gang_watches_it_live_and_signs_out(api, world,
 
         wait_until(charted, timeout=60, interval=2)
         assert float(page.get_by_test_id("usage-total").inner_text()) > 0
+        # The month's bill names each line's region and plan (issue 45 item 16: two rows of
+        # the same SKU and tier looked the same).
+        lines = page.get_by_test_id("upcoming-lines").locator("tbody tr")
+        assert any(
+            "r1" in t and "preemptible" in t and "$" in t for t in lines.all_inner_texts()
+        ), lines.all_inner_texts()
         assert int(page.get_by_test_id("usage-chart").get_attribute("data-points")) >= 1
         shot(page, "dashboard")
 
@@ -593,6 +599,9 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
 
         # Billing: last month in the history, its bill, and its export downloaded.
         nav.get_by_role("link", name="Billing").click()
+        # It opens on the month in progress (issue 45 item 16: it opened on last month).
+        this_month = datetime.now(UTC).strftime("%Y-%m")
+        page.locator(f"[data-testid=bill][data-period='{this_month}']").wait_for()
         history = page.get_by_test_id("bill-history")
         month = history.locator(f"tr[data-period='{last_month}']")
         month.wait_for()

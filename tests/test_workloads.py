@@ -400,7 +400,12 @@ def test_a_submission_whose_commit_fails_is_refused_and_not_stored(client, tenan
     "body, says",
     [
         # 40 x 8 B200 on a fleet of 16 B200s: the example.
-        ({"kind": "job", "gpus": 8, "replicas": 40, "gpu_models": ["B200"]}, "at most 2"),
+        (
+            {"kind": "job", "gpus": 8, "replicas": 40, "gpu_models": ["B200"]},
+            "the B200 nodes here hold at most 2 replicas of 8 GPU(s)",
+        ),
+        # Any model: said in words (it was "the fleet's any model here holds at most").
+        ({"kind": "job", "gpus": 8, "replicas": 40}, "the nodes here hold at most 4 replicas"),
         ({"kind": "instance", "gpus": 16, "gpu_models": ["H100-80GB"]}, "has 16 GPUs"),
         # 80 GB200 GPUs in one NVLink domain of 72.
         (

@@ -55,7 +55,7 @@ def _logging(**_kwargs) -> None:
     from app.core.logging import configure_logging
 
     s = get_settings()
-    configure_logging(s.log_level, s.log_json)
+    configure_logging(s.log_level, s.log_json, s.log_file)
 
 
 @signals.task_prerun.connect

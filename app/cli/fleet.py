@@ -46,14 +46,15 @@ def fleet_import(
         with session_scope() as session:
             if dry_run:  # against the fleet as it is, as the import itself checks
                 refuse_conflicts(session, doc)
-                console.print(f"valid: {document.summarize(doc)}")
+                # JSON, as the import itself prints (it printed a Python dict).
+                print(json.dumps({"valid": True, "totals": document.summarize(doc)}))
                 return
             applied = apply_document(session, doc)
     except AppError as exc:
         for e in exc.extra.get("errors", []):
             err.print(f"{file}: [bold]{e['field']}[/bold]: {e['message']}")
         fail(exc.detail, 2)
-    console.print(json.dumps(applied))
+    print(json.dumps(applied))  # JSON unwrapped, for tools
 
 
 @fleet_cli.command("show")

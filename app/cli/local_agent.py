@@ -51,6 +51,11 @@ def prepare() -> str | None:
         return agents.create_join_token(session, node, ttl_s=900).token
 
 
+def log_path() -> Path:
+    """Where the local node agent's output goes."""
+    return state_dir().parent / f"{NODE}.log"
+
+
 def start(api: str) -> subprocess.Popen:
     """The local node's agent, as a child process in its own session (its runs are in theirs:
     stopping `rackplane up` stops the agent, and the work it runs goes on until it is back)."""
@@ -64,7 +69,7 @@ def start(api: str) -> subprocess.Popen:
     env = None
     if token:
         env = {**os.environ, "RACKPLANE_JOIN_TOKEN": token}  # not on its command line
-    log = open(state.parent / f"{NODE}.log", "ab")
+    log = open(log_path(), "ab")
     return subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )

@@ -64,10 +64,19 @@ def serve(
     """Start the children (each appended to `children` as it starts, for the caller to stop),
     then serve the API until SIGTERM or SIGINT."""
     settings = get_settings()
+    # Logs to files, so the console stays for people (errors still show there); a log file
+    # the operator chose is kept for the API, and the worker gets its own beside it.
+    logs = settings.data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    if settings.log_file is None:
+        settings.log_file = logs / "api.log"  # read by the app this process serves
+    worker_log = settings.log_file.with_name("worker.log")
+    agent_started = False
     if agent if agent is not None else settings.local_agent:
         if "RACKPLANE_PUBLIC_API_URL" not in os.environ:
             settings.public_api_url = base  # what this process tells the runs to report to
         children.append(local_agent.start(base))
+        agent_started = True
         console.print(
             f"  node agent {local_agent.NODE} (4 made-up GPUs: examples/local-0.yaml), "
             "runs work submitted with region `local`"
@@ -80,7 +89,24 @@ def serve(
             loglevel=settings.log_level,
         )
         # Its own process group, so the worker's pool and beat children stop with it.
-        children.append(subprocess.Popen(cmd, cwd=ROOT, start_new_session=True))
+        out = open(worker_log, "ab")  # noqa: SIM115 (the child's, for as long as it runs)
+        children.append(
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env={**os.environ, "RACKPLANE_LOG_FILE": str(worker_log)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        out.close()
+    console.print(
+        f"  logs       {settings.log_file}, {worker_log.name} beside it"
+        + (f"; the node agent's: {local_agent.log_path()}" if agent_started else "")
+        + " (errors show here too)",
+        soft_wrap=True,
+    )
     sys.stdout.flush()
     # An agent's blocking query holds its request open for up to a minute: the server wakes it
     # to answer at once when it stops (the agent asks again, of whichever server answers).

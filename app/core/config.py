@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, alias="RACKPLANE_PORT")
     log_level: str = Field(default="INFO", alias="RACKPLANE_LOG_LEVEL")
     log_json: bool = Field(default=True, alias="RACKPLANE_LOG_JSON")
+    # Where the logs go: stderr (unset), or this file with only errors on stderr besides
+    # (`rackplane up` sets one per process, so its console stays for people).
+    log_file: Path | None = Field(default=None, alias="RACKPLANE_LOG_FILE")
     max_body_bytes: int = Field(default=1_048_576, alias="RACKPLANE_MAX_BODY_BYTES")
     max_import_bytes: int = Field(default=32 * 1_048_576, alias="RACKPLANE_MAX_IMPORT_BYTES")
     # Requests inside the app at once, per API process: below the database pool (each holds at

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import structlog
 
 
-def configure_logging(level: str = "INFO", json: bool = True) -> None:
+def configure_logging(level: str = "INFO", json: bool = True, file: Path | None = None) -> None:
+    """Structured logs on stderr; with `file`, into that file (appended), and on stderr only
+    what is an error, for the person at the console."""
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -24,12 +27,20 @@ def configure_logging(level: str = "INFO", json: bool = True) -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(foreign_pre_chain=processors, processor=renderer)
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=processors, processor=renderer
     )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    handlers: list[logging.Handler] = [handler]
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(file, encoding="utf-8")
+        to_file.setFormatter(formatter)
+        handler.setLevel(logging.ERROR)
+        handlers.append(to_file)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = handlers
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access",):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -71,8 +71,9 @@ def never_fits(
         return f"no node of {what} has {per} GPUs (the largest has {biggest})"
     total = sum(s for _, s in slots)
     if total < replicas:
+        nodes_of = f"the {what} nodes here" if models else "the nodes here"
         return (
-            f"the fleet's {what} here holds at most {total} replicas of {per} GPU(s); "
+            f"{nodes_of} hold at most {total} replicas of {per} GPU(s); "
             f"{replicas} were asked for"
         )
     if topology and topology.get("mode") == "required":

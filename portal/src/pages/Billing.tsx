@@ -60,7 +60,8 @@ const total = (totals: Money[]) => (totals.length ? totals.map((t) => money(t.am
 export function Billing({ period }: { period?: string }) {
   const { route } = useLocation();
   const current = monthBack(0);
-  const chosen = period ?? monthBack(1);
+  // The month in progress (what is being run up now); the history links to the others.
+  const chosen = period ?? current;
   const [history, setHistory] = useState<Summary[] | null>(null);
   const [bill, setBill] = useState<Bill | null>(null);
   const [error, setError] = useState("");

@@ -13,7 +13,7 @@ const QUERY = `query Dashboard($from: DateTime!, $to: DateTime!, $granularity: G
     rows { start group gpuHours }
     totalGpuHours
   }
-  upcomingBill { period accruedUntil totals { currency amount } lines { sku tier region gpuHours unitAmount currency amount } }
+  upcomingBill { period accruedUntil totals { currency amount } lines { sku tier region plan gpuHours unitAmount currency amount } }
   budget { currency spendLimit gpuHourLimit spent gpuHoursUsed exhausted alerts { metric thresholdPct createdAt } }
 }`;
 
@@ -27,7 +27,7 @@ interface Data {
     period: string;
     accruedUntil: string;
     totals: { currency: string; amount: string }[];
-    lines: { sku: string; tier: string; region: string; gpuHours: number; unitAmount: string | null; currency: string | null; amount: string }[];
+    lines: { sku: string; tier: string; region: string; plan: string; gpuHours: number; unitAmount: string | null; currency: string | null; amount: string }[];
   };
   budget: null | {
     currency: string;
@@ -220,11 +220,13 @@ function Bill({ bill, budget }: { bill: Data["upcomingBill"]; budget: Data["budg
         {bill.period}, accrued until {when(bill.accruedUntil)}
       </p>
       {bill.lines.length > 0 && (
-        <table class="compact">
+        <table class="compact" data-testid="upcoming-lines">
           <thead>
             <tr>
               <th scope="col">SKU</th>
               <th scope="col">Tier</th>
+              <th scope="col">Region</th>
+              <th scope="col">Plan</th>
               <th scope="col">GPU-h</th>
               <th scope="col">Amount</th>
             </tr>
@@ -234,6 +236,8 @@ function Bill({ bill, budget }: { bill: Data["upcomingBill"]; budget: Data["budg
               <tr>
                 <td>{l.sku}</td>
                 <td>{l.tier}</td>
+                <td>{l.region}</td>
+                <td>{l.plan.replace("_", " ")}</td>
                 <td>{l.gpuHours.toFixed(3)}</td>
                 <td>{l.currency ? money(l.amount, l.currency) : "unpriced"}</td>
               </tr>
