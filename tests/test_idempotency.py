@@ -57,8 +57,10 @@ def test_a_revoked_key_cannot_replay(client, world):
 
 
 def test_a_replay_goes_only_to_the_key_that_sent_it(client, world):
-    """A read key of the same tenant sending an admin key's request gets no stored answer (it
-    would carry the new admin secret): 409, never the secret, on REST and GraphQL alike."""
+    """Another key of the same tenant sending an admin key's request with its Idempotency-Key
+    never gets the stored answer (it carries the new admin secret): its request is its own,
+    judged by its own scopes, on REST and GraphQL alike (issue 45 item 17: records are the
+    key's, not the account's)."""
     t = world.tenant("acme")
     admin, reader = world.key(t), world.key(t, scopes=("read",), name="reader")
     second_admin = world.key(t, name="second admin")
@@ -66,10 +68,11 @@ def test_a_replay_goes_only_to_the_key_that_sent_it(client, world):
     first = client.post("/v1/keys", json=body, headers=_h(admin, "k-3"))
     assert first.status_code == 201
     secret = first.json()["key"]
-    for other in (reader, second_admin):
-        denied = client.post("/v1/keys", json=body, headers=_h(other, "k-3"))
-        assert denied.status_code == 409 and secret not in denied.text
-        assert denied.json()["code"] == "idempotency_key_reused"
+    denied = client.post("/v1/keys", json=body, headers=_h(reader, "k-3"))
+    assert denied.status_code == 403 and secret not in denied.text
+    own = client.post("/v1/keys", json=body, headers=_h(second_admin, "k-3"))
+    assert own.status_code == 201 and own.json()["key"] != secret
+    assert "idempotent-replayed" not in own.headers
     q = (
         'mutation { createApiKey(input: {name: "ci", scopes: ["admin"]}) '
         "{ ... on NewApiKey { key } } }"
@@ -79,12 +82,12 @@ def test_a_replay_goes_only_to_the_key_that_sent_it(client, world):
     new_secret = made.json()["data"]["createApiKey"]["key"]
     assert new_secret.startswith("rp_")
     stolen = client.post("/graphql", json={"query": q}, headers=_h(reader, "g-1"))
-    assert stolen.status_code == 409 and new_secret not in stolen.text
+    assert new_secret not in stolen.text and "rp_" not in stolen.text, stolen.text
     # The owner's retry is still the first answer, and only one key was made.
     again = client.post("/graphql", json={"query": q}, headers=_h(admin, "g-1"))
     assert again.json() == made.json() and again.headers["idempotent-replayed"] == "true"
     names = [k["name"] for k in client.get("/v1/keys", headers=auth(admin)).json()["items"]]
-    assert names.count("ci") == 2  # one by REST, one by GraphQL
+    assert names.count("ci") == 3  # two by REST (each admin key its own), one by GraphQL
     assert client.get("/v1/keys", headers=auth(new_secret)).status_code == 200
 
 
@@ -104,16 +107,23 @@ def test_a_replay_needs_the_standing_the_first_request_had(client, world):
     assert replay.status_code == 409 and "rp_" not in replay.text
 
 
-def test_records_are_claimed_per_account_and_replayed_per_key(client, world):
+def test_records_are_the_keys_so_a_read_key_blocks_no_one(client, world):
+    """Issue 45 item 17: scoped per account, a read key's request (refused, 403) claimed a
+    predictable Idempotency-Key for the account's other keys for 24 h."""
     world.fleet(FLEET)
     t = world.tenant("acme", policy=POLICY)
     a, b = world.key(t, name="a"), world.key(t, name="b")
+    reader = world.key(t, scopes=("read",), name="reader")
     body = {"kind": "instance", "gpus": 1}
+    squat = client.post("/v1/workloads", json=body, headers=_h(reader, "submit-1"))
+    assert squat.status_code == 403
     one = client.post("/v1/workloads", json=body, headers=_h(a, "submit-1"))
     two = client.post("/v1/workloads", json=body, headers=_h(b, "submit-1"))
-    assert one.status_code == 201 and two.status_code == 409
-    assert two.json()["code"] == "idempotency_key_reused"
-    assert len(client.get("/v1/workloads", headers=auth(a)).json()["items"]) == 1
+    assert one.status_code == two.status_code == 201, (one.text, two.text)
+    assert one.json()["id"] != two.json()["id"]
+    again = client.post("/v1/workloads", json=body, headers=_h(a, "submit-1"))
+    assert again.json()["id"] == one.json()["id"] and again.headers["idempotent-replayed"]
+    assert len(client.get("/v1/workloads", headers=auth(a)).json()["items"]) == 2
     # Another tenant's identical request is its own.
     other = world.tenant("other", policy=POLICY)
     mine = client.post("/v1/workloads", json=body, headers=_h(world.key(other), "submit-1"))
@@ -121,12 +131,14 @@ def test_records_are_claimed_per_account_and_replayed_per_key(client, world):
     assert "idempotent-replayed" not in mine.headers
 
 
-def test_operators_share_one_namespace(client, world):
+def test_each_operator_key_has_its_own_namespace(client, world):
     op1, op2 = world.key(None, name="op1"), world.key(None, name="op2")
     body = {"name": "Acme", "slug": "acme", "contact_email": "ops@acme.io"}
     a = client.post("/v1/admin/tenants", json=body, headers=_h(op1, "t-1"))
     b = client.post("/v1/admin/tenants", json=body, headers=_h(op2, "t-1"))
-    assert a.status_code == 201 and b.status_code == 409
+    # op2's request is its own: the slug is taken, not the Idempotency-Key.
+    assert a.status_code == 201 and b.status_code == 409, b.text
+    assert b.json()["code"] != "idempotency_key_reused"
     again = client.post("/v1/admin/tenants", json=body, headers=_h(op1, "t-1"))
     assert again.status_code == 201 and again.json()["id"] == a.json()["id"]
 

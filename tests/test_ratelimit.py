@@ -246,6 +246,15 @@ def test_anonymous_and_failed_auth_traffic_has_its_own_budget_per_address(
     # No key at all draws on the same bucket; a cached live key of that address still works.
     assert client.post("/graphql", json={"query": "{ __typename }"}).status_code == 429
     assert client.get("/v1/workloads", headers=auth(good)).status_code == 200
+    # And a live key this process has not seen (issue 45 item 17: one client behind a NAT was
+    # locked out by others' bad keys): its prefix is a live key's, so it is looked up.
+    fresh = world.key(world.tenant("beta", policy=POLICY), name="fresh")
+    assert client.get("/v1/workloads", headers=auth(fresh)).status_code == 200
+    assert fresh[3:11] in [p for p, _ in lookups[5:]]
+    guesses = len([p for p, _ in lookups if p not in (good[3:11], fresh[3:11])])
+    # A guess at a live key's secret is looked up, and refused; a guessed prefix never was.
+    assert client.get("/v1/workloads", headers=auth(good[:-4] + "0000")).status_code == 429
+    assert guesses == 5
     with session_scope() as s:
         rows = s.scalars(select(AuditEntry).where(AuditEntry.principal == "anonymous")).all()
         assert len(rows) == 3  # the first 401, the first 429, the first anonymous GraphQL 429
@@ -272,6 +281,15 @@ def test_anonymous_graphql_gets_no_schema_walk_and_no_deep_variables(client, wor
     assert codes(twice) == ["too_many_introspections"]
     once = gql(client, key, walk)
     assert "errors" not in once and once["data"]["b"]["name"] == "Query"
+    # Introspection 40 levels deep, with a key (issue 45 item 17: the depth limiter left
+    # introspection out): refused; the standard introspection query still answers.
+    chain = "ofType { " * 37 + "name" + " }" * 37
+    deep_walk = "{ __schema { types { fields { type { " + chain + " } } } } }"
+    assert codes(gql(client, key, deep_walk)) == ["query_too_deep"]
+    from graphql import get_introspection_query
+
+    full = gql(client, key, get_introspection_query(descriptions=True))
+    assert "errors" not in full and full["data"]["__schema"]["queryType"]["name"] == "Query"
     # Variables nested a thousand deep: a 400 problem, not a recursion.
     deep = '{"query": "query($x: JSON) { __typename }", "variables": {"x": ' + '{"a":' * 1000
     deep += "1" + "}" * 1000 + "}}"

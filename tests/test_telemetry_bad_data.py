@@ -311,3 +311,45 @@ def test_a_sample_stamped_years_ahead_does_not_stop_the_nodes_heartbeats(
     assert evaluations(session) == []
     assert set(_health(session).values()) == {"healthy"}
     assert stamped.json()["rejected_by_reason"] == {"future_timestamp": 1}
+
+
+def test_a_telemetry_body_is_not_read_before_the_key_is_checked(app):
+    """Issue 45 item 17: the admin telemetry route read a 30 MiB body before it checked the
+    key. Without one, the 401 comes having read at most the first chunk."""
+    import anyio
+
+    chunk, chunks = b"x" * (1 << 20), 30
+    read = 0
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal read
+        read += 1
+        return {"type": "http.request", "body": chunk, "more_body": read < chunks}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/admin/telemetry",
+        "raw_path": b"/v1/admin/telemetry",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"text/plain"),
+            (b"content-length", str(len(chunk) * chunks).encode()),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+        "state": {},
+    }
+    anyio.run(app, scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert start["status"] == 401
+    assert read <= 1, f"{read} MiB read before the key was checked"

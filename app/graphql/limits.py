@@ -163,6 +163,29 @@ def _root_fields(
     return out
 
 
+# How deep an introspection field's selection may go: graphql-core's own introspection query
+# (what GraphiQL and code generators send) is 14 levels under `__schema`; 16 leaves room for a
+# client's deeper `ofType` chain.
+MAX_INTROSPECTION_DEPTH = 16
+
+
+def _depth(node: Any, fragment: Any, seen: frozenset[str] = frozenset()) -> int:
+    """Levels of fields under `node` (fragments followed, each once per path)."""
+    selections = node.selection_set.selections if node.selection_set is not None else ()
+    deepest = 0
+    for sel in selections:
+        if isinstance(sel, FieldNode):
+            deepest = max(deepest, 1 + _depth(sel, fragment, seen))
+        elif isinstance(sel, FragmentSpreadNode):
+            name = sel.name.value
+            frag = fragment(name) if name not in seen else None
+            if frag is not None:
+                deepest = max(deepest, _depth(frag, fragment, seen | {name}))
+        else:  # an inline fragment
+            deepest = max(deepest, _depth(sel, fragment, seen))
+    return deepest
+
+
 class Introspection(ValidationRule):
     """`__schema` and `__type` answer a caller with a key, and `__schema` once per operation."""
 
@@ -186,6 +209,17 @@ class Introspection(ValidationRule):
                         extensions={"code": "introspection_requires_key", "status": 401},
                     )
                 )
+            return
+        depth = _depth(node, self.context.get_fragment)
+        if depth > MAX_INTROSPECTION_DEPTH:
+            # The depth limiter leaves introspection out: a 40-deep `ofType` chain answered.
+            self.report_error(
+                GraphQLError(
+                    f"`{name}` is {depth} levels deep; at most {MAX_INTROSPECTION_DEPTH}.",
+                    node,
+                    extensions={"code": "query_too_deep"},
+                )
+            )
             return
         if name == "__schema":
             self.schemas += 1

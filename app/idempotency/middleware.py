@@ -88,10 +88,12 @@ def request_hash(scope: Scope, body: bytes) -> str:
 
 
 def namespace(ctx: AuthContext | None, req_hash: str) -> str:
-    """Whose records these are: the tenant's, the operators', or (anonymous) this content's."""
+    """Whose records these are: the API key's (a portal session's, its key's), or (anonymous)
+    this content's. Per key, not per account: a read key could otherwise claim a predictable
+    Idempotency-Key and block it for the account's other keys for a day."""
     if ctx is None:
         return f"anon:{req_hash[:32]}"
-    return f"tenant:{ctx.tenant_id}" if ctx.tenant_id is not None else "platform"
+    return f"key:{ctx.key_id}"
 
 
 def withhold_secrets(body: bytes) -> bytes:

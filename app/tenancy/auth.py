@@ -265,10 +265,38 @@ async def resolve_key(raw: str, before_lookup: Callable[[], None] | None = None)
     ctx = _cache.get(digest, epoch)
     if ctx is None:
         if before_lookup is not None:
-            before_lookup()
+            try:
+                before_lookup()
+            except AppError as exc:
+                # The address's anonymous budget is spent (others behind one NAT guessing,
+                # say): a live key's prefix is still looked up, a guessed one is not.
+                if exc.status != 429 or not await _live_prefix(prefix, epoch):
+                    raise
         ctx, expires_at = await run_in_threadpool(_lookup, prefix, digest)
         _cache.put(digest, epoch, ctx, expires_at)
     return ctx
+
+
+# The prefixes of the keys not revoked, as of an auth-cache epoch: what an address whose
+# anonymous budget is spent may still have looked up (a guessed key's prefix is none of them).
+_PREFIXES: tuple[int | None, frozenset[str]] = (None, frozenset())
+
+
+async def _live_prefix(prefix: str, epoch: int | None) -> bool:
+    """Whether `prefix` is a live key's, from a set kept per epoch of the auth cache (a key
+    made or revoked anywhere moves the epoch on). Without that cache (no Redis) nothing is
+    known without asking the database, so the key is looked up, as any key would be."""
+    global _PREFIXES
+    if epoch is None:
+        return True
+    if _PREFIXES[0] != epoch:
+        _PREFIXES = (epoch, await run_in_threadpool(_read_prefixes))
+    return prefix in _PREFIXES[1]
+
+
+def _read_prefixes() -> frozenset[str]:
+    with session_scope() as session:
+        return frozenset(session.scalars(select(ApiKey.prefix).where(ApiKey.revoked_at.is_(None))))
 
 
 async def resolve_session(
@@ -520,8 +548,12 @@ def _row_updated(mapper: Mapper, _connection, target) -> None:
 
 @event.listens_for(Mapper, "after_insert")
 def _row_inserted(mapper: Mapper, _connection, target) -> None:
-    # A new key or tenant is in no one's cache; a new quota or budget changes a cached tenant.
-    if mapper.class_.__name__ in ("TenantQuota", "Budget") and _watched(mapper) is not None:
+    # A new tenant is in no one's cache; a new quota or budget changes a cached tenant; a new
+    # key changes the live prefixes (`_live_prefix`; keys are made rarely).
+    if (
+        mapper.class_.__name__ in ("TenantQuota", "Budget", "ApiKey")
+        and _watched(mapper) is not None
+    ):
         _changed(target)
 
 
