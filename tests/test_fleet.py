@@ -312,7 +312,7 @@ def test_pcie_racks_hold_one_to_ten_gpus_of_pcie_models(client, world):
         nodes:
           - {name: one, gpu_model: H200-141GB, gpus: 1}
           - {name: ten, gpus: 10}
-          - {name: nvl, gpu_model: H100-NVL-94GB, gpus: 2, mig_gpus: [1], agent: true}
+          - {name: nvl, gpu_model: H100-PCIe-80GB, gpus: 2, mig_gpus: [1], agent: true}
           - {name: eleven, gpus: 11}
           - {name: tray, gpu_model: GB200, gpus: 4}
 """

@@ -273,11 +273,9 @@ class WorkloadCreate(StrictModel):
         "tests), and on an agent's node when no `command` is given (a `sleep`).",
     )
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
-    restart_policy: RestartPolicy = Field(
-        default_factory=RestartPolicy,
-        description="What restarts it after its run ends early, how often, and the back-off "
-        "between restarts.",
-    )
+    # No description beside the $ref (RestartPolicy's own says it): schemathesis cannot
+    # generate bodies from a $ref with siblings inside the workload rules' allOf.
+    restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     labels: dict[
         Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=256)]
     ] = Field(default_factory=dict, max_length=64)
