@@ -324,8 +324,11 @@ class Agent:
                     else:
                         self._ended(rec, now)
             if alive and now - self._alive_marked >= ALIVE_MARK_S:
-                self.state.mark_alive(now)
                 self._alive_marked = now
+                try:
+                    self.state.mark_alive(now)
+                except OSError as exc:  # a full or read-only disk: the runs go on regardless
+                    log.warning(kv("alive_mark_failed", error=exc))
             desired = self._assignments
             if desired is not None:
                 named: dict[str, Assignment] = {}

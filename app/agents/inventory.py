@@ -81,6 +81,9 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
             diff = differences(gpus, inv.gpus, elsewhere)
         else:
             diff = [*diff, f"not adopted: {refused}"]
+    # Only the first inventory after the join is adopted: a GPU lost later is a difference
+    # (and its node validating), never a new record.
+    node.adopt_inventory = False
     if not diff:
         _learn_uuids(gpus, inv.gpus)
         mig.learn(gpus, inv.gpus)
