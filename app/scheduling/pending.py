@@ -48,7 +48,9 @@ class _NodeState:
     laying: bool
 
 
-def _nodes(session: Session, region: str) -> list[_NodeState]:
+def node_states(session: Session, region: str) -> list[_NodeState]:
+    """The region's nodes (not retired), each with why it takes no work, if so; also read by
+    a dry-run's `waits: ...` (app/workloads/regions.py `why_waiting`)."""
     rows = session.execute(
         select(Node.id, Node.name, Node.gpu_model, Node.state, Node.health, Node.drift)
         .join(Rack, Node.rack_id == Rack.id)
@@ -137,7 +139,7 @@ def record(
             continue
         why = report.blocked.get(str(w.id))
         if why is not None and why.startswith("no capacity") and nodes is None:
-            nodes = _nodes(session, region)
+            nodes = node_states(session, region)
         reason, detail = _blocked(w, why, nodes)
         waiting[w.id] = (w, w.tenant_id, reason, detail)
     # Backing off after a restart: not in the cycle's queue at all.

@@ -17,6 +17,7 @@ from app.models.health import PLACEABLE
 from app.models.workloads import Workload
 from app.scheduling import lifecycle
 from app.scheduling.lifecycle import State
+from app.scheduling.pending import node_states
 from app.workloads.feasibility import NodeCap, never_fits
 from app.workloads.schemas import WorkloadCreate
 
@@ -148,34 +149,16 @@ def why_waiting(
     it now, as far as the nodes of its models say: nodes that take no work now (their state,
     their health), nodes drifted from their software stack, GPUs whose MIG layout is being
     made. None of those: what runs or is starting on the nodes must end first."""
-    rows = session.execute(
-        select(Node.id, Node.name, Node.state, Node.health, Node.drift)
-        .join(Rack, Node.rack_id == Rack.id)
-        .join(Region, Rack.region_id == Region.id)
-        .where(
-            Region.name == region,
-            Node.state != "retired",
-            *([Node.gpu_model.in_(models)] if models else []),
-        )
-        .order_by(Node.name)
-    ).all()
-    laying = set(
-        session.scalars(
-            select(Gpu.node_id).where(
-                Gpu.node_id.in_([r.id for r in rows]), Gpu.relayout_pending.is_(True)
-            )
-        )
-    )
     out: list[str] = []
-    for _id, name, state, health, drift in rows:
-        if state != "ready":
-            out.append(f"{name} ({state})")
-        elif health not in PLACEABLE_HEALTH:
-            out.append(f"{name} ({health})")
-        elif drift:
-            out.append(f"{name} (drifted from its software stack)")
-        elif _id in laying:
-            out.append(f"{name} (a MIG layout being made)")
+    for n in node_states(session, region):
+        if models and n.model not in models:
+            continue
+        if n.out is not None:
+            out.append(f"{n.name} ({n.out})")
+        elif n.drifted:
+            out.append(f"{n.name} (drifted from its software stack)")
+        elif n.laying:
+            out.append(f"{n.name} (a MIG layout being made)")
     if not out and mig_profile:
         how = (
             "agents' nodes are laid out again as waiting work asks"
