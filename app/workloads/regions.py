@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.core.errors import ValidationFailed
 from app.models.fleet import Gpu, Node, Rack, Region
-from app.models.health import PLACEABLE
 from app.models.workloads import Workload
 from app.scheduling import lifecycle
 from app.scheduling.lifecycle import State
@@ -137,7 +136,6 @@ def fail_what_no_longer_fits(session: Session, region: str) -> int:
     return failed
 
 
-PLACEABLE_HEALTH = frozenset(h.value for h in PLACEABLE)
 # Nodes named in a dry-run's "waits" reason, at most: then how many more.
 WAIT_NAMES = 5
 
