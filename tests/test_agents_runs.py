@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
+from app.core.db import as_aware
 from tests.conftest import auth, wait_until
 
 FLEET = """
@@ -397,14 +398,15 @@ def test_an_agent_pushes_telemetry_for_its_own_node_only(client, world, session)
     assert session.scalar(select(NodeHeartbeat.agent))  # the agent is known: silence is a fault
 
 
-def test_a_command_that_cannot_start_fails_at_once_and_is_never_billed(
+def test_a_command_that_cannot_start_fails_at_once_and_bills_only_what_ran(
     client, world, session, celery_worker_process
 ):
     """Issue 45 item 2: `/no/such/binary` went round provisioning -> queued 47 times, billed,
     never failed. A start failure that is the workload's own (the agent says `fault:
     workload`) fails it at once with the reason; one that is the node's puts it back in the
-    queue, as before."""
+    queue, as before. A replica that never ran is never billed; one whose process ran is."""
     from app.models.metering import UsageEvent
+    from app.models.workloads import Allocation
 
     world.fleet(FLEET)
     op = world.key()
@@ -477,10 +479,45 @@ def test_a_command_that_cannot_start_fails_at_once_and_is_never_billed(
     spans: dict = {}
     for alloc, kind, at in usage:
         spans.setdefault(alloc, {})[kind] = at
-    assert len(spans) == 2 and all(s["stop"] == s["start"] for s in spans.values()), usage
+    replica = dict(
+        session.execute(
+            select(Allocation.id, Allocation.replica).where(
+                Allocation.workload_id == uuid.UUID(wid)
+            )
+        ).all()
+    )
+    # Replica 0 never ran: nothing billed. Replica 1's process did run until it was stopped.
+    by_replica = {replica[a]: s for a, s in spans.items()}
+    assert by_replica[0]["stop"] == by_replica[0]["start"], usage
+    assert by_replica[1]["stop"] > by_replica[1]["start"], usage
     for cred in creds.values():
         left = client.get("/v1/agent/assignments", headers=auth(cred)).json()["assignments"]
         assert all(x["workload_id"] != wid for x in left)
+
+    # A process that started and crashed before its gang's other replica came up: the
+    # workload's own failure (the default policy does not restart it), never requeued as
+    # infrastructure; its GPUs are billed until the crash, not zero.
+    wid = submit()
+    crash = datetime.now(UTC)
+    report(wid, 0, state="exited", exit_code=3, at=crash.isoformat(), tail=["Traceback"])
+    assert _state(client, key, wid) == "failed"
+    events = client.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+    assert not any(e["from_state"] == "provisioning" and e["to_state"] == "queued" for e in events)
+    ev = events[-1]
+    assert ev["from_state"] == "running" and "exited (code 3)" in ev["reason"], ev
+    assert ev["details"]["cause"] == "exited_nonzero" and ev["details"]["tail"] == ["Traceback"]
+    session.expire_all()
+    usage = session.execute(
+        select(UsageEvent.allocation_id, UsageEvent.kind, UsageEvent.occurred_at).where(
+            UsageEvent.workload_id == uuid.UUID(wid)
+        )
+    ).all()
+    spans = {}
+    for alloc, kind, at in usage:
+        spans.setdefault(alloc, {})[kind] = at
+    assert len(spans) == 2, usage
+    for s in spans.values():
+        assert s["start"] < s["stop"] and abs(as_aware(s["stop"]) - crash) < timedelta(seconds=1)
 
 
 def test_a_checkpoint_written_in_the_grace_of_a_terminate_counts(client, world, session):
@@ -614,6 +651,16 @@ def test_a_restart_policy_restarts_failures_backs_off_and_stops_at_its_limit(
     assert last["from_state"] == "running" and last["to_state"] == "failed"
     assert "restart limit reached: 2 of 2 restarts spent (failure 2)" in last["reason"]
     assert last["details"]["restart"]["why"] == "restart_limit_reached"
+    # Its audit trail says the same: two requeues, then a failure, never a third "requeue".
+    from app.models.audit import AuditEntry
+
+    session.expire_all()
+    trail = session.scalars(
+        select(AuditEntry.action)
+        .where(AuditEntry.target_id == wid, AuditEntry.principal == "system")
+        .order_by(AuditEntry.created_at)
+    ).all()
+    assert trail == ["workload.requeue", "workload.requeue", "workload.fail"], trail
     gql = client.post(
         "/graphql",
         json={"query": f'{{ workload(id: "{wid}") {{ restartPolicy restarts notBefore }} }}'},

@@ -414,15 +414,24 @@ def _settle(
                 enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=wid)
                 kick_placement(session, w.region)
             return
-        if any(_failure(a) for a in allocs):
+        crashed = [a for a in allocs if a.run_state == "exited" and _failure(a)]
+        if crashed:
+            # A process that ran and exited badly by itself before its last replica came up
+            # (a crash at start-up): the workload's own failure, not a start that went wrong.
+            # It ran from its first replica's start; its policy decides below, as for any
+            # failure, and its usage runs until the crash.
+            began = min(as_aware(a.run_started_at) for a in allocs if a.run_started_at)
+            workload_runs.start(session, [w], began, get_provider(session))
+        elif any(_failure(a) for a in allocs):
             # A start that went wrong: `workloads.check` puts it back in the queue, at once.
             enqueue(session, "workloads.check", queue="provisioning", workload_ids=[str(w.id)])
             return
-        if not allocs or any(a.run_state is None for a in allocs):
+        elif not allocs or any(a.run_state is None for a in allocs):
             return  # replicas still starting
-        # Every replica is up (or already done): it runs from when the last one started.
-        began = max(as_aware(a.run_started_at) for a in allocs)
-        workload_runs.start(session, [w], began, get_provider(session))
+        else:
+            # Every replica is up (or already done): it runs from when the last one started.
+            began = max(as_aware(a.run_started_at) for a in allocs)
+            workload_runs.start(session, [w], began, get_provider(session))
     if w.state not in (State.running.value, State.checkpointing.value):
         return
     lost = [a for a in allocs if a.run_state == "lost" and _failure(a)]

@@ -11,10 +11,11 @@ writer of allocations shares.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
@@ -481,21 +482,30 @@ def stopped(session: Session, w: Workload) -> None:
 
 
 def release_unstarted(session: Session, w: Workload, reason: str) -> int:
-    """End the allocations of `w`, placed but never started (it failed to start, or its node
-    went before it did): when they began, so nothing of a run that never ran is billed."""
-    began = session.scalar(
-        select(func.max(Allocation.created_at)).where(
-            Allocation.workload_id == w.id, Allocation.released_at.is_(None)
-        )
-    )
-    return release(session, w, at=as_aware(began) if began is not None else None, reason=reason)
+    """End the allocations of `w`, placed but not yet running as a whole (it failed to start,
+    or its node went before it did): each that never started when it began, so nothing of a
+    run that never ran is billed; a replica whose process did start (a gang's first replicas)
+    when its process ended, or now."""
+    now = utcnow()
+
+    def ends(a: Allocation) -> datetime:
+        if a.run_started_at is None or a.run_state == "failed_to_start":
+            return as_aware(a.created_at)
+        return min(as_aware(a.run_ended_at), now) if a.run_ended_at is not None else now
+
+    return release(session, w, reason=reason, at_of=ends)
 
 
 def release(
-    session: Session, w: Workload, at: datetime | None = None, reason: str | None = None
+    session: Session,
+    w: Workload,
+    at: datetime | None = None,
+    reason: str | None = None,
+    *,
+    at_of: Callable[[Allocation], datetime] | None = None,
 ) -> int:
     """End `w`'s live allocations (GPU usage and MIG claims go with them) and stop their
-    metering, in the caller's transaction."""
+    metering, in the caller's transaction: at `at` (default now), or each when `at_of` says."""
     at = at or utcnow()
     rows = list(
         session.scalars(
@@ -515,7 +525,7 @@ def release(
     }
     stopped = []
     for a in rows:
-        a.released_at = at
+        a.released_at = ends = at_of(a) if at_of is not None else at
         model, region = where[a.node_id]
         stopped.append(
             metering.allocation_event(
@@ -524,19 +534,22 @@ def release(
                 region=region,
                 gpu_model=model,
                 priority=w.priority,
-                at=at,
+                at=ends,
                 reason=reason,
             )
         )
     # Only MIG allocations hold claims; Core, not the ORM's bulk UPDATE (which evaluates the
     # session's objects for every statement: 6 % of a DELETE's CPU for whole-GPU work).
-    mig = [a.id for a in rows if a.mig_profile]
-    if mig:
-        t = MigClaim.__table__
+    mig: dict[datetime, list[uuid.UUID]] = {}
+    for a in rows:
+        if a.mig_profile:
+            mig.setdefault(a.released_at, []).append(a.id)
+    t = MigClaim.__table__
+    for ends, ids in mig.items():
         session.execute(
             update(t)
-            .where(t.c.allocation_id.in_(mig), t.c.released_at.is_(None))
-            .values(released_at=at)
+            .where(t.c.allocation_id.in_(ids), t.c.released_at.is_(None))
+            .values(released_at=ends)
         )
     claim(session, [(a, where[a.node_id][0]) for a in rows], sign=-1)
     metering.ingest(session, stopped)

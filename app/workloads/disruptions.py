@@ -20,7 +20,7 @@ from app.scheduling import lifecycle
 from app.scheduling.apply import release, release_unstarted
 from app.scheduling.lifecycle import State
 from app.workloads import restarts
-from app.workloads.queueing import kick_placement, requeue_reason
+from app.workloads.queueing import kick_placement
 from app.workloads.regions import fail_what_no_longer_fits, node_region
 
 # What a node's state does to the work on it: the one table (operators' PATCH of a node).
@@ -82,8 +82,16 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
                 lifecycle.transition(
                     session, w, State.preempted, f"stopped: node {name} is {state}", at=now
                 )
-                reason, details = requeue_reason(w)
-                restarts.requeue(session, w, "infrastructure", reason, details, at=now)
+                restarts.requeue(
+                    session,
+                    w,
+                    "infrastructure",
+                    f"node {name} is {state} in its grace",
+                    {"node": name},
+                    at=now,
+                    audit_reason=f"node_{state}",
+                    said=True,
+                )
             continue  # draining: already on its way off
         if running:
             release(session, w, now, reason=f"node_{state}")
@@ -93,13 +101,20 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
             lifecycle.transition(
                 session, w, State.preempted, f"stopped: node {name} is {state}", at=now
             )
-            reason, details = requeue_reason(w)
-        else:  # placing or provisioning: it never started there
-            reason = f"node {name} is {state} before it started: back in the queue"
-            details = {"node": name}
-        restarts.requeue(session, w, "infrastructure", reason, details, at=now)
-        entries.append((w.tenant_id, "workload", w.id, {"reason": f"node_{state}"}, {}))
-    audit.record_system(session, "workload.requeue", entries)
+        restarts.requeue(
+            session,
+            w,
+            "infrastructure",
+            f"node {name} is {state}" if running else f"node {name} is {state} before it started",
+            {"node": name},
+            at=now,
+            audit_reason=f"node_{state}",
+            resumes=running,
+            said=running,
+        )
+    # The draining ones are preempted now (their requeue, at their grace's end, is audited
+    # with it).
+    audit.record_system(session, "workload.preempt", entries)
     if state == "retired":
         session.flush()  # the requeued work is judged on the fleet without the node
         fail_what_no_longer_fits(session, node_region(session, node_id))
@@ -162,7 +177,7 @@ def interrupt_on_fault(
     failed it (it could not record the run's exit), which is no fault of the GPUs: the same,
     said so, and not counted among its hardware interruptions. Returns how many were stopped."""
     now = utcnow()
-    regions, entries = set(), []
+    regions, stopped = set(), 0
     ws = _holders(session, node, gpu_indices, scope)
     for w in ws:
         state = State(w.state)
@@ -194,25 +209,29 @@ def interrupt_on_fault(
             if hardware:
                 w.interruptions = (w.interruptions or 0) + 1
             w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
-            reason, more = requeue_reason(w)
+            what = cause
         else:  # placed but not started: nothing ran, nothing is lost or billed
             release_unstarted(session, w, reason="gpu_fault")
-            reason, more = f"{cause} before it started: back in the queue", {}
+            what = f"{cause} before it started"
         w.expedited = True
         restarts.requeue(
             session,
             w,
             "infrastructure",
-            f"{reason}; ahead of its priority peers",
-            {**more, "expedited": True, "incident": details.get("incident")},
+            what,
+            {"expedited": True, "incident": details.get("incident")},
             at=now,
+            audit_reason="gpu_fault",
+            operator_details={"cause": cause},
+            resumes=state is State.running,
+            said=state is State.running,
+            then="; ahead of its priority peers",
         )
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
-        entries.append((w.tenant_id, "workload", w.id, {"reason": "gpu_fault"}, {"cause": cause}))
-    audit.record_system(session, "workload.requeue", entries)
+        stopped += 1
     for region in regions:
         kick_placement(session, region)
-    return len(entries)
+    return stopped
 
 
 def move_off_suspect(
@@ -235,14 +254,16 @@ def move_off_suspect(
     w.lost_work_gpu_s = round((w.lost_work_gpu_s or 0.0) + lost, 3)
     w.migrate_at_checkpoint = False
     w.expedited = True
-    reason, more = requeue_reason(w)
     restarts.requeue(
         session,
         w,
         "preemption",
-        f"{reason}; ahead of its priority peers, on healthy GPUs",
-        {**more, "expedited": True},
+        f"moved at its checkpoint: {words}",
+        {"expedited": True},
         at=now,
+        audit_reason=reason,
+        said=True,
+        then="; ahead of its priority peers, on healthy GPUs",
     )
     enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
     kick_placement(session, w.region)

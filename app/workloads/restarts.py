@@ -13,11 +13,13 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
+from app.audit import service as audit
 from app.core.db import utcnow
 from app.models.workloads import Workload
 from app.outbox.service import enqueue
 from app.scheduling import lifecycle
 from app.scheduling.lifecycle import State
+from app.workloads.queueing import requeue_reason
 from app.workloads.schemas import RestartPolicy
 
 Cause = Literal["failure", "infrastructure", "preemption"]
@@ -83,26 +85,59 @@ def requeue(
     session: Session,
     w: Workload,
     cause: Cause,
-    reason: str,
+    what: str,
     details: dict[str, Any] | None = None,
     *,
     at: datetime | None = None,
+    audit_reason: str,
+    operator_details: dict[str, Any] | None = None,
+    resumes: bool = True,
+    said: bool = False,
+    then: str = "",
 ) -> bool:
-    """`w`'s run ended early (the caller released its allocations): back to the queue with
-    `reason`, if its policy restarts it after `cause` (backing off as it says), else failed
-    with the reason and why. Whether it was requeued."""
+    """`w`'s run ended early (the caller released its allocations), `what` says how: back to
+    the queue, if its policy restarts it after `cause` (backing off as it says; the event says
+    what it resumes from, unless `resumes` is False: it never started), else failed, saying
+    why. `said`: the event before (its `preempted`) already said `what`, so the requeue's does
+    not repeat it. `then` follows the requeue's words ("ahead of its priority peers").
+    Either way one audit entry, `workload.requeue` or `workload.fail`, with `audit_reason`.
+    Whether it was requeued."""
     verdict = decide(w, cause)
     now = at or utcnow()
     info = {**(details or {}), "restart": verdict.details}
+    audit.record_system(
+        session,
+        "workload.requeue" if verdict.restart else "workload.fail",
+        [
+            (
+                w.tenant_id,
+                "workload",
+                w.id,
+                {"reason": audit_reason, "cause": cause}
+                | ({} if verdict.restart else {"why": verdict.details["why"]}),
+                operator_details or {},
+            )
+        ],
+    )
     if not verdict.restart:
         w.expedited = False
-        lifecycle.transition(session, w, State.failed, f"{reason}; {verdict.words}", info, at=now)
+        lifecycle.transition(
+            session, w, State.failed, f"{what}; not restarted: {verdict.words}", info, at=now
+        )
         return False
+    if resumes:
+        words, more = requeue_reason(w)
+        info = {**more, **info}
+    else:
+        words = "back in the queue"
     counts = dict(w.restart_counts or {})
     counts[cause] = int(counts.get(cause, 0)) + 1
     w.restart_counts = counts
     w.not_before = utcnow() + timedelta(seconds=verdict.delay_s) if verdict.delay_s else None
-    lifecycle.transition(session, w, State.queued, f"{reason}; {verdict.words}", info, at=now)
+    reason = f"{words}{then}; {verdict.words}"
+    if not said:
+        reason = f"{what}; {reason}"
+    lifecycle.transition(session, w, State.queued, reason, info, at=now)
     if verdict.delay_s and w.region:
         # Its back-off ends: a cycle then (the placement tick would also find it).
         enqueue(

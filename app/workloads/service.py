@@ -296,8 +296,9 @@ def end_in_failure(
     if w.run_started_at is not None:
         at = max(at, as_aware(w.run_started_at))
     held = release(session, w, at, reason=details.get("cause", "exited"))
-    resumes, more = requeue_reason(w)
-    restarts.requeue(session, w, "failure", f"{reason}; {resumes}", {**details, **more}, at=at)
+    restarts.requeue(
+        session, w, "failure", reason, details, at=at, audit_reason=details.get("cause", "failure")
+    )
     if held:
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
     kick_placement(session, w.region)

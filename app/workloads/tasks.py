@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from celery import shared_task
 from sqlalchemy import func, or_, select
 
-from app.audit import service as audit
 from app.core.db import RETRY_DB, as_aware, session_scope, utcnow
 from app.core.logging import get_logger
 from app.models.workloads import (
@@ -23,7 +22,7 @@ from app.scheduling.apply import release_unstarted, stopped, unstopped_holders
 from app.scheduling.lifecycle import State
 from app.scheduling.providers import PerNodeProvider, get_provider
 from app.workloads import restarts, runs
-from app.workloads.queueing import kick_placement, requeue_reason
+from app.workloads.queueing import kick_placement
 from app.workloads.service import finish
 
 log = get_logger(__name__)
@@ -171,14 +170,6 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
             else:
                 failed.append((w, status))
         runs.start(session, ready, now, provider)
-        audit.record_system(
-            session,
-            "workload.requeue",
-            [
-                (w.tenant_id, "workload", w.id, {"reason": "provisioning_failed"}, {})
-                for w, _ in failed
-            ],
-        )
         for w, status in failed:
             nodes = sorted({p["node"] for p in w.placement or []})
             release_unstarted(session, w, reason="provisioning_failed")  # it never ran
@@ -186,8 +177,10 @@ def check(workload_ids: list[str] | None = None, workload_id: str | None = None)
                 session,
                 w,
                 "infrastructure",
-                "provisioning failed: back in the queue",
+                "provisioning failed",
                 {"provider_status": status, "nodes": nodes},
+                audit_reason="provisioning_failed",
+                resumes=False,
             )
             kick_placement(session, w.region)
         _check_later(session, later)
@@ -269,14 +262,16 @@ def finish_preemption(workload_id: str, all_stopped: bool = False) -> str:
         if ended is not None:
             return ended
         provider.deprovision(w)
-        audit.record_system(
-            session,
-            "workload.requeue",
-            [(w.tenant_id, "workload", w.id, {"reason": "preempted"}, {})],
-        )
         lifecycle.transition(session, w, State.preempted, "grace period over: stopped", at=now)
-        reason, details = requeue_reason(w)  # the checkpoint, or the start: said truly
-        requeued = restarts.requeue(session, w, "preemption", reason, details, at=now)
+        requeued = restarts.requeue(
+            session,
+            w,
+            "preemption",
+            "preempted: its grace period is over",
+            at=now,
+            audit_reason="preempted",
+            said=True,
+        )
         stopped(session, w)
         kick_placement(session, w.region)
         return "requeued" if requeued else "failed"
