@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.models.workloads import Workload
-from app.workloads.restarts import decide
+from app.workloads.restarts import decide, policy_of
 from app.workloads.schemas import RestartPolicy
 
 
@@ -57,8 +57,16 @@ def test_failures_restart_when_asked_and_share_the_limit():
         {"max_restarts": -1},
         {"max_restarts": 1001},
         {"backoff_s": 60, "backoff_max_s": 10},
+        {"on": ["failure"], "counts": []},  # would restart its own failures forever
+        {"on": ["infrastructure", "preemption"], "counts": ["failure"]},
     ],
 )
 def test_a_policy_that_cannot_be_is_refused(bad):
     with pytest.raises(ValidationError):
         RestartPolicy(**bad)
+
+
+def test_a_stored_policy_that_restarted_without_limit_now_counts():
+    w = Workload(restart_policy={"on": ["failure", "preemption"], "counts": [], "max_restarts": 2})
+    got = policy_of(w)
+    assert got.counts == ["failure"] and got.max_restarts == 2

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
@@ -31,7 +32,15 @@ _WORDS = {
 
 
 def policy_of(w: Workload) -> RestartPolicy:
-    return RestartPolicy.model_validate(w.restart_policy or {})
+    stored = dict(w.restart_policy or {})
+    try:
+        return RestartPolicy.model_validate(stored)
+    except ValidationError:
+        # Stored before uncounted restarts were refused: its loose causes count now.
+        on = stored.get("on") or []
+        counts = list(stored.get("counts") or [])
+        stored["counts"] = counts + [c for c in on if c != "preemption" and c not in counts]
+        return RestartPolicy.model_validate(stored)
 
 
 @dataclass(frozen=True)

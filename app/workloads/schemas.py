@@ -174,7 +174,8 @@ class RestartPolicy(StrictModel):
     counts: list[RestartCause] = Field(  # type: ignore[valid-type]
         default_factory=lambda: ["failure", "infrastructure"],
         max_length=3,
-        description="The causes whose restarts count against `max_restarts`.",
+        description="The causes whose restarts count against `max_restarts`; every cause in "
+        "`on` but `preemption` must be here, so that nothing restarts without a limit.",
     )
     backoff_s: int = Field(
         10,
@@ -196,6 +197,14 @@ class RestartPolicy(StrictModel):
     def _backoff(self) -> RestartPolicy:
         if self.backoff_max_s < self.backoff_s:
             raise ValueError("backoff_max_s is less than backoff_s")
+        # Only preemptions may restart without counting (the scheduler bounds them): a failure
+        # or a fault that restarts uncounted could loop without end.
+        loose = [c for c in self.on if c != "preemption" and c not in self.counts]
+        if loose:
+            raise ValueError(
+                f"restarts after {' and '.join(loose)} must count against max_restarts "
+                "(add them to counts): only preemptions may restart without a limit"
+            )
         return self
 
 
