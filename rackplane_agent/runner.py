@@ -323,8 +323,10 @@ class Agent:
                         alive = True
                     else:
                         self._ended(rec, now)
-            if alive and now - self._alive_marked >= ALIVE_MARK_S:
-                self._alive_marked = now
+            # Paced on the monotonic clock: a wall clock stepped back must not stop the marks.
+            tick = time.monotonic()
+            if alive and tick - self._alive_marked >= ALIVE_MARK_S:
+                self._alive_marked = tick
                 try:
                     self.state.mark_alive(now)
                 except OSError as exc:  # a full or read-only disk: the runs go on regardless

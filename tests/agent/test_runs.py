@@ -514,3 +514,21 @@ def test_a_command_that_is_not_there_is_the_workloads_fault_and_says_so_in_its_l
         a.ship_logs()
         assert f"rackplane-agent: the run could not start: {said}" in client.output(wid)
     a.close()
+
+
+def test_the_alive_mark_goes_on_when_the_wall_clock_steps_back(state_dir):
+    """The mark a restarted agent bills lost runs to is paced on the monotonic clock: an NTP
+    step back of the wall clock must not stop it for as long as the step."""
+    client = FakeClient()
+    a = agent(state_dir, client)
+    wall = [1_000_000.0]
+    a.clock = lambda: wall[0]
+    a.set_assignments(assignments(assignment(W1, SLEEPER)))
+    step_until(a, lambda: _state(client, W1) == "running")
+    step_until(a, lambda: a.state.seen_alive() == 1_000_000.0)
+    wall[0] -= 3600.0  # the wall clock steps back an hour
+    time.sleep(1.1)
+    a.step()
+    assert a.state.seen_alive() == 1_000_000.0 - 3600.0
+    a.set_assignments(assignments())
+    step_until(a, lambda: _state(client, W1) == "exited")
