@@ -255,6 +255,14 @@ def test_anonymous_and_failed_auth_traffic_has_its_own_budget_per_address(
     # A guess at a live key's secret is looked up, and refused; a guessed prefix never was.
     assert client.get("/v1/workloads", headers=auth(good[:-4] + "0000")).status_code == 429
     assert guesses == 5
+    # Guesses behind a live (known) prefix are paced per address past the budget: a few are
+    # looked up, then refused without asking the database.
+    monkeypatch.setattr(auth_module, "_past_budget", auth_module._Window(3, 60.0))
+    before = len(lookups)
+    for i in range(6):
+        guess = good[:-4] + f"{i:04d}"
+        assert client.get("/v1/workloads", headers=auth(guess)).status_code == 429
+    assert len(lookups) - before == 3
     with session_scope() as s:
         rows = s.scalars(select(AuditEntry).where(AuditEntry.principal == "anonymous")).all()
         assert len(rows) == 3  # the first 401, the first 429, the first anonymous GraphQL 429
@@ -298,3 +306,16 @@ def test_anonymous_graphql_gets_no_schema_walk_and_no_deep_variables(client, wor
         assert r.status_code == 400 and r.json()["code"] == "json_too_deep"
     r = client.post("/graphql", content=b'{"query": ', headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/problem+json")
+
+
+def test_without_the_auth_cache_a_guessed_prefix_is_not_taken_for_live(world):
+    """No Redis (the embedded default): the live prefixes are read (and kept a few seconds),
+    not assumed, so a spent address gets no lookup for a guessed prefix there either."""
+    import asyncio
+
+    from app.tenancy import auth as auth_module
+
+    key = world.key(world.tenant("acme", policy=POLICY))
+    auth_module._PREFIXES = (None, float("-inf"), frozenset())
+    assert asyncio.run(auth_module._live_prefix(key[3:11], None))
+    assert not asyncio.run(auth_module._live_prefix("zzzzzzzz", None))

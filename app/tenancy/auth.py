@@ -9,6 +9,7 @@ import string
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -145,10 +146,13 @@ class Credential:
     kind: str  # "key" | "session"
     raw: str
 
-    async def resolve(self, before_lookup: Callable[[], None] | None = None) -> AuthContext:
-        """Its AuthContext; `before_lookup` runs first when the database must be asked."""
+    async def resolve(
+        self, before_lookup: Callable[[], None] | None = None, address: str | None = None
+    ) -> AuthContext:
+        """Its AuthContext; `before_lookup` runs first when the database must be asked (from
+        `address`: see `resolve_key`)."""
         if self.kind == "key":
-            return await resolve_key(self.raw, before_lookup)
+            return await resolve_key(self.raw, before_lookup, address)
         return await resolve_session(self.raw, before_lookup)
 
 
@@ -210,7 +214,9 @@ async def context_of(conn: HTTPConnection) -> AuthContext | None:
         return None
     try:
         try:
-            ctx = await cred.resolve(lambda: charge_anonymous(conn, cost=0))
+            ctx = await cred.resolve(
+                lambda: charge_anonymous(conn, cost=0), ratelimit.client_address(conn)
+            )
         except Unauthorized:
             charge_anonymous(conn)
             raise
@@ -253,10 +259,17 @@ async def authenticate(
 AUTH_STATE = "auth_context"
 
 
-async def resolve_key(raw: str, before_lookup: Callable[[], None] | None = None) -> AuthContext:
+async def resolve_key(
+    raw: str, before_lookup: Callable[[], None] | None = None, address: str | None = None
+) -> AuthContext:
     """The AuthContext of an API key: from this process's cache when the key was checked in the
     last `auth_cache_seconds` and none of the rows it is read from has changed since (no I/O),
-    else from the database (on a worker thread). Unauthorized when it is not a live key."""
+    else from the database (on a worker thread). Unauthorized when it is not a live key.
+
+    `before_lookup` refuses the lookup when the caller's address has spent its anonymous
+    budget (429); a live key's prefix is still looked up then (one client behind a NAT must
+    not lock out the others), at most `LIVE_LOOKUPS_PER_MINUTE` times a minute per `address`
+    (a prefix is no secret: guessing secrets behind a known one is paced too)."""
     prefix = parse_prefix(raw)
     if prefix is None:
         raise Unauthorized("The API key is malformed.", code="invalid_api_key")
@@ -268,30 +281,65 @@ async def resolve_key(raw: str, before_lookup: Callable[[], None] | None = None)
             try:
                 before_lookup()
             except AppError as exc:
-                # The address's anonymous budget is spent (others behind one NAT guessing,
-                # say): a live key's prefix is still looked up, a guessed one is not.
-                if exc.status != 429 or not await _live_prefix(prefix, epoch):
+                if (
+                    exc.status != 429
+                    or not await _live_prefix(prefix, epoch)
+                    or not _past_budget.take(address or "")
+                ):
                     raise
         ctx, expires_at = await run_in_threadpool(_lookup, prefix, digest)
         _cache.put(digest, epoch, ctx, expires_at)
     return ctx
 
 
-# The prefixes of the keys not revoked, as of an auth-cache epoch: what an address whose
-# anonymous budget is spent may still have looked up (a guessed key's prefix is none of them).
-_PREFIXES: tuple[int | None, frozenset[str]] = (None, frozenset())
+LIVE_LOOKUPS_PER_MINUTE = 20
+
+
+class _Window:
+    """At most `limit` events per address in any `seconds` (in this process: the anonymous
+    budget before it is shared; this is only the allowance past it)."""
+
+    def __init__(self, limit: int, seconds: float) -> None:
+        self.limit, self.seconds = limit, seconds
+        self.seen: dict[str, deque[float]] = {}
+        self.lock = threading.Lock()
+
+    def take(self, address: str) -> bool:
+        now = time.monotonic()
+        with self.lock:
+            if len(self.seen) > 10_000:  # forget idle addresses
+                self.seen = {a: q for a, q in self.seen.items() if q and q[-1] > now - self.seconds}
+            q = self.seen.setdefault(address, deque())
+            while q and q[0] <= now - self.seconds:
+                q.popleft()
+            if len(q) >= self.limit:
+                return False
+            q.append(now)
+            return True
+
+
+_past_budget = _Window(LIVE_LOOKUPS_PER_MINUTE, 60.0)
+
+# The prefixes of the keys not revoked: what an address whose anonymous budget is spent may
+# still have looked up (a guessed key's prefix is none of them). Kept per auth-cache epoch
+# (a key made or revoked anywhere moves it on); without that cache (no Redis: one process),
+# read again after PREFIXES_TTL_S.
+PREFIXES_TTL_S = 5.0
+_PREFIXES: tuple[int | None, float, frozenset[str]] = (None, float("-inf"), frozenset())
 
 
 async def _live_prefix(prefix: str, epoch: int | None) -> bool:
-    """Whether `prefix` is a live key's, from a set kept per epoch of the auth cache (a key
-    made or revoked anywhere moves the epoch on). Without that cache (no Redis) nothing is
-    known without asking the database, so the key is looked up, as any key would be."""
+    """Whether `prefix` is a live key's (see `_PREFIXES`)."""
     global _PREFIXES
-    if epoch is None:
-        return True
-    if _PREFIXES[0] != epoch:
-        _PREFIXES = (epoch, await run_in_threadpool(_read_prefixes))
-    return prefix in _PREFIXES[1]
+    held, read_at, prefixes = _PREFIXES
+    now = time.monotonic()
+    stale = (
+        held != epoch if epoch is not None else held is not None or now - read_at > PREFIXES_TTL_S
+    )
+    if stale:
+        prefixes = await run_in_threadpool(_read_prefixes)
+        _PREFIXES = (epoch, now, prefixes)
+    return prefix in prefixes
 
 
 def _read_prefixes() -> frozenset[str]:
@@ -573,8 +621,10 @@ def _bulk_statement(state) -> None:
 
 @event.listens_for(Session, "after_commit")
 def _committed(session: Session) -> None:
+    global _PREFIXES
     if session.info.pop(_CHANGED, None):
         _cache.bump()
+        _PREFIXES = (None, float("-inf"), frozenset())  # this process reads them again
 
 
 @event.listens_for(Session, "after_rollback")
