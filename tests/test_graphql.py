@@ -127,6 +127,26 @@ def test_limits_are_checked_before_execution(client, world):
     assert codes(gql(client, key, "{ token }")) == ["graphql_validation_failed"]
     nul = gql(client, key, '{ workloads(labels: {team: "a\\u0000"}) { edges { cursor } } }')
     assert codes(nul) == ["validation_error"]
+    # Fragments that each spread the next twice: 2^40 paths, each fragment measured once (the
+    # limits once walked every path). Its cost is that many fields: refused, and answered.
+    n = 40
+    frags = " ".join(f"fragment F{i} on Query {{ ...F{i + 1} ...F{i + 1} }}" for i in range(n))
+    frags += f" fragment F{n} on Query {{ viewer {{ slug }} }}"
+    body = gql(client, key, "{ ...F0 } " + frags)
+    assert codes(body) == ["query_too_costly"], body
+    assert body["errors"][0]["extensions"]["cost"] == 2**n * 2
+    schema_frags = " ".join(
+        f"fragment T{i} on __Type {{ ofType {{ ...T{i + 1} ...T{i + 1} }} }}" for i in range(n)
+    )
+    schema_frags += f" fragment T{n} on __Type {{ name }}"
+    body = gql(client, key, '{ __type(name: "Query") { ...T0 } } ' + schema_frags)
+    assert "query_too_deep" in codes(body) and body.get("data") is None, body
+    # The operation's own depth, through such fragments, as well.
+    deep = " ".join(
+        f"fragment D{i} on Query {{ viewer {{ ...D{i + 1} ...D{i + 1} }} }}" for i in range(n)
+    )
+    body = gql(client, key, "{ ...D0 } " + deep + f" fragment D{n} on Query {{ __typename }}")
+    assert "query_too_deep" in codes(body), body
 
 
 def test_the_depth_limit_refuses_before_execution(monkeypatch):

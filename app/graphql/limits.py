@@ -1,6 +1,8 @@
 """What a query may cost, checked before it runs.
 
-Strawberry's limiters bound depth, aliases and tokens; `Cost` bounds the work: each field
+Depth and aliases are bounded here (Strawberry's limiters walk each fragment once per path
+that reaches it: a fragment spreading the next twice, forty deep, never finished), tokens by
+Strawberry's; `Cost` bounds the work: each field
 costs 1, and a field returning a page costs its children once per item it may return (its
 `first`, else the page's default), so `workloads(first: 500) { edges { node { events } } }`
 costs what 500 workloads with their events cost, however few the tenant has. The estimate is
@@ -65,22 +67,113 @@ _VARIABLES: ContextVar[dict[str, Any] | None] = ContextVar("graphql_variables", 
 # The operation's context (app/graphql/context.Context): who asks, for the rules that care.
 _CONTEXT: ContextVar[Any] = ContextVar("graphql_context", default=None)
 
-# Strawberry's limiters report errors without a code: theirs, by what their message says.
-_CODES = (
-    ("exceeds maximum operation depth of", "query_too_deep"),
-    ("aliases found. Allowed:", "too_many_aliases"),
-    ("Document contains more than", "too_many_tokens"),
-)
+# Strawberry's token limiter reports errors without a code: its, by what its message says.
+_CODES = (("Document contains more than", "too_many_tokens"),)
+
+
+def _fragments(document: Any) -> dict[str, Any]:
+    return {
+        f.name.value: f
+        for f in document.definitions
+        if f.__class__.__name__ == "FragmentDefinitionNode"
+    }
+
+
+def _nesting(
+    selections: SelectionSetNode | None,
+    fragments: dict[str, Any],
+    seen: frozenset[str],
+    memo: dict[str, int],
+) -> int:
+    """How many levels of fields with fields of their own `selections` go down (as Strawberry
+    counts depth: `{ a { b } }` is 1; introspection fields have their own limit), each
+    fragment measured once (`memo`)."""
+    deepest = 0
+    for sel in selections.selections if selections is not None else ():
+        if isinstance(sel, FieldNode):
+            if sel.selection_set is not None and not sel.name.value.startswith("__"):
+                deepest = max(deepest, 1 + _nesting(sel.selection_set, fragments, seen, memo))
+        elif isinstance(sel, InlineFragmentNode):
+            deepest = max(deepest, _nesting(sel.selection_set, fragments, seen, memo))
+        elif isinstance(sel, FragmentSpreadNode):
+            name = sel.name.value
+            if name in seen or name not in fragments:  # a cycle is graphql-core's to refuse
+                continue
+            if name not in memo:
+                memo[name] = _nesting(fragments[name].selection_set, fragments, seen | {name}, memo)
+            deepest = max(deepest, memo[name])
+    return deepest
+
+
+def depth_rule(limit: int) -> type[ValidationRule]:
+    class DepthLimit(ValidationRule):
+        def enter_operation_definition(self, node: OperationDefinitionNode, *_: Any) -> None:
+            fragments = _fragments(self.context.document)
+            depth = _nesting(node.selection_set, fragments, frozenset(), {})
+            if depth > limit:
+                name = node.name.value if node.name else "anonymous"
+                self.report_error(
+                    GraphQLError(
+                        f"'{name}' exceeds maximum operation depth of {limit} (it is {depth}).",
+                        node,
+                        extensions={"code": "query_too_deep", "depth": depth, "limit": limit},
+                    )
+                )
+
+    return DepthLimit
+
+
+def _aliases(
+    selections: SelectionSetNode | None,
+    fragments: dict[str, Any],
+    seen: frozenset[str],
+    memo: dict[str, int],
+) -> int:
+    """Aliased fields under `selections`, a fragment's counted each time it is spread (as
+    Strawberry counts them), each fragment walked once."""
+    total = 0
+    for sel in selections.selections if selections is not None else ():
+        if isinstance(sel, FieldNode):
+            total += sel.alias is not None
+            total += _aliases(sel.selection_set, fragments, seen, memo)
+        elif isinstance(sel, InlineFragmentNode):
+            total += _aliases(sel.selection_set, fragments, seen, memo)
+        elif isinstance(sel, FragmentSpreadNode):
+            name = sel.name.value
+            if name in seen or name not in fragments:
+                continue
+            if name not in memo:
+                memo[name] = _aliases(fragments[name].selection_set, fragments, seen | {name}, memo)
+            total += memo[name]
+    return total
+
+
+def alias_rule(limit: int) -> type[ValidationRule]:
+    class AliasLimit(ValidationRule):
+        def __init__(self, context: Any) -> None:
+            super().__init__(context)
+            document = context.document
+            fragments, memo = _fragments(document), {}
+            total = sum(
+                _aliases(d.selection_set, fragments, frozenset(), memo)
+                for d in document.definitions
+                if isinstance(d, OperationDefinitionNode)
+            )
+            if total > limit:
+                context.report_error(
+                    GraphQLError(
+                        f"{total} aliases found. Allowed: {limit}",
+                        extensions={"code": "too_many_aliases", "aliases": total, "limit": limit},
+                    )
+                )
+
+    return AliasLimit
 
 
 def cost_rule(limit: int) -> type[ValidationRule]:
     class CostLimit(ValidationRule):
         def enter_operation_definition(self, node: OperationDefinitionNode, *_: Any) -> None:
-            fragments = {
-                f.name.value: f
-                for f in self.context.document.definitions
-                if f.__class__.__name__ == "FragmentDefinitionNode"
-            }
+            fragments = _fragments(self.context.document)
             # A variable left out takes its default: `query($n: Int = 500)` costs 500 items.
             defaults = {
                 d.variable.name.value: getattr(d.default_value, "value", None)
@@ -88,7 +181,7 @@ def cost_rule(limit: int) -> type[ValidationRule]:
                 if d.default_value is not None
             }
             variables = {**defaults, **(_VARIABLES.get() or {})}
-            total = _cost(node.selection_set, fragments, variables, set())
+            total = _cost(node.selection_set, fragments, variables, frozenset(), {})
             if total > limit:
                 self.report_error(
                     GraphQLError(
@@ -122,44 +215,60 @@ def _cost(
     selections: SelectionSetNode | None,
     fragments: dict[str, Any],
     variables: dict[str, Any],
-    seen: set[str],
+    seen: frozenset[str],
+    memo: dict[str, int],
 ) -> int:
+    """What `selections` may cost. Each fragment is costed once (`memo`): a fragment that
+    spreads another twice, nested, would otherwise take time exponential in the nesting."""
     if selections is None:
         return 0
     total = 0
     for sel in selections.selections:
         if isinstance(sel, FieldNode):
             name = sel.name.value
-            inner = _cost(sel.selection_set, fragments, variables, seen)
+            inner = _cost(sel.selection_set, fragments, variables, seen, memo)
             if name in PAGED:
                 many = _first(sel, variables) or PAGED[name]
             else:
                 many = BOUNDED.get(name, 1)
             total += 1 + many * inner
         elif isinstance(sel, InlineFragmentNode):
-            total += _cost(sel.selection_set, fragments, variables, seen)
+            total += _cost(sel.selection_set, fragments, variables, seen, memo)
         elif isinstance(sel, FragmentSpreadNode):
             name = sel.name.value
             if name in seen or name not in fragments:  # a cycle is graphql-core's to refuse
                 continue
-            total += _cost(fragments[name].selection_set, fragments, variables, seen | {name})
+            if name not in memo:
+                memo[name] = _cost(
+                    fragments[name].selection_set, fragments, variables, seen | {name}, memo
+                )
+            total += memo[name]
     return total
 
 
-def _root_fields(
-    selections: SelectionSetNode, fragments: dict[str, Any], seen: frozenset[str] = frozenset()
-) -> list[FieldNode]:
-    """The operation's root fields, through fragments (aliases are fields of their own)."""
-    out: list[FieldNode] = []
+def _expensive_roots(
+    selections: SelectionSetNode,
+    fragments: dict[str, Any],
+    seen: frozenset[str] = frozenset(),
+    memo: dict[str, int] | None = None,
+) -> int:
+    """How many of the operation's root fields are expensive, through fragments (aliases are
+    fields of their own; each fragment counted once, as in `_cost`)."""
+    memo = {} if memo is None else memo
+    out = 0
     for sel in selections.selections:
         if isinstance(sel, FieldNode):
-            out.append(sel)
+            out += sel.name.value in EXPENSIVE
         elif isinstance(sel, InlineFragmentNode):
-            out += _root_fields(sel.selection_set, fragments, seen)
+            out += _expensive_roots(sel.selection_set, fragments, seen, memo)
         elif isinstance(sel, FragmentSpreadNode):
             name = sel.name.value
             if name not in seen and name in fragments:
-                out += _root_fields(fragments[name].selection_set, fragments, seen | {name})
+                if name not in memo:
+                    memo[name] = _expensive_roots(
+                        fragments[name].selection_set, fragments, seen | {name}, memo
+                    )
+                out += memo[name]
     return out
 
 
@@ -169,20 +278,30 @@ def _root_fields(
 MAX_INTROSPECTION_DEPTH = 16
 
 
-def _depth(node: Any, fragment: Any, seen: frozenset[str] = frozenset()) -> int:
-    """Levels of fields under `node` (fragments followed, each once per path)."""
+def _depth(
+    node: Any,
+    fragment: Any,
+    seen: frozenset[str] = frozenset(),
+    memo: dict[str, int] | None = None,
+) -> int:
+    """Levels of fields under `node` (fragments followed, each once per path and measured
+    once: see `_cost`)."""
+    memo = {} if memo is None else memo
     selections = node.selection_set.selections if node.selection_set is not None else ()
     deepest = 0
     for sel in selections:
         if isinstance(sel, FieldNode):
-            deepest = max(deepest, 1 + _depth(sel, fragment, seen))
+            deepest = max(deepest, 1 + _depth(sel, fragment, seen, memo))
         elif isinstance(sel, FragmentSpreadNode):
             name = sel.name.value
-            frag = fragment(name) if name not in seen else None
-            if frag is not None:
-                deepest = max(deepest, _depth(frag, fragment, seen | {name}))
+            if name not in memo:
+                frag = fragment(name) if name not in seen else None
+                if frag is None:
+                    continue
+                memo[name] = _depth(frag, fragment, seen | {name}, memo)
+            deepest = max(deepest, memo[name])
         else:  # an inline fragment
-            deepest = max(deepest, _depth(sel, fragment, seen))
+            deepest = max(deepest, _depth(sel, fragment, seen, memo))
     return deepest
 
 
@@ -242,12 +361,8 @@ class ExpensiveFields(ValidationRule):
         auth = getattr(context, "caller", None)
         if auth is None:  # anonymous: the fields themselves refuse
             return
-        fragments = {
-            f.name.value: f
-            for f in self.context.document.definitions
-            if f.__class__.__name__ == "FragmentDefinitionNode"
-        }
-        cost = sum(f.name.value in EXPENSIVE for f in _root_fields(node.selection_set, fragments))
+        fragments = _fragments(self.context.document)
+        cost = _expensive_roots(node.selection_set, fragments)
         if not cost:
             return
         conn = getattr(context, "request", None)

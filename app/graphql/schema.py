@@ -20,9 +20,7 @@ from strawberry.extensions import (
     AddValidationRules,
     DisableIntrospection,
     MaskErrors,
-    MaxAliasesLimiter,
     MaxTokensLimiter,
-    QueryDepthLimiter,
 )
 from strawberry.fastapi import GraphQLRouter
 from strawberry.schema.config import StrawberryConfig
@@ -54,7 +52,9 @@ from app.graphql.limits import (
     LimitCodes,
     TooDeep,
     Variables,
+    alias_rule,
     cost_rule,
+    depth_rule,
     load_body,
 )
 from app.graphql.logs import LogSubscription
@@ -146,8 +146,8 @@ def build_schema() -> strawberry.Schema:
     s = get_settings()
     # The limits' validation rules, built once: a limiter makes a class each time it is made.
     by_text = [
-        *QueryDepthLimiter(max_depth=s.graphql_max_depth).validation_rules,
-        *MaxAliasesLimiter(max_alias_count=s.graphql_max_aliases).validation_rules,
+        depth_rule(s.graphql_max_depth),
+        alias_rule(s.graphql_max_aliases),
     ]
     per_request = (cost_rule(s.graphql_max_cost), Introspection, ExpensiveFields)
     # Factories: a fresh extension per request.
