@@ -705,6 +705,51 @@ def test_a_restart_policy_restarts_failures_backs_off_and_stops_at_its_limit(
     client.delete(f"/v1/workloads/{wid}", headers=auth(key))
 
 
+def test_a_run_lost_in_its_grace_is_stopped_not_failed(
+    client, world, session, celery_worker_process
+):
+    """Its node was drained (the workload checkpoints in its grace) and then the run was lost
+    (the host went): it was on its way off, so it goes back to the queue by its preemption,
+    never `failed` for its own fault."""
+    world.fleet(FLEET)
+    op = world.key()
+    key = world.key(world.tenant("acme"))
+    cred = _join(client, op, "a-1")
+    _bring_up(client, cred, _inventory("a-1"))
+    made = client.post(
+        "/v1/workloads",
+        json={"kind": "job", "gpus": 4, "region": "r1", "command": ["sleep", "600"]},
+        headers=auth(key),
+    )
+    wid = made.json()["id"]
+    wait_until(lambda: _state(client, key, wid) == "provisioning", timeout=60)
+    run = {"workload_id": wid, "attempt": 1, "replica": 0}
+    client.post(
+        "/v1/agent/status",
+        json={"runs": [{**run, "state": "running", "pid": 9, "at": _now()}]},
+        headers=auth(cred),
+    )
+    assert _state(client, key, wid) == "running"
+    nodes = client.get("/v1/admin/nodes", params={"limit": 50}, headers=auth(op)).json()["items"]
+    nid = next(n["id"] for n in nodes if n["name"] == "a-1")
+    drained = client.patch(f"/v1/admin/nodes/{nid}", json={"state": "draining"}, headers=auth(op))
+    assert drained.status_code == 200, drained.text
+    assert _state(client, key, wid) == "checkpointing"
+    lost = {**run, "state": "lost", "at": _now(), "message": "gone with its host"}
+    r = client.post("/v1/agent/status", json={"runs": [lost]}, headers=auth(cred))
+    assert r.json() == {"accepted": 1, "stale": 0}, r.text
+
+    def events():
+        return client.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
+
+    # (Back in the queue, it may be placed again on a-2, which has no agent.)
+    back = wait_until(
+        lambda: next((e for e in events() if e["from_state"] == "preempted"), None), timeout=30
+    )
+    assert back["to_state"] == "queued" and "(preemptions do not count)" in back["reason"]
+    assert not any(e["to_state"] == "failed" for e in events())
+
+
 PCIE = """
 regions:
   - name: r1

@@ -462,7 +462,11 @@ def _settle(
             hardware=not agent,
         )
         return
-    failed = sorted((a for a in allocs if _failure(a)), key=lambda a: a.run_ended_at)
+    # (A run lost in its grace, its node gone while it checkpointed, is one more that stopped:
+    # its workload was on its way off, and goes back to the queue as its preemption said.)
+    failed = sorted(
+        (a for a in allocs if _failure(a) and a.run_state != "lost"), key=lambda a: a.run_ended_at
+    )
     if failed:
         a = failed[0]
         r = tails.get((w.id, a.replica))
