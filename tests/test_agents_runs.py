@@ -793,6 +793,16 @@ def test_a_pcie_host_is_adopted_from_its_agent_and_works_only_after_bring_up(
     ).json()
     assert not got["matches"] and got["node_state"] == "validating", got
 
+    # Work once ran there as the file described it: its GPUs' usage rows are 4 H100s'.
+    from app.models.workloads import GpuUsage
+    from app.placement.catalog import GPU_MODELS
+
+    h200_id = uuid.UUID(nodes["h200-vm"]["id"])
+    session.add_all(
+        GpuUsage(node_id=h200_id, gpu_index=i, milli_used=0, memory_mib=81920, memory_used_mib=0)
+        for i in range(4)
+    )
+    session.commit()
     # An adopting token: the host's one H200 becomes the record (the file said 4 H100s).
     made = client.post(
         f"/v1/admin/nodes/{nodes['h200-vm']['id']}/join-tokens",
@@ -814,6 +824,10 @@ def test_a_pcie_host_is_adopted_from_its_agent_and_works_only_after_bring_up(
     ]
     session.expire_all()
     assert session.get(Node, uuid.UUID(node["id"])).adopt_inventory is False  # once
+    usage = session.execute(
+        select(GpuUsage.gpu_index, GpuUsage.memory_mib).where(GpuUsage.node_id == h200_id)
+    ).all()
+    assert usage == [(0, GPU_MODELS["H200-141GB"].memory_mib)], usage
     dry = client.post(
         "/v1/workloads:dry-run",
         json={"kind": "instance", "gpus": 1, "gpu_models": ["H200-141GB"]},

@@ -4,7 +4,7 @@ difference named, and comes back to `ready` by itself once an inventory matches 
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from app.agents import mig
@@ -17,7 +17,7 @@ from app.health.transitions import move, where
 from app.models.agents import AgentNode
 from app.models.fleet import AWAITING_AGENT, Gpu, Node, NodeState, Rack
 from app.models.health import Health
-from app.models.workloads import Allocation
+from app.models.workloads import Allocation, GpuUsage
 from app.placement.catalog import GPU_MODELS, RACK_KINDS
 from app.scheduling.lifecycle import agent_topic
 from app.stacks import service as stacks
@@ -174,6 +174,18 @@ def adopt(
         g.model, g.mig_mode, g.uuid = model, r.mig_mode, r.uuid
     for g in by_index.values():  # GPUs the host does not have
         session.delete(g)
+    # The usage rows carry each GPU's memory (what fractional shares are checked against):
+    # the adopted model's, and none for GPUs that are gone. Nothing is held (checked above).
+    session.execute(
+        delete(GpuUsage).where(
+            GpuUsage.node_id == node.id, GpuUsage.gpu_index.not_in([r.index for r in inv.gpus])
+        )
+    )
+    session.execute(
+        update(GpuUsage)
+        .where(GpuUsage.node_id == node.id)
+        .values(memory_mib=GPU_MODELS[model].memory_mib)
+    )
     was = f"{len(gpus)} x {node.gpu_model}"
     node.gpu_model = model
     node.adopt_inventory = False
