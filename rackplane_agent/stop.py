@@ -25,7 +25,7 @@ import psutil
 from rackplane_agent.config import default_state_dir
 from rackplane_agent.state import RunRecord, StateDir
 
-EXIT_STOPPED, EXIT_NOT_RUNNING, EXIT_TIMEOUT = 0, 1, 2
+EXIT_STOPPED, EXIT_NOT_RUNNING, EXIT_TIMEOUT, EXIT_DENIED = 0, 1, 2, 3
 CREATE_TIME_SLACK = 0.05
 
 
@@ -82,11 +82,11 @@ def _kill_runs(state: StateDir) -> list[str]:
             continue
         if rec.pid is None:
             continue
+        if rec.create_time is None:
+            continue  # it was gone before its start time was read: nothing proves a pid ours
         try:
             proc = psutil.Process(rec.pid)
-            if rec.create_time is not None and (
-                abs(proc.create_time() - rec.create_time) > CREATE_TIME_SLACK
-            ):
+            if abs(proc.create_time() - rec.create_time) > CREATE_TIME_SLACK:
                 continue  # the pid was reused: not this run's
             os.killpg(rec.pid, signal.SIGKILL)
             killed.append(rec.key)
@@ -99,7 +99,11 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     state = StateDir(args.state_dir or default_state_dir())
     lock = state.root / "agent.lock"
-    pid = _holder(lock)
+    try:
+        pid = _holder(lock)
+    except PermissionError:
+        print(f"rackplane-agent stop: {state.root} is not yours to read (run as its agent's user)")
+        return EXIT_DENIED
     if pid is None:
         print(f"rackplane-agent stop: no agent runs on {state.root}")
         if args.power_cut:
@@ -116,7 +120,7 @@ def main(argv: list[str]) -> int:
         pass
     except PermissionError:
         print(f"rackplane-agent stop: agent {pid} is not yours to stop (run as its user)")
-        return EXIT_TIMEOUT
+        return EXIT_DENIED
     deadline = time.monotonic() + args.timeout
     while _holder(lock) is not None:
         if time.monotonic() > deadline:

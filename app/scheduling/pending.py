@@ -179,7 +179,8 @@ def record(
             "since": now,
             "seen_at": now,
         }
-        for wid, (_w, tenant, reason, detail) in waiting.items()
+        # In key order: two cycles writing rows of one workload lock them in one order.
+        for wid, (_w, tenant, reason, detail) in sorted(waiting.items(), key=lambda kv: kv[0])
         if have.get(wid) != (reason, detail[:300])
     ]
     if rows:

@@ -75,3 +75,28 @@ def test_stop_reaches_one_agent_and_a_power_cut_its_runs_alone(tmp_path, capsys)
         for p in (a, b, run_a, run_b):
             p.kill()
             p.wait()
+
+
+def test_a_run_without_its_start_time_is_left_and_a_foreign_directory_is_refused(
+    tmp_path, capsys, monkeypatch
+):
+    state = StateDir(tmp_path / "mine")
+    unproven = _group("sleep", "600")
+    rec = RunRecord(workload_id="w-old", attempt=1, replica=0, assignment={}, pid=unproven.pid)
+    rec.run_dir = state.run_dir("w-old", 1, 0)
+    rec.run_dir.mkdir(parents=True)
+    rec.save()  # no create_time: nothing proves that pid is still this run's
+    try:
+        assert stop.main(["--state-dir", str(state.root), "--power-cut"]) == stop.EXIT_NOT_RUNNING
+        assert "killed 0 run(s)" in capsys.readouterr().out
+        assert unproven.poll() is None
+    finally:
+        unproven.kill()
+        unproven.wait()
+
+    def denied(_lock):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(stop, "_holder", denied)
+    assert stop.main(["--state-dir", str(state.root)]) == stop.EXIT_DENIED
+    assert "is not yours to read" in capsys.readouterr().out
