@@ -69,6 +69,7 @@ from rackplane_wire import (
     Inventory,
     LogBatch,
     LogChunk,
+    RunEnv,
     RunReport,
     RunState,
     StatusReport,
@@ -404,15 +405,16 @@ class Agent:
             return str(exc)
         return None
 
-    def _secret_env(self, a: Assignment) -> dict[str, str] | None:
-        """The run's secret env, fetched as it starts; None: not now (try again later)."""
+    def _secret_env(self, a: Assignment) -> RunEnv | None:
+        """The run's secret env, fetched as it starts (or why it cannot start); None: not now
+        (try again later)."""
         if not a.fetch_env:
-            return {}
+            return RunEnv(env={})
         key = run_key(a.workload_id, a.attempt, a.replica)
         if time.monotonic() < self._env_retry_at.get(key, 0.0):
             return None
         try:
-            env = self.client.run_env(a.workload_id, a.attempt, a.replica).env
+            env = self.client.run_env(a.workload_id, a.attempt, a.replica)
         except CredentialRefused:
             return None  # the sync loop stops the agent
         except (TransientError, ApiError) as exc:
@@ -423,9 +425,10 @@ class Agent:
         return env
 
     def _start(self, a: Assignment, now: float) -> None:
-        secret = self._secret_env(a)
-        if secret is None:
+        fetched = self._secret_env(a)
+        if fetched is None:
             return
+        secret = fetched.env
         run_dir = self.state.run_dir(a.workload_id, a.attempt, a.replica)
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         rec = RunRecord(
@@ -439,6 +442,8 @@ class Agent:
         )
         self._runs[rec.key] = rec
         problem = self._refusal(a, rec)
+        if problem is None and fetched.refused:
+            problem, rec.fault = fetched.refused, "workload"
         # The SSH port is the agent's to choose, whatever the assignment says.
         port = None
         if problem is None and a.ssh_keys and self._runtimes[a.runtime].serves_ssh:

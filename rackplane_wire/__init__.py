@@ -371,9 +371,13 @@ class StatusAck(_Wire):
 
 
 class RunEnv(_Wire):
-    """The secret part of one run's environment (added over `Assignment.env`)."""
+    """The secret part of one run's environment (added over `Assignment.env`): the workload's
+    own `env`, the values of the tenant secrets it names (`secret_env`) and its run token."""
 
     env: dict[str, str]
+    # Set: the run cannot start, for a reason of the workload's own (a secret it names is gone);
+    # the agent reports it `failed_to_start` with `fault: workload` and this message.
+    refused: str | None = Field(None, max_length=2000)
 
 
 class LogChunk(_Wire):

@@ -138,6 +138,12 @@ CASES: dict[str, Case] = {
     ),
     "ssh-keys list": Case("ssh-keys list --tenant acme --json", says='"name": "laptop"'),
     "ssh-keys delete": Case("ssh-keys delete laptop --tenant acme", says="ssh key laptop deleted"),
+    "secrets set": Case(
+        "secrets set hf-token --tenant acme --from-file {tmp}/hf-token",
+        says="secret hf-token set: 19 bytes, version 1",
+    ),
+    "secrets list": Case("secrets list --tenant acme --json", says='"name": "hf-token"'),
+    "secrets delete": Case("secrets delete hf-token --tenant acme", says="secret hf-token deleted"),
     # Nothing submitted yet (a workload with its connect command: the test below).
     "workloads list": Case("workloads list --tenant acme --json", says="[]"),
     "workloads show": Case(
@@ -236,6 +242,7 @@ def _deployment(backend: str, tmp: Path) -> Deployment:
     suite's between tests) with Redis."""
     tmp.mkdir(parents=True)
     (tmp / "id_ed25519.pub").write_text(SSH_PUBLIC_KEY + " ops@acme\n")  # for `ssh-keys add`
+    (tmp / "hf-token").write_text("hf_0123456789abcdef\n")  # `secrets set`: 19 bytes, no newline
     env = _base_env()
     env["RACKPLANE_DATA_DIR"] = str(tmp / "data")
     if backend == "sqlite":

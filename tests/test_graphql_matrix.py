@@ -74,6 +74,17 @@ MATRIX = {
         ("ssh_key_exists",),
     ),
     "deleteSshKey": ("tenant-write", f'mutation {{ deleteSshKey(id: "{{ssh}}") {P} }}', ()),
+    "secrets": ("tenant-read", "{ secrets { edges { node { name size version } } } }", ()),
+    "putSecret": (
+        "tenant-write",
+        f'mutation {{ putSecret(input: {{name: "m", value: "v"}}) {P} }}',
+        (),
+    ),
+    "deleteSecret": (
+        "tenant-write",
+        f'mutation {{ deleteSecret(name: "m") {P} }}',
+        ("secret_not_found",),
+    ),
     "setBudget": ("tenant-write", f"mutation {{ setBudget(input: {{spendLimit: 100}}) {P} }}", ()),
     "removeBudget": ("tenant-write", f"mutation {{ removeBudget {P} }}", ("budget_not_found",)),
     # Operators

@@ -30,6 +30,10 @@ BODIES: dict[tuple[str, str], dict] = {
         "ranks": [{"rank": 0, "step_time_s": 1.0}, {"rank": 1, "step_time_s": 1.0}]
     },
 }
+BODIES[("PUT", "/v1/secrets/{secret_name}")] = {"value": "b's secret"}
+# Routes that create the caller's own object under a name: another tenant's call makes its
+# own, and must leave the first tenant's untouched (checked instead of a 404).
+BY_NAME = {("PUT", "/v1/secrets/{secret_name}")}
 # Required query parameters of tenant list routes (grouped so that any of A's ids would show).
 QUERIES: dict[tuple[str, str], dict] = {
     ("GET", "/v1/usage"): {
@@ -161,6 +165,8 @@ def matrix(world, client, session):
         "/v1/ssh-keys", json={"name": "matrix", "public_key": public_key}, headers=auth(a_key)
     )
     assert ssh_key.status_code == 201, ssh_key.text
+    secret = client.put("/v1/secrets/matrix", json={"value": "a's secret"}, headers=auth(a_key))
+    assert secret.status_code == 201, secret.text
     ids = {
         "tenant_id": str(a.id),
         "commitment_id": commitment.json()["id"],
@@ -175,6 +181,7 @@ def matrix(world, client, session):
         "name": stack.json()["name"],
         "upgrade_id": str(upgrade.id),
         "ssh_key_id": ssh_key.json()["id"],
+        "secret_name": "matrix",
         "attempt": "1",
         "replica": "0",
     }
@@ -286,6 +293,15 @@ def test_other_tenants_objects_are_404_and_never_leak(client, matrix):
         ):
             continue
         body = BODIES.get((method, path))
+        if (method, path) in BY_NAME:
+            # Names are each tenant's own: B's PUT sets B's secret of that name, never A's.
+            r = _call(client, method, _fill(path, matrix["ids"]), auth(matrix["b_key"]), body)
+            assert r.status_code == 201, f"{method} {path} with another tenant's key -> {r.text}"
+            a_view = client.get(_fill(path, matrix["ids"]), headers=auth(matrix["a_key"])).json()
+            assert a_view["version"] == 1 and a_view["id"] != r.json()["id"]
+            gone = client.delete(_fill(path, matrix["ids"]), headers=auth(matrix["b_key"]))
+            assert gone.status_code == 204  # B's own again, so the other routes see none
+            continue
         if "{" in path:
             if op.get("requestBody"):
                 assert body is not None, f"add a valid body for {method} {path} to BODIES"

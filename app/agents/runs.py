@@ -21,6 +21,7 @@ from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict
 from app.health import burnin, suite, telemetry
+from app.keys.tenant_secrets import SecretUnavailable, secret_values
 from app.models.agents import AgentNode
 from app.models.fleet import Node
 from app.models.health import NodeHeartbeat
@@ -157,9 +158,11 @@ class RunNotStartable(Conflict):
 def run_env(
     session: Session, caller: NodeCaller, workload_id: uuid.UUID, attempt: int, replica: int
 ) -> RunEnv:
-    """The secret part of a run's environment (the workload's `env`, its run token), for the
-    node that holds that run now, before it has started; a node's credential alone never
-    reads a running workload's secrets, nor any run of another node's."""
+    """The secret part of a run's environment (the workload's `env`, the values of the
+    secrets its `secret_env` names, its run token), for the node that holds that run now,
+    before it has started; a node's credential alone never reads a running workload's
+    secrets, nor any run of another node's. A secret it names that is gone: a refusal the
+    agent reports as the run's own failure to start."""
     row = session.execute(
         select(Allocation, Workload)
         .join(Workload, Workload.id == Allocation.workload_id)
@@ -178,7 +181,11 @@ def run_env(
             "is given once, to the node that starts it.",
         )
     w = row[1]
-    return RunEnv(env={**(w.env or {}), "RACKPLANE_TOKEN": mint(w.id, w.attempts)})
+    try:
+        secrets = secret_values(session, w.tenant_id, dict(w.secret_env or {}))
+    except SecretUnavailable as exc:
+        return RunEnv(env={}, refused=f"it cannot start: {exc.detail}")
+    return RunEnv(env={**(w.env or {}), **secrets, "RACKPLANE_TOKEN": mint(w.id, w.attempts)})
 
 
 def refreshed(out: Assignments) -> Assignments:

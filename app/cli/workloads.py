@@ -92,6 +92,9 @@ def workloads_show(
         ("nodes", ", ".join(nodes) if nodes else "not placed"),
     ]
     lines.append(("restarts", _restarts(out)))
+    if out.secret_env:
+        refs = ", ".join(f"{v} from secret {n}" for v, n in sorted(out.secret_env.items()))
+        lines.append(("secret env", escape(refs)))
     if out.ssh_keys:
         lines.append(("ssh keys", str(len(out.ssh_keys))))
     c = out.connect

@@ -32,6 +32,8 @@ T = TypeVar("T")
 # Text the API takes: no NUL character (PostgreSQL cannot store one in text, and no name, label
 # or reason needs it). Every free string of a request body says so in the OpenAPI document.
 NO_NUL_PATTERN = "^[^\\u0000]*$"
+# A tenant's named things that other requests refer to by name (SSH keys, secrets).
+RESOURCE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,63}$"
 # Free text in bodies: no NUL, and no space, tab or line break at either end (see _text_error).
 TEXT_PATTERN = "^([^\\u0000 \\t\\n\\r]([^\\u0000]*[^\\u0000 \\t\\n\\r])?)?$"
 # Billing months: YYYY-MM from 1970-01 to 2999-12 (a window the ledger's instants can hold).

@@ -1,7 +1,8 @@
 """API keys: the caller's keys, creating one (its secret in that answer only) and revoking one.
 The same service calls as REST's /v1/keys routes. SSH keys: the caller's, adding one (refused
 with REST's codes: `ssh_key_is_private`, `ssh_key_too_weak` ...) and deleting one, as REST's
-/v1/ssh-keys routes."""
+/v1/ssh-keys routes. Secrets: the caller's (never a value), setting one and deleting one, as
+REST's /v1/secrets routes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ from app.graphql.permissions import TenantRead
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
 from app.keys import ssh_keys as ssh_service
-from app.keys.schemas import KeyCreate, KeyCreated, KeyOut, SshKeyCreate, SshKeyOut
+from app.keys import tenant_secrets
+from app.keys.schemas import (
+    KeyCreate,
+    KeyCreated,
+    KeyOut,
+    SecretOut,
+    SecretSet,
+    SshKeyCreate,
+    SshKeyOut,
+)
 from app.keys.service import create_key, revoke
 from app.models.keys import ApiKey as Row
 from app.tenancy.auth import require_tenant_scope
@@ -28,6 +38,9 @@ ApiKeyResult = result_union("ApiKeyResult", ApiKey)
 SshKey = view(SshKeyOut, "SshKey", "An SSH public key, put on the instances you launch")
 SshKeyInput = input_view(SshKeyCreate, "SshKeyInput")
 SshKeyResult = result_union("SshKeyResult", SshKey)
+Secret = view(SecretOut, "Secret", "A secret of yours: its name and size, never its value")
+SecretInput = input_view(SecretSet, "SecretInput")
+SecretResult = result_union("SecretResult", Secret)
 
 
 @strawberry.type
@@ -50,6 +63,16 @@ class KeyQuery:
             info.context.session, info.context.auth, page_params(first, after)
         )
         return connection(rows, lambda r: shape(SshKeyOut, r), nxt)
+
+    @strawberry.field(
+        permission_classes=[TenantRead],
+        description="Your secrets, without their values (REST: GET /v1/secrets)",
+    )
+    def secrets(self, info: Info, first: int = 50, after: str | None = None) -> Connection[Secret]:  # type: ignore[valid-type]
+        rows, nxt = tenant_secrets.list_secrets(
+            info.context.session, info.context.auth, page_params(first, after)
+        )
+        return connection(rows, lambda r: shape(SecretOut, r), nxt)
 
 
 @strawberry.type
@@ -114,3 +137,33 @@ class KeyMutation:
             return {"ssh_key_id": str(id)}, key, answer
 
         return run_mutation(info, "deleteSshKey", act)
+
+    @strawberry.mutation(
+        description="Set a secret's value (REST: PUT /v1/secrets/{name}); the answer, as every "
+        "read, shows its size and version, never the value"
+    )
+    def put_secret(self, info: Info, input: SecretInput) -> SecretResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            body = parse(SecretSet, input)
+            row, _ = tenant_secrets.put_secret(
+                ctx.session, ctx.auth.tenant_id, body.name, body.value
+            )
+            # The audit's parameters: the name, never the value.
+            return {"name": body.name}, row, shape(SecretOut, row)
+
+        return run_mutation(info, "putSecret", act)
+
+    @strawberry.mutation(
+        description="Delete a secret (REST: DELETE /v1/secrets/{name}); `secret_in_use` while a "
+        "workload that has not ended names it"
+    )
+    def delete_secret(self, info: Info, name: str) -> SecretResult:  # type: ignore[valid-type]
+        def act():
+            ctx = info.context
+            require_tenant_scope(ctx.auth, "write")
+            row = tenant_secrets.delete_secret(ctx.session, ctx.auth, name)
+            return {"name": name}, row, shape(SecretOut, row)
+
+        return run_mutation(info, "deleteSecret", act)

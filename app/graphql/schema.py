@@ -96,14 +96,14 @@ QUERY_FIELDS = (
     "viewer workloads nodes workload apiKeys quotas capacity usage bill upcomingBill budget "
     "commitments prices dryRun regions racks tenants tenantQuotas utilisation idleTime "
     "fleetHealth fleetMap fleetImport reconciliation tenant chaosExperiments chaosExperiment "
-    "softwareStacks upgrades upgrade bringUp sshKeys"
+    "softwareStacks upgrades upgrade bringUp sshKeys secrets"
 ).split()
 MUTATION_FIELDS = (
     "submitWorkload terminateWorkload reportCheckpoint requestCheckpoint createApiKey "
     "revokeApiKey setBudget removeBudget setNodeState setTenantQuotas approveTenant "
     "suspendTenant reactivateTenant updateTenant createPrice setNodeHealth setGpuHealth "
     "stopChaosExperiment createStack assignStack startUpgrade resumeUpgrade rollbackUpgrade "
-    "setMigLayout addSshKey deleteSshKey"
+    "setMigLayout addSshKey deleteSshKey putSecret deleteSecret"
 ).split()
 SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 

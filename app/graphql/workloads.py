@@ -144,6 +144,9 @@ class Workload:
         description="The argv each replica's node agent runs (none: the replica holds its GPUs)"
     )
     env: JSON = strawberry.field(description="Its processes' environment (besides the agent's)")
+    secret_env: JSON = strawberry.field(
+        description="Environment variables set from your secrets, by secret name (never a value)"
+    )
     runtime: str = strawberry.field(description="`process`, `podman` or `vm`")
     ssh_keys: list[str] = strawberry.field(description="The SSH public keys it was launched with")
     connect: Connect | None = strawberry.field(
@@ -218,6 +221,7 @@ class Workload:
             last_checkpoint_step=w.last_checkpoint_step,
             command=list(w.command) if w.command is not None else None,
             env=dict(w.env or {}),
+            secret_env=dict(w.secret_env or {}),
             runtime=w.runtime or "process",
             ssh_keys=list(w.ssh_keys or []),
             connect=Connect.of(connect_of(w)),

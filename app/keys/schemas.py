@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from app.core.db import utcnow
-from app.core.schemas import NO_NUL_PATTERN, OutModel, StrictModel
+from app.core.schemas import NO_NUL_PATTERN, RESOURCE_NAME_PATTERN, OutModel, StrictModel
 
 TenantScope = Literal["read", "write", "admin"]
 
@@ -59,7 +59,7 @@ class SignupKey(KeyOut):
 
 
 # SSH keys (app/keys/ssh.py reads the key; app/keys/ssh_keys.py stores it).
-SSH_KEY_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,63}$"
+SSH_KEY_NAME_PATTERN = RESOURCE_NAME_PATTERN
 
 
 class SshKeyCreate(StrictModel):
@@ -110,3 +110,45 @@ class SshKeyOut(OutModel):
     comment: str | None = Field(description="The comment that followed the key, if any.")
     fingerprint: str = Field(description="As `ssh-keygen -l` prints it: `SHA256:...`.")
     created_at: datetime
+
+
+# Tenant secrets (app/keys/tenant_secrets.py).
+MAX_SECRET_BYTES = 16384
+
+
+class SecretPut(StrictModel):
+    """A secret's value: given to the workloads that name it as an environment variable's
+    value, never returned."""
+
+    value: str = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_SECRET_BYTES,
+        pattern=NO_NUL_PATTERN,
+        description=f"The value (1 to {MAX_SECRET_BYTES} characters, no NUL). Stored sealed; "
+        "no route returns it.",
+    )
+
+
+class SecretOut(OutModel):
+    """A secret as the API shows it: everything but its value."""
+
+    id: uuid.UUID
+    name: str
+    size: int = Field(description="Bytes in its value (UTF-8)")
+    version: int = Field(description="1, then one more each time its value is replaced")
+    created_at: datetime
+    updated_at: datetime
+
+
+class SecretSet(SecretPut):
+    """A secret's name and value together (GraphQL's `putSecret`; REST names it in the path)."""
+
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=63,
+        pattern=RESOURCE_NAME_PATTERN,
+        description="Unique in your account: letters, digits, `.`, `_` and `-` (1 to 63).",
+        examples=["hf-token"],
+    )

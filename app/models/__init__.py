@@ -24,7 +24,7 @@ from app.models.health import (
     NodeHeartbeat,
 )
 from app.models.idempotency import IdempotencyRecord
-from app.models.keys import ApiKey, SshKey
+from app.models.keys import ApiKey, SshKey, TenantSecret
 from app.models.logs import WorkloadLog, WorkloadLogSize
 from app.models.metering import UsageEvent
 from app.models.outbox import OutboxMessage
@@ -57,6 +57,7 @@ __all__ = [
     "GpuUsage",
     "MigClaim",
     "ApiKey",
+    "TenantSecret",
     "FleetImport",
     "Gpu",
     "GpuTelemetry",

@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, String, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.db import Base, TimestampMixin, new_id
@@ -53,3 +53,25 @@ class SshKey(TimestampMixin, Base):
     public_key: Mapped[str] = mapped_column(String(4096))
     comment: Mapped[str | None] = mapped_column(String(255), default=None)
     fingerprint: Mapped[str] = mapped_column(String(64))
+
+
+class TenantSecret(TimestampMixin, Base):
+    """A tenant's secret value (a token, a password), given to its workloads' processes as an
+    environment variable by reference (`secret_env`). Stored sealed (AES-GCM under a key
+    derived from the server's `RACKPLANE_SECRET_KEY`, bound to its tenant and name: a row moved
+    to another tenant or name does not open); never returned by any route, read only when the
+    node that starts a run asks for that run's environment."""
+
+    __tablename__ = "tenant_secrets"
+    __tenant_column__ = "tenant_id"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    # Its unique constraint leads with tenant_id: it is the tenant's index.
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(63))
+    sealed: Mapped[bytes] = mapped_column(LargeBinary)
+    # How many bytes the value holds (what a caller may see of it), and how often it was set.
+    size: Mapped[int]
+    version: Mapped[int] = mapped_column(default=1)
+    updated_at: Mapped[datetime]

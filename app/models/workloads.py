@@ -153,6 +153,9 @@ class Workload(TimestampMixin, Base):
     # What a node agent runs (app/agents): the argv, with `env`; `podman` runs it in `image`.
     command: Mapped[list | None] = mapped_column(JSON, default=None)
     env: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
+    # Environment variables whose values are the tenant's secrets, by name ({VAR: secret}):
+    # read when a run starts (app/agents/runs.py `run_env`), never stored here.
+    secret_env: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
     runtime: Mapped[str] = mapped_column(String(16), default="process", server_default="process")
     # An instance one logs into: the tenant's SSH public keys it was launched with (OpenSSH
     # lines, as they were then: deleting a key later does not reach into a running instance),

@@ -25,11 +25,13 @@ from kubernetes.client import (
     CoreV1ResourceClaim,
     V1Container,
     V1EnvVar,
+    V1EnvVarSource,
     V1ObjectMeta,
     V1Pod,
     V1PodResourceClaim,
     V1PodSpec,
     V1ResourceRequirements,
+    V1SecretKeySelector,
     V1Service,
     V1ServicePort,
     V1ServiceSpec,
@@ -129,6 +131,16 @@ def pods(
         ]
         if gang:
             env += _gang_env(w, p, master, domain)
+        # The tenant's secrets by reference: a Secret of that name with its value at `value`.
+        env += [
+            V1EnvVar(
+                name=var,
+                value_from=V1EnvVarSource(
+                    secret_key_ref=V1SecretKeySelector(name=secret, key="value")
+                ),
+            )
+            for var, secret in sorted((w.secret_env or {}).items())
+        ]
         claims = [CoreV1ResourceClaim(name=IMEX_CLAIM)] if imex else None
         container = V1Container(
             name="main",

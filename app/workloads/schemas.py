@@ -6,7 +6,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field, field_validator, model_validator
 
-from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel, _strict_schema
+from app.core.schemas import (
+    MAX_JSON_INT,
+    RESOURCE_NAME_PATTERN,
+    OutModel,
+    StrictModel,
+    _strict_schema,
+)
 from app.models.workloads import WorkloadShape
 from app.placement.catalog import GPU_MODELS
 from app.placement.mig import PROFILES, profile_by_name, profile_names
@@ -312,6 +318,18 @@ class WorkloadCreate(StrictModel):
             "`WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) are refused.",
         )
     )
+    secret_env: dict[
+        Annotated[str, Field(pattern=ENV_NAME)],
+        Annotated[str, Field(pattern=RESOURCE_NAME_PATTERN)],
+    ] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Environment variables whose values are your secrets (`/v1/secrets`), by "
+        'name: `{"HF_TOKEN": "hf-token"}`. The value is read when each run starts (a '
+        "secret replaced since gives its new value to the next run), and shows in no read, "
+        "event or log of the workload. Put anything sensitive here, not in `env`, which reads "
+        "show as given.",
+    )
     runtime: Literal["process", "podman", "vm"] | None = Field(
         None,
         description="How a node agent runs it. `process`: the command as a process of its own "
@@ -337,6 +355,16 @@ class WorkloadCreate(StrictModel):
         if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
             raise ValueError(f"env is larger than {MAX_ENV_BYTES} bytes")
         return env
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, refs: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(k for k in refs if k.startswith(ENV_RESERVED_PREFIX) or k in ENV_RESERVED)
+        if reserved:
+            raise ValueError(
+                f"secret_env may not set {', '.join(reserved)}: the node agent sets them"
+            )
+        return refs
 
     @field_validator("command")
     @classmethod
@@ -365,6 +393,9 @@ class WorkloadCreate(StrictModel):
             )
         if self.runtime == "podman" and not self.image:
             raise ValueError("the podman runtime needs an image")
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(f"{', '.join(both)} is set by both env and secret_env")
         if self.runtime == "podman":
             # The node hands a container its env as `NAME=value` lines.
             broken = sorted(k for k, v in self.env.items() if "\n" in v or "\r" in v)
@@ -503,6 +534,10 @@ class WorkloadOut(OutModel):
     image: str | None
     command: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables set from your secrets, by secret name (never a value)",
+    )
     runtime: str = "process"
     ssh_keys: list[str] = Field(
         default_factory=list, description="The SSH public keys it was launched with"

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.models.fleet import SoftwareStack
-from app.models.keys import SshKey
+from app.models.keys import SshKey, TenantSecret
 from app.models.workloads import Workload, WorkloadEvent
 from app.outbox.service import enqueue
 from app.placement.model import cuda_code
@@ -95,6 +95,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     region = choose_region(session, body)
     check_stack(session, body.stack)
     keys = ssh_keys_named(session, auth.tenant_id, body.ssh_keys)
+    check_secrets(session, auth.tenant_id, body.secret_env)
     now = utcnow()
     w = Workload(
         tenant_id=auth.tenant_id,
@@ -118,6 +119,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         image=body.image,
         command=list(body.command) if body.command is not None else None,
         env=dict(body.env),
+        secret_env=dict(body.secret_env),
         runtime=body.runtime,
         ssh_keys=keys,
         checkpoint_signal=body.checkpoint.signal,
@@ -153,6 +155,23 @@ def ssh_keys_named(session: Session, tenant_id: Any, names: list[str]) -> list[s
             field="ssh_keys",
         )
     return [found[n] for n in names]
+
+
+def check_secrets(session: Session, tenant_id: Any, refs: dict[str, str]) -> None:
+    """422 `unknown_secret` naming any secret `refs` names that the tenant does not have."""
+    names = sorted(set(refs.values()))
+    if not names:
+        return
+    stmt = scoped_select(tenant_id, TenantSecret).where(TenantSecret.name.in_(names))
+    found = {s.name for s in session.scalars(stmt)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValidationFailed(
+            f"You have no secret named {', '.join(map(repr, missing))}; set one at "
+            "PUT /v1/secrets/{name}, or list yours at GET /v1/secrets.",
+            code="unknown_secret",
+            field="secret_env",
+        )
 
 
 def check_stack(session: Session, name: str | None) -> None:

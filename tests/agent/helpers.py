@@ -109,12 +109,15 @@ class FakeClient:
         self.fail_logs: list[Exception] = []
         # The secret env the control plane gives each workload's run as it starts.
         self.secret_env: dict[str, dict[str, str]] = {}
+        self.env_refusals: dict[str, str] = {}  # workload -> why its runs cannot start
         self.env_fetches: list[tuple[str, int, int]] = []
         self.lock = threading.Lock()
 
     def run_env(self, workload_id: str, attempt: int, replica: int, **_: Any) -> RunEnv:
         with self.lock:
             self.env_fetches.append((workload_id, attempt, replica))
+            if workload_id in self.env_refusals:
+                return RunEnv(env={}, refused=self.env_refusals[workload_id])
             if workload_id not in self.secret_env:
                 raise ApiError(409, "run_not_startable", "not held", "/runs")
             return RunEnv(env=self.secret_env[workload_id])

@@ -532,3 +532,15 @@ def test_the_alive_mark_goes_on_when_the_wall_clock_steps_back(state_dir):
     assert a.state.seen_alive() == 1_000_000.0 - 3600.0
     a.set_assignments(assignments())
     step_until(a, lambda: _state(client, W1) == "exited")
+
+
+def test_a_run_whose_env_is_refused_fails_to_start_as_the_workloads_own(state_dir):
+    """The control plane refuses a run's environment (a secret it names is gone): the agent
+    starts nothing and reports the run `failed_to_start`, the workload's fault, with why."""
+    client = FakeClient()
+    client.env_refusals[W1] = "it cannot start: secret 'hf-token' (for HF_TOKEN) is gone"
+    a = agent(state_dir, client)
+    a.set_assignments(assignments(assignment(W1, SLEEPER, fetch_env=True)))
+    run = step_until(a, lambda: (r := client.last(W1)) and r.state == "failed_to_start" and r)
+    assert run.fault == "workload" and "secret 'hf-token'" in run.message
+    assert run.pid is None
