@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from rackplane_bench.seed import seed_big_fleet
-from tests.conftest import auth, wait_until
+from tests.conftest import SMALL_FLEET, auth, wait_until
 from tests.portal_browser import browser, portal_page, shot  # noqa: F401  (fixture)
 from tests.test_placement_worker import ALL, fleet
 
@@ -558,6 +558,47 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
         ).click()
         page.get_by_test_id("no-ssh-keys").wait_for()
         assert httpx.get(f"{api}/v1/ssh-keys", headers=auth(key)).json()["items"] == []
+
+        # Secrets: a value goes in and is shown nowhere after (not even in its field); a bad
+        # name is refused under its field; one in use by a workload is not deleted, and says
+        # which; the workload's page names the secret, never the value.
+        nav.get_by_role("link", name="Secrets").click()
+        page.get_by_test_id("no-secrets").wait_for()
+        token = "hf_portal_" + "x" * 20
+        page.get_by_label(re.compile("^Name")).fill("bad name")
+        page.get_by_label("Value", exact=True).fill(token)
+        page.get_by_role("button", name="Save secret").click()
+        page.get_by_test_id("secret-name-error").filter(has_text="pattern").wait_for()
+        assert page.get_by_label("Value", exact=True).input_value() == ""
+        page.get_by_label(re.compile("^Name")).fill("hf-token")
+        page.get_by_label("Value", exact=True).fill(token)
+        page.get_by_role("button", name="Save secret").click()
+        page.get_by_test_id("secret-saved").filter(has_text="Saved hf-token").wait_for()
+        page.locator("tr[data-secret=hf-token]").wait_for()
+        assert token not in page.content()
+        shot(page, "secrets")
+        world.fleet(SMALL_FLEET)
+        used = httpx.post(
+            f"{api}/v1/workloads",
+            json={"kind": "instance", "gpus": 1, "secret_env": {"HF_TOKEN": "hf-token"}},
+            headers=auth(key),
+        )
+        assert used.status_code == 201, used.text
+        page.get_by_role("button", name="Delete hf-token").click()
+        page.get_by_role("dialog", name="Delete hf-token?").get_by_role(
+            "button", name="Delete it"
+        ).click()
+        page.locator("tr[data-secret=hf-token] .error").filter(has_text="secret_in_use").wait_for()
+        page.goto(f"{api}/portal/workloads/{used.json()['id']}")
+        page.get_by_test_id("secret-env").filter(has_text="HF_TOKEN from hf-token").wait_for()
+        assert token not in page.content()
+        httpx.delete(f"{api}/v1/workloads/{used.json()['id']}", headers=auth(key))
+        page.goto(f"{api}/portal/secrets")
+        page.get_by_role("button", name="Delete hf-token").click()
+        page.get_by_role("dialog", name="Delete hf-token?").get_by_role(
+            "button", name="Delete it"
+        ).click()
+        page.get_by_test_id("no-secrets").wait_for()
 
         # Budget: none yet; a negative limit is refused next to its field.
         nav.get_by_role("link", name="Budget").click()

@@ -11,6 +11,7 @@ import { Lifecycle } from "./pages/Lifecycle";
 import { Keys } from "./pages/Keys";
 import { Prices } from "./pages/Prices";
 import { SignIn } from "./pages/SignIn";
+import { Secrets } from "./pages/Secrets";
 import { SshKeys } from "./pages/SshKeys";
 import { Submit } from "./pages/Submit";
 import { TenantPage, Tenants } from "./pages/Tenants";
@@ -67,6 +68,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
         ["/portal/budget", "Budget"],
         ["/portal/keys", "API keys"],
         ["/portal/ssh-keys", "SSH keys"],
+        ["/portal/secrets", "Secrets"],
       ];
   return (
     <>
@@ -104,6 +106,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
           <Route path="/portal/budget" component={BudgetPage} />
           <Route path="/portal/keys" component={Keys} session={session} />
           <Route path="/portal/ssh-keys" component={SshKeys} session={session} />
+          <Route path="/portal/secrets" component={Secrets} session={session} />
           <Route path="/portal/fleet" component={Fleet} />
           <Route path="/portal/tenants" component={Tenants} />
           <Route path="/portal/tenants/:id" component={TenantPage} />

@@ -77,6 +77,13 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
       env.map((l) => (l.includes("=") ? [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)] : [l, ""])),
     );
   }
+  // Variables set from the tenant's secrets: VAR=secret-name lines (the value never passes here).
+  const secretEnv = lines("secretEnv");
+  if (secretEnv.length) {
+    input.secretEnv = Object.fromEntries(
+      secretEnv.map((l) => (l.includes("=") ? [l.slice(0, l.indexOf("=")).trim(), l.slice(l.indexOf("=") + 1).trim()] : [l, ""])),
+    );
+  }
   // How its node agent runs it: a VM is always the `vm` runtime (the API's default for one);
   // a job or an instance runs as a process or in a podman container.
   if (kind !== "vm" && v("runtime") && v("runtime") !== "process") input.runtime = v("runtime");
@@ -265,6 +272,17 @@ export function Submit() {
         />
         <label for="env">Environment (one KEY=value per line)</label>
         <textarea id="env" name="env" rows={2} spellcheck={false} placeholder="LR=0.001" aria-invalid={!!bad("env")} />
+        <label for="secretEnv">
+          From your <a href="/portal/secrets">secrets</a> (one VAR=secret-name per line; never shown)
+        </label>
+        <textarea
+          id="secretEnv"
+          name="secretEnv"
+          rows={1}
+          spellcheck={false}
+          placeholder="HF_TOKEN=hf-token"
+          aria-invalid={!!bad("secretEnv") || problem?.code === "unknown_secret"}
+        />
         {kind !== "vm" && (
           <>
             <label for="runtime">Runtime</label>

@@ -7,7 +7,7 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   id name kind state tier priority replicas gpuMilli region shape topology labels
   createdAt startedAt finishedAt interruptions lostWorkGpuS preemptions lastCheckpointAt
   placement { replica region rack node gpuIndices migProfile migSlot }
-  runtime sshKeys connect { host port user command ready readyAt }
+  runtime sshKeys secretEnv connect { host port user command ready readyAt }
   restartPolicy restarts notBefore pending { reason detail since }
 } }`;
 
@@ -27,6 +27,7 @@ interface W extends WorkloadSummary {
   placement: { replica: number; region: string | null; rack: string | null; node: string; gpuIndices: number[]; migProfile: string | null; migSlot: number | null }[];
   runtime: string;
   sshKeys: string[];
+  secretEnv: Record<string, string>;
   connect: Connect | null;
   restartPolicy: RestartPolicy;
   restarts: Record<string, number>;
@@ -321,6 +322,20 @@ export function WorkloadPage({ id }: { id: string }) {
             <p>Not placed {ENDED.includes(w.state) ? "(ended)" : "yet"}.</p>
           )}
         </section>
+        {Object.keys(w.secretEnv).length > 0 && (
+          <section aria-labelledby="secret-env-h">
+            <h2 id="secret-env-h">From your secrets</h2>
+            <ul data-testid="secret-env">
+              {Object.entries(w.secretEnv)
+                .sort(([a], [b]) => a.localeCompare(b))
+                .map(([v, n]) => (
+                  <li>
+                    <code>{v}</code> from <a href="/portal/secrets">{n}</a>
+                  </li>
+                ))}
+            </ul>
+          </section>
+        )}
         {(w.connect || w.sshKeys.length > 0) && (
           <section aria-labelledby="ssh-h">
             <h2 id="ssh-h">Log in</h2>
