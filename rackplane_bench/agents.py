@@ -47,7 +47,12 @@ Measured over the `duration` window after the warm-up:
   agent-minute, and the tables that take most; connections PostgreSQL accepted for the database
   and its commits per second;
 - every answer by status code (5xx must be 0), long polls answered, of them woken by a change,
-  status reports, heartbeats.
+  status reports, heartbeats;
+- the bring-up burst (`bring_up_*`): from the first join until every agent's burn-in report
+  (the first long poll's answer carries the burn-in; the simulated host has no DCGM or
+  nccl-tests, so every step is skipped and reported done at once) was taken: its seconds, its
+  answers by route and status, its latencies. It overlaps the warm-up, and the window when it
+  outlasts it; a fleet's first hour is exactly that.
 
 `--api-max-in-flight` sets the API's RACKPLANE_API_MAX_IN_FLIGHT; `--api-app` serves another
 ASGI app (a wrapped `app.main:app` on PYTHONPATH: a server change measured before it is made).
@@ -91,6 +96,8 @@ WARMUP_S = 15.0
 # After the window: how long runs placed in it may take to be reported (at most; half the window
 # when that is shorter, at least 5 s). One still unreported then counts with what it waited.
 DRAIN_S = 20.0
+# `--quick`: the window of the form every change on the path can afford (bring-up included).
+QUICK_DURATION_S = 20.0
 
 
 def default_rate(agents: int) -> float:
@@ -99,12 +106,18 @@ def default_rate(agents: int) -> float:
     return min(DEFAULT_RATE, max(0.2, agents / 25))
 
 
+# The fleet's pool, one the deployment trusts with `process` runs (RACKPLANE_PROCESS_POOLS):
+# the submissions are processes (what the simulated agents "run"), placed only in such pools.
+POOL = "bench"
+
+
 def fleet_document(nodes: int) -> str:
     racks = []
     for r in range(-(-nodes // RACK_NODES)):
         count = min(RACK_NODES, nodes - r * RACK_NODES)
         racks.append(
             f"      - name: ar{r:03d}\n        kind: hgx\n        gpu_model: {MODEL}\n"
+            f"        pool: {POOL}\n"
             f"        node_template: {{count: {count}, name_prefix: ar{r:03d}-n}}\n"
         )
     return "regions:\n  - name: r1\n    racks:\n" + "".join(racks)
@@ -199,12 +212,19 @@ class Stats:
     run_reports: int = 0  # runs carried by accepted reports
     stale: int = 0
     measuring: bool = False  # counters above count only inside the window
+    # The bring-up: from the first join until every agent's burn-in report was taken.
+    bringing_up: bool = False
+    codes_bring_up: Counter = field(default_factory=Counter)
+    latency_bring_up: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     def count(self, route: str, status: str, seconds: float) -> None:
         self.codes_all[(route, status)] += 1
         if self.measuring:
             self.codes[(route, status)] += 1
             self.latency[route].append(seconds)
+        if self.bringing_up:
+            self.codes_bring_up[(route, status)] += 1
+            self.latency_bring_up[route].append(seconds)
 
 
 class Sim:
@@ -221,6 +241,8 @@ class Sim:
         self.tasks: list[asyncio.Task] = []
         self.session: Any = None
         self.joined = 0
+        self.burned_in = 0  # agents whose bring-up burn-in report was taken
+        self.all_burned_in = asyncio.Event()
 
     async def open(self) -> None:
         aiohttp = self.aiohttp
@@ -418,6 +440,9 @@ class Agent:
                 body={"burn_in": {"id": burn["id"], "results": results, "done": True}},
             )
             if 200 <= status < 300 or (400 <= status < 500 and status not in (408, 429)):
+                sim.burned_in += 1
+                if sim.burned_in >= len(sim.agents):
+                    sim.all_burned_in.set()
                 return
             tries += 1
             await sim.backoff(status, retry, tries)
@@ -647,7 +672,7 @@ def run(
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, max(soft, 4 * agents + 1024))  # a socket per agent here and in the API
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    extra = {}
+    extra = {"RACKPLANE_PROCESS_POOLS": POOL}
     if api_max_in_flight is not None:
         extra["RACKPLANE_API_MAX_IN_FLIGHT"] = str(api_max_in_flight)
     env = ScratchDeployment(1, env=extra)
@@ -790,10 +815,19 @@ async def _load(
     await sim.open()
     try:
         t = time.perf_counter()
+        sim.stats.bringing_up = True
         await sim.join_all()
         join_s = time.perf_counter() - t
         log(f"joined {sim.joined} agents in {join_s:.1f} s")
         sim.start()
+
+        async def bring_up_done() -> None:
+            await sim.all_burned_in.wait()
+            sim.stats.bringing_up = False
+            bring_up["s"] = time.perf_counter() - t
+
+        bring_up: dict[str, float] = {}
+        watcher = asyncio.get_running_loop().create_task(bring_up_done())
         submitted: list[tuple[float, int, str | None]] = []
         t_submit = time.time()
         t0 = t_submit + warmup
@@ -867,6 +901,8 @@ async def _load(
             await asyncio.sleep(1.0)
         observed_until = time.time()
         end_states = await asyncio.to_thread(states, engine)
+        watcher.cancel()
+        sim.stats.bringing_up = False
         if spy is not None:
             spy.wait(timeout=120)
     finally:
@@ -889,6 +925,7 @@ async def _load(
         end_states,
         rss,
         len(nodes),
+        bring_up.get("s"),
     )
 
 
@@ -945,6 +982,7 @@ def _figures(
     end_states: dict,
     rss: float | None,
     agents: int,
+    bring_up_s: float | None = None,
 ) -> dict[str, Any]:
     st = sim.stats
     a2s, a2a, p2p, p2r, r2s, s2a = [], [], [], [], [], []
@@ -974,9 +1012,7 @@ def _figures(
     delta = {t: rows1.get(t, 0) - rows0.get(t, 0) for t in rows1}
     sessions, commits = delta.pop(":sessions"), delta.pop(":commits")
     rows = sum(delta.values())
-    codes: dict[str, dict[str, int]] = defaultdict(dict)
-    for (route, status), n in sorted(st.codes.items()):
-        codes[route][status] = n
+    codes = _by_route(st.codes)
     five = sum(n for (_, s), n in st.codes.items() if s.isdigit() and s.startswith("5"))
     failed = sum(n for (_, s), n in st.codes.items() if not s.isdigit())
     window_submits = [s for t, s, _ in submitted if t0 <= t < t_end]
@@ -1046,8 +1082,29 @@ def _figures(
             n for (_, s), n in st.codes_all.items() if s.isdigit() and s.startswith("5")
         ),
         "errors_no_answer": failed,
-        "answers_by_route": dict(codes),
+        "answers_by_route": codes,
         "latency_s_by_route": lat,
         "join_s": round(join_s, 1),
+        # The bring-up burst (before the window, or into it if it lasts): every agent joins,
+        # sends its inventory and reports its burn-in while heartbeats, long polls and
+        # submissions run. None: not every burn-in report was taken by the end.
+        "bring_up_s": round(bring_up_s, 1) if bring_up_s is not None else None,
+        "bring_up_burned_in": sim.burned_in,
+        "bring_up_5xx": sum(
+            n for (_, s), n in st.codes_bring_up.items() if s.isdigit() and s.startswith("5")
+        ),
+        "bring_up_answers_by_route": _by_route(st.codes_bring_up),
+        "bring_up_latency_s_by_route": {
+            route: {"p50": _pct(xs, 0.5), "p99": _pct(xs, 0.99)}
+            for route, xs in sorted(st.latency_bring_up.items())
+            if route != "assignments"
+        },
         "end_states": end_states,
     }
+
+
+def _by_route(counts: Counter) -> dict[str, dict[str, int]]:
+    codes: dict[str, dict[str, int]] = defaultdict(dict)
+    for (route, status), n in sorted(counts.items()):
+        codes[route][status] = n
+    return dict(codes)

@@ -1062,13 +1062,23 @@ def bench_agents(
     api_app: str = typer.Option(
         "app.main:app", help="The ASGI app the API serves (an A/B of a wrapped app)."
     ),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="The form every change on its path can afford (~2 minutes at 1,000 agents): a "
+        "20 s window unless --duration says otherwise; the bring-up burst is included.",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Simulated node agents (one event loop) joining, long-polling, heartbeating and
-    reporting runs against one API process and a Celery worker while work is submitted:
-    placement commit to the agent's `running` report, API CPU and database rows per
-    agent-minute (see rackplane_bench/agents.py)."""
-    from rackplane_bench.agents import median_run
+    """Simulated node agents (one event loop) joining, passing their bring-up burn-in,
+    long-polling, heartbeating and reporting runs against one API process and a Celery worker
+    while work is submitted: placement commit to the agent's `running` report, the bring-up's
+    answers and latencies, API CPU and database rows per agent-minute (see
+    rackplane_bench/agents.py)."""
+    from rackplane_bench.agents import QUICK_DURATION_S, median_run
+
+    if quick and duration == 60.0:
+        duration = QUICK_DURATION_S
 
     log = (lambda msg: err.print(msg)) if not as_json or sys.stderr.isatty() else (lambda m: None)
     r = median_run(

@@ -6,6 +6,7 @@ wire (tests/agent/test_burnin.py runs the agent's side with real processes)."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 from sqlalchemy import select
@@ -176,3 +177,41 @@ def test_bring_up_repair_and_rma(client, world, session, celery_worker_process):
     assert 'rackplane_time_to_production_seconds_count{fleet="all"} 1.0' in metrics
     assert 'rackplane_burn_in_nodes{reason="bring-up"} 0.0' in metrics
     assert 'rackplane_burn_in_gpu_hours_total{outcome="rma"}' in metrics
+
+
+def test_a_fleets_burn_ins_are_judged_together_each_on_its_own_merits(client, world, session):
+    """`take_many` (the API judges a bring-up's finished burn-ins in batches): in one call, one
+    passes, one fails, a stale one (another node's id) is no news, and each node moves as its
+    own report says."""
+    from app.core.db import utcnow
+    from app.health import burnin
+    from app.models.fleet import Node
+    from rackplane_wire import BurnInReport
+
+    world.fleet(FLEET)
+    op = world.key()
+    creds = {n: _join(client, op, n) for n in ("b-1", "b-2", "b-3")}
+    burns = {}
+    for n, cred in creds.items():
+        client.put("/v1/agent/inventory", json=_inventory(n), headers=auth(cred))
+        burns[n] = _burn(client, cred)
+    ids = {n: uuid.UUID(_node(client, op, n)["id"]) for n in creds}
+
+    def report(n: str, status: str) -> BurnInReport:
+        steps = [{"name": s["name"], "status": status, "seconds": 0.1} for s in burns[n]["steps"]]
+        return BurnInReport(id=burns[n]["id"], results=steps, done=True)
+
+    news = burnin.take_many(
+        session,
+        [
+            (ids["b-1"], report("b-1", "passed")),
+            (ids["b-2"], report("b-2", "failed")),
+            (ids["b-3"], report("b-1", "passed")),  # b-1's burn-in, sent by b-3: stale
+        ],
+        utcnow(),
+    )
+    session.commit()
+    assert news == [True, True, False]
+    health = dict(session.execute(select(Node.name, Node.health)).all())
+    assert health["b-1"] == "healthy" and health["b-2"] != "healthy"
+    assert health["b-3"] == "validating"

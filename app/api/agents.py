@@ -8,6 +8,7 @@ import time
 import uuid
 
 from fastapi import Path, Query, Request
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.agents import inventory, runs, service
@@ -21,12 +22,14 @@ from app.agents.schemas import (
 )
 from app.api.health import EXPOSITION_PATTERN, PROMETHEUS_TYPES
 from app.core import pubsub
+from app.core.batching import GroupCommit
 from app.core.config import get_settings
-from app.core.db import get_or_404, session_scope
+from app.core.db import get_or_404, session_scope, utcnow
 from app.core.errors import PayloadTooLarge, ValidationFailed
+from app.core.logging import get_logger
 from app.core.middleware import RELEASE_SLOT
 from app.core.routing import DbSession, api_router
-from app.health import telemetry
+from app.health import burnin, telemetry
 from app.health.schemas import TelemetryResult
 from app.models.fleet import Node
 from app.scheduling.lifecycle import agent_topic
@@ -34,6 +37,7 @@ from app.tenancy.auth import Platform, charge_anonymous
 from app.tenancy.nodes import NodeAgent, NodeCaller
 from rackplane_wire import (
     Assignments,
+    BurnInReport,
     Inventory,
     InventoryVerdict,
     RunEnv,
@@ -41,6 +45,7 @@ from rackplane_wire import (
     StatusReport,
 )
 
+log = get_logger(__name__)
 router = api_router(prefix="/v1/agent", tags=["agent"])
 admin = api_router(prefix="/v1/admin", tags=["admin: fleet"])
 
@@ -228,8 +233,58 @@ def get_run_env(
         "0 from every replica is a success, anything else from any replica a failure."
     ),
 )
-def post_status(body: StatusReport, caller: NodeAgent, session: DbSession) -> StatusAck:
-    return runs.report(session, caller, body)
+async def post_status(body: StatusReport, request: Request, caller: NodeAgent) -> StatusAck:
+    burn = body.burn_in if body.burn_in is not None and body.burn_in.done else None
+    if burn is None:
+        return await run_in_threadpool(_report, caller, body)
+    ack = StatusAck(accepted=0, stale=0)
+    if body.runs or body.inventory is not None or body.mig_layouts:  # its inventory first
+        ack = await run_in_threadpool(_report, caller, body.model_copy(update={"burn_in": None}))
+    # A finished burn-in is judged with every other one that arrives meanwhile: one
+    # transaction moves them all (one bump of their region's fleet version, one placement
+    # kick), not one each queued on the region's row. Waiting for it holds no in-flight slot
+    # (as a long poll's wait does not), so heartbeats and assignments never queue behind a
+    # fleet's bring-up. The report is its node's heartbeat there, after the judgement.
+    request.scope.get("state", {}).get(RELEASE_SLOT, lambda: None)()
+    await _burn_ins.submit((caller, burn))
+    return ack
+
+
+def _report(caller: NodeCaller, body: StatusReport) -> StatusAck:
+    with session_scope() as session:
+        return runs.report(session, caller, body)
+
+
+def _take(session: Session, reports: list[tuple[NodeCaller, BurnInReport]]) -> list[bool]:
+    out = burnin.take_many(session, [(c.node_id, report) for c, report in reports], utcnow())
+    telemetry.ingest(session, [], {}, heartbeat_nodes=sorted({c.node_name for c, _ in reports}))
+    return out
+
+
+def _judge(reports: list[tuple[NodeCaller, BurnInReport]]) -> list[bool | BaseException]:
+    """Judge finished burn-ins in one transaction (their nodes locked in id order); if it
+    fails, each in its own, so a report that cannot be taken fails only its own request."""
+    order = sorted(range(len(reports)), key=lambda i: reports[i][0].node_id)
+    try:
+        with session_scope() as session:
+            taken = _take(session, [reports[i] for i in order])
+        out = dict(zip(order, taken, strict=True))
+        return [out[i] for i in range(len(reports))]
+    except Exception:
+        if len(reports) == 1:
+            raise
+        log.warning("burn_in_batch_failed", reports=len(reports), exc_info=True)
+    results: list[bool | BaseException] = []
+    for item in reports:
+        try:
+            with session_scope() as session:
+                results.append(_take(session, [item])[0])
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+_burn_ins: GroupCommit[tuple[NodeCaller, BurnInReport], bool] = GroupCommit(_judge)
 
 
 # What an agent pushes: dcgm-exporter's text as it is (or NVML samples in the same form).

@@ -20,7 +20,7 @@ from app.core.db import as_aware
 from app.health import suite
 from app.health.repairs import return_to_service, start_repair
 from app.health.schemas import BringUp, BringUpNode
-from app.health.transitions import H, move, where
+from app.health.transitions import H, Where, move, where
 from app.models.agents import AgentNode
 from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.health import BurnIn, HealthRepair, NodeHeartbeat
@@ -33,21 +33,77 @@ from rackplane_wire import BurnInReport
 
 def take(session: Session, node_id: uuid.UUID, report: BurnInReport, now: datetime) -> bool:
     """An agent's report on its node's burn-in; True when it was news."""
-    try:
-        bid = uuid.UUID(report.id)
-    except ValueError:
-        return False
-    b = session.scalar(
-        select(BurnIn).where(BurnIn.id == bid, BurnIn.node_id == node_id).with_for_update()
+    return take_many(session, [(node_id, report)], now)[0]
+
+
+def take_many(
+    session: Session, reports: list[tuple[uuid.UUID, BurnInReport]], now: datetime
+) -> list[bool]:
+    """Agents' reports on their nodes' burn-ins, in one transaction (a fleet's bring-up sends a
+    thousand at once): each whether it was news. Their burn-ins, then their nodes, are read
+    and locked in one statement each (in id order, as every path that locks both does), and
+    their racks' names in one, so that the changes are written together at the flush instead
+    of a few round trips per node."""
+    ids: list[uuid.UUID | None] = []
+    for _, report in reports:
+        try:
+            ids.append(uuid.UUID(report.id))
+        except ValueError:
+            ids.append(None)
+    wanted = sorted({i for i in ids if i is not None})
+    found = (
+        {
+            b.id: b
+            for b in session.scalars(
+                select(BurnIn).where(BurnIn.id.in_(wanted)).order_by(BurnIn.id).with_for_update()
+            )
+        }
+        if wanted
+        else {}
     )
-    if b is None or b.status != "running":
-        return False  # withdrawn, finished, or another node's: stale
-    results = [r.model_dump(mode="json") for r in report.results]
-    if results == b.results and not report.done:
-        return False
-    b.results = results
-    if not report.done:
-        return True
+    judged: list[tuple[BurnIn, BurnInReport]] = []
+    out: list[bool] = []
+    for (node_id, report), bid in zip(reports, ids, strict=True):
+        b = found.get(bid) if bid is not None else None
+        if b is None or b.node_id != node_id or b.status != "running":
+            out.append(False)  # withdrawn, finished, or another node's: stale
+            continue
+        results = [r.model_dump(mode="json") for r in report.results]
+        if results == b.results and not report.done:
+            out.append(False)
+            continue
+        b.results = results
+        out.append(True)
+        if report.done:
+            judged.append((b, report))
+    if not judged:
+        return out
+    nodes = {
+        n.id: n
+        for n in session.scalars(
+            select(Node)
+            .where(Node.id.in_(sorted({b.node_id for b, _ in judged})))
+            .order_by(Node.id)
+            .with_for_update()
+        )
+    }
+    racks = {
+        rack_id: (region, rack)
+        for rack_id, region, rack in session.execute(
+            select(Rack.id, Region.name, Rack.name)
+            .join(Region, Rack.region_id == Region.id)
+            .where(Rack.id.in_({n.rack_id for n in nodes.values()}))
+        )
+    }
+    for b, report in judged:
+        node = nodes[b.node_id]
+        _judge(session, b, report, Where(node, *racks[node.rack_id]), now)
+    return out
+
+
+def _judge(session: Session, b: BurnIn, report: BurnInReport, at: Where, now: datetime) -> None:
+    """A finished burn-in's outcome, and its node moved (both locked by the caller)."""
+    node = at.node
     optional = {s["name"] for s in b.suite if s.get("optional")}
     failed = next(
         (
@@ -57,8 +113,6 @@ def take(session: Session, node_id: uuid.UUID, report: BurnInReport, now: dateti
         ),
         None,
     )
-    node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
-    assert node is not None
     if b.reason == "upgrade":
         # Its upgrade's controller moves the upgrade on from here (app/fleet/upgrades.py).
         enqueue(session, "fleet.upgrades", queue="fleet")
@@ -70,7 +124,7 @@ def take(session: Session, node_id: uuid.UUID, report: BurnInReport, now: dateti
         # Every step passed, yet the agent reports other versions than the stack pins.
         _software_failed(session, b, node, "verify", "still runs " + "; ".join(node.drift), now)
     elif failed is None and len(report.results) >= len(b.suite):
-        _passed(session, b, node, now)
+        _passed(session, b, at, now)
     else:
         why = (
             f"{failed.status.replace('_', ' ')}"
@@ -87,8 +141,8 @@ def take(session: Session, node_id: uuid.UUID, report: BurnInReport, now: dateti
             failed.gpu if failed else None,
             why,
             now,
+            at=at,
         )
-    return True
 
 
 def overdue(session: Session, now: datetime) -> int:
@@ -119,11 +173,11 @@ def _software_failed(
     lifecycle.nodes_changed(session, [node.name])
 
 
-def _passed(session: Session, b: BurnIn, node: Node, now: datetime) -> None:
+def _passed(session: Session, b: BurnIn, at: Where, now: datetime) -> None:
+    node = at.node
     b.status, b.finished_at = "passed", now
     lifecycle.nodes_changed(session, [node.name])  # its agent may forget the burn-in
     node.production_at = node.production_at or now
-    at = where(session, node)
     rep = session.get(HealthRepair, b.repair_id) if b.repair_id else None
     if rep is not None and rep.finished_at is None:
         gpus = list(
@@ -149,11 +203,12 @@ def _failed(
     gpu: int | None,
     why: str,
     now: datetime,
+    at: Where | None = None,
 ) -> None:
     b.status, b.finished_at = "failed", now
     b.failed_step, b.failed_gpu = step[:63], gpu
     lifecycle.nodes_changed(session, [node.name])
-    at = where(session, node)
+    at = at or where(session, node)
     rep = session.get(HealthRepair, b.repair_id) if b.repair_id else None
     if rep is not None and rep.finished_at is None:
         rep.phase, rep.finished_at, rep.outcome = "done", now, "failed"
