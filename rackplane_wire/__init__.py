@@ -201,6 +201,10 @@ class Assignment(_Wire):
     runtime: RuntimeName = "process"
     command: list[str] = Field(description="argv; for `podman`, the container's command")
     image: str | None = None
+    # Where the command starts: for `process`, relative to the run's own directory (the agent
+    # makes it, the run's); for `podman`, an absolute path in the container. None: the run's
+    # own directory, or the image's.
+    workdir: str | None = Field(None, max_length=255, pattern=r"^[A-Za-z0-9._/@+-]+$")
     # The environment the control plane gives the run, but for its secrets: CUDA_VISIBLE_DEVICES,
     # NVIDIA_VISIBLE_DEVICES, RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
     # RACKPLANE_WORKLOAD_ID, RACKPLANE_REPLICA, RACKPLANE_API and, when it resumes,

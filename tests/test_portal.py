@@ -580,7 +580,12 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
         world.fleet(SMALL_FLEET)
         used = httpx.post(
             f"{api}/v1/workloads",
-            json={"kind": "instance", "gpus": 1, "secret_env": {"HF_TOKEN": "hf-token"}},
+            json={
+                "kind": "instance",
+                "gpus": 1,
+                "secret_env": {"HF_TOKEN": "hf-token"},
+                "workdir": "src",
+            },
             headers=auth(key),
         )
         assert used.status_code == 201, used.text
@@ -591,6 +596,7 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
         page.locator("tr[data-secret=hf-token] .error").filter(has_text="secret_in_use").wait_for()
         page.goto(f"{api}/portal/workloads/{used.json()['id']}")
         page.get_by_test_id("secret-env").filter(has_text="HF_TOKEN from hf-token").wait_for()
+        assert page.get_by_test_id("workdir").inner_text() == "src"
         assert token not in page.content()
         httpx.delete(f"{api}/v1/workloads/{used.json()['id']}", headers=auth(key))
         page.goto(f"{api}/portal/secrets")

@@ -59,11 +59,14 @@ def test_a_secret_reaches_only_the_run_that_names_it(client, world, session, cel
     for n in creds:
         _bring_up(client, creds[n], _inventory(n))
     submitted = client.post(
-        "/v1/workloads", json={**job, "secret_env": {"HF_TOKEN": "hf-token"}}, headers=auth(key)
+        "/v1/workloads",
+        json={**job, "secret_env": {"HF_TOKEN": "hf-token"}, "workdir": "src/app"},
+        headers=auth(key),
     )
     assert submitted.status_code == 201, submitted.text
     wid = submitted.json()["id"]
     assert submitted.json()["secret_env"] == {"HF_TOKEN": "hf-token"}
+    assert submitted.json()["workdir"] == "src/app"
     wait_until(
         lambda: (
             client.get(f"/v1/workloads/{wid}", headers=auth(key)).json()["state"] == "provisioning"
@@ -80,6 +83,7 @@ def test_a_secret_reaches_only_the_run_that_names_it(client, world, session, cel
         for a in desired.json()["assignments"]:
             if a["workload_id"] == wid:
                 held = (node, a["attempt"])
+                assert a["workdir"] == "src/app"  # where its node starts it
     assert held is not None
     node, attempt = held
     env = client.get(f"/v1/agent/runs/{wid}/{attempt}/0/env", headers=auth(creds[node]))

@@ -211,6 +211,15 @@ def test_impossible_combinations_are_refused_naming_the_rule(client, world, poli
         ({"kind": "instance", "gpus": 1, "priority": "urgent"}, "body.priority"),
         ({"kind": "instance", "gpus": 1, "max_runtime_s": 0}, "body.max_runtime_s"),
         ({"kind": "instance", "gpus": 1, "colour": "red"}, "body.colour"),
+        # A process run's workdir stays inside its own directory; a container's is absolute.
+        ({"kind": "job", "gpus": 1, "command": ["x"], "workdir": "/etc"}, "body"),
+        ({"kind": "job", "gpus": 1, "command": ["x"], "workdir": "a/../../b"}, "body"),
+        ({"kind": "job", "gpus": 1, "command": ["x"], "workdir": "a b"}, "body.workdir"),
+        (
+            {"kind": "job", "gpus": 1, "runtime": "podman", "image": "i", "workdir": "rel"},
+            "body",
+        ),
+        ({"kind": "vm", "gpus": 1, "image": "i", "workdir": "/x"}, "body"),
     ],
 )
 def test_bad_submissions_are_422_with_the_field(client, tenant, body, field):

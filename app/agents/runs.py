@@ -126,6 +126,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
                 runtime=w.runtime,  # type: ignore[arg-type]
                 command=list(w.command or _hold(w)),
                 image=w.image,
+                workdir=w.workdir,
                 env=env,
                 fetch_env=True,
                 run_gid=gids.get(w.tenant_id),

@@ -86,6 +86,7 @@ def workloads_show(
         ),
         ("kind", out.kind),
         ("runtime", out.runtime + (f" {escape(out.image)}" if out.image else "")),
+        *([("workdir", escape(out.workdir))] if out.workdir else []),
         ("tier", out.tier),
         ("priority", out.priority),
         ("region", out.region or "-"),

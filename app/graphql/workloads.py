@@ -143,6 +143,10 @@ class Workload:
     command: list[str] | None = strawberry.field(
         description="The argv each replica's node agent runs (none: the replica holds its GPUs)"
     )
+    workdir: str | None = strawberry.field(
+        description="Where its command starts (relative to a process run's own directory, or "
+        "absolute in a container)"
+    )
     env: JSON = strawberry.field(description="Its processes' environment (besides the agent's)")
     secret_env: JSON = strawberry.field(
         description="Environment variables set from your secrets, by secret name (never a value)"
@@ -220,6 +224,7 @@ class Workload:
             last_checkpoint_uri=w.last_checkpoint_uri,
             last_checkpoint_step=w.last_checkpoint_step,
             command=list(w.command) if w.command is not None else None,
+            workdir=w.workdir,
             env=dict(w.env or {}),
             secret_env=dict(w.secret_env or {}),
             runtime=w.runtime or "process",

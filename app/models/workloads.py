@@ -150,6 +150,9 @@ class Workload(TimestampMixin, Base):
     checkpoint_cost_s: Mapped[int] = mapped_column(Integer, default=0)
     labels: Mapped[dict] = mapped_column(JSON, default=dict)
     image: Mapped[str | None] = mapped_column(String(500), default=None)
+    # Where its command starts (WorkloadCreate.workdir: relative for processes, absolute in a
+    # container).
+    workdir: Mapped[str | None] = mapped_column(String(255), default=None)
     # What a node agent runs (app/agents): the argv, with `env`; `podman` runs it in `image`.
     command: Mapped[list | None] = mapped_column(JSON, default=None)
     env: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")

@@ -214,6 +214,8 @@ class RestartPolicy(StrictModel):
         return self
 
 
+# A working directory: path characters only (no space, quote or control character).
+WORKDIR_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 # What a workload's process is given: names as POSIX shells allow, none of the agent's own.
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 ENV_RESERVED_PREFIX = "RACKPLANE_"
@@ -300,6 +302,17 @@ class WorkloadCreate(StrictModel):
         pattern=r"^[a-z0-9][a-z0-9._/:@-]*$",
         description="Container (or VM disk) image: what the `podman` runtime runs, and the "
         "rendered manifest's (default: CUDA base).",
+    )
+    workdir: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        pattern=WORKDIR_PATTERN,
+        description="Where the command starts. `process`: a path relative to the run's own "
+        "directory (its HOME), made for it (`src/app`); `podman`: an absolute path in the "
+        "container (`/workspace`), as `podman run --workdir`. Omitted: the run's own directory, "
+        "or the image's working directory. Not for VMs.",
+        examples=["src/app"],
     )
     command: list[Annotated[str, Field(max_length=16384)]] | None = Field(
         None,
@@ -393,6 +406,19 @@ class WorkloadCreate(StrictModel):
             )
         if self.runtime == "podman" and not self.image:
             raise ValueError("the podman runtime needs an image")
+        if self.workdir is not None:
+            parts = self.workdir.strip("/").split("/")
+            if any(p in ("", ".", "..") for p in parts):
+                raise ValueError("workdir has an empty, `.` or `..` part")
+            if self.runtime == "vm":
+                raise ValueError("workdir is for `process` and `podman` runs, not VMs")
+            if self.runtime == "process" and self.workdir.startswith("/"):
+                raise ValueError(
+                    "a `process` run's workdir is relative to its own directory (no `/` first): "
+                    "a run reaches nothing of the host's outside it"
+                )
+            if self.runtime == "podman" and not self.workdir.startswith("/"):
+                raise ValueError("a `podman` run's workdir is an absolute path in the container")
         both = sorted(set(self.env) & set(self.secret_env))
         if both:
             raise ValueError(f"{', '.join(both)} is set by both env and secret_env")
@@ -532,6 +558,7 @@ class WorkloadOut(OutModel):
     checkpoint_cost_s: int
     labels: dict[str, str]
     image: str | None
+    workdir: str | None = Field(None, description="Where its command starts (see submit's)")
     command: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: dict[str, str] = Field(

@@ -117,6 +117,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         checkpoint_cost_s=body.checkpoint.cost_s,
         labels=dict(body.labels),
         image=body.image,
+        workdir=body.workdir,
         command=list(body.command) if body.command is not None else None,
         env=dict(body.env),
         secret_env=dict(body.secret_env),

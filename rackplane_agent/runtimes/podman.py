@@ -166,6 +166,8 @@ def podman_argv(
     for device in assignment.devices:
         argv += ["--device", f"nvidia.com/gpu={device}"]
     argv += ["--env-file", f"/dev/fd/{ENV_FD}"]
+    if assignment.workdir:
+        argv += ["--workdir", assignment.workdir]
     argv += [
         f"--userns=auto:size={USERNS_SIZE}",
         "--security-opt",

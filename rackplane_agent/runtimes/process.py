@@ -34,6 +34,27 @@ def run_env(
     return {**env, **assignment.env}
 
 
+def start_dir(place: RunPlace, workdir: str | None) -> Path:
+    """Where a process run starts: its own directory, or `workdir` under it, made now (the
+    run's, as its directory is). The directory is fresh, nothing of the run's has run in it
+    yet: no link in it can point elsewhere. A path that would leave it is refused."""
+    if not workdir:
+        return place.workdir
+    parts = Path(workdir).parts
+    if Path(workdir).is_absolute() or any(p in ("", ".", "..") for p in parts):
+        raise WorkloadStartError(f"workdir {workdir!r} is not a path inside the run's directory")
+    here = place.workdir
+    for part in parts:
+        here = here / part
+        if here.is_symlink():
+            raise WorkloadStartError(f"workdir {workdir!r} goes through a link")
+        if not here.exists():
+            here.mkdir(mode=0o770)
+            if place.user is not None:
+                os.chown(here, place.user.uid, place.user.gid)
+    return here
+
+
 def resolve_command(argv0: str, path: str | None, cwd: Path) -> str:
     """Where argv[0] is: on PATH for a bare name, else relative to the run's directory."""
     if os.sep in argv0:
@@ -75,7 +96,8 @@ class ProcessRuntime(ShimRuntime):
         rec: RunRecord,
     ) -> subprocess.Popen:
         full = {**run_env(assignment, self._environ, place), **env}
-        resolve_command(assignment.command[0], full.get("PATH"), place.workdir)
+        cwd = start_dir(place, assignment.workdir)
+        resolve_command(assignment.command[0], full.get("PATH"), cwd)
         cgroup = None
         if self._cgroups is not None:
             cgroup = self._cgroups.create(rec.key, assignment.cpu_milli, assignment.memory_mib)
@@ -87,7 +109,7 @@ class ProcessRuntime(ShimRuntime):
                 exit_file=run_dir / EXIT_FILE,
                 output=run_dir / OUTPUT_FILE,
                 host_env=base_env(self._environ),
-                cwd=place.workdir,
+                cwd=cwd,
                 user=place.user,
                 cgroup=cgroup,
                 max_output=self._max_output,

@@ -74,6 +74,11 @@ def test_podman_argv_minimal_and_refusals():
     assert {"--userns=auto:size=65536", "no-new-privileges", "--init"} <= set(argv)
     assert argv[argv.index("--cap-drop") + 1] == "all"
     assert "--read-only" not in argv  # the wire cannot ask for it yet
+    assert "--workdir" not in argv  # the image's own
+    there = podman_argv(assignment("w2", ["make"], runtime="podman", image="img", workdir="/src"))
+    assert there[there.index("--workdir") + 1] == "/src" and there.index("--workdir") < there.index(
+        "--"
+    )
 
 
 KEYS = [

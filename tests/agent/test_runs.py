@@ -544,3 +544,19 @@ def test_a_run_whose_env_is_refused_fails_to_start_as_the_workloads_own(state_di
     run = step_until(a, lambda: (r := client.last(W1)) and r.state == "failed_to_start" and r)
     assert run.fault == "workload" and "secret 'hf-token'" in run.message
     assert run.pid is None
+
+
+def test_a_process_run_starts_in_its_workdir_made_under_its_own_directory(state_dir):
+    client = FakeClient()
+    a = agent(state_dir, client)
+    code = "import os; print('cwd', os.getcwd()); print('home', os.environ['HOME'])"
+    a.set_assignments(assignments(assignment(W1, python(code), workdir="src/app")))
+    run = step_until(a, lambda: (r := client.last(W1)) and r.state == "exited" and r)
+    rec = a.runs[f"{W1}.0.0"]
+    assert run.exit_code == 0, run.tail
+    assert f"cwd {Path(rec.workdir) / 'src' / 'app'}" in run.tail
+    assert f"home {rec.workdir}" in run.tail
+    # A path out of its directory never reaches a process (the API refuses it first too).
+    a.set_assignments(assignments(assignment(W2, python(code), workdir="../../etc")))
+    bad = step_until(a, lambda: (r := client.last(W2)) and r.state == "failed_to_start" and r)
+    assert bad.fault == "workload" and "not a path inside" in bad.message

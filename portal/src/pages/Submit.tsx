@@ -88,6 +88,7 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
   // a job or an instance runs as a process or in a podman container.
   if (kind !== "vm" && v("runtime") && v("runtime") !== "process") input.runtime = v("runtime");
   if (v("image")) input.image = v("image");
+  if (kind !== "vm" && v("workdir")) input.workdir = v("workdir");
   // The SSH keys that may log in (instances and VMs): their names, as the tenant keeps them.
   if (kind !== "job") {
     const keys = [...form.querySelectorAll<HTMLInputElement>("input[name=sshKey]:checked")].map((i) => i.value);
@@ -270,6 +271,12 @@ export function Submit() {
           placeholder={"python3\ntrain.py\n--steps\n100"}
           aria-invalid={!!bad("command")}
         />
+        {kind !== "vm" && (
+          <>
+            <label for="workdir">Working directory (a process: relative to its own directory; a container: absolute)</label>
+            <input id="workdir" name="workdir" maxLength={255} spellcheck={false} placeholder="src/app" aria-invalid={!!bad("workdir")} />
+          </>
+        )}
         <label for="env">Environment (one KEY=value per line)</label>
         <textarea id="env" name="env" rows={2} spellcheck={false} placeholder="LR=0.001" aria-invalid={!!bad("env")} />
         <label for="secretEnv">

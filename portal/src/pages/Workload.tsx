@@ -7,7 +7,7 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   id name kind state tier priority replicas gpuMilli region shape topology labels
   createdAt startedAt finishedAt interruptions lostWorkGpuS preemptions lastCheckpointAt
   placement { replica region rack node gpuIndices migProfile migSlot }
-  runtime sshKeys secretEnv connect { host port user command ready readyAt }
+  runtime workdir sshKeys secretEnv connect { host port user command ready readyAt }
   restartPolicy restarts notBefore pending { reason detail since }
 } }`;
 
@@ -28,6 +28,7 @@ interface W extends WorkloadSummary {
   runtime: string;
   sshKeys: string[];
   secretEnv: Record<string, string>;
+  workdir: string | null;
   connect: Connect | null;
   restartPolicy: RestartPolicy;
   restarts: Record<string, number>;
@@ -268,6 +269,14 @@ export function WorkloadPage({ id }: { id: string }) {
             <dd>{w.region ?? "—"}</dd>
             <dt>Runtime</dt>
             <dd>{w.runtime}</dd>
+            {w.workdir && (
+              <>
+                <dt>Starts in</dt>
+                <dd>
+                  <code data-testid="workdir">{w.workdir}</code>
+                </dd>
+              </>
+            )}
             {w.topology && (
               <>
                 <dt>Topology</dt>
