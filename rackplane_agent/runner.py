@@ -69,7 +69,6 @@ from rackplane_wire import (
     Inventory,
     LogBatch,
     LogChunk,
-    RunEnv,
     RunReport,
     RunState,
     StatusReport,
@@ -184,6 +183,7 @@ class Agent:
         except StateDirBusy as exc:
             raise StartupError(str(exc)) from None
         try:
+            self.state.sweep_launch_files()
             self._runtime_names = runtimes.available(self.config.runtimes)
             self._users.prepare(self.state.root)
         except (ValueError, WorkDirError, OSError) as exc:
@@ -405,30 +405,38 @@ class Agent:
             return str(exc)
         return None
 
-    def _secret_env(self, a: Assignment) -> RunEnv | None:
-        """The run's secret env, fetched as it starts (or why it cannot start); None: not now
-        (try again later)."""
+    def _secret_env(self, a: Assignment) -> tuple[dict[str, str], str | None] | None:
+        """The run's secret env, fetched as it starts, and why it cannot start if the control
+        plane refuses it (`run_refused`: the workload's own doing); None: not now (try again
+        later)."""
         if not a.fetch_env:
-            return RunEnv(env={})
+            return {}, None
         key = run_key(a.workload_id, a.attempt, a.replica)
         if time.monotonic() < self._env_retry_at.get(key, 0.0):
             return None
         try:
-            env = self.client.run_env(a.workload_id, a.attempt, a.replica)
+            env = self.client.run_env(a.workload_id, a.attempt, a.replica).env
         except CredentialRefused:
             return None  # the sync loop stops the agent
-        except (TransientError, ApiError) as exc:
+        except ApiError as exc:
+            if exc.code == "run_refused":
+                self._env_retry_at.pop(key, None)
+                return {}, exc.detail
+            self._env_retry_at[key] = time.monotonic() + self.config.backoff_max / 4
+            log.warning(kv("run_env_unavailable", run=key, error=exc))
+            return None
+        except TransientError as exc:
             self._env_retry_at[key] = time.monotonic() + self.config.backoff_max / 4
             log.warning(kv("run_env_unavailable", run=key, error=exc))
             return None
         self._env_retry_at.pop(key, None)
-        return env
+        return env, None
 
     def _start(self, a: Assignment, now: float) -> None:
         fetched = self._secret_env(a)
         if fetched is None:
             return
-        secret = fetched.env
+        secret, refused = fetched
         run_dir = self.state.run_dir(a.workload_id, a.attempt, a.replica)
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         rec = RunRecord(
@@ -442,8 +450,8 @@ class Agent:
         )
         self._runs[rec.key] = rec
         problem = self._refusal(a, rec)
-        if problem is None and fetched.refused:
-            problem, rec.fault = fetched.refused, "workload"
+        if problem is None and refused:
+            problem, rec.fault = refused, "workload"
         # The SSH port is the agent's to choose, whatever the assignment says.
         port = None
         if problem is None and a.ssh_keys and self._runtimes[a.runtime].serves_ssh:

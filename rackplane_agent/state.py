@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -47,12 +48,16 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts).astimezone().isoformat()
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
+    """Replace `path` with `data` at once. `sync=False`: not forced to the disk (what only
+    lives until a process reads it, as a run's launch file with its secrets, need not stay
+    there after a power cut; the agent sweeps what is left at its start)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.chmod(tmp, mode)
@@ -248,6 +253,22 @@ class StateDir:
         if not self.runs.is_dir():
             return []
         return sorted(p for p in self.runs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def sweep_launch_files(self, older_than_s: float = 60.0) -> int:
+        """Remove launch files a shim never read (a crash between writing one and the shim's
+        start): each holds a run's whole env, its secrets among it. One younger than
+        `older_than_s` may still be read by a shim starting now, and is left."""
+        gone = 0
+        cutoff = time.time() - older_than_s
+        for run_dir in self.run_dirs():
+            for f in run_dir.glob("*launch.json*"):
+                try:
+                    if f.stat().st_mtime < cutoff:
+                        f.unlink()
+                        gone += 1
+                except OSError:
+                    pass
+        return gone
 
     @staticmethod
     def remove_run(run_dir: Path) -> None:

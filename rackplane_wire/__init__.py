@@ -18,7 +18,8 @@ Routes (all under `/v1/agent`, `Authorization: Bearer rpn_...` except `join`):
   heartbeat (send one at least every `Assignments.heartbeat_s`, even empty).
 - `POST /logs` (`LogBatch` -> `LogAck`): output, batched, each chunk at its byte offset in the
   replica's output, so a repeated chunk is stored once.
-- `GET /runs/{workload_id}/{attempt}/{replica}/env` (-> `RunEnv`): the run's secret part of its
+- `GET /runs/{workload_id}/{attempt}/{replica}/env` (-> `RunEnv`; 409 `run_refused`: it cannot
+  start, the workload's own doing, said in the problem's detail): the run's secret part of its
   environment (the workload's own `env` and its `RACKPLANE_TOKEN`), fetched when the agent starts
   that run; answered only while the node holds that run and it has not started.
 """
@@ -379,9 +380,6 @@ class RunEnv(_Wire):
     own `env`, the values of the tenant secrets it names (`secret_env`) and its run token."""
 
     env: dict[str, str]
-    # Set: the run cannot start, for a reason of the workload's own (a secret it names is gone);
-    # the agent reports it `failed_to_start` with `fault: workload` and this message.
-    refused: str | None = Field(None, max_length=2000)
 
 
 class LogChunk(_Wire):

@@ -263,6 +263,10 @@ def test_anonymous_and_failed_auth_traffic_has_its_own_budget_per_address(
         guess = good[:-4] + f"{i:04d}"
         assert client.get("/v1/workloads", headers=auth(guess)).status_code == 429
     assert len(lookups) - before == 3
+    # The guesser spent its guessed prefix's allowance, not the address's: another live key
+    # behind the same NAT, not yet cached, still gets in.
+    other = world.key(world.tenant("gamma", policy=POLICY), name="behind-the-nat")
+    assert client.get("/v1/workloads", headers=auth(other)).status_code == 200
     with session_scope() as s:
         rows = s.scalars(select(AuditEntry).where(AuditEntry.principal == "anonymous")).all()
         assert len(rows) == 3  # the first 401, the first 429, the first anonymous GraphQL 429

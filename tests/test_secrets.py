@@ -88,7 +88,6 @@ def test_a_secret_reaches_only_the_run_that_names_it(client, world, session, cel
     node, attempt = held
     env = client.get(f"/v1/agent/runs/{wid}/{attempt}/0/env", headers=auth(creds[node]))
     assert env.status_code == 200 and env.json()["env"]["HF_TOKEN"] == VALUE + "2", env.text
-    assert env.json()["refused"] is None
     elsewhere = "a-2" if node == "a-1" else "a-1"
     refused = client.get(f"/v1/agent/runs/{wid}/{attempt}/0/env", headers=auth(creds[elsewhere]))
     assert refused.status_code == 409
@@ -101,8 +100,8 @@ def test_a_secret_reaches_only_the_run_that_names_it(client, world, session, cel
     session.execute(TenantSecret.__table__.delete())
     session.commit()
     gone = client.get(f"/v1/agent/runs/{wid}/{attempt}/0/env", headers=auth(creds[node]))
-    assert gone.status_code == 200 and gone.json()["env"] == {}
-    assert "secret 'hf-token' (for HF_TOKEN) is gone" in gone.json()["refused"]
+    assert gone.status_code == 409 and gone.json()["code"] == "run_refused", gone.text
+    assert "secret 'hf-token' (for HF_TOKEN) is gone" in gone.json()["detail"]
 
     # Nothing the tenant or an operator reads shows the value.
     for path, who in (
@@ -143,3 +142,24 @@ def test_graphql_sets_lists_and_deletes_secrets_with_rest_codes(client, world):
     )
     # REST and GraphQL are one implementation: what one set, the other reads.
     assert client.get("/v1/secrets", headers=auth(key)).json()["items"] == []
+
+
+def test_a_value_that_does_not_coerce_is_not_repeated_back(client, world):
+    """graphql-core repeats a variable's value when it does not coerce: a secret sent with its
+    name missing must not come back in the error."""
+    from tests.test_graphql import codes, gql
+
+    key = world.key(world.tenant("acme"))
+    put = "mutation($i: SecretInput!) { putSecret(input: $i) { __typename } }"
+    body = gql(client, key, put, i={"value": VALUE})
+    assert codes(body) == ["invalid_variables"] and VALUE not in str(body), body
+    assert "'name'" in body["errors"][0]["message"], body
+    extra = gql(client, key, put, i={"name": "x", "value": VALUE, "other": 1})
+    assert codes(extra) == ["invalid_variables"] and VALUE not in str(extra), extra
+    # A name that could never be one is simply not there (no internal error).
+    gone = gql(
+        client,
+        key,
+        'mutation { deleteSecret(name: "a\\u0000b") { __typename ... on Problem { code } } }',
+    )
+    assert gone["data"]["deleteSecret"]["code"] == "secret_not_found", gone

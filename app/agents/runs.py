@@ -162,8 +162,9 @@ def run_env(
     """The secret part of a run's environment (the workload's `env`, the values of the
     secrets its `secret_env` names, its run token), for the node that holds that run now,
     before it has started; a node's credential alone never reads a running workload's
-    secrets, nor any run of another node's. A secret it names that is gone: a refusal the
-    agent reports as the run's own failure to start."""
+    secrets, nor any run of another node's. A secret it names that is gone (or that the
+    runtime cannot pass): 409 `run_refused`, which the agent reports as the run's own failure
+    to start."""
     row = session.execute(
         select(Allocation, Workload)
         .join(Workload, Workload.id == Allocation.workload_id)
@@ -185,8 +186,24 @@ def run_env(
     try:
         secrets = secret_values(session, w.tenant_id, dict(w.secret_env or {}))
     except SecretUnavailable as exc:
-        return RunEnv(env={}, refused=f"it cannot start: {exc.detail}")
+        raise RunRefused(f"it cannot start: {exc.detail}", secret=exc.extra.get("secret")) from None
+    if w.runtime == "podman":
+        # A container gets its env as `NAME=value` lines (env itself is checked at submission).
+        broken = sorted(k for k, v in secrets.items() if "\n" in v or "\r" in v)
+        if broken:
+            raise RunRefused(
+                f"it cannot start: the secret for {', '.join(broken)} holds a line break, which "
+                "the podman runtime cannot pass to a container"
+            )
     return RunEnv(env={**(w.env or {}), **secrets, "RACKPLANE_TOKEN": mint(w.id, w.attempts)})
+
+
+class RunRefused(Conflict):
+    """The run cannot start, for a reason of the workload's own: its agent reports it
+    `failed_to_start` with `fault: workload` and this detail (an agent that does not know the
+    code retries, and the start times out: never a run without its environment)."""
+
+    code = "run_refused"
 
 
 def refreshed(out: Assignments) -> Assignments:

@@ -55,7 +55,10 @@ def secrets_set(
             raw = sys.stdin.buffer.read(MAX_SECRET_BYTES * 4 + 1)
     except OSError as e:
         fail(escape(f"cannot read {from_file}: {e.strerror}"), 2)
-    value = raw.decode("utf-8", "replace").removesuffix("\n").removesuffix("\r")
+    try:
+        value = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError:
+        fail("the value is not UTF-8 text (a secret is given to a process as an env value)", 2)
     try:
         body = SecretSet.model_validate({"name": name, "value": value})  # REST's rules
     except ValidationError as e:
@@ -64,7 +67,10 @@ def secrets_set(
             2,
         )
     with session_scope() as session:
-        row, created = put_secret(session, _tenant_id(session, tenant), body.name, body.value)
+        try:
+            row, created = put_secret(session, _tenant_id(session, tenant), body.name, body.value)
+        except AppError as e:  # its words and code, never the value
+            fail(escape(f"{e.detail} ({e.code})"), 2)
         out = SecretOut.model_validate(row)
     console.print(
         f"secret {out.name} {'set' if created else 'replaced'}: {out.size} bytes, "

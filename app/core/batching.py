@@ -10,6 +10,7 @@ meanwhile is the next batch.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ class GroupCommit(Generic[T, R]):
         fut: asyncio.Future = loop.create_future()
         q.items.append((item, fut))
         if q.drainer is None:
-            q.drainer = loop.create_task(self._drain(q))
+            # A context of its own: the batch is no one request's (its logs carry none's id).
+            q.drainer = loop.create_task(self._drain(q), context=contextvars.Context())
         return await fut
 
     async def _drain(self, q: _Queue) -> None:
@@ -65,6 +67,9 @@ class GroupCommit(Generic[T, R]):
                     raise
                 except Exception as exc:
                     results = [exc] * len(batch)
+                if len(results) != len(batch):  # never leave a caller waiting forever
+                    wrong = RuntimeError(f"a batch of {len(batch)} gave {len(results)} results")
+                    results = [wrong] * len(batch)
                 for (_, fut), result in zip(batch, results, strict=True):
                     if fut.done():  # its caller went away
                         continue

@@ -24,6 +24,7 @@ Every limit's refusal carries a code in its extensions, as every other error doe
 from __future__ import annotations
 
 import json
+import re
 from contextvars import ContextVar
 from typing import Any
 
@@ -457,9 +458,35 @@ class LimitCodes(SchemaExtension):
                 code = "internal_error"
             elif error.message.startswith("Variable '$"):
                 code = "invalid_variables"
+                error.message = _without_value(error)
             else:  # a value the schema's scalars refuse (a BigInt that is not an integer...)
                 code = "graphql_validation_failed"
             error.extensions = {**(error.extensions or {}), "code": code}
+
+
+_VARIABLE = re.compile(r"^Variable '(\$[A-Za-z_][A-Za-z0-9_]*)' ")
+# Where graphql-core's reasons go on to repeat the value they got.
+_ECHO = re.compile(r",? found:? |(?<= value): ", re.IGNORECASE)
+
+
+def _without_value(error: GraphQLError) -> str:
+    """graphql-core says which variable did not coerce and repeats the value it got (`got
+    invalid value {...}`, `..., found {...}`, `cannot represent a non string value: ...`): a
+    secret's value sent with a field missing would come back in the answer, and in whatever
+    logs answers. The variable's name and the reason only, the value cut."""
+    m = _VARIABLE.match(error.message)
+    if m is None:
+        return error.message
+    rest = error.message[m.end() :]
+    if rest.startswith("got invalid value "):
+        inner = error.original_error
+        reason = inner.message if isinstance(inner, GraphQLError) else "it does not fit its type"
+    elif rest.startswith("has invalid value: "):
+        reason = rest[len("has invalid value: ") :]
+    else:  # not provided, must not be null, not an input type: no value in it
+        return error.message
+    reason = _ECHO.split(reason, maxsplit=1)[0].rstrip(".")
+    return f"Variable '{m.group(1)}' has an invalid value: {reason}."
 
 
 def _coded(errors: list[GraphQLError] | None) -> None:

@@ -40,16 +40,30 @@ def take_many(
     session: Session, reports: list[tuple[uuid.UUID, BurnInReport]], now: datetime
 ) -> list[bool]:
     """Agents' reports on their nodes' burn-ins, in one transaction (a fleet's bring-up sends a
-    thousand at once): each whether it was news. Their burn-ins, then their nodes, are read
-    and locked in one statement each (in id order, as every path that locks both does), and
-    their racks' names in one, so that the changes are written together at the flush instead
-    of a few round trips per node."""
+    thousand at once): each whether it was news. The nodes of the finished ones, then the
+    burn-ins, are read and locked in one statement each (in id order), and their racks' names
+    in one, so that the changes are written together at the flush instead of a few round
+    trips per node."""
     ids: list[uuid.UUID | None] = []
     for _, report in reports:
         try:
             ids.append(uuid.UUID(report.id))
         except ValueError:
             ids.append(None)
+    # Nodes first, then their burn-ins, as every path that locks both does (a burn-in starts
+    # with its node locked: `suite.start`), each in id order: no two batches, nor a batch and
+    # a start, wait on each other in a circle.
+    done_nodes = sorted({node_id for node_id, report in reports if report.done})
+    nodes = (
+        {
+            n.id: n
+            for n in session.scalars(
+                select(Node).where(Node.id.in_(done_nodes)).order_by(Node.id).with_for_update()
+            )
+        }
+        if done_nodes
+        else {}
+    )
     wanted = sorted({i for i in ids if i is not None})
     found = (
         {
@@ -74,19 +88,10 @@ def take_many(
             continue
         b.results = results
         out.append(True)
-        if report.done:
+        if report.done and b.node_id in nodes:
             judged.append((b, report))
     if not judged:
         return out
-    nodes = {
-        n.id: n
-        for n in session.scalars(
-            select(Node)
-            .where(Node.id.in_(sorted({b.node_id for b, _ in judged})))
-            .order_by(Node.id)
-            .with_for_update()
-        )
-    }
     racks = {
         rack_id: (region, rack)
         for rack_id, region, rack in session.execute(

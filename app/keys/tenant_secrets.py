@@ -7,6 +7,7 @@ through that run's environment (app/agents/runs.py `run_env`). REST (/v1/secrets
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from sqlalchemy import select
@@ -14,8 +15,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
-from app.core.errors import Conflict, NotFound
-from app.core.schemas import PageParams, paginate
+from app.core.errors import Conflict, NotFound, ServiceUnavailable
+from app.core.logging import get_logger
+from app.core.schemas import RESOURCE_NAME_PATTERN, PageParams, paginate
 from app.core.secrets import seal, unseal
 from app.models.keys import TenantSecret
 from app.models.workloads import Workload
@@ -23,6 +25,7 @@ from app.scheduling.lifecycle import TERMINAL
 from app.tenancy.scoping import Owner, restrict, scoped_select
 
 _PURPOSE = "tenant-secret"
+log = get_logger(__name__)
 
 
 def _context(tenant_id: uuid.UUID, name: str) -> bytes:
@@ -78,7 +81,9 @@ def get_secret(
     session: Session, owner: Owner, name: str, *, for_update: bool = False
 ) -> TenantSecret:
     """One of `owner`'s secrets by name (a caller: its tenant's; a tenant id: that tenant's,
-    as the CLI chooses); 404 `secret_not_found` otherwise."""
+    as the CLI chooses); 404 `secret_not_found` otherwise (a name none could have too)."""
+    if re.fullmatch(RESOURCE_NAME_PATTERN, name) is None:
+        raise NotFound("No secret has that name.", code="secret_not_found")
     stmt = scoped_select(owner, TenantSecret).where(TenantSecret.name == name)
     row = session.scalar(stmt.with_for_update() if for_update else stmt)
     if row is None:
@@ -119,8 +124,10 @@ def delete_secret(session: Session, owner: Owner, name: str) -> TenantSecret:
 
 def secret_values(session: Session, tenant_id: uuid.UUID, refs: dict[str, str]) -> dict[str, str]:
     """The environment a run gets from the tenant's secrets: {VAR: value} for `refs` ({VAR:
-    secret name}). A secret gone since (its tenant was deleted, say) or one that no longer
-    opens (the server's secret key changed) is left out, and named in the second value."""
+    secret name}). A secret gone since (its row deleted behind the API's back: the API refuses
+    to delete one in use) is the workload's to answer for: `SecretUnavailable`. One that no
+    longer opens (`RACKPLANE_SECRET_KEY` changed, or differs between API hosts) is the
+    operator's: logged, and `SecretsSealedAway` (503: the agent asks again later)."""
     if not refs:
         return {}
     rows = {
@@ -136,14 +143,22 @@ def secret_values(session: Session, tenant_id: uuid.UUID, refs: dict[str, str]) 
     out: dict[str, str] = {}
     for var, name in refs.items():
         row = rows.get(name)
-        plain = unseal(_PURPOSE, row.sealed, _context(tenant_id, name)) if row else None
+        if row is None:
+            raise SecretUnavailable(f"secret {name!r} (for {var}) is gone", secret=name)
+        plain = unseal(_PURPOSE, row.sealed, _context(tenant_id, name))
         if plain is None:
-            raise SecretUnavailable(
-                f"secret {name!r} (for {var}) is gone or cannot be opened",
-                secret=name,
+            log.error("tenant_secret_unsealable", tenant=str(tenant_id), secret=name)
+            raise SecretsSealedAway(
+                "A secret this run needs cannot be opened with this server's secret key "
+                "(RACKPLANE_SECRET_KEY changed, or differs between API hosts); an operator must "
+                "restore the key, or the tenant set the secret again."
             )
         out[var] = plain.decode()
     return out
+
+
+class SecretsSealedAway(ServiceUnavailable):
+    code = "secret_unsealable"
 
 
 class SecretUnavailable(Conflict):

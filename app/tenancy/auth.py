@@ -9,7 +9,7 @@ import string
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -268,8 +268,9 @@ async def resolve_key(
 
     `before_lookup` refuses the lookup when the caller's address has spent its anonymous
     budget (429); a live key's prefix is still looked up then (one client behind a NAT must
-    not lock out the others), at most `LIVE_LOOKUPS_PER_MINUTE` times a minute per `address`
-    (a prefix is no secret: guessing secrets behind a known one is paced too)."""
+    not lock out the others), until `LIVE_LOOKUPS_PER_MINUTE` lookups from `address` behind
+    that prefix failed in a minute (a prefix is no secret: guessing secrets behind a known one
+    is paced too; a guesser spends the allowance of its guessed prefix only)."""
     prefix = parse_prefix(raw)
     if prefix is None:
         raise Unauthorized("The API key is malformed.", code="invalid_api_key")
@@ -277,17 +278,24 @@ async def resolve_key(
     epoch = _cache.epoch()
     ctx = _cache.get(digest, epoch)
     if ctx is None:
+        past = None  # the allowance a lookup past the spent budget draws on
         if before_lookup is not None:
             try:
                 before_lookup()
             except AppError as exc:
+                past = f"{address or ''} {prefix}"
                 if (
                     exc.status != 429
                     or not await _live_prefix(prefix, epoch)
-                    or not _past_budget.take(address or "")
+                    or not _past_budget.allows(past)
                 ):
                     raise
-        ctx, expires_at = await run_in_threadpool(_lookup, prefix, digest)
+        try:
+            ctx, expires_at = await run_in_threadpool(_lookup, prefix, digest)
+        except Unauthorized:
+            if past is not None:
+                _past_budget.spend(past)
+            raise
         _cache.put(digest, epoch, ctx, expires_at)
     return ctx
 
@@ -296,26 +304,35 @@ LIVE_LOOKUPS_PER_MINUTE = 20
 
 
 class _Window:
-    """At most `limit` events per address in any `seconds` (in this process: the anonymous
-    budget before it is shared; this is only the allowance past it)."""
+    """At most `limit` failures per key (an address and the prefix tried behind it) in any
+    `seconds`, in this process; at most `keys` keys kept (the oldest forgotten first)."""
 
-    def __init__(self, limit: int, seconds: float) -> None:
-        self.limit, self.seconds = limit, seconds
-        self.seen: dict[str, deque[float]] = {}
+    def __init__(self, limit: int, seconds: float, keys: int = 10_000) -> None:
+        self.limit, self.seconds, self.keys = limit, seconds, keys
+        self.seen: OrderedDict[str, deque[float]] = OrderedDict()
         self.lock = threading.Lock()
 
-    def take(self, address: str) -> bool:
+    def _recent(self, key: str, now: float) -> deque[float] | None:
+        q = self.seen.get(key)
+        while q and q[0] <= now - self.seconds:
+            q.popleft()
+        return q
+
+    def allows(self, key: str) -> bool:
+        with self.lock:
+            q = self._recent(key, time.monotonic())
+            return q is None or len(q) < self.limit
+
+    def spend(self, key: str) -> None:
         now = time.monotonic()
         with self.lock:
-            if len(self.seen) > 10_000:  # forget idle addresses
-                self.seen = {a: q for a, q in self.seen.items() if q and q[-1] > now - self.seconds}
-            q = self.seen.setdefault(address, deque())
-            while q and q[0] <= now - self.seconds:
-                q.popleft()
-            if len(q) >= self.limit:
-                return False
+            q = self._recent(key, now)
+            if q is None:
+                q = self.seen[key] = deque()
+                while len(self.seen) > self.keys:
+                    self.seen.popitem(last=False)
+            self.seen.move_to_end(key)
             q.append(now)
-            return True
 
 
 _past_budget = _Window(LIVE_LOOKUPS_PER_MINUTE, 60.0)

@@ -163,8 +163,10 @@ def check_secrets(session: Session, tenant_id: Any, refs: dict[str, str]) -> Non
     names = sorted(set(refs.values()))
     if not names:
         return
+    # Shared locks: a delete of one of them (which looks for live workloads naming it) waits
+    # for this submission's commit, and then sees it.
     stmt = scoped_select(tenant_id, TenantSecret).where(TenantSecret.name.in_(names))
-    found = {s.name for s in session.scalars(stmt)}
+    found = {s.name for s in session.scalars(stmt.with_for_update(read=True))}
     missing = [n for n in names if n not in found]
     if missing:
         raise ValidationFailed(

@@ -243,7 +243,9 @@ def spawn_shim(
         "umask": 0o007 if user else 0o022,
     }
     launch_file = run_dir / LAUNCH_FILE
-    write_atomic(launch_file, json.dumps(launch).encode(), 0o600)
+    # It holds the run's whole env (its secrets, its token) until the shim reads and removes
+    # it: not synced to the disk, and swept at the agent's start if a crash left it.
+    write_atomic(launch_file, json.dumps(launch).encode(), 0o600, sync=False)
     shim = [sys.executable, "-m", "rackplane_agent.shim", "--exit-file", str(exit_file)]
     shim += ["--launch", str(launch_file)]
     if cgroup:

@@ -79,7 +79,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rackplane_agent.logfmt import kv
-from rackplane_agent.runtimes.base import RunPlace, ShimRuntime, StartError, base_env, spawn_shim
+from rackplane_agent.runtimes.base import (
+    RunPlace,
+    ShimRuntime,
+    StartError,
+    WorkloadStartError,
+    base_env,
+    spawn_shim,
+)
 from rackplane_agent.runtimes.sshbundle import INIT as SSH_INIT
 from rackplane_agent.runtimes.sshbundle import MOUNT as SSH_MOUNT
 from rackplane_agent.runtimes.sshbundle import SshBundle
@@ -209,10 +216,11 @@ def podman_argv(
 
 
 def check_env(env: dict[str, str]) -> None:
-    """An env-file line holds one `NAME=value`: a value with a line break cannot be passed."""
+    """An env-file line holds one `NAME=value`: a value with a line break cannot be passed (the
+    workload's env and secrets are its own: its fault, not the node's)."""
     broken = sorted(k for k, v in env.items() if "\n" in v or "\r" in v)
     if broken:
-        raise StartError(
+        raise WorkloadStartError(
             f"env {', '.join(broken)} holds a line break, which the podman runtime cannot pass"
         )
 

@@ -117,7 +117,7 @@ class FakeClient:
         with self.lock:
             self.env_fetches.append((workload_id, attempt, replica))
             if workload_id in self.env_refusals:
-                return RunEnv(env={}, refused=self.env_refusals[workload_id])
+                raise ApiError(409, "run_refused", self.env_refusals[workload_id], "/runs")
             if workload_id not in self.secret_env:
                 raise ApiError(409, "run_not_startable", "not held", "/runs")
             return RunEnv(env=self.secret_env[workload_id])

@@ -560,3 +560,19 @@ def test_a_process_run_starts_in_its_workdir_made_under_its_own_directory(state_
     a.set_assignments(assignments(assignment(W2, python(code), workdir="../../etc")))
     bad = step_until(a, lambda: (r := client.last(W2)) and r.state == "failed_to_start" and r)
     assert bad.fault == "workload" and "not a path inside" in bad.message
+
+
+def test_a_launch_file_a_shim_never_read_is_swept_at_start(state_dir):
+    """A launch file holds a run's whole env (its secrets): one a crash left behind is removed
+    when the agent starts again; one a shim may be reading right now is not."""
+    from rackplane_agent.state import StateDir
+
+    state = StateDir(Path(state_dir))
+    state.ensure()
+    old_dir, new_dir = state.run_dir(W1, 1, 0), state.run_dir(W2, 1, 0)
+    for d in (old_dir, new_dir):
+        d.mkdir(parents=True)
+        (d / "launch.json").write_text('{"env": {"HF_TOKEN": "s3cret"}}')
+    os.utime(old_dir / "launch.json", (time.time() - 3600, time.time() - 3600))
+    agent(state_dir, FakeClient())
+    assert not (old_dir / "launch.json").exists() and (new_dir / "launch.json").exists()
