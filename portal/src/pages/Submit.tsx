@@ -280,7 +280,7 @@ export function Submit() {
         <label for="env">Environment (one KEY=value per line)</label>
         <textarea id="env" name="env" rows={2} spellcheck={false} placeholder="LR=0.001" aria-invalid={!!bad("env")} />
         <label for="secretEnv">
-          From your <a href="/portal/secrets">secrets</a> (one VAR=secret-name per line; never shown)
+          From your <a href="/portal/secrets">secrets</a> (one VAR=secret per line; values never shown)
         </label>
         <textarea
           id="secretEnv"
