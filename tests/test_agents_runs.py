@@ -364,6 +364,29 @@ def test_inventory_assignments_and_reports_drive_a_gang(
     left = client.get("/v1/agent/assignments", headers=auth(creds["a-1"])).json()["assignments"]
     assert all(x["workload_id"] != wid for x in left)
 
+    # A job array's elements each run with their own index (issue 45 item 14).
+    made = client.post(
+        "/v1/workloads",
+        json={"kind": "job", "gpus": 2, "command": ["sweep"], "array": {"count": 2}},
+        headers=auth(key),
+    )
+    assert made.status_code == 201, made.text
+    array_id = made.json()["array"]["id"]
+
+    def indices() -> list[tuple[str, str, str]]:
+        got = []
+        for n in ("a-1", "a-2"):
+            a = client.get("/v1/agent/assignments", headers=auth(creds[n])).json()["assignments"]
+            got += [
+                (x["env"]["RACKPLANE_ARRAY_INDEX"], x["env"]["RACKPLANE_ARRAY_COUNT"],
+                 x["env"]["RACKPLANE_ARRAY_ID"])
+                for x in a if "RACKPLANE_ARRAY_INDEX" in x["env"]
+            ]  # fmt: skip
+        return sorted(got)
+
+    assert wait_until(lambda: len(indices()) == 2, timeout=30)
+    assert indices() == [("0", "2", array_id), ("1", "2", array_id)]
+
 
 def test_an_agent_pushes_telemetry_for_its_own_node_only(client, world, session):
     from app.models.health import NodeHeartbeat

@@ -323,6 +323,28 @@ def test_a_queued_workload_says_why_it_waits_on_its_page(api, world, browser):  
         assert why.inner_text().startswith("Waits: Resources, ")
         shot(page, "workload-pending")
 
+        # Issue 45 item 14: an array of three, one at a time, after the holder succeeds,
+        # submitted from the form; its page says it waits for the holder and lists its
+        # elements.
+        page.goto("/portal/submit")
+        page.get_by_label(re.compile("^Name")).fill("sweep")
+        page.get_by_label("GPUs per replica").fill("1")
+        page.get_by_label("Replicas", exact=True).fill("1")
+        page.get_by_label("Elements (each gets RACKPLANE_ARRAY_INDEX)").fill("3")
+        page.get_by_label("Elements under way at once").fill("1")
+        page.get_by_label("Start after these succeed").fill(holder)
+        page.get_by_role("button", name="Submit", exact=True).click()
+        page.wait_for_url(re.compile(r"/portal/workloads/[0-9a-f-]{36}$"))
+        first = httpx.get(f"{api}/v1{page.url.split('/portal')[1]}", headers=auth(key)).json()
+        assert first["depends_on"] == [holder] and first["array"]["count"] == 3, first
+        assert first["array"]["max_parallel"] == 1
+        page.get_by_test_id("depends-on").filter(has_text=holder[:8]).wait_for()
+        elements = page.get_by_test_id("array-elements")
+        elements.locator("li").nth(2).wait_for()
+        assert elements.locator("li").count() == 3
+        assert page.get_by_test_id("pending-reason").get_attribute("data-reason") == "Dependency"
+        shot(page, "workload-array")
+
 
 def test_a_tenant_launches_an_instance_with_an_ssh_key_and_sees_how_to_log_in(api, world, browser):  # noqa: F811
     from app.core.db import session_scope, utcnow

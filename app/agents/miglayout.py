@@ -166,7 +166,9 @@ def demand(session: Session, region: str, models: list[str]) -> Demand:
     default = common[0][0] if common else ""
     for shape, replicas in session.execute(
         select(Workload.shape, Workload.replicas).where(
-            Workload.region == region, Workload.state == State.queued.value
+            Workload.region == region,
+            Workload.state == State.queued.value,
+            Workload.hold.is_(None),  # held back: no layout is made for it yet
         )
     ):
         model = next((m for m in shape.gpu_models if m in models), default)

@@ -115,6 +115,10 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
             env["MASTER_PORT"] = str(master_port(w.id))
         if w.last_checkpoint_uri:
             env["RACKPLANE_RESUME_FROM"] = w.last_checkpoint_uri
+        if w.array_id is not None:  # a job array's element (Slurm's SLURM_ARRAY_TASK_ID)
+            env["RACKPLANE_ARRAY_ID"] = str(w.array_id)
+            env["RACKPLANE_ARRAY_INDEX"] = str(w.array_index)
+            env["RACKPLANE_ARRAY_COUNT"] = str(w.array_count)
         stopping = w.state == State.checkpointing.value
         deadline = as_aware(w.stop_deadline) if stopping and w.stop_deadline else None
         out.append(

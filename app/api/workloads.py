@@ -77,6 +77,7 @@ def list_workloads(
         max_length=20,
         description="`key=value`, repeatable: workloads carrying every one of these labels",
     ),
+    array_id: uuid.UUID | None = Query(None, description="A job array's elements (`array.id`)"),
     page: PageParams = Depends(),
     auth: TenantRead,
     session: DbSession,
@@ -90,6 +91,7 @@ def list_workloads(
         kind=kind,
         priority=priority,
         labels=reads.parse_labels(label),
+        array_id=array_id,
     )
     return {"items": items, "next_cursor": nxt}
 

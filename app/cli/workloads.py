@@ -4,6 +4,7 @@ state, where it runs and, for an instance or VM launched with SSH keys, how to l
 from __future__ import annotations
 
 import json
+import uuid
 
 import typer
 from rich.markup import escape
@@ -92,6 +93,13 @@ def workloads_show(
         ("region", out.region or "-"),
         ("nodes", ", ".join(nodes) if nodes else "not placed"),
     ]
+    if out.array is not None:
+        a = out.array
+        lines.append(
+            ("array", f"element {a.index} of {a.count} ({a.max_parallel} at once), array {a.id}")
+        )
+    if out.depends_on:
+        lines.append(("depends on", ", ".join(str(i) for i in out.depends_on)))
     lines.append(("restarts", _restarts(out)))
     if out.secret_env:
         refs = ", ".join(f"{v} from secret {n}" for v, n in sorted(out.secret_env.items()))
@@ -119,6 +127,7 @@ def workloads_show(
 def workloads_list(
     tenant: str | None = typer.Option(None, help="Only this tenant's (its slug)."),
     state: State | None = typer.Option(None, help="Only workloads in this state."),
+    array: str | None = typer.Option(None, help="Only this job array's elements (its id)."),
     limit: int = typer.Option(50, min=1, max=MAX_LIMIT, help="How many, at most."),
     as_json: bool = typer.Option(False, "--json", help="The API's documents."),
 ) -> None:
@@ -135,6 +144,11 @@ def workloads_list(
             stmt = stmt.where(Workload.tenant_id == tenant_id)
         if state is not None:
             stmt = stmt.where(Workload.state == state.value)
+        if array is not None:
+            try:
+                stmt = stmt.where(Workload.array_id == uuid.UUID(array))
+            except ValueError:
+                fail(escape(f"no job array {array}: an array's id is a UUID"), 2)
         stmt = stmt.order_by(Workload.created_at.desc(), Workload.id.desc()).limit(limit)
         found = session.execute(stmt).all()
         attach_pending(session, [w for w, _ in found])
@@ -146,7 +160,7 @@ def workloads_list(
     for out, slug in rows:
         table.add_row(
             str(out.id),
-            escape(out.name or ""),
+            escape((out.name or "") + (f"[{out.array.index}]" if out.array else "")),
             slug,
             out.state + (f" ({out.pending.reason})" if out.pending else ""),
             out.kind,

@@ -74,6 +74,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "logs.prune": {"task": "logs.prune", "schedule": 3600.0},
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
+            "workloads.holds": {"task": "workloads.holds", "schedule": 5.0},
             "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
             "fleet.upgrades": {"task": "fleet.upgrades", "schedule": s.upgrade_tick_seconds},
             "agents.mig_layouts": {

@@ -29,10 +29,12 @@ from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
 from app.workloads import restarts, service
 from app.workloads.schemas import (
+    ArrayOut,
     CheckpointIn,
     ConnectOut,
     DryRunOut,
     WorkloadCreate,
+    array_of,
     backing_off_until,
     connect_of,
 )
@@ -106,10 +108,26 @@ class Connect:
 class Pending:
     reason: str = strawberry.field(
         description="Resources, Priority, QuotaExhausted, FairShare, NodeNotReady, StackDrift, "
-        "MigLayoutPending or BackOff"
+        "MigLayoutPending, BackOff, Dependency or ArrayLimit"
     )
     detail: str
     since: datetime
+
+
+@strawberry.type(description="The job array a workload is an element of (REST's `array`)")
+class WorkloadArray:
+    id: strawberry.ID = strawberry.field(description="The array's id, shared by its elements")
+    index: int = strawberry.field(description="This element's index (`RACKPLANE_ARRAY_INDEX`)")
+    count: int
+    max_parallel: int
+
+    @classmethod
+    def of(cls, a: ArrayOut | None) -> WorkloadArray | None:
+        if a is None:
+            return None
+        return cls(
+            id=strawberry.ID(str(a.id)), index=a.index, count=a.count, max_parallel=a.max_parallel
+        )
 
 
 @strawberry.type
@@ -172,6 +190,10 @@ class Workload:
     )
     stack: str | None = strawberry.field(description="The software stack it runs on, if it asked")
     min_cuda: str | None = strawberry.field(description="The least CUDA version it runs on")
+    depends_on: list[strawberry.ID] = strawberry.field(
+        description="The workloads and arrays that must succeed before it is placed (as given)"
+    )
+    array: WorkloadArray | None = strawberry.field(description="The job array it is an element of")
     _row: strawberry.Private[Any]
     # Its newest events when the page read them with the workloads (see `events`).
     _events: strawberry.Private[list[Any] | None] = None
@@ -237,6 +259,8 @@ class Workload:
             pending=Pending(**p) if (p := getattr(w, "pending", None)) else None,
             stack=w.stack,
             min_cuda=cuda_text(w.min_cuda or 0),
+            depends_on=[strawberry.ID(str(i)) for i in w.depends_on or []],
+            array=WorkloadArray.of(array_of(w)),
             _row=w,
             _events=events,
         )
@@ -320,10 +344,17 @@ class WorkloadQuery:
                 description="true: not yet ended (queued to running); false: ended"
             ),
         ] = None,
+        array_id: Annotated[
+            strawberry.ID | None,
+            strawberry.argument(description="A job array's elements (`array.id`)"),
+        ] = None,
     ) -> WorkloadConnection:
         auth = info.context.auth
         page = page_params(first, after)
         st = _state(state, kind, priority, labels)
+        array = node_id(str(array_id)) if array_id is not None else None
+        if array_id is not None and array is None:
+            raise ValidationFailed(f"No job array {array_id!r}.", code="validation_error")
         rows, nxt = service.list_workloads(
             info.context.session,
             auth,
@@ -333,6 +364,7 @@ class WorkloadQuery:
             kind=kind,
             priority=priority,
             labels=labels or None,
+            array_id=array,
         )
         # Their events, when asked for, in the same thread hop: one statement for the page,
         # handed to each workload (no loader, no awaitable per workload).

@@ -59,7 +59,9 @@ def idle_now(session: Session) -> dict[tuple[str, str, str], int]:
     waiting = {
         (region, shape.gpu_models or None)
         for region, shape in session.execute(
-            select(Workload.region, Workload.shape).where(Workload.state == State.queued.value)
+            select(Workload.region, Workload.shape).where(
+                Workload.state == State.queued.value, Workload.hold.is_(None)
+            )
         )
     }
 

@@ -37,6 +37,7 @@ from app.models.workloads import (
     PlacementCycleStats,
     TenantQuota,
     Workload,
+    WorkloadDependency,
     WorkloadEvent,
 )
 
@@ -78,6 +79,7 @@ __all__ = [
     "Region",
     "SshKey",
     "Tenant",
+    "WorkloadDependency",
     "TenantQuota",
     "UsageEvent",
     "Workload",

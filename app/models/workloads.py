@@ -123,6 +123,14 @@ class Workload(TimestampMixin, Base):
             postgresql_where=text("state = 'queued'"),
             sqlite_where=text("state = 'queued'"),
         ),
+        # Queued work held back (its dependencies, its array's limit): what the holds sweep
+        # asks for every few seconds, at a cost that follows the held, not the queue.
+        Index(
+            "ix_workloads_held",
+            "hold",
+            postgresql_where=text("hold IS NOT NULL"),
+            sqlite_where=text("hold IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -131,6 +139,18 @@ class Workload(TimestampMixin, Base):
     )
     name: Mapped[str | None] = mapped_column(String(200), default=None)
     kind: Mapped[str] = mapped_column(String(16))  # instance | vm | job
+    # What it waits for before a cycle may place it (app/workloads/holds.py): the workloads and
+    # arrays it depends on, as given (their elements are rows of `workload_dependencies`), and
+    # while queued, why it is held back: `Dependency` (they have not all succeeded) or
+    # `ArrayLimit` (its array has `max_parallel` elements under way). NULL: placeable.
+    depends_on: Mapped[list | None] = mapped_column(JSON, default=None)
+    hold: Mapped[str | None] = mapped_column(String(16), default=None)
+    # One element of a job array: the array's id (shared by its elements), its index
+    # (`RACKPLANE_ARRAY_INDEX`), how many elements it has and how many may be under way.
+    array_id: Mapped[uuid.UUID | None] = mapped_column(default=None, index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, default=None)
+    array_count: Mapped[int | None] = mapped_column(Integer, default=None)
+    array_max_parallel: Mapped[int | None] = mapped_column(Integer, default=None)
     state: Mapped[str] = mapped_column(String(16), default=State.pending.value, index=True)
     # The tier chosen at submission (placement core label): what may share hardware with it,
     # and what metering bills.
@@ -396,6 +416,21 @@ CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 def cycle_bucket_column(bound: float) -> str:
     return "le_" + f"{bound:g}".replace(".", "_")
+
+
+class WorkloadDependency(Base):
+    """One workload another waits for (its `depends_on`, an array named there stands for each
+    of its elements): read by needs_id when a workload ends, to release or fail its
+    dependents."""
+
+    __tablename__ = "workload_dependencies"
+
+    workload_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True
+    )
+    needs_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
 
 
 class PendingReason(Base):

@@ -50,7 +50,9 @@ def run_cycle(session: Session, region: str, config: QueueConfig | None = None) 
     """One placement cycle for `region`, applied in the caller's transaction (which the caller
     commits). Raises PlanConflict if a workload changed under it (roll back and run again)."""
     waiting = session.scalar(
-        select(Workload.id).where(Workload.region == region, IS_QUEUED).limit(1)
+        select(Workload.id)
+        .where(Workload.region == region, IS_QUEUED, Workload.hold.is_(None))
+        .limit(1)
     )
     if waiting is None:  # nothing to decide: skip the snapshot
         return CycleReport(region, ran=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, event, insert, update
+from sqlalchemy import bindparam, event, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.exc import StaleDataError
@@ -15,7 +15,8 @@ from app.core import pubsub
 from app.core.db import utcnow
 from app.core.errors import Conflict
 from app.models.agents import AgentNode
-from app.models.workloads import State, Workload, WorkloadEvent
+from app.models.workloads import State, Workload, WorkloadDependency, WorkloadEvent
+from app.outbox.service import enqueue
 
 S = State
 TERMINAL = frozenset({S.succeeded, S.failed, S.terminated})
@@ -157,10 +158,34 @@ def _write_pending(session: Session) -> None:
     write_events(session)
 
 
+# Workloads that ended in this transaction, and whether one was an array's element: what may
+# release (or fail) work held back for them (app/workloads/holds.py).
+_ENDED = "rackplane_ended"
+_ENDED_ELEMENT = "rackplane_ended_element"
+
+
+@event.listens_for(Session, "before_commit")
+def _release_holds(session: Session) -> None:
+    """Work held for a workload that ended here is looked at soon after the commit (the
+    `workloads.holds` sweep every few seconds is the guarantee)."""
+    ended = session.info.pop(_ENDED, None)
+    element = session.info.pop(_ENDED_ELEMENT, False)
+    if not ended:
+        return
+    if element or session.scalar(
+        select(WorkloadDependency.workload_id)
+        .where(WorkloadDependency.needs_id.in_(ended))
+        .limit(1)
+    ):
+        enqueue(session, "workloads.holds", queue="provisioning")
+
+
 @event.listens_for(Session, "after_rollback")
 def _drop_pending(session: Session) -> None:
     session.info.pop(_EVENTS, None)
     session.info.pop(_NODES, None)
+    session.info.pop(_ENDED, None)
+    session.info.pop(_ENDED_ELEMENT, None)
 
 
 def transition(
@@ -181,6 +206,10 @@ def transition(
     w.state = to.value
     if to in TERMINAL:
         w.finished_at = at
+        w.hold = None
+        session.info.setdefault(_ENDED, set()).add(w.id)
+        if w.array_id is not None:
+            session.info[_ENDED_ELEMENT] = True
     elif to is S.running:
         w.started_at = w.started_at or at
         w.run_started_at = at
@@ -204,6 +233,7 @@ def transition(
 # What a transition may change on the workload row (besides its generation).
 _MOVED = (
     "state",
+    "hold",
     "placement",
     "last_event_seq",
     "started_at",

@@ -6,7 +6,8 @@ tenant's limit, at its fair share, reserved (a start time), or no capacity. The 
 "no capacity" by what the region's nodes of the workload's models say (some out of service,
 drifted from their software stack, being laid out again for MIG), since the core sees only the
 nodes as they are. Work the cycle never reached waits behind work ahead of it (`Priority`);
-work backing off after a restart waits for that (`BackOff`)."""
+work backing off after a restart waits for that (`BackOff`). Work held back before the cycle
+(`Dependency`, `ArrayLimit`) has its reason written where it is held (app/workloads/holds.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ REASONS = {
     "StackDrift": "the nodes that could hold it drifted from its software stack",
     "MigLayoutPending": "no GPU has a free instance of its MIG profile yet",
     "BackOff": "backing off after a restart",
+    "Dependency": "waits for the workloads it depends on to succeed",
+    "ArrayLimit": "its array has max_parallel elements under way",
 }
 _PLACEABLE = frozenset(h.value for h in PLACEABLE)
 NAMES = 3  # nodes named in a detail, at most
@@ -160,13 +163,25 @@ def record(
                 PendingReason.workload_id.in_([uuid.UUID(a) for a in admitted])
             )
         )
-    if not waiting:
+    return write(
+        session,
+        [(wid, tenant, reason, detail) for wid, (_w, tenant, reason, detail) in waiting.items()],
+        now,
+    )
+
+
+def write(
+    session: Session, reasons: list[tuple[uuid.UUID, uuid.UUID, str, str]], now: datetime
+) -> int:
+    """Set why these workloads (id, tenant, reason, detail) wait: the rows that changed only,
+    in one statement (a reason that stays keeps its `since`); returns how many were written."""
+    if not reasons:
         return 0
     have = {
         r.workload_id: (r.reason, r.detail)
         for r in session.execute(
             select(PendingReason.workload_id, PendingReason.reason, PendingReason.detail).where(
-                PendingReason.workload_id.in_(list(waiting))
+                PendingReason.workload_id.in_([r[0] for r in reasons])
             )
         )
     }
@@ -180,11 +195,10 @@ def record(
             "seen_at": now,
         }
         # In key order: two cycles writing rows of one workload lock them in one order.
-        for wid, (_w, tenant, reason, detail) in sorted(waiting.items(), key=lambda kv: kv[0])
+        for wid, tenant, reason, detail in sorted(reasons, key=lambda r: r[0])
         if have.get(wid) != (reason, detail[:300])
     ]
     if rows:
-        # One statement for them all; a reason that stays keeps its `since`.
         t = PendingReason.__table__
         ins = dialect_insert(session, PendingReason)
         session.execute(

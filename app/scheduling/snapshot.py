@@ -492,13 +492,15 @@ def load(
             return None
         world, holding = fresh, _hold(session, fresh, region)
         world.snap.commit()
-    # Not those backing off after a restart (their back-off's end sends a cycle).
+    # Not those backing off after a restart (their back-off's end sends a cycle), nor those
+    # held back (their dependencies, their array's limit: app/workloads/holds.py).
     queued = list(
         session.scalars(
             select(Workload)
             .where(
                 Workload.region == region,
                 IS_QUEUED,
+                Workload.hold.is_(None),
                 or_(Workload.not_before.is_(None), Workload.not_before <= utcnow()),
             )
             .order_by(Workload.created_at)

@@ -131,6 +131,12 @@ def pods(
         ]
         if gang:
             env += _gang_env(w, p, master, domain)
+        if w.array_id is not None:  # a job array's element, as its node agent would run it
+            env += [
+                V1EnvVar(name="RACKPLANE_ARRAY_ID", value=str(w.array_id)),
+                V1EnvVar(name="RACKPLANE_ARRAY_INDEX", value=str(w.array_index)),
+                V1EnvVar(name="RACKPLANE_ARRAY_COUNT", value=str(w.array_count)),
+            ]
         # The tenant's secrets by reference: a Secret of that name with its value at `value`.
         env += [
             V1EnvVar(

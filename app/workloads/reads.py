@@ -33,10 +33,11 @@ def list_workloads(
     tenant_id: uuid.UUID | None = None,
     region: str | None = None,
     node: str | None = None,
+    array_id: uuid.UUID | None = None,
 ) -> tuple[list[Workload], str | None]:
     """The caller's workloads (every tenant's for operators), oldest first, a page at a time:
     REST's list and GraphQL's connection; filtered by state (or `active`: not yet ended, or
-    ended), kind, priority and labels (each `key: value` must be carried)."""
+    ended), kind, priority, labels (each `key: value` must be carried) and job array."""
     stmt = scoped_select(auth, Workload)
     if state is not None:
         stmt = stmt.where(Workload.state == state.value)
@@ -53,6 +54,8 @@ def list_workloads(
         stmt = restrict(tenant_id, stmt, Workload)
     if region is not None:
         stmt = stmt.where(Workload.region == region)
+    if array_id is not None:  # a job array's elements
+        stmt = stmt.where(Workload.array_id == array_id)
     if node is not None:  # the workloads holding GPUs on it
         stmt = stmt.where(
             Workload.id.in_(

@@ -18,17 +18,17 @@ from app.core.db import as_aware, insert_objects, new_id, utcnow
 from app.core.errors import Conflict, ValidationFailed
 from app.models.fleet import SoftwareStack
 from app.models.keys import SshKey, TenantSecret
-from app.models.workloads import Workload, WorkloadEvent
+from app.models.workloads import Workload, WorkloadDependency, WorkloadEvent
 from app.outbox.service import enqueue
 from app.placement.model import cuda_code
-from app.scheduling import lifecycle
+from app.scheduling import lifecycle, pending
 from app.scheduling.apply import release, stopped
 from app.scheduling.cycle import dry_run as what_if
 from app.scheduling.lifecycle import HOLDING, State
 from app.tenancy.auth import AuthContext
 from app.tenancy.run_tokens import in_stop_grace
 from app.tenancy.scoping import scoped_select
-from app.workloads import restarts
+from app.workloads import holds, restarts
 from app.workloads.budget_gate import check_submission
 from app.workloads.disruptions import (
     health_notice,
@@ -190,37 +190,98 @@ def check_stack(session: Session, name: str | None) -> None:
 
 
 def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload:
-    """Store the workload already queued, with both its events (pending, then queued). The
-    submission path is the API's hottest: two Core INSERTs rather than the ORM's unit of work
-    (a third of the request's CPU), so the returned object is not in the session."""
+    """Store the workload already queued, with both its events (pending, then queued); a job
+    array's elements alike, each its own workload (the first is returned). Work that waits for
+    its dependencies or its array's limit is queued held back (app/workloads/holds.py). The
+    submission path is the API's hottest: Core INSERTs rather than the ORM's unit of work (a
+    third of the request's CPU), so the returned object is not in the session."""
     w = build(session, auth, body)
     check_feasible(session, w, body)
+    assert auth.tenant_id is not None
+    needs = holds.dependencies(session, auth.tenant_id, body.depends_on)
     lifecycle.check(State.pending, State.queued)
     w.state = State.queued.value
     w.last_event_seq = 2
-    now = w.created_at
-    insert_objects(session, [w])
-    for seq, (before, after, reason, details) in enumerate(
-        [
-            (None, State.pending, "submitted", {"tier": w.tier}),
-            (State.pending.value, State.queued, "accepted: waits for placement", None),
-        ],
-        start=1,
-    ):
-        lifecycle.record(
-            session,
-            w,
-            kind="transition",
-            from_state=before,
-            to_state=after.value,
-            reason=reason,
-            details=details,
-            at=now,
-            seq=seq,
-            flush=seq == 2,
+    w.depends_on = [str(i) for i in body.depends_on] or None
+    ws = [w]
+    if body.array is not None:
+        w.array_id, w.array_count = new_id(), body.array.count
+        w.array_max_parallel = body.array.max_parallel or body.array.count
+        ws = [w] + [_copy(w) for _ in range(body.array.count - 1)]
+        for i, e in enumerate(ws):
+            e.array_index = i
+    for e in ws:
+        e.hold = (
+            holds.DEPENDENCY
+            if needs
+            else holds.ARRAY_LIMIT
+            if e.array_id is not None and e.array_index >= e.array_max_parallel
+            else None
         )
-    kick_placement(session, w.region)
+    now = w.created_at
+    insert_objects(session, ws)
+    if needs:
+        insert_objects(
+            session, [WorkloadDependency(workload_id=e.id, needs_id=n) for e in ws for n in needs]
+        )
+    accepted = {
+        None: "accepted: waits for placement",
+        holds.DEPENDENCY: f"accepted: waits for the {len(needs)} workloads it depends on",
+        holds.ARRAY_LIMIT: "accepted: waits for a place among its array's elements under way",
+    }
+    for e in ws:
+        for seq, (before, after, reason, details) in enumerate(
+            [
+                (None, State.pending, "submitted", {"tier": e.tier}),
+                (State.pending.value, State.queued, accepted[e.hold], None),
+            ],
+            start=1,
+        ):
+            lifecycle.record(
+                session,
+                e,
+                kind="transition",
+                from_state=before,
+                to_state=after.value,
+                reason=reason,
+                details=details,
+                at=now,
+                seq=seq,
+                flush=False,
+            )
+    lifecycle.write_events(session)
+    held = [e for e in ws if e.hold]
+    if held:
+        left = (
+            session.execute(select(Workload.id, Workload.name).where(Workload.id.in_(needs))).all()
+            if needs
+            else []
+        )
+        pending.write(
+            session,
+            [
+                (
+                    e.id,
+                    e.tenant_id,
+                    e.hold,
+                    holds.waits_for(left, len(left))
+                    if e.hold == holds.DEPENDENCY
+                    else holds.array_full(e.array_max_parallel, e.array_max_parallel),
+                )
+                for e in held
+            ],
+            now,
+        )
+    if len(held) < len(ws):
+        kick_placement(session, w.region)
     return w
+
+
+def _copy(w: Workload) -> Workload:
+    """Another element of `w`'s array: the same columns, an id of its own."""
+    e = Workload(**{c.key: getattr(w, c.key) for c in Workload.__mapper__.column_attrs})
+    e.id = new_id()
+    return e
 
 
 # What the placement core answers for work it cannot place now, nor later on the nodes as they
@@ -231,6 +292,8 @@ NO_FIT = "does not fit the fleet"
 def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[str, Any]:
     """What-if: where the workload would land now, whom it would preempt, or when it starts."""
     w = build(session, auth, body)
+    assert auth.tenant_id is not None
+    needs = holds.dependencies(session, auth.tenant_id, body.depends_on)
     ans = what_if(session, w)
     reason = ans.reason
     if not ans.placeable_now and ans.expected_start is None and reason == NO_FIT:
@@ -242,8 +305,13 @@ def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[s
             if why
             else why_waiting(session, w.region or "", tuple(body.gpu_models), body.mig_profile)
         )
+    if needs:  # what it would do once they all succeed
+        reason = (
+            f"waits for the {len(needs)} workloads it depends on to succeed first; then: "
+            f"{reason or 'placeable now'}"
+        )
     return {
-        "placeable_now": ans.placeable_now,
+        "placeable_now": ans.placeable_now and not needs,
         "tier": w.tier,
         "region": w.region,
         "placement": ans.placement,

@@ -21,7 +21,7 @@ from app.scheduling import lifecycle
 from app.scheduling.apply import release_unstarted, stopped, unstopped_holders
 from app.scheduling.lifecycle import State
 from app.scheduling.providers import PerNodeProvider, get_provider
-from app.workloads import restarts, runs
+from app.workloads import holds, restarts, runs
 from app.workloads.queueing import kick_placement
 from app.workloads.service import finish
 
@@ -285,6 +285,14 @@ def deprovision(workload_id: str) -> str:
             return "missing"
         get_provider(session).deprovision(w)
         return "done"
+
+
+@_task("workloads.holds")
+def release_holds() -> int:
+    """Release, or fail, work held for its dependencies or its array's limit (sent when a
+    workload ends, and by the beat)."""
+    with session_scope() as session:
+        return holds.release(session)
 
 
 STUCK_AFTER_SECONDS = 30.0

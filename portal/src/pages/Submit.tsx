@@ -57,7 +57,12 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
   if (kind === "job") {
     input.replicas = num("replicas");
     if (v("topology")) input.topology = { level: v("topology"), mode: v("topologyMode") };
+    // A job array: that many elements, each with its index; at most so many under way.
+    if (v("arrayCount")) input.array = { count: num("arrayCount"), ...(v("arrayMaxParallel") ? { maxParallel: num("arrayMaxParallel") } : {}) };
   }
+  // What must succeed first: workload or array ids, one per line (or separated by spaces or commas).
+  const after = v("dependsOn").split(/[\s,]+/).filter((t) => t !== "");
+  if (after.length) input.dependsOn = after;
   if (v("runForS")) input.runForS = num("runForS");
   // Its restart policy: only what the form changed from the API's defaults.
   const onFailure = (form.elements.namedItem("restartOnFailure") as HTMLInputElement | null)?.checked;
@@ -236,6 +241,23 @@ export function Submit() {
             </select>
           </>
         )}
+        {kind === "job" && (
+          <fieldset data-testid="array-choice" aria-invalid={!!bad("count") || !!bad("maxParallel") || !!bad("array")}>
+            <legend>Job array (optional)</legend>
+            <label for="arrayCount">Elements (each gets RACKPLANE_ARRAY_INDEX)</label>
+            <input id="arrayCount" name="arrayCount" type="number" min={1} max={1000} placeholder="1" />
+            <label for="arrayMaxParallel">Elements under way at once</label>
+            <input id="arrayMaxParallel" name="arrayMaxParallel" type="number" min={1} max={1000} placeholder="all" />
+          </fieldset>
+        )}
+        <label for="dependsOn">Start after these succeed (workload or array ids, one per line)</label>
+        <textarea
+          id="dependsOn"
+          name="dependsOn"
+          rows={1}
+          spellcheck={false}
+          aria-invalid={!!bad("dependsOn") || problem?.code === "unknown_dependency" || problem?.code === "dependency_failed"}
+        />
         <label for="gpuModel">GPU model</label>
         <select id="gpuModel" name="gpuModel">
           <option value="">any</option>

@@ -9,6 +9,11 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   placement { replica region rack node gpuIndices migProfile migSlot }
   runtime workdir sshKeys secretEnv connect { host port user command ready readyAt }
   restartPolicy restarts notBefore pending { reason detail since }
+  dependsOn array { id index count maxParallel }
+} }`;
+
+const ELEMENTS = `query Elements($array: ID!) { workloads(arrayId: $array, first: 200) {
+  edges { node { id state array { index } } }
 } }`;
 
 const EVENTS = `subscription Timeline($id: ID!) { workloadEvents(after: "0", workloadId: $id) {
@@ -34,6 +39,49 @@ interface W extends WorkloadSummary {
   restarts: Record<string, number>;
   notBefore: string | null;
   pending: { reason: string; detail: string; since: string } | null;
+  dependsOn: string[];
+  array: { id: string; index: number; count: number; maxParallel: number } | null;
+}
+interface Element {
+  id: string;
+  state: string;
+  array: { index: number };
+}
+
+/** A job array's elements (its first 200), each linking to its page. */
+function ArrayElements({ w }: { w: W }) {
+  const [items, setItems] = useState<Element[] | null>(null);
+  const [error, setError] = useState("");
+  useEffect(() => {
+    if (!w.array) return;
+    gql<{ workloads: { edges: { node: Element }[] } }>(ELEMENTS, { array: w.array.id })
+      .then((d) => setItems(d.workloads.edges.map((e) => e.node).sort((a, b) => a.array.index - b.array.index)))
+      .catch((e: ApiError) => setError(`${e.message} (${e.code})`));
+  }, [w.array?.id, w.state]);
+  if (!w.array) return null;
+  return (
+    <section aria-labelledby="array-h">
+      <h2 id="array-h">
+        Job array: element {w.array.index} of {w.array.count}
+      </h2>
+      <p class="muted">
+        At most {w.array.maxParallel} under way at once; its id <code>{w.array.id}</code> stands for them all in <code>dependsOn</code>.
+      </p>
+      {error ? (
+        <p class="error">{error}</p>
+      ) : !items ? (
+        <p class="loading">Loading…</p>
+      ) : (
+        <ul class="elements" data-testid="array-elements">
+          {items.map((e) => (
+            <li>
+              {e.id === w.id ? <strong>{e.array.index}</strong> : <a href={`/portal/workloads/${e.id}`}>{e.array.index}</a>} {e.state}
+            </li>
+          ))}
+        </ul>
+      )}
+    </section>
+  );
 }
 /** What restarts it after its run ends early (REST's `restart_policy`). */
 interface RestartPolicy {
@@ -285,6 +333,20 @@ export function WorkloadPage({ id }: { id: string }) {
                 </dd>
               </>
             )}
+            {w.dependsOn.length > 0 && (
+              <>
+                <dt>Starts after</dt>
+                <dd data-testid="depends-on">
+                  {w.dependsOn.map((id, i) => (
+                    <>
+                      {i > 0 && ", "}
+                      <code title={id}>{id.slice(0, 8)}</code>
+                    </>
+                  ))}{" "}
+                  succeed
+                </dd>
+              </>
+            )}
             <dt>Submitted</dt>
             <dd>{when(w.createdAt)}</dd>
             <dt>Started</dt>
@@ -331,6 +393,7 @@ export function WorkloadPage({ id }: { id: string }) {
             <p>Not placed {ENDED.includes(w.state) ? "(ended)" : "yet"}.</p>
           )}
         </section>
+        <ArrayElements w={w} />
         {Object.keys(w.secretEnv).length > 0 && (
           <section aria-labelledby="secret-env-h">
             <h2 id="secret-env-h">From your secrets</h2>

@@ -1,0 +1,202 @@
+"""Work held back before placement: dependencies (`depends_on`, as Slurm's
+`--dependency=afterok`) and job arrays' `max_parallel` (Slurm's `--array=...%M`).
+
+A held workload is queued with `hold` set (`Dependency`, `ArrayLimit`): placement cycles do not
+see it (app/scheduling/snapshot.py), and its pending reason is written here. When a workload
+ends, its transaction sends the `workloads.holds` sweep if it had dependents or was an array's
+element (app/scheduling/lifecycle.py); the beat sends it every few seconds too, which covers a
+dependency that ended while its dependent was being submitted. The sweep releases work whose
+dependencies all succeeded (up to its array's limit), fails work one of whose dependencies
+failed or was terminated (that can never be met), and keeps each reason's words current."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy import delete, func, or_, select, text
+from sqlalchemy.orm import Session, aliased
+
+from app.audit import service as audit
+from app.core.db import utcnow
+from app.core.errors import ValidationFailed
+from app.models.workloads import PendingReason, State, Workload, WorkloadDependency
+from app.scheduling import lifecycle, pending
+from app.scheduling.lifecycle import TERMINAL
+from app.tenancy.scoping import restrict
+from app.workloads.queueing import kick_placement
+
+DEPENDENCY = "Dependency"
+ARRAY_LIMIT = "ArrayLimit"
+BROKEN = frozenset({State.failed.value, State.terminated.value})
+_ENDED = [s.value for s in TERMINAL]
+# One sweep at a time (PostgreSQL): two would count an array's elements under way each on its
+# own and release past its limit.
+_SWEEP_LOCK = 0x52504844  # "RPHD"
+NAMED = 3  # workloads named in a reason's words, at most
+
+
+def dependencies(session: Session, tenant_id: uuid.UUID, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """For a submission: the workloads `ids` name (an array's id: each of its elements) that
+    have not succeeded yet, which it waits for. 422 `unknown_dependency` for an id that is no
+    workload or array of the tenant's (another tenant's included), 422 `dependency_failed` for
+    one that failed or was terminated: it could never start."""
+    if not ids:
+        return []
+    rows = session.execute(
+        restrict(
+            tenant_id,
+            select(Workload.id, Workload.array_id, Workload.state, Workload.name),
+            Workload,
+        ).where(or_(Workload.id.in_(ids), Workload.array_id.in_(ids)))
+    ).all()
+    known = {r.id for r in rows} | {r.array_id for r in rows if r.array_id is not None}
+    missing = [str(i) for i in ids if i not in known]
+    if missing:
+        raise ValidationFailed(
+            f"You have no workload or job array {', '.join(missing)} to depend on.",
+            code="unknown_dependency",
+            field="depends_on",
+        )
+    broken = [r for r in rows if r.state in BROKEN]
+    if broken:
+        raise ValidationFailed(
+            f"It would never start: {_names(broken)} it depends on "
+            f"{'has' if len(broken) == 1 else 'have'} already ended "
+            f"{' or '.join(sorted({r.state for r in broken}))}.",
+            code="dependency_failed",
+            field="depends_on",
+        )
+    return sorted({r.id for r in rows if r.state != State.succeeded.value})
+
+
+def _names(rows: Iterable) -> str:
+    rows = list(rows)
+    named = [f"{r.name} ({str(r.id)[:8]})" if r.name else str(r.id)[:8] for r in rows[:NAMED]]
+    more = f" and {len(rows) - NAMED} more" if len(rows) > NAMED else ""
+    return ", ".join(named) + more
+
+
+def waits_for(left: list, of: int) -> str:
+    """A `Dependency` reason's words."""
+    return f"waits for {len(left)} of the {of} workloads it depends on to succeed: {_names(left)}"
+
+
+def array_full(under_way: int, limit: int) -> str:
+    """An `ArrayLimit` reason's words."""
+    return f"{under_way} of its array's elements are under way (max_parallel {limit})"
+
+
+def release(session: Session, limit: int = 500) -> int:
+    """The sweep, in the caller's transaction: release, fail or re-word held work; returns how
+    many were released or failed."""
+    if (
+        session.scalar(
+            select(Workload.id)
+            .where(Workload.hold.is_not(None), Workload.state == State.queued.value)
+            .limit(1)
+        )
+        is None
+    ):
+        return 0
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SWEEP_LOCK})
+    now = utcnow()
+    held = list(
+        session.scalars(
+            select(Workload)
+            .where(Workload.hold.is_not(None), Workload.state == State.queued.value)
+            .order_by(Workload.id)
+            .limit(limit)
+            .with_for_update()
+        )
+    )
+    needs: dict[uuid.UUID, list] = {}
+    waiting = [w.id for w in held if w.hold == DEPENDENCY]
+    if waiting:
+        n = aliased(Workload)
+        for row in session.execute(
+            select(WorkloadDependency.workload_id, n.id, n.name, n.state)
+            .join(n, n.id == WorkloadDependency.needs_id)
+            .where(WorkloadDependency.workload_id.in_(waiting))
+        ):
+            needs.setdefault(row.workload_id, []).append(row)
+    reasons: list[tuple[uuid.UUID, uuid.UUID, str, str]] = []
+    done: list[uuid.UUID] = []  # released or failed: their reasons go
+    regions: set[str | None] = set()
+    candidates: dict[uuid.UUID, list[Workload]] = {}  # by array: may take a place in it
+    for w in held:
+        if w.hold == DEPENDENCY:
+            mine = needs.get(w.id, [])
+            broken = [r for r in mine if r.state in BROKEN]
+            if broken:
+                _fail(session, w, broken[0], now)
+                done.append(w.id)
+                continue
+            left = [r for r in mine if r.state != State.succeeded.value]
+            if left:
+                reasons.append((w.id, w.tenant_id, DEPENDENCY, waits_for(left, len(mine))))
+                continue
+        if w.array_id is not None:
+            candidates.setdefault(w.array_id, []).append(w)
+            continue
+        w.hold = None
+        done.append(w.id)
+        regions.add(w.region)
+    for array_id, ws in candidates.items():
+        ids = [w.id for w in ws]
+        under_way = session.scalar(
+            select(func.count())
+            .select_from(Workload)
+            .where(
+                Workload.array_id == array_id,
+                Workload.state.not_in(_ENDED),
+                Workload.hold.is_(None),
+                Workload.id.not_in(ids),
+            )
+        )
+        limit_ = ws[0].array_max_parallel or ws[0].array_count or len(ws)
+        free = max(0, limit_ - (under_way or 0))
+        for i, w in enumerate(sorted(ws, key=lambda w: w.array_index or 0)):
+            if i < free:
+                w.hold = None
+                done.append(w.id)
+                regions.add(w.region)
+            else:
+                w.hold = ARRAY_LIMIT
+                reasons.append(
+                    (w.id, w.tenant_id, ARRAY_LIMIT, array_full(under_way + free, limit_))
+                )
+    session.flush()
+    if done:
+        session.execute(delete(PendingReason).where(PendingReason.workload_id.in_(done)))
+    pending.write(session, reasons, now)
+    for region in regions:
+        kick_placement(session, region)
+    return len(done)
+
+
+def _fail(session: Session, w: Workload, broken, now: datetime) -> None:
+    """Its dependency can never be met: it fails now, saying which."""
+    audit.record_system(
+        session,
+        "workload.fail",
+        [
+            (
+                w.tenant_id,
+                "workload",
+                w.id,
+                {"reason": "dependency_failed", "dependency": str(broken.id)},
+                {},
+            )
+        ],
+    )
+    lifecycle.transition(
+        session,
+        w,
+        State.failed,
+        f"{_names([broken])} it depends on ended {broken.state}: it can never start",
+        {"cause": "dependency_failed", "dependency": str(broken.id), "state": broken.state},
+        at=now,
+    )
