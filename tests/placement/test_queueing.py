@@ -658,3 +658,25 @@ def test_a_cycle_never_exceeds_limits_nor_preempts_upwards(running, pending, lim
         for s in q.snap.allocs[aid].slots
     ]
     assert len(held) == len(set(held))
+
+
+def test_work_only_some_nodes_may_run_failing_blocks_nothing_any_node_may_run():
+    """A whole-GPU shape that failed is skipped for the rest of the walk; its software (here a
+    runtime only one node offers) is part of the shape, so a blocked `podman` job does not
+    make a `process` job of the same size "known to fail" while a node for it is free."""
+    q = Queue(
+        [
+            replace(node("ctr", 8), runtimes=frozenset({"podman"})),
+            replace(node("proc", 8), runtimes=frozenset({"process"})),
+        ],
+        {"a": quota(16)},
+    )
+    q.submit("holder", "a", 8)
+    q.pending["holder"].request = replace(q.pending["holder"].request, runtime="podman")
+    q.cycle(0.0)
+    assert q.admitted() == {"holder"}
+    for wid, runtime, at in (("ctr-2", "podman", 1.0), ("proc-1", "process", 2.0)):
+        q.submit(wid, "a", 8, at=at)
+        q.pending[wid].request = replace(q.pending[wid].request, runtime=runtime)
+    q.cycle(10.0)
+    assert q.admitted() == {"proc-1"}, q.last

@@ -123,7 +123,9 @@ class _CycleState:
 
     @staticmethod
     def _cache_key(w: Workload) -> tuple | None:
-        """Whole-GPU shapes that fail once fail for the rest of the walk; () for other shapes."""
+        """Whole-GPU shapes that fail once fail for the rest of the walk; () for other shapes.
+        The software it needs is part of the shape: work that only some nodes may run (a
+        runtime, a stack, a CUDA version) failing says nothing of work any node may run."""
         key = w._fit_key
         if key is None:
             r = w.request
@@ -131,7 +133,7 @@ class _CycleState:
                 key = ()
             else:
                 key = (r.tier, r.shape.gpus, r.replicas, r.shape.models, r.topology)
-                key += (r.same_perf_class, r.avoid)
+                key += (r.same_perf_class, r.avoid, r.runtime, r.stack, r.min_cuda)
             w._fit_key = key
         return key or None
 
