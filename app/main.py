@@ -30,6 +30,7 @@ from app.api import (
     stacks,
     tenants,
     upgrades,
+    volumes,
     workloads,
 )
 from app.audit import service as audit_service
@@ -95,6 +96,7 @@ def create_app() -> FastAPI:
         keys,
         ssh_keys,
         secrets,
+        volumes,
         fleet,
         metering,
         billing,

@@ -4,7 +4,7 @@
         [--state-dir DIR] [--work-dir DIR] [--run-uids FIRST-LAST | --same-user]
         [--inventory FILE] [--address HOST] [--runtime process|podman|vm]
         [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--ssh-ports 22000-22999]
-        [--log-level INFO]
+        [--volumes-dir DIR] [--shared-volumes-dir DIR] [--log-level INFO]
     python -m rackplane_agent stop [--state-dir DIR] [--kill | --power-cut]
 
 Exit codes: 0 stopped (SIGTERM/SIGINT), 1 an unexpected error, 2 cannot start (no join token,
@@ -72,6 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where runs work, each in its own directory owned by its own uid (default: "
         "<state-dir>-work); never inside the state directory",
+    )
+    p.add_argument(
+        "--volumes-dir",
+        type=Path,
+        default=None,
+        help="where tenants' node volumes live on this host's disk (default: "
+        "<state-dir>-volumes)",
+    )
+    p.add_argument(
+        "--shared-volumes-dir",
+        type=Path,
+        default=None,
+        help="where this host mounts the fleet's shared storage (NFS, Lustre: the same files "
+        "at the same path on every node) for tenants' shared volumes; without it, work that "
+        "mounts one is not placed here",
     )
     runs_as = p.add_mutually_exclusive_group()
     runs_as.add_argument(
@@ -142,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     config = AgentConfig(
         api=args.api,
         work_dir=args.work_dir,
+        volumes_dir=args.volumes_dir,
+        shared_volumes_dir=args.shared_volumes_dir,
         run_uids=run_uids,
         max_output_mib=args.max_output_mib,
         ssh_ports=ssh_ports,

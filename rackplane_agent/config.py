@@ -86,6 +86,10 @@ class AgentConfig:
     # The node's ports an instance's SSH server is forwarded from (`podman` and `vm` runs with
     # SSH keys), one per live run, first and last included.
     ssh_ports: tuple[int, int] = DEFAULT_SSH_PORTS
+    # Tenants' volumes on this node's disk (None: `<state_dir>-volumes` beside the state
+    # directory), and on the fleet's shared storage this host mounts (None: it has none).
+    volumes_dir: Path | None = None
+    shared_volumes_dir: Path | None = None
 
     def __post_init__(self) -> None:
         # Absolute, whatever the cwd of the processes that use them (the shim runs in its run's
@@ -94,6 +98,11 @@ class AgentConfig:
         if self.work_dir is None:
             self.work_dir = self.state_dir.with_name(self.state_dir.name + "-work")
         self.work_dir = Path(self.work_dir).absolute()
+        if self.volumes_dir is None:
+            self.volumes_dir = self.state_dir.with_name(self.state_dir.name + "-volumes")
+        self.volumes_dir = Path(self.volumes_dir).absolute()
+        if self.shared_volumes_dir is not None:
+            self.shared_volumes_dir = Path(self.shared_volumes_dir).absolute()
         if self.inventory_file is not None:
             self.inventory_file = Path(self.inventory_file).absolute()
         self.ssh_ports = check_port_range(tuple(self.ssh_ports))  # type: ignore[arg-type]

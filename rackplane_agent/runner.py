@@ -22,6 +22,7 @@ agent process is adopted like one of this one's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -63,6 +64,7 @@ from rackplane_agent.state import (
     iso,
     run_key,
 )
+from rackplane_agent.volumes import Volumes
 from rackplane_wire import (
     Assignment,
     Assignments,
@@ -163,6 +165,10 @@ class Agent:
         self._users = RunUsers(
             config.work_dir, config.uid_range(os.geteuid()), owner=config.state_dir
         )
+        assert config.volumes_dir is not None
+        self._volumes = Volumes(
+            config.volumes_dir, config.shared_volumes_dir, self._users.isolating
+        )
         self._env_retry_at: dict[str, float] = {}  # a run whose env could not be fetched
         self._prepared = False
         self._threads: list[threading.Thread] = []
@@ -186,6 +192,7 @@ class Agent:
             self.state.sweep_launch_files()
             self._runtime_names = runtimes.available(self.config.runtimes)
             self._users.prepare(self.state.root)
+            self._volumes.prepare()
         except (ValueError, WorkDirError, OSError) as exc:
             raise StartupError(str(exc)) from None
         if not self._users.isolating:
@@ -379,6 +386,9 @@ class Agent:
         caps: list[Any] = ["mig-layout"] if self._mig is not None and self._mig.able else []
         if self._users.isolating:
             caps.append("run-uids")
+        caps.append("volumes")  # it mounts tenants' volumes (an older agent did not)
+        if self._volumes.shared:
+            caps.append("shared-volumes")
         caps += [c for runtime in self._runtimes.values() for c in runtime.capabilities()]
         return inventory.model_copy(update={"capabilities": caps})
 
@@ -470,6 +480,9 @@ class Agent:
                 place = self._users.take(run_dir.name, in_use, a.run_gid, runtime.own_uid)
                 rec.uid = place.user.uid if place.user else None
                 rec.workdir = str(place.workdir)
+                if a.volumes:
+                    mounted = self._volumes.host_dirs(a, place.user)
+                    place = dataclasses.replace(place, volumes=tuple(mounted))
                 rec.ssh_port = port
                 started = a.model_copy(update={"ssh_port": port})
                 self._runtimes[a.runtime].start(rec, started, secret, place)

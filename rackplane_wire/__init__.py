@@ -107,7 +107,7 @@ class MigInstance(_Wire):
 # node is no wall between tenants); `sev-snp`, `tdx` (its `vm` runtime can launch confidential
 # VMs with that technology: the host's kernel and QEMU both offer it); `ssh` (its `podman`
 # runtime can make a run an instance one logs into: it has an SSH server to bring, and ports).
-Capability = Literal["mig-layout", "run-uids", "sev-snp", "tdx", "ssh"]
+Capability = Literal["mig-layout", "run-uids", "sev-snp", "tdx", "ssh", "volumes", "shared-volumes"]
 
 
 class MigSlot(_Wire):
@@ -190,6 +190,19 @@ class InventoryVerdict(_Wire):
     node_state: str = Field(description="The node's state after this inventory")
 
 
+class VolumeMount(_Wire):
+    """One of the tenant's volumes, mounted into the run: its directory on this node's volume
+    storage (`node`) or on the shared storage it mounts (`shared`), named by the volume's id
+    under the run's tenant."""
+
+    id: str = Field(pattern=WORKLOAD, max_length=64)
+    name: str = Field(max_length=63, pattern=TOKEN)
+    storage: Literal["node", "shared"]
+    # `process`: relative to the run's own directory; `podman`: absolute in the container.
+    mount_path: str = Field(max_length=255, pattern=r"^[A-Za-z0-9._/@+-]+$")
+    read_only: bool = False
+
+
 class Assignment(_Wire):
     """One replica of one workload that the control plane wants on this node."""
 
@@ -206,6 +219,7 @@ class Assignment(_Wire):
     # makes it, the run's); for `podman`, an absolute path in the container. None: the run's
     # own directory, or the image's.
     workdir: str | None = Field(None, max_length=255, pattern=r"^[A-Za-z0-9._/@+-]+$")
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=8)
     # The environment the control plane gives the run, but for its secrets: CUDA_VISIBLE_DEVICES,
     # NVIDIA_VISIBLE_DEVICES, RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
     # RACKPLANE_WORKLOAD_ID, RACKPLANE_REPLICA, RACKPLANE_API and, when it resumes,

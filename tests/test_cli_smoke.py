@@ -144,6 +144,12 @@ CASES: dict[str, Case] = {
     ),
     "secrets list": Case("secrets list --tenant acme --json", says='"name": "hf-token"'),
     "secrets delete": Case("secrets delete hf-token --tenant acme", says="secret hf-token deleted"),
+    "volumes create": Case(
+        "volumes create ckpt --tenant acme --storage shared",
+        says="volume ckpt (shared storage) made",
+    ),
+    "volumes list": Case("volumes list --tenant acme --json", says='"storage": "shared"'),
+    "volumes delete": Case("volumes delete ckpt --tenant acme", says="volume ckpt deleted"),
     # Nothing submitted yet (a workload with its connect command: the test below).
     "workloads list": Case("workloads list --tenant acme --json", says="[]"),
     "workloads show": Case(

@@ -85,6 +85,17 @@ MATRIX = {
         f'mutation {{ deleteSecret(name: "m") {P} }}',
         ("secret_not_found",),
     ),
+    "volumes": ("tenant-read", "{ volumes { edges { node { name storage } } } }", ()),
+    "putVolume": (
+        "tenant-write",
+        f'mutation {{ putVolume(input: {{name: "m", storage: "node"}}) {P} }}',
+        (),
+    ),
+    "deleteVolume": (
+        "tenant-write",
+        f'mutation {{ deleteVolume(name: "m") {P} }}',
+        ("volume_not_found",),
+    ),
     "setBudget": ("tenant-write", f"mutation {{ setBudget(input: {{spendLimit: 100}}) {P} }}", ()),
     "removeBudget": ("tenant-write", f"mutation {{ removeBudget {P} }}", ("budget_not_found",)),
     # Operators

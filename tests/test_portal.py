@@ -628,6 +628,45 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
         ).click()
         page.get_by_test_id("no-secrets").wait_for()
 
+        # Volumes (issue 45 item 13): made from the page, a bad name refused under its field;
+        # a workload mounts it (its page says where); in use, it is not deleted.
+        nav.get_by_role("link", name="Volumes").click()
+        page.get_by_test_id("no-volumes").wait_for()
+        page.get_by_label("Volume (letters").fill("bad name")
+        page.get_by_role("button", name="Make volume").click()
+        page.get_by_test_id("volume-name-error").filter(has_text="pattern").wait_for()
+        page.get_by_label("Volume (letters").fill("ckpt")
+        page.get_by_label("Where its files live").select_option("shared")
+        page.get_by_role("button", name="Make volume").click()
+        page.get_by_test_id("volume-made").filter(
+            has_text="ckpt is ready (shared storage)"
+        ).wait_for()
+        page.locator("tr[data-volume=ckpt]").wait_for()
+        mounted = httpx.post(
+            f"{api}/v1/workloads",
+            json={
+                "kind": "instance",
+                "gpus": 1,
+                "volumes": [{"name": "ckpt", "mount_path": "ckpt"}],
+            },
+            headers=auth(key),
+        )
+        assert mounted.status_code == 201, mounted.text
+        page.get_by_role("button", name="Delete ckpt").click()
+        page.get_by_role("dialog", name="Delete ckpt?").get_by_role(
+            "button", name="Delete it"
+        ).click()
+        page.locator("tr[data-volume=ckpt] .error").filter(has_text="volume_in_use").wait_for()
+        page.goto(f"{api}/portal/workloads/{mounted.json()['id']}")
+        page.get_by_test_id("volumes").filter(has_text="ckpt (shared) at ckpt").wait_for()
+        httpx.delete(f"{api}/v1/workloads/{mounted.json()['id']}", headers=auth(key))
+        page.goto(f"{api}/portal/volumes")
+        page.get_by_role("button", name="Delete ckpt").click()
+        page.get_by_role("dialog", name="Delete ckpt?").get_by_role(
+            "button", name="Delete it"
+        ).click()
+        page.get_by_test_id("no-volumes").wait_for()
+
         # Budget: none yet; a negative limit is refused next to its field.
         nav.get_by_role("link", name="Budget").click()
         page.get_by_test_id("no-budget").wait_for()

@@ -31,9 +31,10 @@ BODIES: dict[tuple[str, str], dict] = {
     },
 }
 BODIES[("PUT", "/v1/secrets/{secret_name}")] = {"value": "b's secret"}
+BODIES[("PUT", "/v1/volumes/{volume_name}")] = {"storage": "node"}
 # Routes that create the caller's own object under a name: another tenant's call makes its
 # own, and must leave the first tenant's untouched (checked instead of a 404).
-BY_NAME = {("PUT", "/v1/secrets/{secret_name}")}
+BY_NAME = {("PUT", "/v1/secrets/{secret_name}"), ("PUT", "/v1/volumes/{volume_name}")}
 # Required query parameters of tenant list routes (grouped so that any of A's ids would show).
 QUERIES: dict[tuple[str, str], dict] = {
     ("GET", "/v1/usage"): {
@@ -167,6 +168,8 @@ def matrix(world, client, session):
     assert ssh_key.status_code == 201, ssh_key.text
     secret = client.put("/v1/secrets/matrix", json={"value": "a's secret"}, headers=auth(a_key))
     assert secret.status_code == 201, secret.text
+    volume = client.put("/v1/volumes/matrix", json={"storage": "node"}, headers=auth(a_key))
+    assert volume.status_code == 201, volume.text
     ids = {
         "tenant_id": str(a.id),
         "commitment_id": commitment.json()["id"],
@@ -182,6 +185,7 @@ def matrix(world, client, session):
         "upgrade_id": str(upgrade.id),
         "ssh_key_id": ssh_key.json()["id"],
         "secret_name": "matrix",
+        "volume_name": "matrix",
         "attempt": "1",
         "replica": "0",
     }
@@ -294,11 +298,12 @@ def test_other_tenants_objects_are_404_and_never_leak(client, matrix):
             continue
         body = BODIES.get((method, path))
         if (method, path) in BY_NAME:
-            # Names are each tenant's own: B's PUT sets B's secret of that name, never A's.
+            # Names are each tenant's own: B's PUT sets B's secret (or makes B's volume) of that
+            # name, never A's.
             r = _call(client, method, _fill(path, matrix["ids"]), auth(matrix["b_key"]), body)
             assert r.status_code == 201, f"{method} {path} with another tenant's key -> {r.text}"
             a_view = client.get(_fill(path, matrix["ids"]), headers=auth(matrix["a_key"])).json()
-            assert a_view["version"] == 1 and a_view["id"] != r.json()["id"]
+            assert a_view.get("version", 1) == 1 and a_view["id"] != r.json()["id"]
             gone = client.delete(_fill(path, matrix["ids"]), headers=auth(matrix["b_key"]))
             assert gone.status_code == 204  # B's own again, so the other routes see none
             continue

@@ -101,7 +101,9 @@ def report(session: Session, caller: NodeCaller, inv: Inventory) -> InventoryVer
     row.address = inv.address
     row.agent_version = inv.agent_version
     row.runtimes = list(inv.runtimes)
-    said = {"run-uids", "ssh", "sev-snp", "tdx"} & set(inv.capabilities)
+    said = {"run-uids", "ssh", "sev-snp", "tdx", "volumes", "shared-volumes"} & set(
+        inv.capabilities
+    )
     offers = sorted(set(inv.runtimes) | said)
     if node.agent_offers != offers:
         node.agent_offers = offers  # the region's fleet version moves with the node row

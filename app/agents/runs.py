@@ -45,6 +45,7 @@ from rackplane_wire import (
     RunReport,
     StatusAck,
     StatusReport,
+    VolumeMount,
 )
 
 RUNNING = (State.provisioning.value, State.running.value)
@@ -131,6 +132,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
                 command=list(w.command or _hold(w)),
                 image=w.image,
                 workdir=w.workdir,
+                volumes=[VolumeMount(**v) for v in w.volumes or []],
                 env=env,
                 fetch_env=True,
                 run_gid=gids.get(w.tenant_id),

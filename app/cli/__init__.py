@@ -33,6 +33,7 @@ from app.cli.keys import keys_cli
 from app.cli.secrets import secrets_cli
 from app.cli.ssh_keys import ssh_keys_cli
 from app.cli.tenants import tenants_cli
+from app.cli.volumes import volumes_cli
 from app.cli.workloads import workloads_cli
 from app.core.config import get_settings
 from app.core.processes import stop_groups
@@ -52,6 +53,7 @@ cli.add_typer(tenants_cli, name="tenants")
 cli.add_typer(keys_cli, name="keys")
 cli.add_typer(ssh_keys_cli, name="ssh-keys")
 cli.add_typer(secrets_cli, name="secrets")
+cli.add_typer(volumes_cli, name="volumes")
 cli.add_typer(workloads_cli, name="workloads")
 cli.add_typer(chaos_cli, name="chaos")
 cli.add_typer(billing_cli, name="billing")

@@ -1,13 +1,23 @@
-"""What every `rackplane` command shares: its consoles, how it fails, the checkout's paths."""
+"""What every `rackplane` command shares: its consoles, how it fails, the checkout's paths, a
+tenant by its slug and every page of a list."""
 
 from __future__ import annotations
 
 import os
 import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.schemas import PageParams
+from app.models.tenants import Tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_FLEET = Path(__file__).resolve().parents[1] / "fleet" / "demo_fleet.yaml"
@@ -29,3 +39,23 @@ err = _console(stderr=True)
 def fail(message: str, code: int = 1) -> None:
     err.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code)
+
+
+def tenant_id(session: Session, slug: str) -> uuid.UUID:
+    """The tenant of this slug, or exit 2 saying there is none."""
+    found = session.scalar(select(Tenant.id).where(Tenant.slug == slug))
+    if found is None:
+        fail(escape(f"no tenant {slug}"), 2)
+    return found  # type: ignore[return-value]
+
+
+def every_page(read: Callable[[PageParams], tuple[list[Any], str | None]]) -> list[Any]:
+    """All rows of a paged list (`read(page)` -> rows, next cursor), 500 at a time."""
+    rows: list[Any] = []
+    page = PageParams(limit=500, cursor=None)
+    while True:
+        got, nxt = read(page)
+        rows += got
+        if nxt is None:
+            return rows
+        page = PageParams(limit=500, cursor=nxt)

@@ -12,27 +12,17 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import select
 
-from app.cli.common import console, fail
+from app.cli.common import console, every_page, fail, tenant_id
 from app.core.db import session_scope
 from app.core.errors import AppError
-from app.core.schemas import PageParams
 from app.keys.schemas import MAX_SECRET_BYTES, SecretOut, SecretSet
 from app.keys.tenant_secrets import delete_secret, list_secrets, put_secret
-from app.models.tenants import Tenant
 
 secrets_cli = typer.Typer(
     help="Set, list and delete a tenant's secrets (values go in, never out).",
     no_args_is_help=True,
 )
-
-
-def _tenant_id(session, slug: str):
-    tenant_id = session.scalar(select(Tenant.id).where(Tenant.slug == slug))
-    if tenant_id is None:
-        fail(escape(f"no tenant {slug}"), 2)
-    return tenant_id
 
 
 @secrets_cli.command("set")
@@ -68,7 +58,7 @@ def secrets_set(
         )
     with session_scope() as session:
         try:
-            row, created = put_secret(session, _tenant_id(session, tenant), body.name, body.value)
+            row, created = put_secret(session, tenant_id(session, tenant), body.name, body.value)
         except AppError as e:  # its words and code, never the value
             fail(escape(f"{e.detail} ({e.code})"), 2)
         out = SecretOut.model_validate(row)
@@ -84,16 +74,10 @@ def secrets_list(
     as_json: bool = typer.Option(False, "--json", help="The API's documents."),
 ) -> None:
     """A tenant's secrets (names, sizes and versions), oldest first."""
-    rows: list[SecretOut] = []
     with session_scope() as session:
-        tenant_id = _tenant_id(session, tenant)
-        page = PageParams(limit=500, cursor=None)
-        while True:
-            got, nxt = list_secrets(session, tenant_id, page)
-            rows += [SecretOut.model_validate(r) for r in got]
-            if nxt is None:
-                break
-            page = PageParams(limit=500, cursor=nxt)
+        owner = tenant_id(session, tenant)
+        got = every_page(lambda page: list_secrets(session, owner, page))
+        rows = [SecretOut.model_validate(r) for r in got]
     if as_json:
         console.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
         return
@@ -111,7 +95,7 @@ def secrets_delete(
     """Delete a tenant's secret (refused while a workload that has not ended names it)."""
     with session_scope() as session:
         try:
-            delete_secret(session, _tenant_id(session, tenant), name)
+            delete_secret(session, tenant_id(session, tenant), name)
         except AppError as e:
             fail(escape(f"{e.detail} ({e.code})"), 2)
     console.print(f"secret {name} deleted")

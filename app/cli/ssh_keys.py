@@ -9,26 +9,16 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import select
 
-from app.cli.common import console, fail
+from app.cli.common import console, every_page, fail, tenant_id
 from app.core.db import session_scope
 from app.core.errors import AppError
-from app.core.schemas import PageParams
 from app.keys.schemas import SshKeyCreate, SshKeyOut
 from app.keys.ssh import looks_private, parse_public_key
 from app.keys.ssh_keys import add_ssh_key, delete_ssh_key, list_ssh_keys, ssh_key_named
-from app.models.tenants import Tenant
 
 ssh_keys_cli = typer.Typer(help="Add, list and delete a tenant's SSH keys.", no_args_is_help=True)
 MAX_FILE = 16384  # as the API's `public_key`
-
-
-def _tenant_id(session, slug: str):
-    tenant_id = session.scalar(select(Tenant.id).where(Tenant.slug == slug))
-    if tenant_id is None:
-        fail(escape(f"no tenant {slug}"), 2)
-    return tenant_id
 
 
 @ssh_keys_cli.command("add")
@@ -56,11 +46,9 @@ def ssh_keys_add(
             escape("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())), 2
         )
     with session_scope() as session:
-        tenant_id = _tenant_id(session, tenant)
+        owner = tenant_id(session, tenant)
         try:
-            key = add_ssh_key(
-                session, tenant_id=tenant_id, name=body.name, public_key=body.public_key
-            )
+            key = add_ssh_key(session, tenant_id=owner, name=body.name, public_key=body.public_key)
         except AppError as e:  # its words and code, never the file's text
             fail(escape(f"{e.detail} ({e.code})"), 2)
         out = SshKeyOut.model_validate(key)
@@ -73,16 +61,10 @@ def ssh_keys_list(
     as_json: bool = typer.Option(False, "--json", help="The API's documents."),
 ) -> None:
     """A tenant's SSH keys, oldest first."""
-    rows: list[SshKeyOut] = []
     with session_scope() as session:
-        tenant_id = _tenant_id(session, tenant)
-        page = PageParams(limit=500, cursor=None)
-        while True:
-            got, nxt = list_ssh_keys(session, tenant_id, page)
-            rows += [SshKeyOut.model_validate(r) for r in got]
-            if nxt is None:
-                break
-            page = PageParams(limit=500, cursor=nxt)
+        owner = tenant_id(session, tenant)
+        got = every_page(lambda page: list_ssh_keys(session, owner, page))
+        rows = [SshKeyOut.model_validate(r) for r in got]
     if as_json:
         console.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
         return
@@ -106,7 +88,7 @@ def ssh_keys_delete(
 ) -> None:
     """Delete a tenant's SSH key by its name."""
     with session_scope() as session:
-        key = ssh_key_named(session, _tenant_id(session, tenant), name)
+        key = ssh_key_named(session, tenant_id(session, tenant), name)
         if key is None:
             fail(escape(f"{tenant} has no ssh key named {name}"), 2)
         delete_ssh_key(session, key)

@@ -64,6 +64,7 @@ from app.graphql.stacks import StackMutation, StackQuery
 from app.graphql.tenants import TenantMutation, TenantQuery
 from app.graphql.upgrades import UpgradeMutation, UpgradeQuery
 from app.graphql.views import BIG_INT, BigInt
+from app.graphql.volumes import VolumeMutation, VolumeQuery
 from app.graphql.workloads import WorkloadMutation, WorkloadQuery
 
 QUERIES = (
@@ -78,6 +79,7 @@ QUERIES = (
     ChaosQuery,
     StackQuery,
     UpgradeQuery,
+    VolumeQuery,
 )
 MUTATIONS = (
     WorkloadMutation,
@@ -90,20 +92,21 @@ MUTATIONS = (
     ChaosMutation,
     StackMutation,
     UpgradeMutation,
+    VolumeMutation,
 )
 # The root fields' order in the SDL (GraphQL names), as published: by when each was added.
 QUERY_FIELDS = (
     "viewer workloads nodes workload apiKeys quotas capacity usage bill upcomingBill budget "
     "commitments prices dryRun regions racks tenants tenantQuotas utilisation idleTime "
     "fleetHealth fleetMap fleetImport reconciliation tenant chaosExperiments chaosExperiment "
-    "softwareStacks upgrades upgrade bringUp sshKeys secrets"
+    "softwareStacks upgrades upgrade bringUp sshKeys secrets volumes"
 ).split()
 MUTATION_FIELDS = (
     "submitWorkload terminateWorkload reportCheckpoint requestCheckpoint createApiKey "
     "revokeApiKey setBudget removeBudget setNodeState setTenantQuotas approveTenant "
     "suspendTenant reactivateTenant updateTenant createPrice setNodeHealth setGpuHealth "
     "stopChaosExperiment createStack assignStack startUpgrade resumeUpgrade rollbackUpgrade "
-    "setMigLayout addSshKey deleteSshKey putSecret deleteSecret"
+    "setMigLayout addSshKey deleteSshKey putSecret deleteSecret putVolume deleteVolume"
 ).split()
 SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 

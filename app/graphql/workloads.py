@@ -130,6 +130,17 @@ class WorkloadArray:
         )
 
 
+@strawberry.type(description="One of your volumes a workload's runs mount (REST's `volumes`)")
+class VolumeMount:
+    name: str
+    storage: str = strawberry.field(description="`node` or `shared`")
+    mount_path: str = strawberry.field(
+        description="Where its runs see it (relative to a process run's own directory, or "
+        "absolute in a container)"
+    )
+    read_only: bool
+
+
 @strawberry.type
 class Workload:
     id: strawberry.ID
@@ -194,6 +205,7 @@ class Workload:
         description="The workloads and arrays that must succeed before it is placed (as given)"
     )
     array: WorkloadArray | None = strawberry.field(description="The job array it is an element of")
+    volumes: list[VolumeMount] = strawberry.field(description="Your volumes its runs mount")
     _row: strawberry.Private[Any]
     # Its newest events when the page read them with the workloads (see `events`).
     _events: strawberry.Private[list[Any] | None] = None
@@ -261,6 +273,15 @@ class Workload:
             min_cuda=cuda_text(w.min_cuda or 0),
             depends_on=[strawberry.ID(str(i)) for i in w.depends_on or []],
             array=WorkloadArray.of(array_of(w)),
+            volumes=[
+                VolumeMount(
+                    name=v["name"],
+                    storage=v["storage"],
+                    mount_path=v["mount_path"],
+                    read_only=bool(v.get("read_only")),
+                )
+                for v in w.volumes or []
+            ],
             _row=w,
             _events=events,
         )

@@ -180,6 +180,9 @@ class Workload(TimestampMixin, Base):
     # read when a run starts (app/agents/runs.py `run_env`), never stored here.
     secret_env: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
     runtime: Mapped[str] = mapped_column(String(16), default="process", server_default="process")
+    # The tenant's volumes its runs mount ([{id, name, storage, mount_path, read_only}], as
+    # resolved when it was submitted: app/workloads/volumes.py).
+    volumes: Mapped[list | None] = mapped_column(JSON, default=None)
     # An instance one logs into: the tenant's SSH public keys it was launched with (OpenSSH
     # lines, as they were then: deleting a key later does not reach into a running instance),
     # and where its current run's SSH server is: the node's address, the port its agent picked,
@@ -416,6 +419,22 @@ CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 def cycle_bucket_column(bound: float) -> str:
     return "le_" + f"{bound:g}".replace(".", "_")
+
+
+class Volume(TimestampMixin, Base):
+    """A tenant's named directory that its runs mount (app/workloads/volumes.py): on each
+    node's local disk (`node`: what a run writes stays on that node) or on the fleet's shared
+    storage (`shared`: every node that offers it sees the same files). Its directories are named
+    by its id, so a volume deleted and made again under its name starts empty."""
+
+    __tablename__ = "volumes"
+    __tenant_column__ = "tenant_id"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(63))
+    storage: Mapped[str] = mapped_column(String(16))  # node | shared
 
 
 class WorkloadDependency(Base):

@@ -81,17 +81,27 @@ def request_of(w: Workload) -> Request:
         avoid=avoid,
         stack=w.stack,
         min_cuda=w.min_cuda or 0,
-        runtime=placed_runtime(w.runtime, w.tier, bool(w.ssh_keys)),
+        runtime=placed_runtime(w.runtime, w.tier, bool(w.ssh_keys), w.volumes),
     )
 
 
-def placed_runtime(runtime: str, tier: str, ssh: bool) -> str:
-    """What a workload needs of a node's agent, as `node_runtimes` names what one offers."""
+def placed_runtime(runtime: str, tier: str, ssh: bool, volumes: list | None = None) -> str:
+    """What a workload needs of a node's agent, as `node_runtimes` names what one offers: with
+    volumes, an agent that mounts them (`+volumes`), on shared storage if one is (`+shared`)."""
     if tier == Tier.CONFIDENTIAL_VM.label:
-        return "confidential-vm"
-    if runtime == "podman" and ssh:
-        return "podman-ssh"
-    return runtime
+        need = "confidential-vm"
+    elif runtime == "podman" and ssh:
+        need = "podman-ssh"
+    else:
+        need = runtime
+    if any(v.get("storage") == "shared" for v in volumes or []):
+        return need + SHARED
+    return need + VOLUMES if volumes else need
+
+
+# Suffixes of what an agent offers: it mounts tenants' volumes (every agent that knows them;
+# an older one would run the work without them), and the fleet's shared storage.
+VOLUMES, SHARED = "+volumes", "+shared"
 
 
 def node_runtimes(node: Node, process_pools: frozenset[str]) -> frozenset[str] | None:
@@ -107,6 +117,11 @@ def node_runtimes(node: Node, process_pools: frozenset[str]) -> frozenset[str] |
         offers.add("confidential-vm")
     if "*" not in process_pools and (node.pool or "") not in process_pools:
         offers.discard("process")
+    plain = frozenset(offers)
+    if "volumes" in said:
+        offers |= {o + VOLUMES for o in plain}
+    if "shared-volumes" in said:  # its agent mounts the fleet's shared storage
+        offers |= {o + SHARED for o in plain}
     return frozenset(offers)
 
 

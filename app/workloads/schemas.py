@@ -246,6 +246,72 @@ class ArrayOut(OutModel):
     max_parallel: int
 
 
+VolumeStorage = Literal["node", "shared"]
+MAX_VOLUMES = 8
+# Where a container may not have a volume: the root, and what the runtime itself mounts.
+CONTAINER_SYSTEM_PATHS = ("/proc", "/sys", "/dev", "/.rackplane", "/etc/hosts", "/etc/resolv.conf")
+
+
+class VolumePut(StrictModel):
+    """A volume: a named directory of yours that your runs mount (`volumes` on a workload)."""
+
+    storage: VolumeStorage = Field(
+        "node",
+        description="`node`: a directory on the local disk of each node a run lands on (what a "
+        "run writes stays on that node: scratch, caches, a dataset copied once per node); "
+        "`shared`: a directory on the fleet's shared storage (every node that offers it sees "
+        "the same files: checkpoints, results; work that mounts one is placed only on such "
+        "nodes). Fixed once made.",
+    )
+
+
+class VolumeSet(VolumePut):
+    """A volume's name and storage together (GraphQL's `putVolume`; REST names it in the
+    path)."""
+
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=63,
+        pattern=RESOURCE_NAME_PATTERN,
+        description="Unique in your account: letters, digits, `.`, `_` and `-` (1 to 63).",
+        examples=["datasets"],
+    )
+
+
+class VolumeOut(OutModel):
+    id: uuid.UUID
+    name: str
+    storage: str = Field(description="`node` or `shared`")
+    created_at: datetime
+
+
+class VolumeMountIn(StrictModel):
+    """One of your volumes, mounted into each of the workload's runs."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=63, pattern=RESOURCE_NAME_PATTERN, description="Its name"
+    )
+    mount_path: str = Field(
+        ...,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9._/@+-]+$",
+        description="Where the run sees it. `process`: a path relative to the run's own "
+        "directory (`data`); `podman`: an absolute path in the container (`/data`).",
+    )
+    read_only: bool = Field(
+        False, description="Mounted read-only (containers only: a process run's are writable)"
+    )
+
+
+class VolumeMountOut(OutModel):
+    name: str
+    storage: str
+    mount_path: str
+    read_only: bool
+
+
 # A working directory: path characters only (no space, quote or control character).
 WORKDIR_PATTERN = r"^[A-Za-z0-9._/@+-]+$"
 # What a workload's process is given: names as POSIX shells allow, none of the agent's own.
@@ -391,6 +457,11 @@ class WorkloadCreate(StrictModel):
         "once it runs. Keys are copied at launch: deleting one later does not reach into it.",
     )
 
+    volumes: list[VolumeMountIn] = Field(
+        default_factory=list,
+        max_length=MAX_VOLUMES,
+        description="Your volumes (`/v1/volumes`) each run mounts, by name. Not for VMs.",
+    )
     depends_on: list[uuid.UUID] = Field(
         default_factory=list,
         max_length=MAX_DEPENDENCIES,
@@ -469,6 +540,7 @@ class WorkloadCreate(StrictModel):
                 )
             if self.runtime == "podman" and not self.workdir.startswith("/"):
                 raise ValueError("a `podman` run's workdir is an absolute path in the container")
+        self._check_volumes()
         both = sorted(set(self.env) & set(self.secret_env))
         if both:
             raise ValueError(f"{', '.join(both)} is set by both env and secret_env")
@@ -481,6 +553,43 @@ class WorkloadCreate(StrictModel):
                     "cannot pass to a container"
                 )
         return self
+
+    def _check_volumes(self) -> None:
+        if not self.volumes:
+            return
+        if self.runtime == "vm":
+            raise ValueError("volumes are for `process` and `podman` runs, not VMs")
+        names = [v.name for v in self.volumes]
+        if len(set(names)) != len(names):
+            raise ValueError("volumes names a volume twice")
+        paths = [v.mount_path.rstrip("/") for v in self.volumes]
+        for v, path in zip(self.volumes, paths, strict=True):
+            parts = path.strip("/").split("/")
+            if any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"volume {v.name}: mount_path has an empty, `.` or `..` part")
+            if self.runtime == "process":
+                if path.startswith("/"):
+                    raise ValueError(
+                        f"volume {v.name}: a `process` run's mount_path is relative to its "
+                        "own directory (no `/` first)"
+                    )
+                if v.read_only:
+                    raise ValueError(
+                        f"volume {v.name}: read_only needs a container (the podman runtime); a "
+                        "process run's volumes are writable"
+                    )
+            elif not path.startswith("/"):
+                raise ValueError(
+                    f"volume {v.name}: a `podman` run's mount_path is an absolute path"
+                )
+            elif any(path == p or path.startswith(p + "/") for p in CONTAINER_SYSTEM_PATHS):
+                raise ValueError(f"volume {v.name}: {path} is the container runtime's own")
+        for a in paths:
+            for b in paths:
+                if a != b and b.startswith(a + "/"):
+                    raise ValueError(f"mount paths {a} and {b} nest")
+        if len(set(paths)) != len(paths):
+            raise ValueError("two volumes have one mount_path")
 
     @model_validator(mode="after")
     def _shape(self) -> WorkloadCreate:
@@ -678,6 +787,9 @@ class WorkloadOut(OutModel):
         default_factory=list,
         description="The workloads and arrays that must succeed before it is placed (as given)",
     )
+    volumes: list[VolumeMountOut] = Field(
+        default_factory=list, description="Your volumes its runs mount (see submit's)"
+    )
     array: ArrayOut | None = Field(None, description="The job array it is an element of")
     pending: PendingOut | None = Field(
         None,
@@ -704,7 +816,7 @@ class WorkloadOut(OutModel):
             out.array = array_of(value)
         return out
 
-    @field_validator("ssh_keys", "depends_on", mode="before")
+    @field_validator("ssh_keys", "depends_on", "volumes", mode="before")
     @classmethod
     def _keys(cls, value: Any) -> Any:
         return value or []

@@ -28,7 +28,7 @@ from app.scheduling.lifecycle import HOLDING, State
 from app.tenancy.auth import AuthContext
 from app.tenancy.run_tokens import in_stop_grace
 from app.tenancy.scoping import scoped_select
-from app.workloads import holds, restarts
+from app.workloads import holds, restarts, volumes
 from app.workloads.budget_gate import check_submission
 from app.workloads.disruptions import (
     health_notice,
@@ -96,6 +96,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
     check_stack(session, body.stack)
     keys = ssh_keys_named(session, auth.tenant_id, body.ssh_keys)
     check_secrets(session, auth.tenant_id, body.secret_env)
+    mounted = volumes.mounts(session, auth.tenant_id, body.volumes)
     now = utcnow()
     w = Workload(
         tenant_id=auth.tenant_id,
@@ -121,6 +122,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         command=list(body.command) if body.command is not None else None,
         env=dict(body.env),
         secret_env=dict(body.secret_env),
+        volumes=mounted,
         runtime=body.runtime,
         ssh_keys=keys,
         checkpoint_signal=body.checkpoint.signal,

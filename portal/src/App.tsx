@@ -12,6 +12,7 @@ import { Keys } from "./pages/Keys";
 import { Prices } from "./pages/Prices";
 import { SignIn } from "./pages/SignIn";
 import { Secrets } from "./pages/Secrets";
+import { Volumes } from "./pages/Volumes";
 import { SshKeys } from "./pages/SshKeys";
 import { Submit } from "./pages/Submit";
 import { TenantPage, Tenants } from "./pages/Tenants";
@@ -69,6 +70,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
         ["/portal/keys", "API keys"],
         ["/portal/ssh-keys", "SSH keys"],
         ["/portal/secrets", "Secrets"],
+        ["/portal/volumes", "Volumes"],
       ];
   return (
     <>
@@ -107,6 +109,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
           <Route path="/portal/keys" component={Keys} session={session} />
           <Route path="/portal/ssh-keys" component={SshKeys} session={session} />
           <Route path="/portal/secrets" component={Secrets} session={session} />
+          <Route path="/portal/volumes" component={Volumes} session={session} />
           <Route path="/portal/fleet" component={Fleet} />
           <Route path="/portal/tenants" component={Tenants} />
           <Route path="/portal/tenants/:id" component={TenantPage} />

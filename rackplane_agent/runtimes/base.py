@@ -24,7 +24,7 @@ import psutil
 import rackplane_agent
 from rackplane_agent.logfmt import kv
 from rackplane_agent.state import RunRecord, read_exit, write_atomic
-from rackplane_wire import Assignment, Inventory
+from rackplane_wire import Assignment, Inventory, VolumeMount
 
 log = logging.getLogger("rackplane_agent.runtimes")
 CREATE_TIME_SLACK = 0.05
@@ -61,6 +61,8 @@ class RunPlace:
 
     workdir: Path
     user: RunUser | None
+    # The tenant's volumes it mounts, each with its directory on this node.
+    volumes: tuple[tuple[VolumeMount, Path], ...] = ()
 
     @property
     def tmp(self) -> Path:

@@ -215,6 +215,22 @@ def podman_argv(
     return argv
 
 
+def with_volumes(argv: list[str], place: RunPlace) -> list[str]:
+    """`argv` with the run's volumes bind-mounted before the image (`--`): each handed to the
+    container's own root for this run (`U`: its user namespace is its own), read-only where
+    asked; `nosuid,nodev` whatever the image does."""
+    if not place.volumes:
+        return argv
+    extra = []
+    for v, host in place.volumes:
+        if ":" in str(host) or "," in str(host):
+            raise StartError(f"volume {v.name}: its directory {host} holds a ':' or ','")
+        opts = ",".join(["ro" if v.read_only else "rw", "U", "nosuid", "nodev"])
+        extra += ["--volume", f"{host}:{v.mount_path}:{opts}"]
+    at = argv.index("--")
+    return argv[:at] + extra + argv[at:]
+
+
 def check_env(env: dict[str, str]) -> None:
     """An env-file line holds one `NAME=value`: a value with a line break cannot be passed (the
     workload's env and secrets are its own: its fault, not the node's)."""
@@ -467,6 +483,7 @@ class PodmanRuntime(ShimRuntime):
         rec: RunRecord,
     ) -> subprocess.Popen:
         argv = podman_argv(assignment, self._podman(), self._ssh_bundle(assignment, build=True))
+        argv = with_volumes(argv, place)
         full = {**assignment.env, **env}
         check_env(full)
         if assignment.tenant is not None:

@@ -55,6 +55,21 @@ def start_dir(place: RunPlace, workdir: str | None) -> Path:
     return here
 
 
+def link_volumes(place: RunPlace) -> None:
+    """Each volume as a link at its mount path in the run's own directory (the path's parents
+    made as `start_dir` makes them). A process run shares the host's mount namespace: a link
+    reaches the volume's directory, which its tenant's group may use and no one else's."""
+    for v, host in place.volumes:
+        parent, name = os.path.split(v.mount_path.rstrip("/"))
+        where = start_dir(place, parent) if parent else place.workdir
+        link = where / name
+        if link.exists() or link.is_symlink():
+            raise WorkloadStartError(f"volume {v.name}: {v.mount_path} is already there")
+        os.symlink(host, link)
+        if place.user is not None:
+            os.lchown(link, place.user.uid, place.user.gid)
+
+
 def resolve_command(argv0: str, path: str | None, cwd: Path) -> str:
     """Where argv[0] is: on PATH for a bare name, else relative to the run's directory."""
     if os.sep in argv0:
@@ -96,6 +111,7 @@ class ProcessRuntime(ShimRuntime):
         rec: RunRecord,
     ) -> subprocess.Popen:
         full = {**run_env(assignment, self._environ, place), **env}
+        link_volumes(place)
         cwd = start_dir(place, assignment.workdir)
         resolve_command(assignment.command[0], full.get("PATH"), cwd)
         cgroup = None

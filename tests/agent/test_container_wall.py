@@ -38,8 +38,10 @@ from rackplane_agent.runtimes.podman import (
 )
 from rackplane_bench import containers
 from rackplane_bench.instances import parse_probes
+from rackplane_wire import VolumeMount
 from tests.agent.helpers import (
     INVENTORY,
+    SYSTEM_PY,
     FakeClient,
     assignment,
     assignments,
@@ -503,3 +505,50 @@ def test_a_container_with_ssh_keys_is_an_instance_one_logs_into_as_root(pod, sta
         a.close()
     finally:
         shutil.rmtree(keys, ignore_errors=True)
+
+
+def test_a_containers_volume_keeps_its_files_for_the_tenants_next_run(pod, state_dir, work_dir):
+    """Issue 45 item 13: a container writes to its tenant's volume (bind-mounted, handed to
+    its own root for the run, no set-uid); the tenant's next container, and then a process
+    run of the tenant (its own uid, the tenant's gid), read what it wrote; a read-only mount
+    refuses a write."""
+    image, environ, tenants = pod.image, pod.environ, pod.tenants
+    client = FakeClient()
+    volumes = open_dir("rp-cvolumes-")
+    a = _agent(
+        state_dir, client, work_dir, environ, (2_100_500, 2_100_599),
+        volumes_dir=volumes,
+    )  # fmt: skip
+    vol = VolumeMount(id="0000cccc-0000-4000-8000-000000000001", name="ckpt", storage="node",
+                      mount_path="/ckpt")  # fmt: skip
+    tenant = dict(tenant=tenants["a"], run_gid=2_200_011)
+    write = assignment(
+        EXITS, ["sh", "-c", "echo step-40 > /ckpt/latest && touch /ckpt/s && chmod u+s /ckpt/s "
+                "&& echo wrote"],
+        runtime="podman", image=image, volumes=[vol], **tenant,
+    )  # fmt: skip
+    a.set_assignments(assignments(write))
+    step_until(a, lambda: (r := client.last(EXITS)) and r.state == "exited", timeout=30)
+    assert client.last(EXITS).exit_code == 0, _output(a, client, EXITS)
+    ro = vol.model_copy(update={"read_only": True})
+    read = assignment(
+        STOPS, ["sh", "-c", "cat /ckpt/latest; echo x > /ckpt/no || echo refused"],
+        runtime="podman", image=image, volumes=[ro], **tenant,
+    )  # fmt: skip
+    a.set_assignments(assignments(read, index=2))
+    step_until(a, lambda: (r := client.last(STOPS)) and r.state == "exited", timeout=30)
+    out = _output(a, client, STOPS)
+    assert "step-40" in out and "refused" in out, out
+    host = volumes / tenants["a"] / vol.id
+    assert not (host / "no").exists()
+    # A process run of the tenant takes the files back (root:<tenant gid>, no set-uid left).
+    proc = vol.model_copy(update={"mount_path": "ckpt"})
+    code = "print('proc', open('ckpt/latest').read().strip(), flush=True)"
+    again = assignment(INSTANCE, [SYSTEM_PY, "-c", code], volumes=[proc], **tenant)
+    a.set_assignments(assignments(again, index=3))
+    step_until(a, lambda: (r := client.last(INSTANCE)) and r.state == "exited", timeout=30)
+    assert "proc step-40" in _output(a, client, INSTANCE), _output(a, client, INSTANCE)
+    s = (host / "s").stat()
+    assert (s.st_uid, s.st_gid) == (0, 2_200_011) and not s.st_mode & 0o4000
+    a.close()
+    shutil.rmtree(volumes, ignore_errors=True)

@@ -237,7 +237,7 @@ def test_through_the_agent_waiting_for_its_own_run(host, state_dir, monkeypatch)
     client = FakeClient()
     agent = Agent(config(state_dir), client, nvml=fake_nvml)
     agent.prepare()
-    assert agent.inventory is not None and agent.inventory.capabilities == ["mig-layout"]
+    assert agent.inventory is not None and agent.inventory.capabilities == ["mig-layout", "volumes"]
     agent.set_assignments(assignments().model_copy(update={"mig_layouts": [layout("l1")]}))
 
     def told(lid):
@@ -276,11 +276,11 @@ def test_through_the_agent_waiting_for_its_own_run(host, state_dir, monkeypatch)
 def test_capability_only_where_layouts_can_be_applied(host, state_dir, monkeypatch):
     from tests.agent.helpers import agent as file_agent
 
-    assert file_agent(state_dir).inventory.capabilities == []  # a file inventory: no NVML
+    assert file_agent(state_dir).inventory.capabilities == ["volumes"]  # a file inventory: no NVML
     monkeypatch.setenv("PATH", "/nonexistent")
     agent = Agent(config(state_dir / "b"), FakeClient(), nvml=fake_nvml)
     agent.prepare()
-    assert agent.inventory.capabilities == []
+    assert agent.inventory.capabilities == ["volumes"]
     agent.close()
 
 

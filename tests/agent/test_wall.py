@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rackplane_wire import VolumeMount
 from tests.agent.helpers import (
     SYSTEM_PY,
     FakeClient,
@@ -261,3 +262,70 @@ def test_two_agents_on_one_host_never_share_a_uid(tmp_path, work_dir):
     old = time.time() - 120
     os.utime(claims / str(ub.uid), (old, old))
     assert a.take("run-d", {ua.uid}).user == ub
+
+
+def test_a_volume_is_its_tenants_alone_and_outlives_its_runs(state_dir, work_dir, tmp_path):
+    """Issue 45 item 13: a tenant's run writes to its volume (a link in its own directory),
+    the tenant's next run (another uid, the tenant's gid) reads and adds to it; another
+    tenant's run, told the path, is refused at the tenant's door; the node's volumes live
+    outside the agent's state, and a shared volume needs the host's shared storage."""
+    client = FakeClient()
+    volumes = open_dir("rp-volumes-")
+    a = agent(
+        state_dir, client, work_dir=work_dir, run_uids=(2_100_300, 2_100_399),
+        volumes_dir=volumes,
+    )  # fmt: skip
+    vol = VolumeMount(id="0000aaaa-0000-4000-8000-000000000001", name="data", storage="node",
+                      mount_path="out/data")  # fmt: skip
+    mine = dict(tenant="tenant-a", run_gid=2_200_001, volumes=[vol])
+    write = "open('out/data/result.txt', 'w').write('step 40'); print('wrote', flush=True)"
+    first = assignment(VICTIM, [SYSTEM_PY, "-c", write], **mine)
+    a.set_assignments(assignments(first))
+    step_until(a, lambda: (r := client.last(VICTIM)) and r.state == "exited", timeout=15)
+    assert client.last(VICTIM).exit_code == 0, _output(a, client, VICTIM)
+    host = volumes / "tenant-a" / vol.id
+    assert (host / "result.txt").read_text() == "step 40"
+    assert host.stat().st_gid == 2_200_001 and oct(host.stat().st_mode & 0o7777) == "0o2770"
+    assert oct((volumes / "tenant-a").stat().st_mode & 0o777) == "0o710"
+
+    read = (
+        "import os; print('read', open('out/data/result.txt').read(), os.getuid(), flush=True);"
+        "open('out/data/more.txt', 'w').write('x')"
+    )
+    again = assignment(VICTIM, [SYSTEM_PY, "-c", read], attempt=1, **mine)
+    probe = (
+        "import os, sys\n"
+        "for name, fn in (('list', lambda: os.listdir(sys.argv[1])),"
+        " ('read', lambda: open(os.path.join(sys.argv[1], sys.argv[2], 'result.txt')).read())):\n"
+        "    try:\n"
+        "        print('PROBE', name, 'LEAKED', fn(), flush=True)\n"
+        "    except OSError as exc:\n"
+        "        print('PROBE', name, 'refused', type(exc).__name__, flush=True)\n"
+    )
+    other = assignment(
+        ATTACKER, [SYSTEM_PY, "-c", probe, str(volumes / "tenant-a"), vol.id],
+        tenant="tenant-b", run_gid=2_200_002,
+    )  # fmt: skip
+    a.set_assignments(assignments(again, other, index=2))
+    step_until(
+        a,
+        lambda: all((r := client.last(w)) and r.state == "exited" for w in (VICTIM, ATTACKER)),
+        timeout=15,
+    )
+    out = _output(a, client, VICTIM)
+    assert "read step 40" in out, out
+    assert (host / "more.txt").stat().st_gid == 2_200_001
+    assert _probes(_output(a, client, ATTACKER)) == {"list": "refused", "read": "refused"}
+
+    # Shared storage this host does not have: the run cannot start here (not the workload's
+    # fault: the control plane places such work only where the agent offers it).
+    shared = vol.model_copy(update={"id": "0000aaaa-0000-4000-8000-000000000002",
+                                    "storage": "shared"})  # fmt: skip
+    lost = assignment("00000000-0000-4000-8000-0000000000a3", [SYSTEM_PY, "-c", "0"],
+                      tenant="tenant-a", run_gid=2_200_001, volumes=[shared])  # fmt: skip
+    a.set_assignments(assignments(lost, index=3))
+    step_until(a, lambda: (r := client.last(lost.workload_id)) and r.state == "failed_to_start")
+    assert "shared storage" in client.last(lost.workload_id).message
+    assert "shared-volumes" not in a.inventory.capabilities
+    a.close()
+    shutil.rmtree(volumes, ignore_errors=True)

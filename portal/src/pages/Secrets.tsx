@@ -1,5 +1,6 @@
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 import { asProblem, fieldProblem, gql, isProblem, PROBLEM_FIELDS, when, type Problem, type Session } from "../api";
+import { useOwnedList, useRowDelete } from "../owned";
 import { Confirm, FieldError, FormProblem } from "../ui";
 
 // The tenant's secrets: values its workloads get as environment variables by name
@@ -25,37 +26,16 @@ interface Secret {
   createdAt: string;
   updatedAt: string;
 }
-interface Page {
-  secrets: { edges: { cursor: string; node: Secret }[]; pageInfo: { hasNextPage: boolean; endCursor: string | null } };
-}
 
 const FIELDS = ["name", "value"];
 
 export function Secrets({ session }: { session: Session }) {
-  const [secrets, setSecrets] = useState<Secret[] | null>(null);
-  const [next, setNext] = useState<string | null>(null);
-  const [error, setError] = useState("");
+  const { items: secrets, next, error, load } = useOwnedList<Secret>(LIST, "secrets");
+  const { rowProblem, remove: removeRow } = useRowDelete(DELETE, "deleteSecret", () => load());
   const [problem, setProblem] = useState<Problem | null>(null);
   const [busy, setBusy] = useState(false);
   const [saved, setSaved] = useState("");
   const [deleting, setDeleting] = useState<Secret | null>(null);
-  const [rowProblem, setRowProblem] = useState<{ name: string; text: string } | null>(null);
-
-  const load = async (after: string | null = null) => {
-    try {
-      const d = await gql<Page>(LIST, { after });
-      const got = d.secrets.edges.map((e) => e.node);
-      setSecrets((old) => (after && old ? [...old, ...got] : got));
-      setNext(d.secrets.pageInfo.hasNextPage ? d.secrets.pageInfo.endCursor : null);
-      setError("");
-    } catch (e) {
-      const p = asProblem(e);
-      setError(`${p.message} (${p.code})`);
-    }
-  };
-  useEffect(() => {
-    load();
-  }, []);
 
   const put = async (form: HTMLFormElement) => {
     const field = (n: string) => form.elements.namedItem(n) as HTMLInputElement | HTMLTextAreaElement;
@@ -80,18 +60,9 @@ export function Secrets({ session }: { session: Session }) {
     }
   };
 
-  const remove = async (s: Secret) => {
-    setRowProblem(null);
+  const remove = (s: Secret) => {
     setSaved("");
-    try {
-      const d = await gql<{ deleteSecret: { __typename: string } | Problem }>(DELETE, { name: s.name });
-      const r = d.deleteSecret;
-      if (isProblem(r)) setRowProblem({ name: s.name, text: `${r.message} (${r.code})` });
-      else load();
-    } catch (e) {
-      const p = asProblem(e);
-      setRowProblem({ name: s.name, text: `${p.message} (${p.code})` });
-    }
+    removeRow(s.name, { name: s.name });
   };
 
   const bad = (n: string) => fieldProblem(problem, n);
@@ -141,7 +112,7 @@ export function Secrets({ session }: { session: Session }) {
                           Delete
                         </button>
                       )}
-                      {rowProblem?.name === s.name && (
+                      {rowProblem?.key === s.name && (
                         <span class="error" role="alert">
                           {" "}
                           {rowProblem.text}

@@ -1,5 +1,6 @@
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 import { asProblem, fieldProblem, gql, isProblem, PROBLEM_FIELDS, when, type Problem, type Session } from "../api";
+import { useOwnedList, useRowDelete } from "../owned";
 import { Confirm, FieldError, FormProblem } from "../ui";
 
 // The tenant's SSH public keys: the instances it launches take them by name. The API reads and
@@ -26,37 +27,16 @@ interface SshKey {
   comment: string | null;
   createdAt: string;
 }
-interface Page {
-  sshKeys: { edges: { cursor: string; node: SshKey }[]; pageInfo: { hasNextPage: boolean; endCursor: string | null } };
-}
 
 const FIELDS = ["name", "publicKey"];
 
 export function SshKeys({ session }: { session: Session }) {
-  const [keys, setKeys] = useState<SshKey[] | null>(null);
-  const [next, setNext] = useState<string | null>(null);
-  const [error, setError] = useState("");
+  const { items: keys, next, error, load } = useOwnedList<SshKey>(LIST, "sshKeys");
+  const { rowProblem, remove: removeRow } = useRowDelete(DELETE, "deleteSshKey", () => load());
   const [problem, setProblem] = useState<Problem | null>(null);
   const [busy, setBusy] = useState(false);
   const [added, setAdded] = useState("");
   const [deleting, setDeleting] = useState<SshKey | null>(null);
-  const [rowProblem, setRowProblem] = useState<{ id: string; text: string } | null>(null);
-
-  const load = async (after: string | null = null) => {
-    try {
-      const d = await gql<Page>(LIST, { after });
-      const got = d.sshKeys.edges.map((e) => e.node);
-      setKeys((old) => (after && old ? [...old, ...got] : got));
-      setNext(d.sshKeys.pageInfo.hasNextPage ? d.sshKeys.pageInfo.endCursor : null);
-      setError("");
-    } catch (e) {
-      const p = asProblem(e);
-      setError(`${p.message} (${p.code})`);
-    }
-  };
-  useEffect(() => {
-    load();
-  }, []);
 
   const add = async (form: HTMLFormElement) => {
     const field = (n: string) => form.elements.namedItem(n) as HTMLInputElement | HTMLTextAreaElement;
@@ -83,18 +63,9 @@ export function SshKeys({ session }: { session: Session }) {
     }
   };
 
-  const remove = async (k: SshKey) => {
-    setRowProblem(null);
+  const remove = (k: SshKey) => {
     setAdded("");
-    try {
-      const d = await gql<{ deleteSshKey: { __typename: string } | Problem }>(DELETE, { id: k.id });
-      const r = d.deleteSshKey;
-      if (isProblem(r)) setRowProblem({ id: k.id, text: `${r.message} (${r.code})` });
-      else load();
-    } catch (e) {
-      const p = asProblem(e);
-      setRowProblem({ id: k.id, text: `${p.message} (${p.code})` });
-    }
+    removeRow(k.id, { id: k.id });
   };
 
   const bad = (n: string) => fieldProblem(problem, n);
@@ -147,7 +118,7 @@ export function SshKeys({ session }: { session: Session }) {
                           Delete
                         </button>
                       )}
-                      {rowProblem?.id === k.id && (
+                      {rowProblem?.key === k.id && (
                         <span class="error" role="alert">
                           {" "}
                           {rowProblem.text}

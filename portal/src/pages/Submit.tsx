@@ -94,6 +94,14 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
   if (kind !== "vm" && v("runtime") && v("runtime") !== "process") input.runtime = v("runtime");
   if (v("image")) input.image = v("image");
   if (kind !== "vm" && v("workdir")) input.workdir = v("workdir");
+  // The tenant's volumes each run mounts: NAME:PATH lines, `:ro` after for read-only.
+  const mounts = kind === "vm" ? [] : lines("volumes");
+  if (mounts.length) {
+    input.volumes = mounts.map((l) => {
+      const [name, mountPath, mode] = l.split(":").map((x) => x.trim());
+      return { name, mountPath: mountPath ?? "", ...(mode === "ro" ? { readOnly: true } : {}) };
+    });
+  }
   // The SSH keys that may log in (instances and VMs): their names, as the tenant keeps them.
   if (kind !== "job") {
     const keys = [...form.querySelectorAll<HTMLInputElement>("input[name=sshKey]:checked")].map((i) => i.value);
@@ -297,6 +305,21 @@ export function Submit() {
           <>
             <label for="workdir">Working directory (a process: relative to its own directory; a container: absolute)</label>
             <input id="workdir" name="workdir" maxLength={255} spellcheck={false} placeholder="src/app" aria-invalid={!!bad("workdir")} />
+          </>
+        )}
+        {kind !== "vm" && (
+          <>
+            <label for="volumes">
+              Your <a href="/portal/volumes">volumes</a> to mount (one volume:path per line, :ro after for read-only)
+            </label>
+            <textarea
+              id="volumes"
+              name="volumes"
+              rows={1}
+              spellcheck={false}
+              placeholder="checkpoints:ckpt"
+              aria-invalid={!!bad("volumes") || !!bad("mountPath") || problem?.code === "unknown_volume"}
+            />
           </>
         )}
         <label for="env">Environment (one KEY=value per line)</label>

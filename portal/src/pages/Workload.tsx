@@ -9,7 +9,7 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   placement { replica region rack node gpuIndices migProfile migSlot }
   runtime workdir sshKeys secretEnv connect { host port user command ready readyAt }
   restartPolicy restarts notBefore pending { reason detail since }
-  dependsOn array { id index count maxParallel }
+  dependsOn array { id index count maxParallel } volumes { name storage mountPath readOnly }
 } }`;
 
 const ELEMENTS = `query Elements($array: ID!) { workloads(arrayId: $array, first: 200) {
@@ -41,6 +41,7 @@ interface W extends WorkloadSummary {
   pending: { reason: string; detail: string; since: string } | null;
   dependsOn: string[];
   array: { id: string; index: number; count: number; maxParallel: number } | null;
+  volumes: { name: string; storage: string; mountPath: string; readOnly: boolean }[];
 }
 interface Element {
   id: string;
@@ -394,6 +395,19 @@ export function WorkloadPage({ id }: { id: string }) {
           )}
         </section>
         <ArrayElements w={w} />
+        {w.volumes.length > 0 && (
+          <section aria-labelledby="volumes-h">
+            <h2 id="volumes-h">Volumes it mounts</h2>
+            <ul data-testid="volumes">
+              {w.volumes.map((v) => (
+                <li>
+                  <a href="/portal/volumes">{v.name}</a> ({v.storage}) at <code>{v.mountPath}</code>
+                  {v.readOnly && ", read-only"}
+                </li>
+              ))}
+            </ul>
+          </section>
+        )}
         {Object.keys(w.secretEnv).length > 0 && (
           <section aria-labelledby="secret-env-h">
             <h2 id="secret-env-h">From your secrets</h2>
