@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
@@ -35,6 +36,7 @@ _ENDED = [s.value for s in TERMINAL]
 # own and release past its limit.
 _SWEEP_LOCK = 0x52504844  # "RPHD"
 NAMED = 3  # workloads named in a reason's words, at most
+CHUNK = 1000  # ids per IN list
 
 
 def dependencies(session: Session, tenant_id: uuid.UUID, ids: list[uuid.UUID]) -> list[uuid.UUID]:
@@ -88,9 +90,11 @@ def array_full(under_way: int, limit: int) -> str:
     return f"{under_way} of its array's elements are under way (max_parallel {limit})"
 
 
-def release(session: Session, limit: int = 500) -> int:
+def release(session: Session) -> int:
     """The sweep, in the caller's transaction: release, fail or re-word held work; returns how
-    many were released or failed."""
+    many were released or failed. Every held workload is looked at (as plain rows: only those
+    that change are loaded and locked), so an array's elements go in index order however many
+    wait."""
     if (
         session.scalar(
             select(Workload.id)
@@ -103,75 +107,96 @@ def release(session: Session, limit: int = 500) -> int:
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SWEEP_LOCK})
     now = utcnow()
-    held = list(
-        session.scalars(
-            select(Workload)
-            .where(Workload.hold.is_not(None), Workload.state == State.queued.value)
-            .order_by(Workload.id)
-            .limit(limit)
-            .with_for_update()
+    held = session.execute(
+        select(
+            Workload.id,
+            Workload.tenant_id,
+            Workload.hold,
+            Workload.array_id,
+            Workload.array_index,
+            Workload.array_count,
+            Workload.array_max_parallel,
         )
-    )
+        .where(Workload.hold.is_not(None), Workload.state == State.queued.value)
+        .order_by(Workload.array_id, Workload.array_index, Workload.id)
+    ).all()
     needs: dict[uuid.UUID, list] = {}
-    waiting = [w.id for w in held if w.hold == DEPENDENCY]
-    if waiting:
-        n = aliased(Workload)
+    waiting = [h.id for h in held if h.hold == DEPENDENCY]
+    n = aliased(Workload)
+    for i in range(0, len(waiting), CHUNK):
         for row in session.execute(
             select(WorkloadDependency.workload_id, n.id, n.name, n.state)
             .join(n, n.id == WorkloadDependency.needs_id)
-            .where(WorkloadDependency.workload_id.in_(waiting))
+            .where(WorkloadDependency.workload_id.in_(waiting[i : i + CHUNK]))
         ):
             needs.setdefault(row.workload_id, []).append(row)
     reasons: list[tuple[uuid.UUID, uuid.UUID, str, str]] = []
-    done: list[uuid.UUID] = []  # released or failed: their reasons go
-    regions: set[str | None] = set()
-    candidates: dict[uuid.UUID, list[Workload]] = {}  # by array: may take a place in it
-    for w in held:
-        if w.hold == DEPENDENCY:
-            mine = needs.get(w.id, [])
+    failing: dict[uuid.UUID, Any] = {}  # workload -> the dependency that can never be met
+    freed: list[uuid.UUID] = []
+    candidates: dict[uuid.UUID, list] = {}  # by array, in index order: may take a place
+    for h in held:
+        if h.hold == DEPENDENCY:
+            mine = needs.get(h.id, [])
             broken = [r for r in mine if r.state in BROKEN]
             if broken:
-                _fail(session, w, broken[0], now)
-                done.append(w.id)
+                failing[h.id] = broken[0]
                 continue
             left = [r for r in mine if r.state != State.succeeded.value]
             if left:
-                reasons.append((w.id, w.tenant_id, DEPENDENCY, waits_for(left, len(mine))))
+                reasons.append((h.id, h.tenant_id, DEPENDENCY, waits_for(left, len(mine))))
                 continue
-        if w.array_id is not None:
-            candidates.setdefault(w.array_id, []).append(w)
-            continue
-        w.hold = None
-        done.append(w.id)
-        regions.add(w.region)
-    for array_id, ws in candidates.items():
-        ids = [w.id for w in ws]
-        under_way = session.scalar(
-            select(func.count())
-            .select_from(Workload)
+        if h.array_id is not None:
+            candidates.setdefault(h.array_id, []).append(h)
+        else:
+            freed.append(h.id)
+    under_way = dict(
+        session.execute(
+            select(Workload.array_id, func.count())
             .where(
-                Workload.array_id == array_id,
+                Workload.array_id.in_(list(candidates)),
                 Workload.state.not_in(_ENDED),
                 Workload.hold.is_(None),
-                Workload.id.not_in(ids),
             )
-        )
-        limit_ = ws[0].array_max_parallel or ws[0].array_count or len(ws)
-        free = max(0, limit_ - (under_way or 0))
-        for i, w in enumerate(sorted(ws, key=lambda w: w.array_index or 0)):
-            if i < free:
+            .group_by(Workload.array_id)
+        ).all()
+    ) if candidates else {}  # fmt: skip
+    to_limit: list[uuid.UUID] = []  # freed from their dependencies, held by their array
+    for array_id, hs in candidates.items():
+        limit = hs[0].array_max_parallel or hs[0].array_count or len(hs)
+        busy = under_way.get(array_id, 0)
+        free = max(0, limit - busy)
+        freed += [h.id for h in hs[:free]]
+        for h in hs[free:]:
+            if h.hold != ARRAY_LIMIT:
+                to_limit.append(h.id)
+            reasons.append((h.id, h.tenant_id, ARRAY_LIMIT, array_full(busy + free, limit)))
+    changed = sorted(set(freed) | set(failing) | set(to_limit))
+    done: list[uuid.UUID] = []
+    regions: set[str | None] = set()
+    for i in range(0, len(changed), CHUNK):
+        for w in session.scalars(
+            select(Workload)
+            .where(
+                Workload.id.in_(changed[i : i + CHUNK]),
+                Workload.hold.is_not(None),
+                Workload.state == State.queued.value,
+            )
+            .order_by(Workload.id)
+            .with_for_update()
+        ):
+            if w.id in failing:
+                _fail(session, w, failing[w.id], now)
+                done.append(w.id)
+            elif w.id in to_limit:
+                w.hold = ARRAY_LIMIT
+            else:
                 w.hold = None
                 done.append(w.id)
                 regions.add(w.region)
-            else:
-                w.hold = ARRAY_LIMIT
-                reasons.append(
-                    (w.id, w.tenant_id, ARRAY_LIMIT, array_full(under_way + free, limit_))
-                )
     session.flush()
     if done:
         session.execute(delete(PendingReason).where(PendingReason.workload_id.in_(done)))
-    pending.write(session, reasons, now)
+    pending.write(session, [r for r in reasons if r[0] not in set(done)], now)
     for region in regions:
         kick_placement(session, region)
     return len(done)
