@@ -4,7 +4,8 @@
         [--state-dir DIR] [--work-dir DIR] [--run-uids FIRST-LAST | --same-user]
         [--inventory FILE] [--address HOST] [--runtime process|podman|vm]
         [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--ssh-ports 22000-22999]
-        [--volumes-dir DIR] [--shared-volumes-dir DIR] [--log-level INFO]
+        [--volumes-dir DIR] [--shared-volumes-dir DIR] [--data-interface IFACE]
+        [--log-level INFO]
     python -m rackplane_agent stop [--state-dir DIR] [--kill | --power-cut]
 
 Exit codes: 0 stopped (SIGTERM/SIGINT), 1 an unexpected error, 2 cannot start (no join token,
@@ -77,8 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--volumes-dir",
         type=Path,
         default=None,
-        help="where tenants' node volumes live on this host's disk (default: "
-        "<state-dir>-volumes)",
+        help="where tenants' node volumes live on this host's disk (default: <state-dir>-volumes)",
     )
     p.add_argument(
         "--shared-volumes-dir",
@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where this host mounts the fleet's shared storage (NFS, Lustre: the same files "
         "at the same path on every node) for tenants' shared volumes; without it, work that "
         "mounts one is not placed here",
+    )
+    p.add_argument(
+        "--data-interface",
+        metavar="IFACE",
+        default=None,
+        help="the interface a gang's hosts reach each other on: runs get it as "
+        "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (default: NCCL's and Gloo's own choice)",
     )
     runs_as = p.add_mutually_exclusive_group()
     runs_as.add_argument(
@@ -158,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         api=args.api,
         work_dir=args.work_dir,
         volumes_dir=args.volumes_dir,
+        data_interface=args.data_interface,
         shared_volumes_dir=args.shared_volumes_dir,
         run_uids=run_uids,
         max_output_mib=args.max_output_mib,

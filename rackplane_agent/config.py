@@ -90,6 +90,9 @@ class AgentConfig:
     # directory), and on the fleet's shared storage this host mounts (None: it has none).
     volumes_dir: Path | None = None
     shared_volumes_dir: Path | None = None
+    # The host's interface for traffic between a gang's hosts: NCCL's and Gloo's socket
+    # interface for its runs (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`; a run's own env wins).
+    data_interface: str | None = None
 
     def __post_init__(self) -> None:
         # Absolute, whatever the cwd of the processes that use them (the shim runs in its run's

@@ -484,7 +484,7 @@ class Agent:
                     mounted = self._volumes.host_dirs(a, place.user)
                     place = dataclasses.replace(place, volumes=tuple(mounted))
                 rec.ssh_port = port
-                started = a.model_copy(update={"ssh_port": port})
+                started = a.model_copy(update={"ssh_port": port, "env": self._run_env(a)})
                 self._runtimes[a.runtime].start(rec, started, secret, place)
             except (runtimes.StartError, OSError) as exc:
                 problem = str(exc)
@@ -515,6 +515,14 @@ class Agent:
             except OSError:
                 pass
         self._changed(rec)
+
+    def _run_env(self, a: Assignment) -> dict[str, str]:
+        """The assignment's env with what this host adds: the interface a gang's hosts reach
+        each other on (the run's own env, fetched as it starts, still wins)."""
+        iface = self.config.data_interface
+        if not iface or "MASTER_ADDR" not in a.env:
+            return dict(a.env)
+        return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface, **a.env}
 
     def _ssh_port(self) -> int | None:
         """A port of `--ssh-ports` for a run starting now (`sshports.pick`), or None: one no

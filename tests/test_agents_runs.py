@@ -201,6 +201,15 @@ def test_inventory_assignments_and_reports_drive_a_gang(
     assert all(d.startswith("GPU-") for ds in devices for d in ds)
     assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"] == f"{runs[0][0]}.test"
+    # What torchrun's workers expect (issue 46 §2): one process per replica, a node each.
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert 20000 <= int(envs[0]["MASTER_PORT"]) <= 29999
+    assert [(e["GROUP_RANK"], e["LOCAL_WORLD_SIZE"], e["ROLE_RANK"]) for e in envs] == [
+        ("0", "1", "0"),
+        ("1", "1", "1"),
+    ]
+    assert {e["TORCHELASTIC_RUN_ID"] for e in envs} == {wid}
+    assert {e["TORCHELASTIC_RESTART_COUNT"] for e in envs} == {str(runs[0][1]["attempt"])}
     assert envs[0]["NVIDIA_VISIBLE_DEVICES"] == envs[0]["CUDA_VISIBLE_DEVICES"]
     assert runs[0][1]["checkpoint_signal"] == "SIGUSR2" and runs[0][1]["desired"] == "run"
     # The node's whole desired state carries no secret: the workload's env and its token are
@@ -875,3 +884,13 @@ def test_a_pcie_host_is_adopted_from_its_agent_and_works_only_after_bring_up(
     # A refused join token says what it is (it was titled as an API key).
     bad = client.post("/v1/agent/join", json={"token": again})
     assert bad.status_code == 401 and bad.json()["title"] == "Invalid join token"
+
+
+def test_a_gangs_rendezvous_port_is_per_attempt_and_in_its_range():
+    from app.agents.runs import master_port
+
+    wid = uuid.UUID("12345678-1234-4234-8234-123456789abc")
+    ports = {master_port(wid, attempt, "31000-31099") for attempt in range(20)}
+    assert all(31000 <= p <= 31099 for p in ports)
+    assert len(ports) > 10  # a new attempt rarely gets its last one's port
+    assert master_port(wid, 3, "31000-31099") == master_port(wid, 3, "31000-31099")

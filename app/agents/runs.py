@@ -9,6 +9,7 @@ is recorded changes nothing, and one about a run the control plane no longer hol
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -113,7 +114,17 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         }
         if w.replicas > 1:
             env["MASTER_ADDR"] = masters.get(w.id, agent.address)
-            env["MASTER_PORT"] = str(master_port(w.id))
+            env["MASTER_PORT"] = str(master_port(w.id, w.attempts, settings.master_ports))
+            # What a torchrun (TorchElastic) worker finds: one process per replica, this
+            # node's replicas a group, the attempt its restart count.
+            env.update(
+                LOCAL_WORLD_SIZE=str(len(local)),
+                GROUP_RANK=str(_group_ranks(w).get(caller.node_name, 0)),
+                ROLE_RANK=str(a.replica),
+                ROLE_WORLD_SIZE=str(w.replicas),
+                TORCHELASTIC_RESTART_COUNT=str(w.attempts),
+                TORCHELASTIC_RUN_ID=str(w.id),
+            )
         if w.last_checkpoint_uri:
             env["RACKPLANE_RESUME_FROM"] = w.last_checkpoint_uri
         if w.array_id is not None:  # a job array's element (Slurm's SLURM_ARRAY_TASK_ID)
@@ -229,10 +240,23 @@ def refreshed(out: Assignments) -> Assignments:
     )
 
 
-def master_port(workload_id: uuid.UUID) -> int:
-    """A gang's rendezvous port: fixed per workload, in 20000-29999 (two gangs whose rank 0s
-    share a host rarely collide; torchrun's default 29500 would always)."""
-    return 20000 + int(workload_id.hex[:8], 16) % 10000
+def master_port(workload_id: uuid.UUID, attempt: int, ports: str = "20000-29999") -> int:
+    """A gang's rendezvous port for one attempt, in `ports` (RACKPLANE_MASTER_PORTS): two gangs
+    whose rank 0s share a host rarely collide (torchrun's default 29500 always would), and a
+    new attempt does not wait for its last one's port to be let go."""
+    first, last = (int(p) for p in ports.split("-"))
+    span = max(1, last - first + 1)
+    digest = hashlib.blake2b(f"{workload_id}:{attempt}".encode(), digest_size=8).digest()
+    return first + int.from_bytes(digest, "big") % span
+
+
+def _group_ranks(w: Workload) -> dict[str, int]:
+    """The gang's nodes in the order of their lowest replica: torchrun's node rank
+    (`GROUP_RANK`) of each."""
+    order: dict[str, int] = {}
+    for p in sorted(w.placement or [], key=lambda p: p.get("replica", 0)):
+        order.setdefault(p["node"], len(order))
+    return order
 
 
 def _confidential(w: Workload, offers: set[str]) -> Confidential | None:

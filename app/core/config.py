@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     heartbeat_timeout_seconds: float = Field(
         default=90.0, gt=0, alias="RACKPLANE_HEARTBEAT_TIMEOUT"
     )
+    # The ports a gang's rendezvous (`MASTER_PORT`) is chosen from, per attempt: FIRST-LAST.
+    master_ports: str = Field(
+        default="20000-29999", pattern=r"^[0-9]{4,5}-[0-9]{4,5}$", alias="RACKPLANE_MASTER_PORTS"
+    )
     # How often the beat looks for silent nodes, lost repair messages and ended bursts.
     health_sweep_seconds: float = Field(default=15.0, gt=0, alias="RACKPLANE_HEALTH_SWEEP")
     # Per-GPU aggregates go to the database at most this often (and at once with a fault).

@@ -327,6 +327,12 @@ ENV_RESERVED = frozenset(
         "LOCAL_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_RUN_ID",
     }
 )
 MAX_ENV_BYTES = 32 * 1024
@@ -426,7 +432,9 @@ class WorkloadCreate(StrictModel):
             max_length=256,
             description="Environment of each replica's process (32 KiB in all). Names the agent "
             "sets (`RACKPLANE_*`, `CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`, `RANK`, "
-            "`WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) are refused.",
+            "`WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, and torchrun's "
+            "`LOCAL_WORLD_SIZE`, `GROUP_RANK`, `ROLE_RANK`, `ROLE_WORLD_SIZE`, "
+            "`TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_RUN_ID`) are refused.",
         )
     )
     secret_env: dict[

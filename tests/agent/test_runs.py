@@ -576,3 +576,29 @@ def test_a_launch_file_a_shim_never_read_is_swept_at_start(state_dir):
     os.utime(old_dir / "launch.json", (time.time() - 3600, time.time() - 3600))
     agent(state_dir, FakeClient())
     assert not (old_dir / "launch.json").exists() and (new_dir / "launch.json").exists()
+
+
+def test_a_gangs_replica_gets_the_hosts_data_interface_and_its_own_env_wins(state_dir):
+    """Issue 46 §2: an agent with `--data-interface` gives a gang's replicas NCCL's and Gloo's
+    socket interface; a run that is no gang gets nothing, and the workload's own env wins."""
+    client = FakeClient()
+    client.secret_env[W2] = {"GLOO_SOCKET_IFNAME": "mine"}
+    a = agent(state_dir, client, data_interface="rp-data0")
+    show = python(
+        "import os; print('IF', os.environ.get('NCCL_SOCKET_IFNAME'), "
+        "os.environ.get('GLOO_SOCKET_IFNAME'), flush=True)"
+    )
+    gang = {"MASTER_ADDR": "10.9.0.2", "MASTER_PORT": "20001", "RACKPLANE_WORKLOAD_ID": W1}
+    a.set_assignments(
+        assignments(
+            assignment(W1, show, env=gang),
+            assignment(W2, show, env={**gang, "RACKPLANE_WORKLOAD_ID": W2}, fetch_env=True),
+            assignment(W3, show),
+        )
+    )
+    step_until(a, lambda: all(_state(client, w) == "exited" for w in (W1, W2, W3)))
+    a.ship_logs()
+    assert "IF rp-data0 rp-data0" in client.output(W1)
+    assert "IF rp-data0 mine" in client.output(W2)
+    assert "IF None None" in client.output(W3)
+    a.close()
