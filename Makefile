@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
 .PHONY: run test install services openapi lint clean portal chromium ha-engines ha ha-down \
-	container-engines vm-engines
+	container-engines vm-engines train-engines
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ container-engines:
 vm-engines:
 	bash scripts/ensure-qemu.sh
 
+# PyTorch (CPU, offline from this machine's disk) in `.venv-train`, which runs' own uids may
+# execute, and iproute2 for hosts made of network namespaces: the distributed-training tests
+# (tests/test_ddp.py) and `rackplane bench ddp`.
+train-engines:
+	bash scripts/ensure-train.sh
+
 # The high-availability topology on this machine (docs/ha.md): Patroni, Sentinel, two API
 # processes, two workers and a beat, left running; `make ha-down` stops it.
 # `make ha HA_BASE_PORT=16400` where 15400 and the ports after it are taken.
@@ -59,7 +65,7 @@ ha: install ha-engines
 ha-down:
 	$(BIN)/python -m rackplane_bench.ha down --dir .ha
 
-test: install services portal chromium ha-engines container-engines vm-engines lint
+test: install services portal chromium ha-engines container-engines vm-engines train-engines lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 openapi: install

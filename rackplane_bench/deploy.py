@@ -45,9 +45,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def api_command(port: int, processes: int = 1) -> list[str]:
-    """The command line of a uvicorn API on 127.0.0.1:`port`."""
-    argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port)]
+def api_command(port: int, processes: int = 1, host: str = "127.0.0.1") -> list[str]:
+    """The command line of a uvicorn API on `host`:`port`."""
+    argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", host, "--port", str(port)]
     argv += ["--log-level", "warning"]
     return argv + (["--workers", str(processes)] if processes > 1 else [])
 
@@ -142,14 +142,16 @@ class ScratchDeployment:
 
         return json.loads(out.stdout.strip().splitlines()[-1])["key"], self.env["DATABASE_URL"]
 
-    def start(self, api_processes: int = API_PROCESSES) -> str:
+    def start(self, api_processes: int = API_PROCESSES, host: str = "127.0.0.1") -> str:
         from workers.settings import worker_command
 
         port = free_port()
+        url = f"http://{host}:{port}"
+        self.env["RACKPLANE_PUBLIC_API_URL"] = url  # what runs report their checkpoints to
         log = open(Path(self.dir) / "api.log", "wb")
         self.procs.append(
             subprocess.Popen(
-                api_command(port, api_processes),
+                api_command(port, api_processes, host),
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
@@ -170,7 +172,6 @@ class ScratchDeployment:
                     start_new_session=True,  # its pool and beat stop with it
                 )
             )
-        url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
         while time.time() < deadline:
             try:

@@ -28,7 +28,8 @@ import yaml
 from sqlalchemy import select
 
 from tests.agent.helpers import SYSTEM_PY, open_dir
-from tests.conftest import RUN_ID, auth, wait_until
+from tests.conftest import auth, wait_until
+from tests.fixtures.plane import plane as control_plane
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "examples" / "train.py")
@@ -73,16 +74,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def plane(database, tmp_path_factory):
-    """An API process and a worker (with beat) whose heartbeat timeout is a few seconds; the
-    session's worker may run beside it (its sweeps, with the default timeout, lose no node)."""
-    from rackplane_bench.deploy import api_command, free_port
-    from workers.settings import worker_command
-
+    """The plane's heartbeat timeout is a few seconds; its operator's upgrade commands are
+    scripts that "install" a component by writing its version into the host's inventory file
+    (the agent reads it again)."""
     logs = tmp_path_factory.mktemp("plane")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    # The operator's install commands for upgrades: a script that "installs" a component by
-    # writing its version into the host's inventory file (the agent reads it again).
     install = logs / "install.py"
     install.write_text(INSTALL)
     commands = logs / "upgrade-commands.yaml"
@@ -95,44 +90,12 @@ def plane(database, tmp_path_factory):
         )
     )
     env = _env(
-        RACKPLANE_PUBLIC_API_URL=url,
         RACKPLANE_AGENT_START_TIMEOUT="60",
         RACKPLANE_UPGRADE_COMMANDS=str(commands),
         RACKPLANE_UPGRADE_TICK="1",
-        # Its beat's schedules (the upgrade tick above) are its own: a lease of its own, beside
-        # the session worker's beat on the same broker (workers/beat.py).
-        RACKPLANE_BEAT_LEASE="e2e",
     )
-    api = subprocess.Popen(
-        api_command(port),
-        cwd=ROOT,
-        env=env,
-        stdout=open(logs / "api.log", "wb"),
-        stderr=subprocess.STDOUT,
-    )
-    worker = subprocess.Popen(
-        worker_command(f"e2e-{RUN_ID}@%h", beat=True),
-        cwd=ROOT,
-        env={**env, "RACKPLANE_LOG_LEVEL": "INFO"},
-        stdout=open(logs / "worker.log", "wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=120)
-    wait_until(lambda: b"ready" in (logs / "worker.log").read_bytes(), timeout=180)
-    yield url
-    api.terminate()
-    from app.core.processes import stop_groups
-
-    stop_groups([worker])
-    api.wait(timeout=20)
+    with control_plane(logs, env, "e2e") as url:
+        yield url
 
 
 class Agents:

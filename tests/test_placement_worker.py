@@ -771,3 +771,27 @@ def test_a_gang_across_nvl72_trays_shares_a_compute_domain(client, world, celery
         assert [c.name for c in pod.spec.containers[0].resources.claims] == [claim.name]
         env = {e.name: e.value for e in pod.spec.containers[0].env}
         assert env["RACKPLANE_NVLINK_DOMAIN"] == "r1/nvl-1"
+
+
+def test_gangs_whose_rank_0s_share_a_node_never_share_a_rendezvous_port(session, held):
+    """Issue 46 §2: a gang's `MASTER_PORT` is chosen at placement, from the configured range,
+    among the ports no other gang's replica 0 on that node holds; a new attempt moves on."""
+    from app.models.workloads import Workload
+    from app.scheduling.apply import give_master_ports
+
+    _, wid, node = held
+    _alloc(session, held, [0])
+    session.get(Workload, wid).master_port = 31000  # a live gang's rank 0 on the node
+    session.flush()
+    gangs = [Workload(id=uuid.uuid4(), attempts=1) for _ in range(3)]
+    give_master_ports(session, [(gangs[0], node.id), (gangs[1], node.id)], "31000-31002")
+    assert sorted(g.master_port for g in gangs[:2]) == [31001, 31002]
+    # Elsewhere the port is free.
+    give_master_ports(session, [(gangs[2], uuid.uuid4())], "31000-31000")
+    assert gangs[2].master_port == 31000
+    # A new attempt takes neither a port in use nor its last one (its old rank 0 may linger).
+    g = gangs[0]
+    last, g.attempts = g.master_port, 2
+    give_master_ports(session, [(g, node.id)], "31000-31003")
+    assert g.master_port not in (31000, last) and 31000 <= g.master_port <= 31003
+    session.rollback()

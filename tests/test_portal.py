@@ -345,6 +345,20 @@ def test_a_queued_workload_says_why_it_waits_on_its_page(api, world, browser):  
         assert page.get_by_test_id("pending-reason").get_attribute("data-reason") == "Dependency"
         shot(page, "workload-array")
 
+        # Issue 46: an elastic gang from the form; its page shows its size now and its floor.
+        page.goto("/portal/submit")
+        page.get_by_label(re.compile("^Name")).fill("stretchy")
+        page.get_by_label("GPUs per replica").fill("1")
+        page.get_by_label("Replicas", exact=True).fill("3")
+        page.get_by_label("Losing a host, go on with no fewer than").fill("2")
+        page.get_by_role("button", name="Submit", exact=True).click()
+        page.wait_for_url(re.compile(r"/portal/workloads/[0-9a-f-]{36}$"))
+        made = httpx.get(f"{api}/v1{page.url.split('/portal')[1]}", headers=auth(key)).json()
+        assert made["elastic"] == {"min_replicas": 2, "current_replicas": 3}, made
+        shown = page.get_by_test_id("elastic")
+        shown.wait_for()
+        assert shown.inner_text() == "3 of 3 replicas now (goes on with at least 2)"
+
 
 def test_a_tenant_launches_an_instance_with_an_ssh_key_and_sees_how_to_log_in(api, world, browser):  # noqa: F811
     from app.core.db import session_scope, utcnow

@@ -9,10 +9,9 @@ is recorded changes nothing, and one about a run the control plane no longer hol
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
@@ -22,16 +21,17 @@ from app.core.config import get_settings
 from app.core.db import as_aware, utcnow
 from app.core.errors import Conflict
 from app.health import burnin, suite, telemetry
+from app.health.tasks import report_silence
 from app.keys.tenant_secrets import SecretUnavailable, secret_values
 from app.models.agents import AgentNode
 from app.models.fleet import Node
 from app.models.health import NodeHeartbeat
 from app.models.tenants import Tenant
-from app.models.workloads import Allocation, State, Workload
+from app.models.workloads import Allocation, State, Workload, WorkloadEvent
 from app.outbox.service import enqueue
 from app.placement.isolation import Tier
 from app.scheduling import lifecycle
-from app.scheduling.apply import release_unstarted
+from app.scheduling.apply import first_port, release_unstarted
 from app.scheduling.providers import FAILED_RUNS, get_provider
 from app.tenancy.nodes import NodeCaller
 from app.tenancy.run_tokens import STOP_GRACE_S, mint
@@ -54,6 +54,10 @@ RUNNING = (State.provisioning.value, State.running.value)
 # instance's), exiting 0 after `run_for_s` when it has one.
 HOLD = ["sleep", "infinity"]
 TAIL_IN_EVENT = 20
+SEC = timedelta(seconds=1)
+# How often a gang's failure is looked at again while hosts of its other replicas are quiet.
+JUDGE_POLL_S = 1.0
+SILENT_BEATS = 2.2
 
 
 def index_of(session: Session, node_id: uuid.UUID) -> int:
@@ -105,7 +109,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
             "CUDA_VISIBLE_DEVICES": ",".join(gpus),
             "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
             "RANK": str(a.replica),
-            "WORLD_SIZE": str(w.replicas),
+            "WORLD_SIZE": str(w.size),
             "LOCAL_RANK": str(local.index(a.replica)),
             "RACKPLANE_WORKLOAD_ID": str(w.id),
             "RACKPLANE_REPLICA": str(a.replica),
@@ -114,14 +118,14 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         }
         if w.replicas > 1:
             env["MASTER_ADDR"] = masters.get(w.id, agent.address)
-            env["MASTER_PORT"] = str(master_port(w.id, w.attempts, settings.master_ports))
+            env["MASTER_PORT"] = str(w.master_port or _fallback_port(w, settings.master_ports))
             # What a torchrun (TorchElastic) worker finds: one process per replica, this
             # node's replicas a group, the attempt its restart count.
             env.update(
                 LOCAL_WORLD_SIZE=str(len(local)),
                 GROUP_RANK=str(_group_ranks(w).get(caller.node_name, 0)),
                 ROLE_RANK=str(a.replica),
-                ROLE_WORLD_SIZE=str(w.replicas),
+                ROLE_WORLD_SIZE=str(w.size),
                 TORCHELASTIC_RESTART_COUNT=str(w.attempts),
                 TORCHELASTIC_RUN_ID=str(w.id),
             )
@@ -240,14 +244,10 @@ def refreshed(out: Assignments) -> Assignments:
     )
 
 
-def master_port(workload_id: uuid.UUID, attempt: int, ports: str = "20000-29999") -> int:
-    """A gang's rendezvous port for one attempt, in `ports` (RACKPLANE_MASTER_PORTS): two gangs
-    whose rank 0s share a host rarely collide (torchrun's default 29500 always would), and a
-    new attempt does not wait for its last one's port to be let go."""
+def _fallback_port(w: Workload, ports: str) -> int:
+    """The port of a gang placed before ports were chosen at placement (migration 0050)."""
     first, last = (int(p) for p in ports.split("-"))
-    span = max(1, last - first + 1)
-    digest = hashlib.blake2b(f"{workload_id}:{attempt}".encode(), digest_size=8).digest()
-    return first + int.from_bytes(digest, "big") % span
+    return first + first_port(w.id, w.attempts, max(1, last - first + 1))
 
 
 def _group_ranks(w: Workload) -> dict[str, int]:
@@ -526,20 +526,23 @@ def _settle(
         a = failed[0]
         r = tails.get((w.id, a.replica))
         code = f"code {a.exit_code}" if a.exit_code is not None else a.exit_signal or a.run_state
-        end_in_failure(
-            session,
-            w,
-            reason=f"replica {a.replica}'s process {_ended(a)} ({code}) on its node",
-            at=as_aware(a.run_ended_at),
-            details={
-                "cause": "exited_nonzero" if a.run_state == "exited" else a.run_state,
-                "replica": a.replica,
-                "exit_code": a.exit_code,
-                "signal": a.exit_signal,
-                "tail": list(r.tail[-TAIL_IN_EVENT:]) if r else [],
-                "message": r.message if r else None,
-            },
-        )
+        reason = f"replica {a.replica}'s process {_ended(a)} ({code}) on its node"
+        details = {
+            "cause": "exited_nonzero" if a.run_state == "exited" else a.run_state,
+            "replica": a.replica,
+            "exit_code": a.exit_code,
+            "signal": a.exit_signal,
+            "tail": list(r.tail[-TAIL_IN_EVENT:]) if r else [],
+            "message": r.message if r else None,
+        }
+        if r is None:  # reported earlier, while its peers were waited for: as it was then
+            details = _first_report(session, w, a.replica) or details
+        at = as_aware(a.run_ended_at)
+        if unheard_peers(allocs):
+            if len(failed) == 1:  # its first failure: the gang's other hosts are asked once
+                _await_peers(session, w, reason, at, details)
+            return
+        end_in_failure(session, w, reason=reason, at=at, details=details)
         return
     ended = [a for a in allocs if a.run_state in FAILED_RUNS]
     if allocs and len(ended) == len(allocs):
@@ -564,6 +567,114 @@ def _settle(
                 workload_id=str(w.id),
                 all_stopped=True,
             )
+
+
+def unheard_peers(allocs: list[Allocation]) -> set[uuid.UUID]:
+    """The nodes of a gang spread over several whose replicas all still run (as last
+    reported; not those yet to start) while a replica elsewhere ended: one of them may be gone
+    with its host, and a peer's exit (NCCL or Gloo losing its connection) would then be the
+    host's fault, not the workload's."""
+    if len({a.node_id for a in allocs}) < 2:
+        return set()
+    ended = {a.node_id for a in allocs if a.run_state in FAILED_RUNS}
+    return {a.node_id for a in allocs if a.run_state == "running"} - ended
+
+
+def _await_peers(session: Session, w: Workload, reason: str, at: datetime, details: dict) -> None:
+    """A replica of a gang failed while hosts of its other replicas have said nothing since:
+    judged once they have had time to (`agents.judge_gang`), rather than now, so that a
+    host's loss (which its peers notice first) is not billed as the workload's failure."""
+    interval = get_settings().heartbeat_timeout_seconds / 3
+    lifecycle.record(
+        session,
+        w,
+        kind="judging",
+        from_state=w.state,
+        to_state=w.state,
+        reason=f"{reason}; waiting for its gang's other hosts before judging it",
+        details={**details, "attempt": w.attempts, "wait_s": round(SILENT_BEATS * interval, 3)},
+    )
+    enqueue(
+        session,
+        "agents.judge_gang",
+        queue="provisioning",
+        countdown=min(JUDGE_POLL_S, interval),
+        workload_id=str(w.id),
+        attempt=w.attempts,
+        reason=reason,
+        at=at.isoformat(),
+        details=details,
+    )
+
+
+def _first_report(session: Session, w: Workload, replica: int) -> dict | None:
+    """What was reported of `replica`'s failure when its gang's other hosts were waited for."""
+    details = session.scalar(
+        select(WorkloadEvent.details)
+        .where(WorkloadEvent.workload_id == w.id, WorkloadEvent.kind == "judging")
+        .order_by(WorkloadEvent.seq.desc())
+        .limit(1)
+    )
+    if not details or (details.get("replica"), details.get("attempt")) != (replica, w.attempts):
+        return None
+    return {k: v for k, v in details.items() if k not in ("wait_s", "attempt")}
+
+
+def judge_gang(
+    session: Session,
+    workload_id: uuid.UUID,
+    attempt: int,
+    reason: str,
+    at: datetime,
+    details: dict,
+) -> str:
+    """A gang's replica failed at `at` while hosts of its other replicas had said nothing since.
+    A host whose last heartbeat is older than a live agent's ever is (`SILENT_BEATS` intervals)
+    is reported lost now, before the heartbeat timeout (its peer's error corroborates the
+    silence; `health.evaluate` interrupts the gang, which resumes from its
+    checkpoint, not billed as its own failure); one not yet due is waited for. Once every
+    host has reported since the failure, or after twice the heartbeat timeout, the failure is
+    the workload's own."""
+    w = session.scalar(select(Workload).where(Workload.id == workload_id).with_for_update())
+    if w is None or w.state != State.running.value or w.attempts != attempt:
+        return "moved on"
+    settings = get_settings()
+    interval = settings.heartbeat_timeout_seconds / 3
+    now = utcnow()
+    allocs = [a for a, _ in session.execute(_held().where(Allocation.workload_id == w.id)).all()]
+    peers = unheard_peers(allocs)
+    seen = {
+        n: as_aware(t)
+        for n, t in session.execute(
+            select(NodeHeartbeat.node_id, NodeHeartbeat.last_seen_at).where(
+                NodeHeartbeat.node_id.in_(peers)
+            )
+        )
+    }
+    quiet = {n: t for n, t in seen.items() if t <= at}  # not heard since the failure
+    if quiet and now - at < 2 * settings.heartbeat_timeout_seconds * SEC:
+        # A live agent's heartbeat is written at least every two intervals (each report a
+        # heartbeat apart; one written at most every interval): past that, it is silent.
+        silent = {n: t for n, t in quiet.items() if now - t > SILENT_BEATS * interval * SEC}
+        for node_id, last in sorted(silent.items()):
+            report_silence(session, node_id, last, now)
+        # Judged again soon: a quiet host's next report (each comes a heartbeat apart) or
+        # its silence settles it; a heartbeat after the silent ones were reported lost.
+        wait = interval if silent else min(JUDGE_POLL_S, interval)
+        enqueue(
+            session,
+            "agents.judge_gang",
+            queue="provisioning",
+            countdown=wait,
+            workload_id=str(w.id),
+            attempt=attempt,
+            reason=reason,
+            at=at.isoformat(),
+            details=details,
+        )
+        return "silent peers" if silent else "waiting"
+    end_in_failure(session, w, reason=reason, at=at, details=details)
+    return "failed"
 
 
 def _ended(a: Allocation) -> str:

@@ -33,10 +33,12 @@ from app.workloads.schemas import (
     CheckpointIn,
     ConnectOut,
     DryRunOut,
+    ElasticOut,
     WorkloadCreate,
     array_of,
     backing_off_until,
     connect_of,
+    elastic_of,
 )
 
 PRIORITIES = ("production", "training", "research", "preemptible")
@@ -130,6 +132,20 @@ class WorkloadArray:
         )
 
 
+@strawberry.type(description="An elastic gang's bounds and its size now (REST's `elastic`)")
+class WorkloadElastic:
+    min_replicas: int
+    current_replicas: int = strawberry.field(
+        description="The replicas it is placed or queued at now (its `WORLD_SIZE`)"
+    )
+
+    @classmethod
+    def of(cls, e: ElasticOut | None) -> WorkloadElastic | None:
+        if e is None:
+            return None
+        return cls(min_replicas=e.min_replicas, current_replicas=e.current_replicas)
+
+
 @strawberry.type(description="One of your volumes a workload's runs mount (REST's `volumes`)")
 class VolumeMount:
     name: str
@@ -205,6 +221,9 @@ class Workload:
         description="The workloads and arrays that must succeed before it is placed (as given)"
     )
     array: WorkloadArray | None = strawberry.field(description="The job array it is an element of")
+    elastic: WorkloadElastic | None = strawberry.field(
+        description="An elastic gang's bounds and size now"
+    )
     volumes: list[VolumeMount] = strawberry.field(description="Your volumes its runs mount")
     _row: strawberry.Private[Any]
     # Its newest events when the page read them with the workloads (see `events`).
@@ -273,6 +292,7 @@ class Workload:
             min_cuda=cuda_text(w.min_cuda or 0),
             depends_on=[strawberry.ID(str(i)) for i in w.depends_on or []],
             array=WorkloadArray.of(array_of(w)),
+            elastic=WorkloadElastic.of(elastic_of(w)),
             volumes=[
                 VolumeMount(
                     name=v["name"],

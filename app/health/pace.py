@@ -43,7 +43,7 @@ def report_step_times(
             "Step times are for workloads of whole GPUs; this one runs on a share or a MIG slice.",
             shape=w.shape.mig_profile or "fractional",
         )
-    total = per * w.replicas
+    total = per * w.size
     unknown = sorted(r for r in step_s if r >= total)
     step_s = {r: t for r, t in step_s.items() if r < total}
     allocs = {

@@ -122,6 +122,31 @@ def sweep() -> dict:
     return out
 
 
+def report_silence(session: Session, node_id: uuid.UUID, seen: datetime, now: datetime) -> None:
+    """The node's agent has not been heard since `seen`: a `heartbeat_lost` signal, judged by
+    `health.evaluate` (a report since makes it old news)."""
+    enqueue(
+        session,
+        "health.evaluate",
+        queue="health",
+        node_id=str(node_id),
+        signals=[
+            {
+                "gpu_index": None,
+                "signal": "heartbeat_lost",
+                "code": None,
+                "value": (now - seen).total_seconds(),
+                # The fault is dated at its last report: nothing shows its work ran past it,
+                # so its usage ends there (not when the silence was noticed).
+                "at": seen.timestamp(),
+                # Its last report: a report since makes the signal old news.
+                "seen": seen.timestamp(),
+                "received": now.timestamp(),
+            }
+        ],
+    )
+
+
 def _silent_or_back(session: Session, now: datetime) -> tuple[int, int]:
     """Nodes whose agent went silent get a `heartbeat_lost` signal; unreachable nodes that
     report again are validated. Returns how many of each."""
@@ -156,26 +181,7 @@ def _silent_or_back(session: Session, now: datetime) -> tuple[int, int]:
                 H.validating.value,
             )
         ):
-            enqueue(
-                session,
-                "health.evaluate",
-                queue="health",
-                node_id=str(node_id),
-                signals=[
-                    {
-                        "gpu_index": None,
-                        "signal": "heartbeat_lost",
-                        "code": None,
-                        "value": (now - seen).total_seconds(),
-                        # The fault is dated at its last report: nothing shows its work ran
-                        # past it, so its usage ends there (not when the silence was noticed).
-                        "at": seen.timestamp(),
-                        # Its last report: a report since makes the signal old news.
-                        "seen": seen.timestamp(),
-                        "received": now.timestamp(),
-                    }
-                ],
-            )
+            report_silence(session, node_id, seen, now)
             silent += 1
         elif (
             seen >= silent_since

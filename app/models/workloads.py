@@ -158,6 +158,12 @@ class Workload(TimestampMixin, Base):
     priority: Mapped[str] = mapped_column(String(24))
     shape: Mapped[WorkloadShape] = mapped_column(ShapeColumn)
     replicas: Mapped[int] = mapped_column(Integer, default=1)
+    # An elastic gang (issue 46 §3): it may run on as few as `min_replicas` (None: not
+    # elastic). `current_replicas` is the size it is placed or queued at now while it runs
+    # short of `replicas` after losing a host (None: its full size); it grows back at a
+    # checkpoint once capacity returns.
+    min_replicas: Mapped[int | None] = mapped_column(Integer, default=None)
+    current_replicas: Mapped[int | None] = mapped_column(Integer, default=None)
     gpu_milli: Mapped[int] = mapped_column(Integer)  # GPU-equivalents of all replicas
     topology: Mapped[dict | None] = mapped_column(JSON, default=None)
     region: Mapped[str | None] = mapped_column(String(63), default=None)
@@ -183,6 +189,16 @@ class Workload(TimestampMixin, Base):
     # The tenant's volumes its runs mount ([{id, name, storage, mount_path, read_only}], as
     # resolved when it was submitted: app/workloads/volumes.py).
     volumes: Mapped[list | None] = mapped_column(JSON, default=None)
+    # A gang's rendezvous port (`MASTER_PORT`) for its current attempt: chosen when it is
+    # placed, from RACKPLANE_MASTER_PORTS, among those no other live gang whose replica 0 is on
+    # the same node holds (app/scheduling/apply.py `give_master_ports`).
+    master_port: Mapped[int | None] = mapped_column(Integer, default=None)
+
+    @property
+    def size(self) -> int:
+        """How many replicas it is placed or queued at now (its `WORLD_SIZE`)."""
+        return self.current_replicas or self.replicas
+
     # An instance one logs into: the tenant's SSH public keys it was launched with (OpenSSH
     # lines, as they were then: deleting a key later does not reach into a running instance),
     # and where its current run's SSH server is: the node's address, the port its agent picked,

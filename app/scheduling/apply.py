@@ -10,15 +10,17 @@ writer of allocations shares.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
+from app.core.config import get_settings
 from app.core.db import as_aware, dialect_insert, insert_objects, new_id, utcnow
 from app.metering import service as metering
 from app.models.agents import AgentNode
@@ -213,6 +215,7 @@ def _admit(
     provision: dict[float, list[str]] = {}  # countdown -> workloads to provision
     moved: list[Workload] = []
     now_startable: list[Workload] = []  # nothing to wait for: no start time, no victims
+    gangs: list[tuple[Workload, uuid.UUID]] = []  # (gang, its replica 0's node)
     stamp = utcnow()  # after the snapshot was read: later than the release of anything it saw
     for adm in admissions:
         w = touched.locked(adm.workload)
@@ -232,6 +235,8 @@ def _admit(
             for b, (row, model) in zip(adm.bindings, rows, strict=True)
         ]
         w.placement = [describe(world, b) for b in adm.bindings]
+        if w.replicas > 1:
+            gangs.append((w, next(row.node_id for row, _ in rows if row.replica == 0)))
         victims = [(v, touched.rows[v].tenant_id, touched.rows[v].priority) for v in adm.victims]
         own, others = disclose(w.tenant_id, victims)
         named = ", ".join([*own, *([_others(others)] if others else [])])
@@ -255,6 +260,7 @@ def _admit(
         moved.append(w)
         if delay == 0 and not adm.victims:
             now_startable.append(w)
+    give_master_ports(session, gangs, get_settings().master_ports)
     lifecycle.write(session, moved)  # before anything autoflushes them one by one
     insert_objects(session, [row for row, _ in new_allocs])
     claim(session, new_allocs)
@@ -265,6 +271,47 @@ def _admit(
         )
     metering.ingest(session, started)
     return admitted
+
+
+def give_master_ports(
+    session: Session, gangs: list[tuple[Workload, uuid.UUID]], ports: str
+) -> None:
+    """Each newly placed gang's rendezvous port (`MASTER_PORT`), in `ports` (FIRST-LAST): one
+    no other gang whose replica 0 is on the same node holds, live or stopping in its grace (two
+    gangs' rank 0s on one host never share a port, as torchrun's fixed 29500 would). The
+    search starts at a point drawn from the workload and attempt, so a new attempt does not
+    wait for its last one's port to be let go."""
+    if not gangs:
+        return
+    first, last = (int(p) for p in ports.split("-"))
+    span = max(1, last - first + 1)
+    held: dict[uuid.UUID, set[int]] = {}
+    rows = session.execute(
+        select(Allocation.node_id, Workload.master_port)
+        .join(Workload, Workload.id == Allocation.workload_id)
+        .where(
+            Allocation.replica == 0,
+            Allocation.node_id.in_({node for _, node in gangs}),
+            Workload.master_port.is_not(None),
+            or_(Allocation.released_at.is_(None), Allocation.released_at >= Workload.evicted_at),
+        )
+    )
+    for node, port in rows:
+        held.setdefault(node, set()).add(port)
+    for w, node in gangs:
+        taken = held.setdefault(node, set())
+        if w.master_port is not None:
+            taken.add(w.master_port)  # its last attempt's, maybe not let go yet
+        start = first_port(w.id, w.attempts, span)
+        free = (first + (start + i) % span for i in range(span))
+        w.master_port = next((p for p in free if p not in taken), first + start)
+        taken.add(w.master_port)
+
+
+def first_port(workload_id: uuid.UUID, attempt: int, span: int) -> int:
+    """Where a gang attempt's search for a free rendezvous port starts (0 <= it < span)."""
+    digest = hashlib.blake2b(f"{workload_id}:{attempt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % span
 
 
 def describe(world: World, b) -> dict:

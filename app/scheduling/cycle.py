@@ -13,7 +13,7 @@ Safety, in layers:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, text
@@ -84,15 +84,23 @@ class DryRun:
     reason: str
 
 
-def dry_run(session: Session, w: Workload) -> DryRun:
+def dry_run(session: Session, w: Workload, whole: bool = False) -> DryRun:
     """What the next cycle would do with `w` (not stored) if it were at the head of its queue:
-    where it lands now, whom it preempts, or when it is expected to start. Reads only."""
+    where it lands now, whom it preempts, or when it is expected to start. Reads only.
+    `whole`: a running elastic gang at its full size, in place of itself (its GPUs free)."""
     loaded = load(session, w.region or "", extra_tenant=w.tenant_id)
     if loaded is None:
         return DryRun(False, [], [], [], None, "the region has no nodes")
     now = utcnow()
+    q = qworkload(w)
+    if whole:
+        q = replace(q, request=replace(q.request, replicas=w.replicas), alloc_ids=())
     ans = loaded.scheduler().what_if(
-        qworkload(w), clock(now), [qworkload(x) for x in loaded.queued], loaded.running()
+        q,
+        clock(now),
+        [qworkload(x) for x in loaded.queued],
+        loaded.running(),
+        replacing=str(w.id) if whole else None,
     )
     start = None
     if ans.expected_start is not None:

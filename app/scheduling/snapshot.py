@@ -76,7 +76,7 @@ def request_of(w: Workload) -> Request:
         str(w.tenant_id),
         Tier.parse(w.tier),
         shape,
-        w.replicas,
+        w.size,
         topo,
         avoid=avoid,
         stack=w.stack,

@@ -186,7 +186,9 @@ def interrupt_on_fault(
         if only is not None and w.id not in only:
             continue
         regions.add(w.region)
+        shrunk = ""
         if state is State.running:
+            shrunk = _shrink(session, w, node, gpu_indices)
             run_start = as_aware(w.run_started_at) if w.run_started_at else fault_at
             at = min(max(fault_at, run_start), now)
             ckpt = as_aware(w.last_checkpoint_at) if w.last_checkpoint_at else None
@@ -225,7 +227,7 @@ def interrupt_on_fault(
             operator_details={"cause": cause},
             resumes=state is State.running,
             said=state is State.running,
-            then="; ahead of its priority peers",
+            then="; ahead of its priority peers" + shrunk,
         )
         enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
         stopped += 1
@@ -234,8 +236,45 @@ def interrupt_on_fault(
     return stopped
 
 
+def _shrink(session: Session, w: Workload, node: Node, gpu_indices: list[int] | None) -> str:
+    """An elastic gang that lost replicas to the fault goes on with those left, if at least its
+    `min_replicas` are (a new attempt at that size, from its last checkpoint); what the requeue
+    says of it ("" if it keeps its size)."""
+    if not w.min_replicas:
+        return ""
+    wanted = set(gpu_indices) if gpu_indices is not None else None
+    held = session.execute(
+        select(Allocation.node_id, Allocation.gpu_indices).where(
+            Allocation.workload_id == w.id, Allocation.released_at.is_(None)
+        )
+    ).all()
+    left = sum(
+        1
+        for nid, indices in held
+        if nid != node.id or (wanted is not None and not wanted & set(indices or []))
+    )
+    if left >= w.size or left < w.min_replicas:
+        return ""
+    was, w.current_replicas = w.size, left
+    lifecycle.record(
+        session,
+        w,
+        kind="elastic",
+        from_state=w.state,
+        to_state=w.state,
+        reason=f"goes on with {left} of its {w.replicas} replicas (elastic; lost {was - left})",
+        details={"from": was, "to": left, "replicas": w.replicas, "node": node.name},
+    )
+    return f"; on {left} of its {w.replicas} replicas (elastic) until capacity returns"
+
+
 def move_off_suspect(
-    session: Session, w: Workload, words: str, *, reason: str = "suspect_gpu"
+    session: Session,
+    w: Workload,
+    words: str,
+    *,
+    reason: str = "suspect_gpu",
+    then: str = "; ahead of its priority peers, on healthy GPUs",
 ) -> None:
     """A running workload on a suspect GPU just checkpointed and healthy capacity exists: stop
     it now and requeue it ahead of its peers, to resume from that checkpoint elsewhere."""
@@ -263,7 +302,7 @@ def move_off_suspect(
         at=now,
         audit_reason=reason,
         said=True,
-        then="; ahead of its priority peers, on healthy GPUs",
+        then=then,
     )
     enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=str(w.id))
     kick_placement(session, w.region)

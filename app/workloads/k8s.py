@@ -56,18 +56,18 @@ def _gang_env(w: Workload, p: dict[str, Any], master: str, domain: str) -> list[
     env = {
         "MASTER_ADDR": master,
         "MASTER_PORT": MASTER_PORT,
-        "WORLD_SIZE": w.replicas * per,
+        "WORLD_SIZE": w.size * per,
         "LOCAL_WORLD_SIZE": per,
         "RANK": r * per,
         "LOCAL_RANK": 0,
         "GROUP_RANK": r,
-        "PET_NNODES": w.replicas,
+        "PET_NNODES": w.size,
         "PET_NODE_RANK": r,
         "PET_NPROC_PER_NODE": per,
         "PET_MASTER_ADDR": master,
         "PET_MASTER_PORT": MASTER_PORT,
         "JAX_COORDINATOR_ADDRESS": f"{master}:{MASTER_PORT}",
-        "JAX_NUM_PROCESSES": w.replicas,
+        "JAX_NUM_PROCESSES": w.size,
         "JAX_PROCESS_ID": r,
         "RACKPLANE_NODE": p["node"],
         "RACKPLANE_RACK": p["rack"],
@@ -127,7 +127,7 @@ def pods(
         res = _resources(w, p)
         env = [
             V1EnvVar(name="RACKPLANE_RANK", value=str(p["replica"])),
-            V1EnvVar(name="RACKPLANE_WORLD_SIZE", value=str(w.replicas)),
+            V1EnvVar(name="RACKPLANE_WORLD_SIZE", value=str(w.size)),
         ]
         if gang:
             env += _gang_env(w, p, master, domain)

@@ -239,6 +239,31 @@ class ArrayIn(StrictModel):
     )
 
 
+class ElasticIn(StrictModel):
+    """An elastic gang (TorchElastic's `--nnodes=MIN:MAX`): when a host is lost it goes on at
+    once on the replicas left, as a new attempt with a smaller `WORLD_SIZE` from its last
+    checkpoint, if at least `min_replicas` are; it grows back to `replicas` at a checkpoint
+    once capacity returns. Its processes must resume at any world size."""
+
+    min_replicas: int = Field(
+        ..., ge=1, le=4096, description="The fewest replicas it may run on (below `replicas`)"
+    )
+
+
+class ElasticOut(OutModel):
+    min_replicas: int
+    current_replicas: int = Field(
+        description="The replicas it is placed or queued at now (its `WORLD_SIZE`)"
+    )
+
+
+def elastic_of(w: Any) -> ElasticOut | None:
+    """An elastic gang's bounds and current size, if it is one."""
+    if getattr(w, "min_replicas", None) is None:
+        return None
+    return ElasticOut(min_replicas=w.min_replicas, current_replicas=w.size)
+
+
 class ArrayOut(OutModel):
     id: uuid.UUID = Field(description="The array's id, shared by its elements")
     index: int = Field(description="This element's index (`RACKPLANE_ARRAY_INDEX`)")
@@ -480,6 +505,7 @@ class WorkloadCreate(StrictModel):
         "terminated is refused (422 `dependency_failed`).",
     )
     array: ArrayIn | None = None
+    elastic: ElasticIn | None = None
 
     @field_validator("depends_on")
     @classmethod
@@ -633,6 +659,8 @@ class WorkloadCreate(StrictModel):
             self.mig_profile = keys.pop()
         if self.kind != "job" and self.replicas != 1:
             raise ValueError("only a job has replicas")
+        if self.elastic is not None and self.elastic.min_replicas >= self.replicas:
+            raise ValueError("elastic.min_replicas must be below replicas (a gang of several)")
         if self.topology is not None and self.kind != "job":
             raise ValueError("a topology constraint applies to a job (a gang)")
         if self.array is not None:
@@ -799,6 +827,7 @@ class WorkloadOut(OutModel):
         default_factory=list, description="Your volumes its runs mount (see submit's)"
     )
     array: ArrayOut | None = Field(None, description="The job array it is an element of")
+    elastic: ElasticOut | None = Field(None, description="An elastic gang's bounds and size now")
     pending: PendingOut | None = Field(
         None,
         description="Why it waits (queued only), as its region's latest placement cycle saw "
@@ -822,6 +851,7 @@ class WorkloadOut(OutModel):
             out.restarts = dict(getattr(value, "restart_counts", None) or {})
             out.not_before = backing_off_until(value)
             out.array = array_of(value)
+            out.elastic = elastic_of(value)
         return out
 
     @field_validator("ssh_keys", "depends_on", "volumes", mode="before")

@@ -107,6 +107,7 @@ def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload
         priority=body.priority,
         shape=body.shape,
         replicas=body.replicas,
+        min_replicas=body.elastic.min_replicas if body.elastic else None,
         gpu_milli=body.gpu_milli,
         topology=body.topology.model_dump() if body.topology else None,
         region=region,
@@ -463,6 +464,9 @@ def report_checkpoint(
         if w.migrate_at_checkpoint and w.state == State.running.value:
             # On a suspect GPU: move now, if healthy capacity exists (health.migrate decides).
             enqueue(session, "health.migrate", queue="health", workload_id=str(w.id))
+        elif w.current_replicas and w.state == State.running.value:
+            # An elastic gang short of its replicas: grow back now, if capacity has returned.
+            enqueue(session, "workloads.grow", queue="provisioning", workload_id=str(w.id))
     lifecycle.record(
         session,
         w,

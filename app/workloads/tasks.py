@@ -19,9 +19,11 @@ from app.models.workloads import (
 from app.outbox.service import enqueue
 from app.scheduling import lifecycle
 from app.scheduling.apply import release_unstarted, stopped, unstopped_holders
+from app.scheduling.cycle import dry_run
 from app.scheduling.lifecycle import State
 from app.scheduling.providers import PerNodeProvider, get_provider
 from app.workloads import holds, restarts, runs
+from app.workloads.disruptions import move_off_suspect
 from app.workloads.queueing import kick_placement
 from app.workloads.service import finish
 
@@ -366,3 +368,37 @@ def reconcile() -> int:
     if nudged:
         log.warning("workloads_reconciled", nudged=nudged)
     return nudged
+
+
+@_task("workloads.grow")
+def grow(workload_id: str) -> str:
+    """An elastic gang short of its replicas reported a checkpoint: if its full size would be
+    placed now in place of itself, without preempting anyone, it stops at that checkpoint and
+    goes back to the queue ahead of its peers at its full size (a new attempt, resumed from
+    it); otherwise it goes on as it is, and its next checkpoint asks again."""
+    with session_scope() as session:
+        w = _locked(session, workload_id)
+        if w is None or w.state != State.running.value or not w.current_replicas:
+            return "nothing to do"
+        plan = dry_run(session, w, whole=True)
+        if not plan.placeable_now or plan.preempts or plan.preempts_others:
+            return "stays: no capacity for its full size"
+        was, w.current_replicas = w.current_replicas, None
+        lifecycle.record(
+            session,
+            w,
+            kind="elastic",
+            from_state=w.state,
+            to_state=w.state,
+            reason=f"grows back from {was} to its {w.replicas} replicas at its checkpoint "
+            "(capacity returned)",
+            details={"from": was, "to": w.replicas, "replicas": w.replicas},
+        )
+        move_off_suspect(
+            session,
+            w,
+            f"capacity for all {w.replicas} replicas is back (elastic)",
+            reason="elastic_grow",
+            then=f"; ahead of its priority peers, at its {w.replicas} replicas",
+        )
+        return "grows"

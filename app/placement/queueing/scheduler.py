@@ -66,12 +66,25 @@ class Scheduler:
         return c.result
 
     def what_if(
-        self, workload: Workload, now: float, pending: list[Workload], running: list[Workload]
+        self,
+        workload: Workload,
+        now: float,
+        pending: list[Workload],
+        running: list[Workload],
+        replacing: str | None = None,
     ) -> WhatIf:
-        """The decision for `workload` if it were at the head of its queue now; changes nothing."""
+        """The decision for `workload` if it were at the head of its queue now; changes nothing.
+        `replacing`: the id of a running workload `workload` would take the place of (an
+        elastic gang at its full size): its GPUs count as free."""
         plan = Plan(self.snap)
         mark = plan.checkpoint()
         try:
+            if replacing is not None:
+                for r in running:
+                    if r.id == replacing:
+                        for aid in r.alloc_ids:
+                            self.snap.release(aid)
+                running = [r for r in running if r.id != replacing]
             c = _Cycle(self, now, pending, running, plan=plan)
             c.carry(self.reservations)
             over = c.over_limit(workload)

@@ -58,6 +58,8 @@ function inputOf(form: HTMLFormElement, shape: Shape): Record<string, unknown> {
     input.replicas = num("replicas");
     if (v("topology")) input.topology = { level: v("topology"), mode: v("topologyMode") };
     // A job array: that many elements, each with its index; at most so many under way.
+    // Elastic: on a host's loss it goes on with the replicas left, at least this many.
+    if (v("elasticMin")) input.elastic = { minReplicas: num("elasticMin") };
     if (v("arrayCount")) input.array = { count: num("arrayCount"), ...(v("arrayMaxParallel") ? { maxParallel: num("arrayMaxParallel") } : {}) };
   }
   // What must succeed first: workload or array ids, one per line (or separated by spaces or commas).
@@ -256,6 +258,13 @@ export function Submit() {
             <input id="arrayCount" name="arrayCount" type="number" min={1} max={1000} placeholder="1" />
             <label for="arrayMaxParallel">Elements under way at once</label>
             <input id="arrayMaxParallel" name="arrayMaxParallel" type="number" min={1} max={1000} placeholder="all" />
+          </fieldset>
+        )}
+        {kind === "job" && (
+          <fieldset data-testid="elastic-choice" aria-invalid={!!bad("elastic") || !!bad("minReplicas")}>
+            <legend>Elastic (optional)</legend>
+            <label for="elasticMin">Losing a host, go on with no fewer than</label>
+            <input id="elasticMin" name="elasticMin" type="number" min={1} max={4096} placeholder="not elastic" />
           </fieldset>
         )}
         <label for="dependsOn">Start after these succeed (workload or array ids, one per line)</label>

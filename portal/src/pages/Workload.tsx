@@ -9,7 +9,7 @@ const QUERY = `query Workload($id: ID!) { workload(id: $id) {
   placement { replica region rack node gpuIndices migProfile migSlot }
   runtime workdir sshKeys secretEnv connect { host port user command ready readyAt }
   restartPolicy restarts notBefore pending { reason detail since }
-  dependsOn array { id index count maxParallel } volumes { name storage mountPath readOnly }
+  dependsOn array { id index count maxParallel } elastic { minReplicas currentReplicas } volumes { name storage mountPath readOnly }
 } }`;
 
 const ELEMENTS = `query Elements($array: ID!) { workloads(arrayId: $array, first: 200) {
@@ -41,6 +41,7 @@ interface W extends WorkloadSummary {
   pending: { reason: string; detail: string; since: string } | null;
   dependsOn: string[];
   array: { id: string; index: number; count: number; maxParallel: number } | null;
+  elastic: { minReplicas: number; currentReplicas: number } | null;
   volumes: { name: string; storage: string; mountPath: string; readOnly: boolean }[];
 }
 interface Element {
@@ -310,6 +311,14 @@ export function WorkloadPage({ id }: { id: string }) {
             <dd>{w.kind}</dd>
             <dt>Shape</dt>
             <dd>{shapeText(w.shape, w.replicas)}</dd>
+            {w.elastic && (
+              <>
+                <dt>Elastic</dt>
+                <dd data-testid="elastic">
+                  {w.elastic.currentReplicas} of {w.replicas} replicas now (goes on with at least {w.elastic.minReplicas})
+                </dd>
+              </>
+            )}
             <dt>Tier</dt>
             <dd>{w.tier}</dd>
             <dt>Priority</dt>
