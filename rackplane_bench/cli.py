@@ -1159,6 +1159,27 @@ def bench_failover(
     _emit(run(chosen, rate=rate, gap=gap), as_json)
 
 
+@bench_cli.command("ddp")
+def bench_ddp(
+    hosts: int = typer.Option(4, min=3, help="Hosts (network namespaces); one is a spare."),
+    runs: int = typer.Option(3, min=1, help="Lost hosts per mode (fixed-size, elastic)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """A DDP job (examples/ddp_train.py, Gloo) across hosts made of network namespaces, each
+    with its own agent; one host lost after a checkpoint, again and again: `detect_s` (loss to
+    the control plane acting), `resume_s_fixed` / `resume_s_elastic` (loss to training stepping
+    again), `steps_lost`, p50 and p95. Needs root, iproute2 and .venv-train (make
+    train-engines). See rackplane_bench/ddp.py."""
+    from rackplane_bench.ddp import Unavailable, bench
+
+    try:
+        result = bench(hosts=hosts, runs=runs, log=lambda line: err.print(line))
+    except Unavailable as exc:
+        err.print(f"ddp cannot run here: {exc}")
+        raise typer.Exit(2) from None
+    _emit(result, as_json)
+
+
 @bench_cli.command("instances")
 def bench_instances(
     launches: int = typer.Option(10, min=1, help="Instances of each runtime, one at a time."),
