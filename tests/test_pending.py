@@ -4,6 +4,8 @@ and the CLI (the portal's workload page: tests/test_portal.py)."""
 
 from __future__ import annotations
 
+import uuid
+
 from typer.testing import CliRunner
 
 from app.cli import cli
@@ -20,7 +22,7 @@ regions:
 """
 
 
-def test_each_queued_workload_says_why_it_waits(client, world, celery_worker_process):
+def test_each_queued_workload_says_why_it_waits(client, world, session, celery_worker_process):
     world.fleet(FLEET)
     op = world.key()
     acme = world.tenant("acme")
@@ -77,3 +79,21 @@ def test_each_queued_workload_says_why_it_waits(client, world, celery_worker_pro
     assert "queued (NodeNotReady)" in listed.output, listed.output
     # Another tenant's workload (and so its reason) is not there to read.
     assert client.get(f"/v1/workloads/{full}", headers=auth(a)).status_code == 404
+
+    # Back in service, but its agent runs only containers: work that needs `process` waits
+    # for a node that runs it, said so (not "what runs must end first"), and a dry-run says
+    # the same.
+    from app.models.fleet import Node
+
+    session.get(Node, uuid.UUID(node["id"])).agent_offers = ["podman"]
+    session.commit()
+    r = client.patch(f"/v1/admin/nodes/{node['id']}", headers=auth(op), json={"state": "ready"})
+    assert r.status_code == 200, r.text
+    got = wait_until(
+        lambda: (p := pending(b, full)) and p["reason"] == "RuntimeNotOffered" and p, timeout=30
+    )
+    assert "no node here runs process work" in got["detail"], got
+    dry = client.post(
+        "/v1/workloads:dry-run", json={"kind": "job", "gpus": 1}, headers=auth(b)
+    ).json()
+    assert not dry["placeable_now"] and "no node here runs process work" in dry["reason"], dry

@@ -110,7 +110,7 @@ class Connect:
 class Pending:
     reason: str = strawberry.field(
         description="Resources, Priority, QuotaExhausted, FairShare, NodeNotReady, StackDrift, "
-        "MigLayoutPending, BackOff, Dependency or ArrayLimit"
+        "MigLayoutPending, BackOff, Dependency, ArrayLimit or RuntimeNotOffered"
     )
     detail: str
     since: datetime

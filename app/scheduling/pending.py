@@ -24,7 +24,14 @@ from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.health import PLACEABLE
 from app.models.workloads import PendingReason, Workload
 from app.scheduling.apply import CycleReport
-from app.scheduling.snapshot import EPOCH, IS_QUEUED, Loaded
+from app.scheduling.snapshot import (
+    EPOCH,
+    IS_QUEUED,
+    Loaded,
+    placed_runtime,
+    process_pools,
+    runtimes_offered,
+)
 
 REASONS = {
     "Resources": "no free capacity for it now",
@@ -37,6 +44,7 @@ REASONS = {
     "BackOff": "backing off after a restart",
     "Dependency": "waits for the workloads it depends on to succeed",
     "ArrayLimit": "its array has max_parallel elements under way",
+    "RuntimeNotOffered": "no node that could hold it runs its runtime",
 }
 _PLACEABLE = frozenset(h.value for h in PLACEABLE)
 NAMES = 3  # nodes named in a detail, at most
@@ -49,13 +57,23 @@ class _NodeState:
     out: str | None  # why it takes no work (its state or health), if so
     drifted: bool
     laying: bool
+    runtimes: frozenset[str] | None  # what work may use there (None: anything; no agent)
 
 
 def node_states(session: Session, region: str) -> list[_NodeState]:
     """The region's nodes (not retired), each with why it takes no work, if so; also read by
     a dry-run's `waits: ...` (app/workloads/regions.py `why_waiting`)."""
     rows = session.execute(
-        select(Node.id, Node.name, Node.gpu_model, Node.state, Node.health, Node.drift)
+        select(
+            Node.id,
+            Node.name,
+            Node.gpu_model,
+            Node.state,
+            Node.health,
+            Node.drift,
+            Node.agent_offers,
+            Node.pool,
+        )
         .join(Rack, Node.rack_id == Rack.id)
         .join(Region, Rack.region_id == Region.id)
         .where(Region.name == region, Node.state != "retired")
@@ -68,6 +86,7 @@ def node_states(session: Session, region: str) -> list[_NodeState]:
             )
         )
     )
+    pools = process_pools()
     return [
         _NodeState(
             name,
@@ -75,9 +94,23 @@ def node_states(session: Session, region: str) -> list[_NodeState]:
             state if state != "ready" else (health if health not in _PLACEABLE else None),
             bool(drift),
             nid in laying,
+            runtimes_offered(offers, pool, pools),
         )
-        for nid, name, model, state, health, drift in rows
+        for nid, name, model, state, health, drift, offers, pool in rows
     ]
+
+
+def no_runtime(nodes: list[_NodeState], models: Iterable[str], need: str) -> str | None:
+    """Why no node of these models could hold work that needs `need` (a runtime as
+    `placed_runtime` names it), whatever their capacity, or None if one could."""
+    wanted = set(models)
+    mine = [n for n in nodes if not wanted or n.model in wanted]
+    if not mine or any(n.runtimes is None or need in n.runtimes for n in mine):
+        return None
+    hint = ""
+    if need.split("+")[0] == "process":
+        hint = ", or the operator trusts none of their pools with it (RACKPLANE_PROCESS_POOLS)"
+    return f"no node here runs {need} work: their agents do not offer it{hint}"
 
 
 def _named(nodes: list[_NodeState], why: Iterable[str]) -> str:
@@ -89,6 +122,10 @@ def _named(nodes: list[_NodeState], why: Iterable[str]) -> str:
 def _no_capacity(w: Workload, nodes: list[_NodeState]) -> tuple[str, str]:
     """ "No capacity", said by what the nodes of its models show."""
     models = set(w.shape.gpu_models)
+    need = placed_runtime(w.runtime, w.tier, bool(w.ssh_keys), w.volumes)
+    none = no_runtime(nodes, models, need)
+    if none is not None:
+        return "RuntimeNotOffered", none
     mine = [n for n in nodes if not models or n.model in models]
     if w.shape.mig_profile:
         laying = [n for n in mine if n.laying and n.out is None]

@@ -107,15 +107,22 @@ VOLUMES, SHARED = "+volumes", "+shared"
 def node_runtimes(node: Node, process_pools: frozenset[str]) -> frozenset[str] | None:
     """The runtimes work may use on `node`: what its agent offers, `process` only in a pool the
     operator trusts with it (`*`: every pool); None for a node no agent runs (anything)."""
-    if node.agent_offers is None:
+    return runtimes_offered(node.agent_offers, node.pool, process_pools)
+
+
+def runtimes_offered(
+    agent_offers: list[str] | None, pool: str | None, process_pools: frozenset[str]
+) -> frozenset[str] | None:
+    """`node_runtimes` of a node's columns."""
+    if agent_offers is None:
         return None
-    said = set(node.agent_offers)
+    said = set(agent_offers)
     offers = said & {"process", "podman", "vm"}
     if "podman" in offers and "ssh" in said:
         offers.add("podman-ssh")  # its containers can be instances one logs into
     if "vm" in offers and said & {"sev-snp", "tdx"}:
         offers.add("confidential-vm")
-    if "*" not in process_pools and (node.pool or "") not in process_pools:
+    if "*" not in process_pools and (pool or "") not in process_pools:
         offers.discard("process")
     plain = frozenset(offers)
     if "volumes" in said:

@@ -16,7 +16,7 @@ from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.workloads import Workload
 from app.scheduling import lifecycle
 from app.scheduling.lifecycle import State
-from app.scheduling.pending import node_states
+from app.scheduling.pending import no_runtime, node_states
 from app.workloads.feasibility import NodeCap, never_fits
 from app.workloads.schemas import WorkloadCreate
 
@@ -141,14 +141,23 @@ WAIT_NAMES = 5
 
 
 def why_waiting(
-    session: Session, region: str, models: tuple[str, ...], mig_profile: str | None = None
+    session: Session,
+    region: str,
+    models: tuple[str, ...],
+    mig_profile: str | None = None,
+    runtime: str | None = None,
 ) -> str:
     """Why work that fits the region's fleet (`never_fits` found nothing) cannot be placed on
-    it now, as far as the nodes of its models say: nodes that take no work now (their state,
-    their health), nodes drifted from their software stack, GPUs whose MIG layout is being
-    made. None of those: what runs or is starting on the nodes must end first."""
+    it now, as far as the nodes of its models say: no node that runs its `runtime` (as
+    `placed_runtime` names it), nodes that take no work now (their state, their health), nodes
+    drifted from their software stack, GPUs whose MIG layout is being made. None of those:
+    what runs or is starting on the nodes must end first."""
     out: list[str] = []
-    for n in node_states(session, region):
+    nodes = node_states(session, region)
+    none = no_runtime(nodes, models, runtime) if runtime else None
+    if none is not None:
+        return f"waits: {none}"
+    for n in nodes:
         if models and n.model not in models:
             continue
         if n.out is not None:

@@ -704,7 +704,9 @@ class PendingOut(OutModel):
         description="As Slurm's REASON: `Resources`, `Priority`, `QuotaExhausted`, "
         "`FairShare`, `NodeNotReady`, `StackDrift`, `MigLayoutPending`, `BackOff`, `Dependency` "
         "(what it depends on has not all succeeded), `ArrayLimit` (its array has "
-        "`max_parallel` elements under way)"
+        "`max_parallel` elements under way), `RuntimeNotOffered` (no node of its models runs "
+        "its runtime: their agents do not offer it, or `process` outside the pools the operator "
+        "trusts with it)"
     )
     detail: str = Field(description="The same in words, naming nodes where it helps")
     since: datetime = Field(description="Since when this reason holds")

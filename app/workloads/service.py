@@ -25,6 +25,7 @@ from app.scheduling import lifecycle, pending
 from app.scheduling.apply import release, stopped
 from app.scheduling.cycle import dry_run as what_if
 from app.scheduling.lifecycle import HOLDING, State
+from app.scheduling.snapshot import placed_runtime
 from app.tenancy.auth import AuthContext
 from app.tenancy.run_tokens import in_stop_grace
 from app.tenancy.scoping import scoped_select
@@ -306,7 +307,13 @@ def dry_run(session: Session, auth: AuthContext, body: WorkloadCreate) -> dict[s
         reason = (
             f"{NO_FIT}: {why}"
             if why
-            else why_waiting(session, w.region or "", tuple(body.gpu_models), body.mig_profile)
+            else why_waiting(
+                session,
+                w.region or "",
+                tuple(body.gpu_models),
+                body.mig_profile,
+                placed_runtime(w.runtime, w.tier, bool(w.ssh_keys), w.volumes),
+            )
         )
     if needs:  # what it would do once they all succeed
         reason = (
