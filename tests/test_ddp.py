@@ -28,7 +28,9 @@ import httpx
 import pytest
 import yaml
 from sqlalchemy import select
+from typer.testing import CliRunner
 
+from app.cli import cli
 from rackplane_bench import hosts as netns
 from tests.agent.helpers import open_dir
 from tests.conftest import auth, wait_until
@@ -330,6 +332,8 @@ def test_an_elastic_gang_goes_on_with_the_host_left_and_grows_back_at_a_checkpoi
         headers=auth(key),
     ).json()
     assert gql["data"]["workload"]["elastic"] == {"minReplicas": 2, "currentReplicas": 2}, gql
+    shown = CliRunner().invoke(cli, ["workloads", "show", wid])
+    assert "2 of 4 replicas now (goes on with at least 2)" in shown.output, shown.output
     wait_until(lambda: re.search(r"step \d+/\d+ loss=\S+ world=2", _logs(http, key, wid, 0)), 90)
 
     # Capacity returns: at its next checkpoint it grows back to four, on the spare and the

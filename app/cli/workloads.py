@@ -98,6 +98,15 @@ def workloads_show(
         lines.append(
             ("array", f"element {a.index} of {a.count} ({a.max_parallel} at once), array {a.id}")
         )
+    if out.elastic is not None:
+        e = out.elastic
+        lines.append(
+            (
+                "elastic",
+                f"{e.current_replicas} of {out.replicas} replicas now "
+                f"(goes on with at least {e.min_replicas})",
+            )
+        )
     if out.depends_on:
         lines.append(("depends on", ", ".join(str(i) for i in out.depends_on)))
     lines.append(("restarts", _restarts(out)))
