@@ -181,6 +181,23 @@ def _logs(http, key, wid, replica: int) -> str:
     return "".join(c["data"] for c in r.json()["items"])
 
 
+def _usage_spans(session, wid: str) -> list[tuple]:
+    """Each allocation's usage as (start, stop), in order: every one started and stopped once."""
+    from app.models.metering import UsageEvent
+
+    session.expire_all()
+    rows = session.execute(
+        select(UsageEvent.kind, UsageEvent.occurred_at, UsageEvent.allocation_id)
+        .where(UsageEvent.workload_id == uuid.UUID(wid))
+        .order_by(UsageEvent.occurred_at)
+    ).all()
+    spans: dict[uuid.UUID, list] = defaultdict(list)
+    for kind, at, alloc in rows:
+        spans[alloc].append((kind, at))
+    assert all([k for k, _ in s] == ["start", "stop"] for s in spans.values()), rows
+    return sorted((s[0][1], s[1][1]) for s in spans.values())
+
+
 def _events(http, key, wid) -> list[dict]:
     return http.get(f"/v1/workloads/{wid}/events", headers=auth(key)).json()["items"]
 
@@ -188,8 +205,6 @@ def _events(http, key, wid) -> list[dict]:
 def test_a_gang_across_hosts_trains_loses_a_host_and_resumes_from_its_checkpoint(
     agents, hosts, world, session
 ):
-    from app.models.metering import UsageEvent
-
     a, http = agents
     key = world.key(world.tenant("ddp"))
     steps = 140
@@ -260,18 +275,8 @@ def test_a_gang_across_hosts_trains_loses_a_host_and_resumes_from_its_checkpoint
     assert f"step {steps}/{steps}" in out
 
     # Usage: no replica's intervals overlap; the lost host's end at the loss (its last report).
-    session.expire_all()
-    rows = session.execute(
-        select(UsageEvent.kind, UsageEvent.occurred_at, UsageEvent.allocation_id)
-        .where(UsageEvent.workload_id == uuid.UUID(wid))
-        .order_by(UsageEvent.occurred_at)
-    ).all()
-    spans: dict[uuid.UUID, list] = defaultdict(list)
-    for kind, at, alloc in rows:
-        spans[alloc].append((kind, at))
-    assert len(spans) == 8, rows  # four replicas, two attempts
-    assert all([k for k, _ in s] == ["start", "stop"] for s in spans.values()), rows
-    intervals = sorted((s[0][1], s[1][1]) for s in spans.values())
+    intervals = _usage_spans(session, wid)
+    assert len(intervals) == 8, intervals  # four replicas, two attempts
     first_run = intervals[:4]
     assert all(stop <= killed_at + timedelta(seconds=1) for _, stop in first_run), first_run
     assert max(stop for _, stop in first_run) <= min(start for start, _ in intervals[4:])
@@ -283,8 +288,6 @@ def test_an_elastic_gang_goes_on_with_the_host_left_and_grows_back_at_a_checkpoi
     """`elastic: {min_replicas: 2}`: on the loss of one of its two hosts it goes on at once on
     the other with WORLD_SIZE 2 (a new attempt, from its checkpoint), and once capacity is back
     (the spare host returned to service) it grows back to four at its next checkpoint."""
-    from app.models.metering import UsageEvent
-
     a, http = agents
     op = auth(world.key())
     nodes = {n["name"]: n["id"] for n in client.get("/v1/admin/nodes", headers=op).json()["items"]}
@@ -356,17 +359,7 @@ def test_an_elastic_gang_goes_on_with_the_host_left_and_grows_back_at_a_checkpoi
 
     # Usage: each attempt's allocations end before the next one's begin; the lost host's at
     # the loss. Four, then two, then four.
-    session.expire_all()
-    rows = session.execute(
-        select(UsageEvent.kind, UsageEvent.occurred_at, UsageEvent.allocation_id)
-        .where(UsageEvent.workload_id == uuid.UUID(wid))
-        .order_by(UsageEvent.occurred_at)
-    ).all()
-    spans: dict[uuid.UUID, list] = defaultdict(list)
-    for kind, at, alloc in rows:
-        spans[alloc].append((kind, at))
-    assert all([k for k, _ in s] == ["start", "stop"] for s in spans.values()), rows
-    intervals = sorted((s[0][1], s[1][1]) for s in spans.values())
+    intervals = _usage_spans(session, wid)
     assert len(intervals) == 10, intervals
     runs = [intervals[:4], intervals[4:6], intervals[6:]]
     assert all(stop <= killed_at + timedelta(seconds=1) for _, stop in runs[0]), runs[0]
