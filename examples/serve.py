@@ -1,6 +1,6 @@
 """A stand-in inference server with an OpenAI-compatible `/v1/completions` (standard library only).
 
-    python examples/serve.py --port 8000 [--token-ms 20] [--batch-cost 0.05] [--max-batch 16]
+    python examples/serve.py [--port 8000] [--token-ms 20] [--batch-cost 0.05] [--max-batch 16]
 
 It answers as vLLM and TGI do: `POST /v1/completions` {prompt, max_tokens, stream}; with
 `stream: true` the tokens come as server-sent events (`data: {...}`, then `data: [DONE]`).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import queue
 import socketserver
 import sys
@@ -235,7 +236,12 @@ class Server(ThreadingHTTPServer):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("PORT", "8000")),
+        help="default: $PORT (what a Rackplane endpoint's replica is given), else 8000",
+    )
     p.add_argument("--model", default="rackplane-stand-in")
     p.add_argument("--token-ms", type=float, default=20.0, help="a decode step, batch of one")
     p.add_argument("--batch-cost", type=float, default=0.05, help="extra per sequence in a step")

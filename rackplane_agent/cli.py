@@ -4,6 +4,7 @@
         [--state-dir DIR] [--work-dir DIR] [--run-uids FIRST-LAST | --same-user]
         [--inventory FILE] [--address HOST] [--runtime process|podman|vm]
         [--dcgm-exporter URL] [--poll-wait 30] [--max-output-mib 16] [--ssh-ports 22000-22999]
+        [--serve-ports 31000-31999]
         [--volumes-dir DIR] [--shared-volumes-dir DIR] [--data-interface IFACE]
         [--log-level INFO]
     python -m rackplane_agent stop [--state-dir DIR] [--kill | --power-cut]
@@ -122,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the node's TCP ports an instance's SSH server is reached on, one per running "
         "podman or vm run with SSH keys (default: 22000-22999; open them to the tenants)",
     )
+    p.add_argument(
+        "--serve-ports",
+        metavar="LO-HI",
+        default="31000-31999",
+        help="the node's TCP ports an inference endpoint's replica is reached on, one per "
+        "serving run (default: 31000-31999; open them to the gateways)",
+    )
     p.add_argument("--dcgm-exporter", metavar="URL", help="dcgm-exporter's /metrics URL")
     p.add_argument(
         "--poll-wait", type=float, default=30.0, help="seconds a poll for assignments may wait"
@@ -161,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"rackplane-agent: --ssh-ports: {exc}")
         return EXIT_USAGE
+    try:
+        serve_ports = parse_port_range(args.serve_ports)
+    except ValueError as exc:
+        print(f"rackplane-agent: --serve-ports: {exc}")
+        return EXIT_USAGE
     config = AgentConfig(
         api=args.api,
         work_dir=args.work_dir,
@@ -170,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         run_uids=run_uids,
         max_output_mib=args.max_output_mib,
         ssh_ports=ssh_ports,
+        serve_ports=serve_ports,
         state_dir=args.state_dir or default_state_dir(),
         token=args.token or None,
         inventory_file=args.inventory,

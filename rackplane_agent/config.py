@@ -13,6 +13,7 @@ DEFAULT_RUN_UIDS = (2_000_000, 2_065_535)
 DEFAULT_MAX_OUTPUT_MIB = 16
 # The node's TCP ports an instance's SSH server is reached on (`--ssh-ports`), one per run.
 DEFAULT_SSH_PORTS = (22000, 22999)
+DEFAULT_SERVE_PORTS = (31000, 31999)
 
 # Exit codes of `python -m rackplane_agent`.
 EXIT_OK = 0  # stopped by SIGTERM/SIGINT (its runs are left running)
@@ -86,6 +87,8 @@ class AgentConfig:
     # The node's ports an instance's SSH server is forwarded from (`podman` and `vm` runs with
     # SSH keys), one per live run, first and last included.
     ssh_ports: tuple[int, int] = DEFAULT_SSH_PORTS
+    # The node's ports a serving run (an inference endpoint's replica) is reached on.
+    serve_ports: tuple[int, int] = DEFAULT_SERVE_PORTS
     # Tenants' volumes on this node's disk (None: `<state_dir>-volumes` beside the state
     # directory), and on the fleet's shared storage this host mounts (None: it has none).
     volumes_dir: Path | None = None
@@ -109,6 +112,7 @@ class AgentConfig:
         if self.inventory_file is not None:
             self.inventory_file = Path(self.inventory_file).absolute()
         self.ssh_ports = check_port_range(tuple(self.ssh_ports))  # type: ignore[arg-type]
+        self.serve_ports = check_port_range(tuple(self.serve_ports))  # type: ignore[arg-type]
 
     def uid_range(self, euid: int) -> tuple[int, int] | None:
         if self.run_uids == "auto":

@@ -34,7 +34,7 @@ from typing import Any, Literal, cast
 
 from rackplane_agent import inventory as inventory_mod
 from rackplane_agent import logs as logs_mod
-from rackplane_agent import runtimes, sshports
+from rackplane_agent import runtimes, serving, sshports
 from rackplane_agent.burnin import BurnInRunner
 from rackplane_agent.cgroups import Cgroups
 from rackplane_agent.client import (
@@ -85,6 +85,8 @@ ALIVE_MARK_S = 1.0
 LOG_BATCH_BYTES = 512 * 1024
 SSH_PROBE_INTERVAL = 0.5  # seconds between two knocks on one run's SSH port
 SSH_PROBE_TIMEOUT = 0.5  # what one round of knocks (every unready run at once) may take
+SERVE_PROBE_INTERVAL = 0.25  # seconds between two GETs of a serving run's readiness path
+SERVE_PROBE_TIMEOUT = 0.5
 
 
 class StartupError(Exception):
@@ -175,6 +177,8 @@ class Agent:
         self._burnin: BurnInRunner | None = None
         self._mig: MigApplier | None = None
         self._ssh_next_probe: dict[str, float] = {}  # run -> when to knock again (monotonic)
+        self._serve_next_probe: dict[str, float] = {}  # run -> when to GET its ready path again
+        self._serve_after: int | None = None  # the serving port handed out last
 
     # --- start -----------------------------------------------------------------------------
 
@@ -316,9 +320,11 @@ class Agent:
     # --- the reconciler --------------------------------------------------------------------
 
     def step(self) -> None:
-        """One pass: reconcile, knock on SSH ports not answering yet, then report (when due)."""
+        """One pass: reconcile, knock on SSH and serving ports not answering yet, then report
+        (when due)."""
         self.reconcile()
         self.check_ssh()
+        self.check_serving()
         self.report()
 
     def reconcile(self) -> None:
@@ -472,6 +478,15 @@ class Agent:
                     f"no free SSH port on this node: each of {first}-{last} (--ssh-ports) is "
                     "held by a run or in use on the host"
                 )
+        serve_port = None
+        if problem is None and a.serve is not None:
+            serve_port = self._serve_port()
+            if serve_port is None:
+                first, last = self.config.serve_ports
+                problem = (
+                    f"no free serving port on this node: each of {first}-{last} (--serve-ports) "
+                    "is held by a run or in use on the host"
+                )
         if problem is None:
             rec.exit_file.unlink(missing_ok=True)
             try:
@@ -483,12 +498,18 @@ class Agent:
                 if a.volumes:
                     mounted = self._volumes.host_dirs(a, place.user)
                     place = dataclasses.replace(place, volumes=tuple(mounted))
-                rec.ssh_port = port
-                started = a.model_copy(update={"ssh_port": port, "env": self._run_env(a)})
+                rec.ssh_port, rec.serve_port = port, serve_port
+                started = a.model_copy(
+                    update={
+                        "ssh_port": port,
+                        "serve_port": serve_port,
+                        "env": self._run_env(a, serve_port),
+                    }
+                )
                 self._runtimes[a.runtime].start(rec, started, secret, place)
             except (runtimes.StartError, OSError) as exc:
                 problem = str(exc)
-                rec.ssh_port = None
+                rec.ssh_port = rec.serve_port = None
                 if isinstance(exc, runtimes.WorkloadStartError):
                     rec.fault = "workload"
             else:
@@ -502,6 +523,7 @@ class Agent:
                         uid=rec.uid,
                         devices=",".join(a.devices) or None,
                         ssh_port=rec.ssh_port,
+                        serve_port=rec.serve_port,
                     )
                 )
         if problem is not None:
@@ -516,13 +538,64 @@ class Agent:
                 pass
         self._changed(rec)
 
-    def _run_env(self, a: Assignment) -> dict[str, str]:
+    def _run_env(self, a: Assignment, serve_port: int | None = None) -> dict[str, str]:
         """The assignment's env with what this host adds: the interface a gang's hosts reach
-        each other on (the run's own env, fetched as it starts, still wins)."""
+        each other on, and the port a serving run listens on: the node's own for a process,
+        the endpoint's inside a container (the run's own env, fetched as it starts, still
+        wins)."""
+        added: dict[str, str] = {}
         iface = self.config.data_interface
-        if not iface or "MASTER_ADDR" not in a.env:
-            return dict(a.env)
-        return {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface, **a.env}
+        if iface and "MASTER_ADDR" in a.env:
+            added |= {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+        if a.serve is not None and serve_port is not None:
+            added["PORT"] = str(serve_port if a.runtime == "process" else a.serve.port)
+        return {**added, **a.env}
+
+    def _serve_port(self) -> int | None:
+        """A port of `--serve-ports` for a serving run starting now: one no live run holds,
+        free on the host, in turn after the last one handed out."""
+        held = {r.serve_port for r in self._runs.values() if r.state == RUNNING and r.serve_port}
+        port = sshports.pick(self.config.serve_ports, held, self._serve_after)
+        if port is not None:
+            self._serve_after = port
+        return port
+
+    def check_serving(self) -> None:
+        """GET the readiness path of each running serving run not ready yet (each at most
+        every SERVE_PROBE_INTERVAL, all at once); one that answers 2xx is reported ready."""
+        mono = time.monotonic()
+        with self._lock:
+            due = []
+            for r in self._runs.values():
+                serve = (r.assignment or {}).get("serve")
+                if r.state != RUNNING or r.serve_port is None or r.serve_ready or not serve:
+                    continue
+                if mono < self._serve_next_probe.get(r.key, 0.0):
+                    continue
+                self._serve_next_probe[r.key] = mono + SERVE_PROBE_INTERVAL
+                due.append((r.key, r.serve_port, serve["ready_path"]))
+        if not due:
+            return
+        answered = serving.ready([(p, path) for _, p, path in due], timeout=SERVE_PROBE_TIMEOUT)
+        with self._lock:
+            for key, port, _ in due:
+                rec = self._runs.get(key)
+                if port not in answered or rec is None or rec.state != RUNNING:
+                    continue
+                if rec.serve_port != port or rec.serve_ready:
+                    continue
+                rec.serve_ready = True
+                self._serve_next_probe.pop(key, None)
+                after = self.clock() - rec.started_at if rec.started_at is not None else None
+                log.info(
+                    kv(
+                        "serve_ready",
+                        run=key,
+                        port=port,
+                        after_s=round(after, 2) if after is not None else None,
+                    )
+                )
+                self._changed(rec)
 
     def _ssh_port(self) -> int | None:
         """A port of `--ssh-ports` for a run starting now (`sshports.pick`), or None: one no
@@ -768,6 +841,8 @@ class Agent:
             # The endpoint while it runs (the port is free again once it has ended).
             ssh_port=rec.ssh_port if rec.state == RUNNING else None,
             ssh_ready=rec.ssh_ready and rec.state == RUNNING,
+            serve_port=rec.serve_port if rec.state == RUNNING else None,
+            serve_ready=rec.serve_ready and rec.state == RUNNING,
             tail=tail,
         )
 
@@ -1033,6 +1108,7 @@ class Agent:
             try:
                 if self._inventory_sent.is_set():
                     self.check_ssh()
+                    self.check_serving()
                     self.report()
                     mono = time.monotonic()
                     if mono - last_logs >= self.config.log_interval:

@@ -107,6 +107,10 @@ class RunRecord:
     # runs with SSH keys), and whether an SSH server has answered there since it started.
     ssh_port: int | None = None
     ssh_ready: bool = False
+    # A serving run's endpoint (rackplane_agent/serving.py): the node's port it is reached on,
+    # and whether its readiness path has answered 2xx since it started.
+    serve_port: int | None = None
+    serve_ready: bool = False
     # --- not persisted ---
     run_dir: Path = field(default=Path("."), metadata={"persist": False})
     version: int = field(default=1, metadata={"persist": False})

@@ -203,6 +203,16 @@ class VolumeMount(_Wire):
     read_only: bool = False
 
 
+class Serve(_Wire):
+    """A run that serves HTTP (a replica of an inference endpoint): the port it listens on and
+    the path that answers 2xx once it takes requests. The agent publishes it on a port of the
+    node it picks from `--serve-ports` (`Assignment.serve_port`): a `process` run listens on
+    that port itself (its `PORT`), a container on `port` (its `PORT` too) forwarded from it."""
+
+    port: int = Field(ge=1, le=65_535)
+    ready_path: str = Field(max_length=200, pattern=r"^/[A-Za-z0-9._~/?=&%+-]*$")
+
+
 class Assignment(_Wire):
     """One replica of one workload that the control plane wants on this node."""
 
@@ -270,6 +280,14 @@ class Assignment(_Wire):
         le=65_535,
         description="Set by the agent, never by the control plane: the node's TCP port it "
         "forwards to the run's SSH port (22), chosen when the run starts",
+    )
+    serve: Serve | None = None
+    serve_port: int | None = Field(
+        None,
+        ge=1,
+        le=65_535,
+        description="Set by the agent, never by the control plane: the node's TCP port a "
+        "serving run is reached on, chosen when the run starts",
     )
     confidential: Confidential | None = Field(
         None,
@@ -347,6 +365,10 @@ class RunReport(_Wire):
     # whether an SSH server answered there (its `SSH-2.0-...` banner) since the run started.
     ssh_port: int | None = Field(None, ge=1, le=65_535)
     ssh_ready: bool = False
+    # A serving run's endpoint: the node's port it is reached on, and whether a GET of its
+    # readiness path has answered 2xx there since it started.
+    serve_port: int | None = Field(None, ge=1, le=65_535)
+    serve_ready: bool = False
     # The last lines of output, with an exit (at most 20, each cut to 500 characters).
     tail: list[Annotated[str, Field(max_length=2000, pattern=FREE)]] = Field(
         default_factory=list, max_length=20

@@ -60,7 +60,9 @@ class Case:
 # trace replays (minutes each, on scratch databases and trace files) run with --help only: that
 # still imports and builds them as `rackplane` does. They and `openapi` touch no database, so
 # they run once, not per backend.
-HELP_ONLY = ["up", "worker"] + [c for c in registered() if c.split()[0] in ("sim", "bench")]
+HELP_ONLY = ["up", "worker", "gateway"] + [
+    c for c in registered() if c.split()[0] in ("sim", "bench")
+]
 NO_DATABASE = [*HELP_ONLY, "openapi", "agent"]
 BACKENDS = ("sqlite", "postgresql")
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
@@ -150,6 +152,16 @@ CASES: dict[str, Case] = {
     ),
     "volumes list": Case("volumes list --tenant acme --json", says='"storage": "shared"'),
     "volumes delete": Case("volumes delete ckpt --tenant acme", says="volume ckpt deleted"),
+    "endpoints create": Case(
+        "endpoints create chat --tenant acme --command serve --gpus 1 --max 2",
+        says="endpoint chat made: /e/chat/, 0 replica(s) to start",
+    ),
+    "endpoints list": Case("endpoints list --tenant acme --json", says='"url_path": "/e/chat/"'),
+    "endpoints scale": Case(
+        "endpoints scale chat --tenant acme --min 1", says="bounds 1..2, target 1"
+    ),
+    "endpoints show": Case("endpoints show chat --tenant acme", says="chat-1 queued"),
+    "endpoints delete": Case("endpoints delete chat --tenant acme", says="endpoint chat deleted"),
     # Nothing submitted yet (a workload with its connect command: the test below).
     "workloads list": Case("workloads list --tenant acme --json", says="[]"),
     "workloads show": Case(

@@ -96,6 +96,28 @@ MATRIX = {
         f'mutation {{ deleteVolume(name: "m") {P} }}',
         ("volume_not_found",),
     ),
+    "endpoints": ("tenant-read", "{ endpoints { edges { node { name target } } } }", ()),
+    "endpoint": ("tenant-read", '{ endpoint(name: "m") { name } }', ("endpoint_not_found",)),
+    "endpointEvents": (
+        "tenant-read",
+        '{ endpointEvents(name: "m") { kind } }',
+        ("endpoint_not_found",),
+    ),
+    "createEndpoint": (
+        "tenant-write",
+        f'mutation {{ createEndpoint(input: {{name: "m", replica: {{gpus: 1}}}}) {P} }}',
+        (),
+    ),
+    "updateEndpoint": (
+        "tenant-write",
+        f'mutation {{ updateEndpoint(name: "m", input: {{maxReplicas: 2}}) {P} }}',
+        ("endpoint_not_found",),
+    ),
+    "deleteEndpoint": (
+        "tenant-write",
+        f'mutation {{ deleteEndpoint(name: "m") {P} }}',
+        ("endpoint_not_found",),
+    ),
     "setBudget": ("tenant-write", f"mutation {{ setBudget(input: {{spendLimit: 100}}) {P} }}", ()),
     "removeBudget": ("tenant-write", f"mutation {{ removeBudget {P} }}", ("budget_not_found",)),
     # Operators

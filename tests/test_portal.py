@@ -681,6 +681,31 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
         ).click()
         page.get_by_test_id("no-volumes").wait_for()
 
+        # Endpoints (issue 47): made from the page, a bad name refused under its field; its row
+        # shows its replicas and target, its decisions what they were made from.
+        nav.get_by_role("link", name="Endpoints").click()
+        page.get_by_test_id("no-endpoints").wait_for()
+        page.get_by_label("Endpoint (letters").fill("bad name")
+        page.get_by_role("button", name="Make endpoint").click()
+        page.get_by_test_id("endpoint-name-error").filter(has_text="pattern").wait_for()
+        page.get_by_label("Endpoint (letters").fill("chat")
+        page.get_by_label("Server command").fill("python3\nserve.py")
+        page.get_by_label("Copies kept when idle").fill("1")
+        page.get_by_role("button", name="Make endpoint").click()
+        page.get_by_test_id("endpoint-made").filter(
+            has_text="chat is at /e/chat/ on the gateway, 1 replica(s) to start"
+        ).wait_for()
+        row = page.locator("tr[data-endpoint=chat]")
+        row.get_by_test_id("endpoint-target").filter(has_text="1 (1–2)").wait_for()
+        row.filter(has_text="chat-1").wait_for()
+        row.get_by_role("button", name="Decisions").click()
+        page.get_by_test_id("endpoint-events").filter(has_text="created (set)").wait_for()
+        page.get_by_role("button", name="Delete chat").click()
+        page.get_by_role("dialog", name="Delete chat?").get_by_role(
+            "button", name="Delete it"
+        ).click()
+        page.get_by_test_id("no-endpoints").wait_for()
+
         # Budget: none yet; a negative limit is refused next to its field.
         nav.get_by_role("link", name="Budget").click()
         page.get_by_test_id("no-budget").wait_for()

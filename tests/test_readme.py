@@ -31,15 +31,20 @@ def _billing() -> str:
     return "".join(re.findall(r"```sh\n(.*?)```", _section("Prices, bills and budgets"), re.S))
 
 
+def _endpoints() -> str:
+    return re.search(r"```sh\n(.*?)```", _section("Inference endpoints"), re.S).group(1)
+
+
 def test_the_readme_walkthrough_does_what_it_says(tmp_path):
     from rackplane_bench.deploy import free_port
 
     assert shutil.which("jq") and shutil.which("curl"), "the walkthrough uses curl and jq"
-    port = free_port()
+    port, gateway = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
         RACKPLANE_DATA_DIR=str(tmp_path / "data"),
         RACKPLANE_PORT=str(port),
+        RACKPLANE_GATEWAY_PORT=str(gateway),
         RACKPLANE_SEED_DEMO="true",
         RACKPLANE_LOG_JSON="true",
     )
@@ -142,6 +147,27 @@ def test_the_readme_walkthrough_does_what_it_says(tmp_path):
         ]
         assert 0 < totals["usd"] < budget["spend_limit"]  # the commitment is owed, within budget
         assert fits is True  # not locked out: a dry run still answers where it would go
+
+        # Inference endpoints: one made on the local node serves examples/serve.py from zero,
+        # its first call held while the replica starts, and streams the tokens.
+        script = _endpoints().replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+        script = script.replace("127.0.0.1:8001", f"127.0.0.1:{gateway}")
+        out = subprocess.run(
+            ["bash", "-c", "set -e\n" + script],
+            cwd=ROOT,
+            env={**os.environ, "TENANT_KEY": key.group(1)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.strip().splitlines()
+        assert json.loads(lines[0]) == {"url_path": "/e/chat/", "target": 0}
+        data = [line for line in lines if line.startswith("data: ")]
+        assert data[-1] == "data: [DONE]" and len(data) == 10, lines  # 8 tokens, usage, end
+        after = json.loads(next(line for line in lines if line.startswith('{"target"')))
+        assert after["target"] == 1 and after["replicas"][0]["ready"] is True
+        assert '["scaled","activator",1]' in lines and lines[-1] == "204"
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

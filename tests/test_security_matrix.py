@@ -32,6 +32,7 @@ BODIES: dict[tuple[str, str], dict] = {
 }
 BODIES[("PUT", "/v1/secrets/{secret_name}")] = {"value": "b's secret"}
 BODIES[("PUT", "/v1/volumes/{volume_name}")] = {"storage": "node"}
+BODIES[("PATCH", "/v1/endpoints/{endpoint_name}")] = {"max_replicas": 2}
 # Routes that create the caller's own object under a name: another tenant's call makes its
 # own, and must leave the first tenant's untouched (checked instead of a 404).
 BY_NAME = {("PUT", "/v1/secrets/{secret_name}"), ("PUT", "/v1/volumes/{volume_name}")}
@@ -170,6 +171,12 @@ def matrix(world, client, session):
     assert secret.status_code == 201, secret.text
     volume = client.put("/v1/volumes/matrix", json={"storage": "node"}, headers=auth(a_key))
     assert volume.status_code == 201, volume.text
+    endpoint = client.post(
+        "/v1/endpoints",
+        json={"name": "matrix", "replica": {"gpus": 1}, "min_replicas": 0},
+        headers=auth(a_key),
+    )
+    assert endpoint.status_code == 201, endpoint.text
     ids = {
         "tenant_id": str(a.id),
         "commitment_id": commitment.json()["id"],
@@ -186,6 +193,7 @@ def matrix(world, client, session):
         "ssh_key_id": ssh_key.json()["id"],
         "secret_name": "matrix",
         "volume_name": "matrix",
+        "endpoint_name": "matrix",
         "attempt": "1",
         "replica": "0",
     }

@@ -25,6 +25,7 @@ celery_app.autodiscover_tasks(
         "app.health",
         "app.chaos",
         "app.agents",
+        "app.endpoints",
     ],
     related_name="tasks",
     force=True,

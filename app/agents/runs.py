@@ -24,6 +24,7 @@ from app.health import burnin, suite, telemetry
 from app.health.tasks import report_silence
 from app.keys.tenant_secrets import SecretUnavailable, secret_values
 from app.models.agents import AgentNode
+from app.models.endpoints import Endpoint
 from app.models.fleet import Node
 from app.models.health import NodeHeartbeat
 from app.models.tenants import Tenant
@@ -44,6 +45,7 @@ from rackplane_wire import (
     Confidential,
     RunEnv,
     RunReport,
+    Serve,
     StatusAck,
     StatusReport,
     VolumeMount,
@@ -100,6 +102,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
     node_offers = set(
         session.scalar(select(Node.agent_offers).where(Node.id == caller.node_id)) or ()
     )
+    serves = _serves(session, {w.endpoint_id for _, w in rows if w.endpoint_id is not None})
     now = utcnow()
     out = []
     for a, w in rows:
@@ -160,6 +163,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
                 cpu_milli=a.cpu_milli,
                 memory_mib=a.memory_mib,
                 ssh_keys=list(w.ssh_keys or []),
+                serve=serves.get(w.endpoint_id) if w.endpoint_id is not None else None,
                 confidential=_confidential(w, node_offers),
             )
         )
@@ -171,6 +175,16 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         burn_in=suite.wire(burn) if burn is not None else None,
         mig_layouts=mig.wanted(session, caller.node_id),
     )
+
+
+def _serves(session: Session, endpoint_ids: set[uuid.UUID]) -> dict[uuid.UUID, Serve]:
+    """What each of these inference endpoints' replicas serves on (app/endpoints)."""
+    if not endpoint_ids:
+        return {}
+    rows = session.execute(
+        select(Endpoint.id, Endpoint.port, Endpoint.ready_path).where(Endpoint.id.in_(endpoint_ids))
+    )
+    return {i: Serve(port=port, ready_path=path) for i, port, path in rows}
 
 
 class RunNotStartable(Conflict):
@@ -366,6 +380,8 @@ def report(session: Session, caller: NodeCaller, status: StatusReport) -> Status
             news.add(w.id)
         if r.ssh_port is not None and r.state == "running":
             _take_ssh(session, caller, w, r, now)
+        if r.serve_port is not None and r.state == "running" and w.endpoint_id is not None:
+            _take_serve(session, caller, w, r, now)
     stale += len(reported) - len(matched)
     tails = {
         (uuid.UUID(r.workload_id), r.replica): r
@@ -398,6 +414,32 @@ def _take_ssh(
             to_state=w.state,
             reason=f"its SSH server answers: ssh -p {w.ssh_port} root@{w.ssh_host}",
             details={"host": w.ssh_host, "port": w.ssh_port},
+            at=now,
+        )
+
+
+def _take_serve(
+    session: Session, caller: NodeCaller, w: Workload, r: RunReport, now: datetime
+) -> None:
+    """Where a running endpoint replica serves (the node's address, the port its agent
+    published), and when its readiness path first answered: from then the gateway routes
+    to it."""
+    if w.serve_port != r.serve_port or w.serve_host is None:
+        w.serve_port = r.serve_port
+        w.serve_host = session.scalar(
+            select(AgentNode.address).where(AgentNode.node_id == caller.node_id)
+        )
+        w.serve_ready_at = None
+    if r.serve_ready and w.serve_ready_at is None:
+        w.serve_ready_at = now
+        lifecycle.record(
+            session,
+            w,
+            kind="ready",
+            from_state=w.state,
+            to_state=w.state,
+            reason=f"it answers its readiness path at {w.serve_host}:{w.serve_port}",
+            details={"host": w.serve_host, "port": w.serve_port},
             at=now,
         )
 

@@ -28,6 +28,7 @@ from app.cli.billing import billing_cli
 from app.cli.chaos import chaos_cli
 from app.cli.common import DEMO_FLEET, ROOT, console, err, fail
 from app.cli.demo import seed_demo
+from app.cli.endpoints import endpoints_cli
 from app.cli.fleet import fleet_cli
 from app.cli.keys import keys_cli
 from app.cli.secrets import secrets_cli
@@ -54,6 +55,7 @@ cli.add_typer(keys_cli, name="keys")
 cli.add_typer(ssh_keys_cli, name="ssh-keys")
 cli.add_typer(secrets_cli, name="secrets")
 cli.add_typer(volumes_cli, name="volumes")
+cli.add_typer(endpoints_cli, name="endpoints")
 cli.add_typer(workloads_cli, name="workloads")
 cli.add_typer(chaos_cli, name="chaos")
 cli.add_typer(billing_cli, name="billing")
@@ -192,6 +194,19 @@ def up(
         pass
     finally:
         stop_groups(children)
+
+
+@cli.command("gateway")
+def run_gateway(
+    host: str = typer.Option(None, help="Bind address (default RACKPLANE_HOST or 127.0.0.1)."),
+    port: int = typer.Option(None, help="Port (default RACKPLANE_GATEWAY_PORT or 8001)."),
+) -> None:
+    """Run an inference gateway: /e/{endpoint}/... to the endpoints' ready replicas (stateless:
+    run as many as you like, behind one address)."""
+    from app.cli.serve import gateway  # deferred: uvicorn, for the commands that serve
+
+    settings = get_settings()
+    gateway(host or settings.api_host, port or settings.gateway_port or 8001)
 
 
 @cli.command("worker")

@@ -10,6 +10,7 @@ from app.core.db import session_scope
 from app.keys.service import create_key, revoke
 from app.models.keys import ApiKey
 from app.models.tenants import Tenant
+from app.tenancy.auth import TENANT_SCOPES
 
 keys_cli = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 
@@ -19,14 +20,16 @@ def keys_create(
     tenant: str | None = typer.Option(None, help="Tenant slug."),
     platform: bool = typer.Option(False, "--platform", help="An operator key."),
     name: str = typer.Option("cli"),
-    scope: list[str] | None = typer.Option(None, help="read, write or admin (repeat)."),
+    scope: list[str] | None = typer.Option(
+        None, help="read, write, admin or invoke (repeat; invoke: call endpoints only)."
+    ),
 ) -> None:
     """Create an API key and print it (once)."""
     if platform == bool(tenant):
         fail("give either --tenant SLUG or --platform", 2)
     scopes = ["platform"] if platform else list(dict.fromkeys(scope or ["read", "write"]))
-    if not platform and not set(scopes) <= {"read", "write", "admin"}:
-        fail("tenant key scopes are read, write and admin", 2)
+    if not platform and not set(scopes) <= set(TENANT_SCOPES):
+        fail("tenant key scopes are read, write, admin and invoke", 2)
     with session_scope() as session:
         tenant_id = None
         if tenant:

@@ -52,6 +52,35 @@ class _Server(uvicorn.Server):
         os._exit(1)
 
 
+def _gateway(host: str, port: int, log_path) -> subprocess.Popen:
+    """The inference gateway, as a child process in its own session, logging to `log_path`."""
+    out = open(log_path, "ab")  # noqa: SIM115 (the child's, for as long as it runs)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "gateway", "--host", host, "--port", str(port)],
+            cwd=ROOT,
+            env={**os.environ, "RACKPLANE_LOG_FILE": str(log_path)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        out.close()
+
+
+def gateway(host: str, port: int) -> None:
+    """Serve the inference gateway (app/gateway) until SIGTERM or SIGINT."""
+    uvicorn.run(
+        "app.gateway.app:create_gateway",
+        factory=True,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=3,
+    )
+
+
 def serve(
     host: str,
     port: int,
@@ -80,6 +109,12 @@ def serve(
         console.print(
             f"  node agent {local_agent.NODE} (4 made-up GPUs: examples/local-0.yaml), "
             "runs work submitted with region `local`"
+        )
+    if settings.gateway_port:
+        children.append(_gateway(host, settings.gateway_port, logs / "gateway.log"))
+        console.print(
+            f"  gateway    http://{host}:{settings.gateway_port}/e/{{endpoint}}/...  "
+            "(inference endpoints; a key with the `invoke` scope)"
         )
     if worker:
         cmd = worker_command(

@@ -56,6 +56,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "sessions.*": {"queue": "default"},
             "logs.*": {"queue": "default"},
             "placement.*": {"queue": "placement"},
+            "endpoints.*": {"queue": "placement"},
             "workloads.*": {"queue": "provisioning"},
             "health.*": {"queue": "health"},
             "chaos.*": {"queue": "health"},
@@ -73,6 +74,10 @@ def celery_settings(s: Settings) -> dict[str, Any]:
             "sessions.purge": {"task": "sessions.purge", "schedule": 3600.0},
             "logs.prune": {"task": "logs.prune", "schedule": 3600.0},
             "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
+            "endpoints.autoscale": {
+                "task": "endpoints.autoscale",
+                "schedule": s.endpoint_tick_seconds,
+            },
             "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
             "workloads.holds": {"task": "workloads.holds", "schedule": 5.0},
             "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},

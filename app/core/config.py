@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     broker_key_prefix: str = Field(default="", alias="RACKPLANE_BROKER_PREFIX")
     api_host: str = Field(default="127.0.0.1", alias="RACKPLANE_HOST")
     api_port: int = Field(default=8000, alias="RACKPLANE_PORT")
+    # Where `rackplane up` runs its inference gateway (`rackplane gateway`; 0: none).
+    gateway_port: int = Field(default=8001, ge=0, le=65_535, alias="RACKPLANE_GATEWAY_PORT")
     log_level: str = Field(default="INFO", alias="RACKPLANE_LOG_LEVEL")
     log_json: bool = Field(default=True, alias="RACKPLANE_LOG_JSON")
     # Where the logs go: stderr (unset), or this file with only errors on stderr besides
@@ -135,6 +137,24 @@ class Settings(BaseSettings):
     meter_full_pass_seconds: float = Field(default=21600.0, gt=0, alias="RACKPLANE_METER_FULL_PASS")
     budget_eval_seconds: float = Field(default=60.0, gt=0, alias="RACKPLANE_BUDGET_EVAL_SECONDS")
     placement_tick_seconds: float = Field(default=5.0, gt=0, alias="RACKPLANE_PLACEMENT_TICK")
+    # --- inference endpoints (app/endpoints, app/gateway) -----------------------------------
+    # The autoscaler's tick, and Knative's KPA windows: the stable window it averages over (and
+    # the quiet it waits before scaling to zero), the panic window a burst is seen in, and how
+    # long a lower target must hold before replicas go.
+    endpoint_tick_seconds: float = Field(default=1.0, gt=0, alias="RACKPLANE_ENDPOINT_TICK")
+    endpoint_stable_window_s: float = Field(
+        default=60.0, gt=0, alias="RACKPLANE_ENDPOINT_STABLE_WINDOW"
+    )
+    endpoint_panic_window_s: float = Field(
+        default=6.0, gt=0, alias="RACKPLANE_ENDPOINT_PANIC_WINDOW"
+    )
+    endpoint_scale_down_delay_s: float = Field(
+        default=300.0, ge=0, alias="RACKPLANE_ENDPOINT_SCALE_DOWN_DELAY"
+    )
+    # The gateway holds a request for an endpoint with no ready replica this long at most, and
+    # this many per endpoint at most (Knative's activator), while the first replica starts.
+    gateway_hold_s: float = Field(default=90.0, ge=0, alias="RACKPLANE_GATEWAY_HOLD_S")
+    gateway_max_held: int = Field(default=256, ge=0, alias="RACKPLANE_GATEWAY_MAX_HELD")
     # --- the GPU health loop (app/health) ---------------------------------------------------
     max_telemetry_bytes: int = Field(
         default=32 * 1_048_576, gt=0, alias="RACKPLANE_MAX_TELEMETRY_BYTES"

@@ -118,23 +118,41 @@ class Kpa:
         panic_window_s: float = 6.0,
         panic_threshold: float = 2.0,
         scale_down_delay_s: float = 30.0,
+        metric: str = "concurrency",
     ):
         self.bounds, self.target, self.slo = bounds, target_concurrency, slo_p95_ms
         self.stable_s, self.panic_s = stable_window_s, panic_window_s
         self.panic_threshold, self.down_delay_s = panic_threshold, scale_down_delay_s
+        # What a replica takes `target` of: `concurrency` (requests in flight) or `rps`
+        # (Knative's KPA scales on either).
+        self.metric = metric
         self._panic_until: float | None = None
         self._wanted: list[tuple[float, int]] = []  # (at, stable target) over the delay
+
+    @property
+    def memory(self) -> dict:
+        """What it carries from one decision to the next (kept between a controller's ticks):
+        nothing while it is at rest (no panic, and no target above zero to come down from)."""
+        if self._panic_until is None and all(w == 0 for _, w in self._wanted):
+            return {}
+        return {"panic_until": self._panic_until, "wanted": [list(w) for w in self._wanted]}
+
+    def recall(self, memory: dict) -> Kpa:
+        """Take back what `memory` kept; returns itself."""
+        self._panic_until = memory.get("panic_until")
+        self._wanted = [(float(t), int(w)) for t, w in memory.get("wanted", [])]
+        return self
 
     def decide(self, now: float, samples: Sequence[Sample], current: int) -> Decision:
         stable = _window(samples, now, self.stable_s)
         panic = _window(samples, now, self.panic_s)
-        c_stable = _mean([s.concurrency for s in stable])
-        c_panic = _mean([s.concurrency for s in panic])
+        c_stable = _mean([getattr(s, self.metric) for s in stable])
+        c_panic = _mean([getattr(s, self.metric) for s in panic])
         want_stable = math.ceil(c_stable / self.target) if c_stable > 0 else 0
         want_panic = math.ceil(c_panic / self.target) if c_panic > 0 else 0
         inputs: dict = {
-            "concurrency_stable": round(c_stable, 3),
-            "concurrency_panic": round(c_panic, 3),
+            f"{self.metric}_stable": round(c_stable, 3),
+            f"{self.metric}_panic": round(c_panic, 3),
             "want_stable": want_stable,
             "want_panic": want_panic,
         }
@@ -153,9 +171,13 @@ class Kpa:
             return Decision(target, "panic", inputs)
         # Down only by the highest stable target of the delay; to zero only after a stable
         # window without a request.
+        # A sliding maximum: an earlier target no higher than a later one can never be the
+        # maximum again, so only a falling staircase is kept (a few entries, not one a tick).
         self._wanted = [(t, w) for t, w in self._wanted if now - t < self.down_delay_s]
+        while self._wanted and self._wanted[-1][1] <= want_stable:
+            self._wanted.pop()
         self._wanted.append((now, want_stable))
-        target = max(w for _, w in self._wanted)
+        target = self._wanted[0][1]
         if target == 0 and any(s.rps > 0 or s.concurrency > 0 for s in stable):
             target = 1
         return Decision(self.bounds.clip(target), "stable", inputs)

@@ -34,6 +34,7 @@ from app.graphql import subscriptions
 from app.graphql.billing import BillingMutation, BillingQuery
 from app.graphql.chaos import ChaosMutation, ChaosQuery
 from app.graphql.context import Context, get_context
+from app.graphql.endpoints import EndpointMutation, EndpointQuery
 from app.graphql.extensions import (
     CachedParse,
     CachedValidation,
@@ -80,6 +81,7 @@ QUERIES = (
     StackQuery,
     UpgradeQuery,
     VolumeQuery,
+    EndpointQuery,
 )
 MUTATIONS = (
     WorkloadMutation,
@@ -93,20 +95,23 @@ MUTATIONS = (
     StackMutation,
     UpgradeMutation,
     VolumeMutation,
+    EndpointMutation,
 )
 # The root fields' order in the SDL (GraphQL names), as published: by when each was added.
 QUERY_FIELDS = (
     "viewer workloads nodes workload apiKeys quotas capacity usage bill upcomingBill budget "
     "commitments prices dryRun regions racks tenants tenantQuotas utilisation idleTime "
     "fleetHealth fleetMap fleetImport reconciliation tenant chaosExperiments chaosExperiment "
-    "softwareStacks upgrades upgrade bringUp sshKeys secrets volumes"
+    "softwareStacks upgrades upgrade bringUp sshKeys secrets volumes endpoints endpoint "
+    "endpointEvents"
 ).split()
 MUTATION_FIELDS = (
     "submitWorkload terminateWorkload reportCheckpoint requestCheckpoint createApiKey "
     "revokeApiKey setBudget removeBudget setNodeState setTenantQuotas approveTenant "
     "suspendTenant reactivateTenant updateTenant createPrice setNodeHealth setGpuHealth "
     "stopChaosExperiment createStack assignStack startUpgrade resumeUpgrade rollbackUpgrade "
-    "setMigLayout addSshKey deleteSshKey putSecret deleteSecret putVolume deleteVolume"
+    "setMigLayout addSshKey deleteSshKey putSecret deleteSecret putVolume deleteVolume "
+    "createEndpoint updateEndpoint deleteEndpoint"
 ).split()
 SUBSCRIPTION_FIELDS = "workloadEvents fleetChanges workloadLogs".split()
 

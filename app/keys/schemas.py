@@ -9,7 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from app.core.db import utcnow
 from app.core.schemas import NO_NUL_PATTERN, RESOURCE_NAME_PATTERN, OutModel, StrictModel
 
-TenantScope = Literal["read", "write", "admin"]
+TenantScope = Literal["read", "write", "admin", "invoke"]
 
 
 class KeyCreate(StrictModel):

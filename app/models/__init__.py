@@ -12,6 +12,7 @@ from app.models.billing import (
     Price,
 )
 from app.models.chaos import ChaosExperiment, ChaosInjection
+from app.models.endpoints import Endpoint, EndpointEvent, EndpointSample
 from app.models.fleet import FleetImport, Gpu, Node, Rack, Region, SoftwareStack
 from app.models.health import (
     BurnIn,
@@ -55,6 +56,9 @@ __all__ = [
     "MeterExportCursor",
     "Base",
     "ChaosExperiment",
+    "Endpoint",
+    "EndpointEvent",
+    "EndpointSample",
     "ChaosInjection",
     "GpuUsage",
     "MigClaim",

@@ -207,6 +207,15 @@ class Workload(TimestampMixin, Base):
     ssh_host: Mapped[str | None] = mapped_column(String(253), default=None)
     ssh_port: Mapped[int | None] = mapped_column(Integer, default=None)
     ssh_ready_at: Mapped[datetime | None] = mapped_column(default=None)
+    # A replica of an inference endpoint (app/endpoints): the endpoint, and where its current
+    # run serves (the node's address, the port its agent published) and since when it answers
+    # its readiness path. Cleared when it is placed again.
+    endpoint_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("endpoints.id", ondelete="SET NULL"), default=None, index=True
+    )
+    serve_host: Mapped[str | None] = mapped_column(String(253), default=None)
+    serve_port: Mapped[int | None] = mapped_column(Integer, default=None)
+    serve_ready_at: Mapped[datetime | None] = mapped_column(default=None)
     # The signal that asks the process for a checkpoint now (it keeps running).
     checkpoint_signal: Mapped[str] = mapped_column(
         String(12), default="SIGUSR1", server_default="SIGUSR1"

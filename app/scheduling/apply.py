@@ -221,6 +221,7 @@ def _admit(
         w = touched.locked(adm.workload)
         w.attempts = (w.attempts or 0) + 1  # a new run: its agents start it afresh
         w.ssh_host = w.ssh_port = w.ssh_ready_at = None  # the new run's agent reports its own
+        w.serve_host = w.serve_port = w.serve_ready_at = None
         rows = _allocation_rows(world, w, adm, stamp)
         new_allocs += rows
         started += [

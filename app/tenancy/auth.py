@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Annotated, Any
@@ -44,9 +44,17 @@ SECRET_LEN = 40
 _ALPHABET = string.ascii_letters + string.digits
 
 # Scopes. Tenant keys: read < write < admin (each implies those before it). Operators: platform.
-TENANT_SCOPES = ("read", "write", "admin")
+# `invoke`: calling the tenant's inference endpoints through the gateway (app/gateway), and
+# nothing else; only `admin` implies it, so a key handed to an application that calls a model
+# reads and changes nothing, and a key that manages the account calls no model unless meant to.
+TENANT_SCOPES = ("read", "write", "admin", "invoke")
 PLATFORM_SCOPE = "platform"
-_IMPLIED = {"admin": {"admin", "write", "read"}, "write": {"write", "read"}, "read": {"read"}}
+_IMPLIED = {
+    "admin": {"admin", "write", "read", "invoke"},
+    "write": {"write", "read"},
+    "read": {"read"},
+    "invoke": {"invoke"},
+}
 
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer rp_...`")
 _header = APIKeyHeader(
@@ -459,7 +467,14 @@ def key_context(
     if tenant is None:
         ctx = AuthContext(key.id, key.prefix, None, frozenset(key.scopes))
         return ctx, expires_at
+    return tenant_context(session, tenant, key.id, key.prefix, key.scopes), expires_at
 
+
+def tenant_context(
+    session: Session, tenant, key_id: uuid.UUID, key_prefix: str, scopes: Iterable[str]
+) -> AuthContext:
+    """A context acting for `tenant` with these scopes (a key's, or a controller's acting for
+    the tenant: app/endpoints), with what its submissions are checked against."""
     limits = session.execute(
         select(TenantQuota.gpu_model, TenantQuota.limit_milli)
         .where(TenantQuota.tenant_id == tenant.id)
@@ -467,17 +482,16 @@ def key_context(
     ).all()
     exhausted = session.scalar(select(Budget.exhausted_period).where(Budget.tenant_id == tenant.id))
     policy = tenant.isolation_policy
-    ctx = AuthContext(
-        key.id,
-        key.prefix,
-        key.tenant_id,
-        frozenset(key.scopes),
+    return AuthContext(
+        key_id,
+        key_prefix,
+        tenant.id,
+        frozenset(scopes),
         tenant.status,
         tuple(policy) if policy is not None else None,
         tuple((m, limit) for m, limit in limits),
         exhausted,
     )
-    return ctx, expires_at
 
 
 class _AuthCache:

@@ -193,13 +193,17 @@ def check_stack(session: Session, name: str | None) -> None:
         )
 
 
-def submit(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload:
+def submit(
+    session: Session, auth: AuthContext, body: WorkloadCreate, *, endpoint_id: Any = None
+) -> Workload:
     """Store the workload already queued, with both its events (pending, then queued); a job
     array's elements alike, each its own workload (the first is returned). Work that waits for
     its dependencies or its array's limit is queued held back (app/workloads/holds.py). The
     submission path is the API's hottest: Core INSERTs rather than the ORM's unit of work (a
-    third of the request's CPU), so the returned object is not in the session."""
+    third of the request's CPU), so the returned object is not in the session. `endpoint_id`:
+    a replica of that inference endpoint (app/endpoints)."""
     w = build(session, auth, body)
+    w.endpoint_id = endpoint_id
     check_feasible(session, w, body)
     assert auth.tenant_id is not None
     needs = holds.dependencies(session, auth.tenant_id, body.depends_on)

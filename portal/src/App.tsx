@@ -5,6 +5,7 @@ import { Billing } from "./pages/Billing";
 import { BudgetPage } from "./pages/Budget";
 import { Chaos, ChaosExperimentPage } from "./pages/Chaos";
 import { Dashboard } from "./pages/Dashboard";
+import { Endpoints } from "./pages/Endpoints";
 import { Fleet } from "./pages/Fleet";
 import { Health } from "./pages/Health";
 import { Lifecycle } from "./pages/Lifecycle";
@@ -71,6 +72,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
         ["/portal/ssh-keys", "SSH keys"],
         ["/portal/secrets", "Secrets"],
         ["/portal/volumes", "Volumes"],
+        ["/portal/endpoints", "Endpoints"],
       ];
   return (
     <>
@@ -110,6 +112,7 @@ function Shell({ session, onSignedOut }: { session: Session; onSignedOut: () => 
           <Route path="/portal/ssh-keys" component={SshKeys} session={session} />
           <Route path="/portal/secrets" component={Secrets} session={session} />
           <Route path="/portal/volumes" component={Volumes} session={session} />
+          <Route path="/portal/endpoints" component={Endpoints} session={session} />
           <Route path="/portal/fleet" component={Fleet} />
           <Route path="/portal/tenants" component={Tenants} />
           <Route path="/portal/tenants/:id" component={TenantPage} />

@@ -206,6 +206,8 @@ def podman_argv(
             "--env", f"RACKPLANE_SSH_KEYS={keys}",
         ]  # fmt: skip
         command = [SSH_INIT, *command]
+    if assignment.serve is not None and assignment.serve_port is not None:
+        argv += ["--publish", f"{assignment.serve_port}:{assignment.serve.port}/tcp"]
     if assignment.cpu_milli > 0:
         argv += ["--cpus", f"{assignment.cpu_milli / 1000:g}"]
     if assignment.memory_mib > 0:

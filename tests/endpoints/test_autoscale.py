@@ -70,3 +70,24 @@ def test_qps_waits_its_delays_before_moving():
     assert at(out, 140) == 4  # the window still averages the old load, then the delay
     assert at(out, 300) == 1
     assert policy("qps", B, target_qps_per_replica=1).name == "qps"
+
+
+def test_kpa_remembers_little_and_decides_the_same_after_recalling_it():
+    """The controller keeps a Kpa's memory on the endpoint between ticks: a Kpa rebuilt from
+    it each tick decides as one kept alive, and an endpoint at rest remembers nothing."""
+    bounds = Bounds(0, 10)
+    kept = Kpa(bounds, 2.0, scale_down_delay_s=30)
+    memory: dict = {}
+    load = [6.0] * 20 + [1.0] * 40 + [0.0] * 100
+    samples: list[Sample] = []
+    current = 0
+    for t, c in enumerate(load):
+        samples.append(Sample(float(t), c, c))
+        a = kept.decide(float(t), samples, current)
+        rebuilt = Kpa(bounds, 2.0, scale_down_delay_s=30).recall(memory)
+        b = rebuilt.decide(float(t), samples, current)
+        memory = rebuilt.memory
+        assert (a.target, a.mode) == (b.target, b.mode), t
+        assert len(memory.get("wanted", [])) <= 3
+        current = a.target
+    assert current == 0 and memory == {}
