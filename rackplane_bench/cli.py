@@ -1197,3 +1197,35 @@ def bench_instances(
         err.print(f"instances cannot run here: {exc}")
         raise typer.Exit(2) from None
     _emit(result, as_json)
+
+
+@bench_cli.command("serve")
+def bench_serve(
+    day_s: float = typer.Option(14_400.0, min=600, help="Simulated seconds the day lasts."),
+    peak_rps: float = typer.Option(8.0, min=0.1, help="Requests a second at the peak."),
+    burst_x: float = typer.Option(2.0, min=1, help="The burst, as a multiple of the peak."),
+    slo_ms: float = typer.Option(8000.0, min=1, help="A request's latency objective (p95)."),
+    max_replicas: int = typer.Option(8, min=1),
+    cold_start_s: float = typer.Option(20.0, min=0, help="Placement, start and model load."),
+    token_ms: float = typer.Option(
+        None, help="A token's time in a batch of one (default: measured on examples/serve.py)."
+    ),
+    batch_cost: float = typer.Option(
+        None, help="Extra per sequence in a batch (default: measured)."
+    ),
+    seed: int = typer.Option(20261129),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per policy."),
+) -> None:
+    """A day of traffic (night, ramp, burst, plateau, fall) against an endpoint whose replicas
+    serve as examples/serve.py does, under each policy: `static-peak`, `qps` (SkyServe's) and
+    `rackplane` (the controller's KPA): `slo_attainment`, `gpu_hours`, `cold_start_p50_s`,
+    `training_goodput_lost_gpu_h`. See rackplane_bench/serve.py."""
+    from rackplane_bench.serve import Day, Model, Setup, bench
+
+    model = None
+    if token_ms is not None or batch_cost is not None:
+        model = Model(token_ms=token_ms or 20.0, batch_cost=batch_cost or 0.05)
+    setup = Setup(slo_ms=slo_ms, max_replicas=max_replicas, cold_start_s=cold_start_s)
+    day = Day(day_s=day_s, peak_rps=peak_rps, burst_x=burst_x)
+    for doc in bench(day, setup, model, seed, log=lambda line: err.print(line)):
+        _emit(doc, as_json)
