@@ -278,8 +278,15 @@ def test_a_burst_preempts_training_and_a_killed_replica_is_replaced(plane, node,
         target=lambda: answer.append(_complete(gateway, invoke, "burst", 600, timeout=60))
     )
     slow.start()
-    time.sleep(1.0)
-    for pid in _serving_pids(wid):
+
+    def decoding() -> bool:  # the request is in the replica's batch
+        text = httpx.get(f"http://{replica['host']}:{replica['port']}/metrics").text
+        return "serve_sequences_running 1" in text
+
+    wait_until(decoding, timeout=30)
+    pids = _serving_pids(wid)
+    assert pids
+    for pid in pids:
         os.kill(pid, signal.SIGKILL)
     slow.join(timeout=60)
     assert answer and answer[0].status_code == 502, answer and answer[0].text
