@@ -442,10 +442,6 @@ class Topology:
         self.kill(f"redis{i + 1}")
         return i
 
-    def restart_redis(self, i: int) -> None:
-        """A killed Redis node back, as a replica of whoever is master now."""
-        self.start_redis(i)
-
     # ----- stopping -------------------------------------------------------------------------
 
     def stop(self) -> None:

@@ -10,7 +10,6 @@ is recorded changes nothing, and one about a run the control plane no longer hol
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, or_, select
@@ -37,8 +36,9 @@ from app.scheduling.providers import FAILED_RUNS, get_provider
 from app.tenancy.nodes import NodeCaller
 from app.tenancy.run_tokens import STOP_GRACE_S, mint
 from app.workloads import runs as workload_runs
+from app.workloads.disruptions import interrupt_on_fault
 from app.workloads.queueing import kick_placement
-from app.workloads.service import end_in_failure, finish, interrupt_on_fault
+from app.workloads.service import end_in_failure, finish
 from rackplane_wire import (
     Assignment,
     Assignments,
@@ -323,12 +323,6 @@ def _device_ids(a: Allocation, devices: dict[tuple[int, int | None], str]) -> li
 
 
 # --- reports ------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Outcome:
-    started: list[Workload]
-    ended: list[Workload]
 
 
 def report(session: Session, caller: NodeCaller, status: StatusReport) -> StatusAck:

@@ -153,16 +153,6 @@ def set_budget(session: Session, tenant_id: uuid.UUID, **fields: Any) -> Budget:
     return b
 
 
-def alerts_of(session: Session, tenant_id: uuid.UUID, period: str) -> list[BudgetAlert]:
-    return list(
-        session.scalars(
-            scoped_select(tenant_id, BudgetAlert)
-            .where(BudgetAlert.period == period)
-            .order_by(BudgetAlert.created_at, BudgetAlert.metric, BudgetAlert.threshold_pct)
-        )
-    )
-
-
 def view(session: Session, auth: Any, tenant_id: uuid.UUID) -> dict[str, Any]:
     """A tenant's budget with this month's use and alerts (NotFound without one)."""
     b = get_owned(session, auth, Budget, tenant_id, what="budget")

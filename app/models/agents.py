@@ -61,4 +61,3 @@ class AgentNode(Base):
     # What differs between the host's inventory and the fleet's record, in words; empty: none.
     differences: Mapped[list] = mapped_column(JSON, default=list)
     inventory_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_report_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)

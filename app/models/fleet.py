@@ -23,13 +23,6 @@ from sqlalchemy.sql.expression import false as sql_false
 from app.core.db import Base, TimestampMixin, new_id
 from app.models.health import Health
 
-
-class RackKind(str, enum.Enum):
-    nvl72 = "nvl72"
-    hgx = "hgx"
-    pcie = "pcie"
-
-
 # Why a node imported for an agent (fleet file `agent: true`) is validating: no work until
 # its agent joins and passes its bring-up burn-in (app/agents/inventory.py `bring_up`).
 AWAITING_AGENT = "awaiting its agent: no work until it joins and passes its bring-up burn-in"

@@ -171,15 +171,6 @@ def laid_start(
 Layout = tuple[tuple[str, int], ...]
 
 
-def layout_mask(layout: Layout) -> tuple[int, int, int]:
-    """(used memory mask, compute slices, instances) of a layout."""
-    used = compute = 0
-    for key, start in layout:
-        used |= PROFILES[key].mask(start)
-        compute += PROFILES[key].compute
-    return used, compute, len(layout)
-
-
 @lru_cache(maxsize=8)
 def maximal_layouts(
     model: str | None = None, keys: tuple[str, ...] | None = None

@@ -462,16 +462,6 @@ class Snapshot:
         self._w(self.gpu_health, (n, slot), health, n)
         self._reindex(n)
 
-    def set_perf(self, node: str, perf: float) -> None:
-        n = self.node_index[node]
-        self._w(self.node_perf, n, perf, n)
-        self._reindex(n)
-
-    def set_gpu_perf(self, node: str, slot: int, perf: float) -> None:
-        n = self.node_index[node]
-        self._w(self.gpu_perf, (n, slot), perf, n)
-        self._reindex(n)
-
     # --- speed ------------------------------------------------------------------------------
 
     def slot_perf(self, n: int, slot: int) -> float:
@@ -496,9 +486,6 @@ class Snapshot:
         return min(self.slot_perf(n, x) for x in slots[:k])
 
     # --- allocation ----------------------------------------------------------------------------
-
-    def fits_host(self, n: int, cpu: int, mem: int) -> bool:
-        return self.node_cpu_free[n] >= cpu and self.node_mem_free[n] >= mem
 
     def allocate(
         self,
