@@ -75,6 +75,7 @@ lint: install
 	$(BIN)/ruff check app workers tests benchmarks rackplane_bench rackplane_agent rackplane_wire examples scripts
 	$(BIN)/mypy app/placement --ignore-missing-imports
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/private_imports.py
 
 clean:
 	rm -rf .rackplane .pytest_cache .ha

@@ -11,7 +11,9 @@ from sqlalchemy import select, text
 
 from app.core.config import get_settings
 from app.core.db import session_scope
-from app.health import service
+from app.health.incidents import evaluate
+from app.health.repairs import repair_step
+from app.health.response import Outcome
 from app.models.fleet import Node
 from app.models.health import HealthIncident
 from tests.conftest import auth, wait_until
@@ -27,9 +29,9 @@ def _node_id(name: str) -> uuid.UUID:
         return s.scalar(select(Node.id).where(Node.name == name))
 
 
-def _evaluate(name: str, *signals: tuple) -> service.Outcome:
+def _evaluate(name: str, *signals: tuple) -> Outcome:
     with session_scope() as s:
-        return service.evaluate(
+        return evaluate(
             s,
             _node_id(name),
             [
@@ -188,7 +190,7 @@ def test_a_failed_repair_takes_the_gpu_out_of_service(world, session, monkeypatc
     session.commit()
     monkeypatch.setattr(s, "sim_repair_fail_rate", 1.0)  # the provider's reset fails
     with session_scope() as db:
-        assert service.repair_step(db, rep.id) == "failed"
+        assert repair_step(db, rep.id) == "failed"
     assert _history(session, "h3", 5)[-1] == "out_of_service"
     session.rollback()
     cause = session.execute(

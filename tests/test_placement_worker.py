@@ -196,7 +196,7 @@ def test_a_gang_and_a_mig_instance_run_and_terminate(client, world, session, cel
     session.expire_all()
     assert session.scalar(select(func.sum(GpuUsage.milli_used))) == 8000 + 500
     # The quotas' held GPUs (from live allocations) are what the placements hold.
-    from app.workloads.service import usage
+    from app.workloads.quotas import usage
 
     placed: dict[str, int] = {}
     for p in [*g["placement"], slot]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 from fastapi import Depends
 
 from app.chaos import service
+from app.chaos.inject import stop
+from app.chaos.report import experiment_view
 from app.chaos.schemas import ExperimentIn, ExperimentOut, ExperimentState, ExperimentSummaryOut
 from app.core.db import get_or_404
 from app.core.routing import DbSession, api_router
@@ -27,7 +29,7 @@ admin = api_router(prefix="/v1/admin/chaos", tags=["admin: chaos"])
 )
 def start_experiment(body: ExperimentIn, auth: Platform, session: DbSession) -> dict:
     exp = service.start(session, body)
-    return service.experiment_view(session, exp)
+    return experiment_view(session, exp)
 
 
 @admin.get(
@@ -52,7 +54,7 @@ def list_experiments(
     summary="A chaos experiment and its report: times to detect, quarantine, requeue, run",
 )
 def read_experiment(experiment_id: str, auth: Platform, session: DbSession) -> dict:
-    return service.experiment_view(
+    return experiment_view(
         session, get_or_404(session, ChaosExperiment, experiment_id, what="experiment")
     )
 
@@ -64,5 +66,5 @@ def read_experiment(experiment_id: str, auth: Platform, session: DbSession) -> d
 )
 def stop_experiment(experiment_id: str, auth: Platform, session: DbSession) -> dict:
     exp = get_or_404(session, ChaosExperiment, experiment_id, what="experiment", for_update=True)
-    service.stop(session, exp)
-    return service.experiment_view(session, exp)
+    stop(session, exp)
+    return experiment_view(session, exp)

@@ -9,7 +9,8 @@ from app.core.config import get_settings
 from app.core.db import get_or_404, utcnow
 from app.core.errors import PayloadTooLarge, ValidationFailed
 from app.core.routing import DbSession, api_router
-from app.health import burnin, service, telemetry
+from app.health import burnin, telemetry
+from app.health.operators import act
 from app.health.schemas import (
     BringUp,
     FleetHealth,
@@ -19,6 +20,7 @@ from app.health.schemas import (
     TelemetryBatch,
     TelemetryResult,
 )
+from app.health.views import history, summary
 from app.models.fleet import Gpu, Node
 from app.tenancy.auth import Platform
 
@@ -134,7 +136,7 @@ def read_bring_up(auth: Platform, session: DbSession) -> BringUp:
 
 @admin.get("/health", response_model=FleetHealth, summary="Fleet health: what is out and why")
 def fleet_health(auth: Platform, session: DbSession) -> dict:
-    return service.summary(session)
+    return summary(session)
 
 
 @admin.post(
@@ -146,7 +148,7 @@ def node_health_action(
     node_id: str, body: HealthActionIn, auth: Platform, session: DbSession
 ) -> dict:
     node = get_or_404(session, Node, node_id, what="node", for_update=True)
-    return service.act(session, node, None, body.action, body.reason)
+    return act(session, node, None, body.action, body.reason)
 
 
 @admin.post(
@@ -159,7 +161,7 @@ def gpu_health_action(
 ) -> dict:
     gpu = get_or_404(session, Gpu, gpu_id, what="gpu", for_update=True)
     node = get_or_404(session, Node, str(gpu.node_id), what="node", for_update=True)
-    return service.act(session, node, gpu, body.action, body.reason)
+    return act(session, node, gpu, body.action, body.reason)
 
 
 @admin.get(
@@ -176,4 +178,4 @@ def node_health_history(
     session: DbSession,
 ) -> dict:
     node = get_or_404(session, Node, node_id, what="node")
-    return {"items": service.history(session, node, gpu_index, limit)}
+    return {"items": history(session, node, gpu_index, limit)}

@@ -10,7 +10,7 @@ from app.billing import quotes
 from app.core.db import utcnow
 from app.core.routing import DbSession, api_router
 from app.core.schemas import Page, PageParams, text_query
-from app.health.service import report_step_times
+from app.health.pace import report_step_times
 from app.models.tenants import Tenant
 from app.models.workloads import Workload, WorkloadEvent
 from app.scheduling.lifecycle import State

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from app.core.schemas import OutModel, PerCurrency, StrictModel, _strict_schema
+from app.core.schemas import OutModel, PerCurrency, StrictModel, strict_schema
 from app.placement.catalog import GPU_MODELS
 from app.placement.isolation import Tier
 from app.placement.mig import PROFILES, model_profile_names, profile_by_name, profile_names
@@ -25,7 +25,7 @@ PriceShape = Literal[  # type: ignore[valid-type]
 def _price_rules(schema: dict[str, Any], model: type) -> None:
     """A model's own MIG profile name goes with that model (`mig-3g.40gb` with an H100, not a
     B200): stated as anyOf, as `PriceIn._one_vocabulary` checks it."""
-    _strict_schema(schema, model)
+    strict_schema(schema, model)
     groups: dict[frozenset[str], list[str]] = {}
     for name, models in _MIG_NAMES.items():
         groups.setdefault(models, []).append(f"mig-{name}")
@@ -116,7 +116,7 @@ class BillingSummary(OutModel):
 
 
 def _some_limit_schema(schema: dict[str, Any], model: type) -> None:
-    _strict_schema(schema, model)
+    strict_schema(schema, model)
     # At least one limit that is a number (not null).
     schema["anyOf"] = [
         {"required": [f], "properties": {f: schema["properties"][f]["anyOf"][0]}}

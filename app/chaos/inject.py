@@ -23,13 +23,13 @@ from app.chaos.targets import (
     NVLINK_XID,
     THROTTLE_REPORTS,
     Fault,
-    _gpu_indices,
-    _gpu_indices_by_id,
-    _sharers,
+    gpu_indices,
+    gpu_indices_by_id,
+    sharers,
 )
 from app.core.db import as_aware, utcnow
 from app.health import actions, telemetry
-from app.health.service import report_step_times
+from app.health.pace import report_step_times
 from app.models.chaos import ChaosExperiment, ChaosInjection
 from app.models.fleet import Node
 from app.models.workloads import Workload, WorkloadEvent
@@ -37,7 +37,7 @@ from app.placement.catalog import GPU_MODELS
 from app.scheduling import providers
 
 
-def _round(
+def fire_round(
     session: Session,
     exp: ChaosExperiment,
     body: ExperimentIn,
@@ -86,7 +86,7 @@ def _inject(
     lost: list[Node] = []
     noisy: list[tuple[NoisyNeighbourFault, Node, int | None]] = []
     ts = time.time()
-    gpus_of = _gpu_indices(session, [n for f, n, g in plan if g is None])
+    gpus_of = gpu_indices(session, [n for f, n, g in plan if g is None])
     for i, (f, node, gpu) in enumerate(plan):
         session.add(
             ChaosInjection(
@@ -172,7 +172,7 @@ def _make_noise(session: Session, f: NoisyNeighbourFault, node: Node, gpu: int, 
         t = ts - 30 * (THROTTLE_REPORTS - 1 - k)
         telemetry.ingest(session, [(0, key, "DCGM_FI_DEV_GPU_UTIL", 100.0, t)], {key: key})
     session.flush()
-    _loud, *victims = _sharers(session, node, gpu)
+    _loud, *victims = sharers(session, node, gpu)
     for w in victims:
         best = w.step_time_best_s or 1.0
         report_step_times(session, w, {0: best})
@@ -225,7 +225,7 @@ def stop(session: Session, exp: ChaosExperiment, abort_reason: str | None = None
             )
         )
     )
-    domains = _gpu_indices_by_id(session, [i.node_id for i in injections if i.kind == "nvlink"])
+    domains = gpu_indices_by_id(session, [i.node_id for i in injections if i.kind == "nvlink"])
     for inj in injections:
         key = (inj.node, str(inj.gpu_index), None)
         if inj.kind == "node_loss":

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.chaos.targets import SHARED_TIERS
 from app.core.config import get_settings
 from app.core.db import as_aware
-from app.health.service import breaker_limits
+from app.health.breaker import breaker_limits
 from app.health.states import Actor
 from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.health import HealthEvent

@@ -4,9 +4,9 @@ them, within a blast radius; report what the health loop did and whether the inv
 An experiment never writes health states or allocations: its faults are samples handed to the
 same ingest as node agents' (`app.health.telemetry.ingest`), in the experiment's transaction.
 
-Starting and listing experiments live here, as does every name callers use; the rest is in
-`targets` (what a round hits, the blast radius), `inject` (a round's faults, and `stop`),
-`watch` (due rounds, abort conditions), `report` and `invariants`."""
+Starting and listing experiments live here; the rest is in `targets` (what a round hits, the
+blast radius), `inject` (a round's faults, and `stop`), `watch` (due rounds, abort
+conditions), `report` and `invariants`. Callers import each name from where it is defined."""
 
 from __future__ import annotations
 
@@ -18,46 +18,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.audit import service as audit
-from app.chaos.inject import _round, stop
-from app.chaos.report import OUT_STATES, experiment_view, report
+from app.chaos.inject import fire_round
 from app.chaos.schemas import ExperimentIn
 from app.chaos.targets import (
-    NODE_FAULTS,
-    NVLINK_XID,
-    SHARED_TIERS,
-    THROTTLE_REPORTS,
-    BlastRadiusExceeded,
     ChaosDisabled,
-    Fault,
-    NotEnoughTargets,
-    UnknownTarget,
-    _plan,
+    plan_round,
 )
-from app.chaos.watch import check_aborts, fire_due
 from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.schemas import PageParams, paginate
 from app.models.chaos import ChaosExperiment
-
-__all__ = [
-    "NODE_FAULTS",
-    "NVLINK_XID",
-    "OUT_STATES",
-    "SHARED_TIERS",
-    "THROTTLE_REPORTS",
-    "BlastRadiusExceeded",
-    "ChaosDisabled",
-    "Fault",
-    "NotEnoughTargets",
-    "UnknownTarget",
-    "check_aborts",
-    "experiment_view",
-    "fire_due",
-    "list_experiments",
-    "report",
-    "start",
-    "stop",
-]
 
 
 def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
@@ -68,7 +38,7 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
             "Chaos experiments are off on this deployment; set RACKPLANE_CHAOS_ENABLED=true."
         )
     exp_id = uuid.uuid4()
-    plan, touched = _plan(session, body, random.Random(exp_id.int), {})
+    plan, touched = plan_round(session, body, random.Random(exp_id.int), {})
     now = utcnow()
     sched = body.schedule
     first = sched.at.astimezone(UTC) if sched is not None and sched.at is not None else None
@@ -104,7 +74,7 @@ def start(session: Session, body: ExperimentIn) -> ChaosExperiment:
         ],
     )
     if not later:
-        _round(session, exp, body, plan, touched, now)
+        fire_round(session, exp, body, plan, touched, now)
     return exp
 
 

@@ -82,7 +82,7 @@ def _targets(session: Session, f: Fault, rng: random.Random) -> list[tuple[Node,
     target's NVLink domain."""
     found = _named(session, f.target, rng)
     if not isinstance(f, NODE_FAULTS):
-        gpus_of = _gpu_indices(session, [n for n, g in found if g is None])
+        gpus_of = gpu_indices(session, [n for n, g in found if g is None])
         return [(n, x) for n, g in found for x in ([g] if g is not None else gpus_of[n.id])]
     nodes = {n.id: n for n, _ in found}
     if isinstance(f, NvlinkFault):
@@ -173,14 +173,14 @@ def _touched(session: Session, plan: list[tuple[Fault, Node, int | None]]) -> di
     return out
 
 
-def _plan(
+def plan_round(
     session: Session, body: ExperimentIn, rng: random.Random, before: dict[str, int]
 ) -> tuple[list[tuple[Fault, Node, int | None]], dict[str, int]]:
     """The round's targets, checked against the blast radius with the GPUs earlier rounds
     touched (`before`, per region). Returns them and the GPUs they touch per region."""
     plan = [(f, node, gpu) for f in body.faults for node, gpu in _targets(session, f, rng)]
     for f, node, gpu in plan:
-        if isinstance(f, NoisyNeighbourFault) and len(_sharers(session, node, gpu or 0)) < 2:
+        if isinstance(f, NoisyNeighbourFault) and len(sharers(session, node, gpu or 0)) < 2:
             raise NotEnoughTargets(
                 f"GPU {gpu} of {node.name} is not shared by two running workloads "
                 "(time-slicing or MPS): there is no neighbour to be noisy."
@@ -215,7 +215,7 @@ def _plan(
     return plan, {r: len(g) for r, g in touched.items()}
 
 
-def _sharers(session: Session, node: Node, gpu: int) -> list:
+def sharers(session: Session, node: Node, gpu: int) -> list:
     """Running workloads sharing GPU `gpu` of `node` (time-slicing, MPS), largest share first."""
     rows = session.execute(
         select(Workload, Allocation.milli, Allocation.gpu_indices)
@@ -232,11 +232,11 @@ def _sharers(session: Session, node: Node, gpu: int) -> list:
     return [w for w, _ in mine]
 
 
-def _gpu_indices(session: Session, nodes: list[Node]) -> dict[uuid.UUID, list[int]]:
-    return _gpu_indices_by_id(session, [n.id for n in nodes])
+def gpu_indices(session: Session, nodes: list[Node]) -> dict[uuid.UUID, list[int]]:
+    return gpu_indices_by_id(session, [n.id for n in nodes])
 
 
-def _gpu_indices_by_id(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID, list[int]]:
+def gpu_indices_by_id(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID, list[int]]:
     out: dict[uuid.UUID, list[int]] = {i: [] for i in ids}
     if ids:
         for node_id, index in session.execute(

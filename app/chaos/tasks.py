@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from app.chaos import service
+from app.chaos.watch import check_aborts, fire_due
 from app.core.db import session_scope
 from app.core.logging import get_logger
 
@@ -16,9 +16,9 @@ def watch() -> int:
     """Beat: abort running experiments whose abort condition holds (undoing what they did);
     run the rounds of scheduled experiments that are due."""
     with session_scope() as session:
-        aborted = service.check_aborts(session)
+        aborted = check_aborts(session)
     with session_scope() as session:
-        fired = service.fire_due(session)
+        fired = fire_due(session)
     if aborted:
         log.warning("chaos_aborted", experiments=[str(x) for x in aborted])
     if fired:

@@ -9,9 +9,9 @@ import uuid
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.chaos.inject import _round, stop
+from app.chaos.inject import fire_round, stop
 from app.chaos.schemas import ExperimentIn
-from app.chaos.targets import BlastRadiusExceeded, NotEnoughTargets, UnknownTarget, _plan
+from app.chaos.targets import BlastRadiusExceeded, NotEnoughTargets, UnknownTarget, plan_round
 from app.core.db import utcnow
 from app.models.chaos import ChaosExperiment
 from app.models.fleet import Gpu, Node
@@ -46,12 +46,12 @@ def fire_due(session: Session) -> list[uuid.UUID]:
         body = ExperimentIn.model_validate(exp.spec)
         try:
             with session.begin_nested():
-                plan, touched = _plan(
+                plan, touched = plan_round(
                     session, body, random.Random(exp.id.int + exp.rounds), exp.touched or {}
                 )
                 if exp.state == "scheduled":
                     exp.state, exp.started_at = "running", now
-                _round(session, exp, body, plan, touched, now)
+                fire_round(session, exp, body, plan, touched, now)
         except (BlastRadiusExceeded, NotEnoughTargets, UnknownTarget) as e:
             stop(session, exp, abort_reason=f"round {exp.rounds + 1}: {e.detail}")
             continue

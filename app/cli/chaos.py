@@ -10,7 +10,10 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from app.chaos import service as chaos_service
+from app.chaos.inject import stop
+from app.chaos.report import experiment_view
 from app.chaos.schemas import ExperimentIn, ExperimentOut, ExperimentState, ExperimentSummaryOut
+from app.chaos.targets import ChaosDisabled
 from app.cli.common import console, fail
 from app.core.db import get_or_404, session_scope
 from app.core.errors import AppError
@@ -135,10 +138,10 @@ def chaos_inject(
             }
         )
         with session_scope() as session:
-            out = chaos_service.experiment_view(session, chaos_service.start(session, body))
+            out = experiment_view(session, chaos_service.start(session, body))
     except ValidationError as exc:
         fail("; ".join(e["msg"] for e in exc.errors()), 2)
-    except chaos_service.ChaosDisabled:
+    except ChaosDisabled:
         # The CLI is a process of its own that writes to the database itself: it reads the
         # switch as the server does (its environment, then ./.env), not from the server. Set
         # where both read it, they agree.
@@ -195,7 +198,7 @@ def chaos_report(experiment: str, as_json: bool = typer.Option(False, "--json"))
     """An experiment's report: per fault, the health loop's times; the invariants."""
     try:
         with session_scope() as session:
-            out = chaos_service.experiment_view(
+            out = experiment_view(
                 session, get_or_404(session, ChaosExperiment, experiment, what="experiment")
             )
     except AppError as exc:
@@ -211,8 +214,8 @@ def chaos_stop(experiment: str) -> None:
             exp = get_or_404(
                 session, ChaosExperiment, experiment, what="experiment", for_update=True
             )
-            chaos_service.stop(session, exp)
-            out = chaos_service.experiment_view(session, exp)
+            stop(session, exp)
+            out = experiment_view(session, exp)
     except AppError as exc:
         fail(exc.detail, 2)
     _chaos_print(out, False)

@@ -18,6 +18,7 @@ from app.models.tenants import Tenant
 from app.tenancy.auth import key_context
 from app.tenants.service import create_tenant
 from app.workloads import service as workloads
+from app.workloads.quotas import set_quotas
 from app.workloads.schemas import QuotaIn, WorkloadCreate
 
 # The demo tenant's quotas, budget and work, so the portal has something to show from the first
@@ -109,7 +110,7 @@ def seed_demo() -> dict | None:
 def _seed_demo_work(session, tenant, key) -> None:
     """Through the service, as the tenant's own requests would go (refusals are logged, not
     fatal: the demo starts whatever the catalogue says)."""
-    workloads.set_quotas(session, tenant.id, [QuotaIn(**q) for q in DEMO_QUOTAS])
+    set_quotas(session, tenant.id, [QuotaIn(**q) for q in DEMO_QUOTAS])
     set_budget(session, tenant.id, currency="usd", spend_limit=2_000_000)  # $20,000 a month
     auth, _ = key_context(session, session.get(ApiKey, key.id), tenant, utcnow())
     for spec in DEMO_WORK:

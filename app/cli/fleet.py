@@ -19,8 +19,9 @@ from app.core.errors import AppError
 from app.fleet import document, upgrades
 from app.fleet.schemas import UpgradeCreate
 from app.fleet.service import apply_document, capacity, refuse_conflicts
+from app.health.operators import operator_action
 from app.health.schemas import FleetHealth
-from app.health.service import history, operator_action, summary
+from app.health.views import history, summary
 from app.models.fleet import Gpu, Node
 from app.stacks import service as stacks
 from app.stacks.schemas import StackAssign, StackCreate

@@ -34,7 +34,7 @@ T = TypeVar("T")
 NO_NUL_PATTERN = "^[^\\u0000]*$"
 # A tenant's named things that other requests refer to by name (SSH keys, secrets).
 RESOURCE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,63}$"
-# Free text in bodies: no NUL, and no space, tab or line break at either end (see _text_error).
+# Free text in bodies: no NUL, and no space, tab or line break at either end (see text_error).
 TEXT_PATTERN = "^([^\\u0000 \\t\\n\\r]([^\\u0000]*[^\\u0000 \\t\\n\\r])?)?$"
 # Billing months: YYYY-MM from 1970-01 to 2999-12 (a window the ledger's instants can hold).
 PERIOD_PATTERN = r"^(19[7-9][0-9]|2[0-9]{3})-(0[1-9]|1[0-2])$"
@@ -76,7 +76,7 @@ def _no_nul_in_schema(node: Any) -> None:
             _no_nul_in_schema(value)
 
 
-def _strict_schema(schema: dict[str, Any], _model: type) -> None:
+def strict_schema(schema: dict[str, Any], _model: type) -> None:
     _no_nul_in_schema(schema.get("properties", {}))
 
 
@@ -120,7 +120,7 @@ def _json_type_error(kind: type, value: Any) -> str | None:
 _EDGE = " \t\n\r"
 
 
-def _text_error(value: Any) -> str | None:
+def text_error(value: Any) -> str | None:
     if isinstance(value, str):
         if "\x00" in value:
             return "text may not contain the NUL character (U+0000)"
@@ -128,9 +128,9 @@ def _text_error(value: Any) -> str | None:
             return "text may not start or end with a space, tab or line break"
         return None
     if isinstance(value, dict):
-        return next((e for k, v in value.items() if (e := _text_error(k) or _text_error(v))), None)
+        return next((e for k, v in value.items() if (e := text_error(k) or text_error(v))), None)
     if isinstance(value, list | tuple):
-        return next((e for v in value if (e := _text_error(v))), None)
+        return next((e for v in value if (e := text_error(v))), None)
     return None
 
 
@@ -140,12 +140,12 @@ class StrictModel(BaseModel):
     text holds a NUL character (a clear 422 naming the field, instead of the database's
     refusal)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_strict_schema)
+    model_config = ConfigDict(extra="forbid", json_schema_extra=strict_schema)
 
     @field_validator("*", mode="before")
     @classmethod
     def _json_values(cls, value: Any, info: ValidationInfo) -> Any:
-        error = _text_error(value)
+        error = text_error(value)
         if error is None and value is not None and info.field_name is not None:
             kind = _scalar(cls.model_fields[info.field_name].annotation)
             error = _json_type_error(kind, value) if kind is not None else None
@@ -164,7 +164,7 @@ PerCurrency = Annotated[dict[str, int], PerCurrencyMarker()]
 
 def cursor_of(row: Any) -> str:
     """The cursor after `row` in a keyset page over (created_at, id) (see `paginate`)."""
-    return _encode(row.created_at, row.id)
+    return encode_cursor(row.created_at, row.id)
 
 
 class OutModel(BaseModel):
@@ -206,7 +206,7 @@ class InvalidCursor(AppError):
     status, code, title = 400, "invalid_cursor", "Invalid cursor"
 
 
-def _encode(created_at: datetime, obj_id: Any) -> str:
+def encode_cursor(created_at: datetime, obj_id: Any) -> str:
     raw = json.dumps([created_at.isoformat(), str(obj_id)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -231,5 +231,5 @@ def paginate(
     nxt = None
     if len(rows) > page.limit:
         rows = rows[: page.limit]
-        nxt = _encode(rows[-1].created_at, rows[-1].id)
+        nxt = encode_cursor(rows[-1].created_at, rows[-1].id)
     return rows, nxt

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from app.core.schemas import RESOURCE_NAME_PATTERN, OutModel, StrictModel, _strict_schema
+from app.core.schemas import RESOURCE_NAME_PATTERN, OutModel, StrictModel, strict_schema
 from app.workloads.schemas import Priority, WorkloadCreate
 
 # What of a workload submission describes one replica: its shape, tier and what it runs. The
@@ -49,7 +49,7 @@ EndpointReplica: Any = create_model(  # type: ignore[call-overload]
 
 def _one_slo(schema: dict[str, Any], model: type) -> None:
     """Exactly one of the two, stated in the JSON Schema so clients and fuzzers see it."""
-    _strict_schema(schema, model)
+    strict_schema(schema, model)
     null = {"type": "null"}
     schema["oneOf"] = [
         {"required": ["p95_ms"], "properties": {"p95_ms": {"type": "integer"}, "ttft_ms": null}},

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from app.core.schemas import OutModel, StrictModel, _strict_schema
+from app.core.schemas import OutModel, StrictModel, strict_schema
 from app.health.states import Health
 from app.models.fleet import ImportStatus, NodeState
 from app.stacks.schemas import NAME as STACK_NAME
@@ -155,7 +155,7 @@ class Capacity(BaseModel):
 
 def _one_scope(schema: dict, model: type) -> None:
     """`UpgradeCreate`'s rule in its JSON Schema: exactly one of region or pool."""
-    _strict_schema(schema, model)
+    strict_schema(schema, model)
     null = {"type": "null"}
     name = {"type": "string", "pattern": STACK_NAME}
     schema["oneOf"] = [

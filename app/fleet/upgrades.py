@@ -83,7 +83,7 @@ from app.outbox.service import enqueue
 from app.placement.model import cuda_code
 from app.stacks import service as stacks
 from app.workloads.disruptions import tell_owner
-from app.workloads.service import kick_placement
+from app.workloads.queueing import kick_placement
 from rackplane_wire import BurnInStep
 
 # Install order: the image first (a reimage), firmware before the driver that loads it, the

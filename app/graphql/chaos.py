@@ -7,6 +7,8 @@ from __future__ import annotations
 import strawberry
 
 from app.chaos import service as chaos
+from app.chaos.inject import stop
+from app.chaos.report import experiment_view
 from app.chaos.schemas import (
     ExperimentOut,
     ExperimentState,
@@ -72,7 +74,7 @@ class ChaosQuery:
     def chaos_experiment(self, info: Info, id: strawberry.ID) -> ChaosExperimentView:  # type: ignore[valid-type]
         session = info.context.session
         exp = get_or_404(session, ChaosExperiment, str(id), what="experiment")
-        return shape(ExperimentOut, chaos.experiment_view(session, exp))
+        return shape(ExperimentOut, experiment_view(session, exp))
 
 
 @strawberry.type
@@ -88,7 +90,7 @@ class ChaosMutation:
             exp = get_or_404(
                 ctx.session, ChaosExperiment, str(id), what="experiment", for_update=True
             )
-            chaos.stop(ctx.session, exp)
-            return {}, exp, shape(ExperimentOut, chaos.experiment_view(ctx.session, exp))
+            stop(ctx.session, exp)
+            return {}, exp, shape(ExperimentOut, experiment_view(ctx.session, exp))
 
         return run_mutation(info, "stopChaosExperiment", act)

@@ -18,7 +18,8 @@ from app.graphql.permissions import IsOperator
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
 from app.health import burnin, idle
-from app.health import service as health_service
+from app.health import operators as health_operators
+from app.health import views as health_views
 from app.health.schemas import BringUp, FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
 from app.models.fleet import Gpu as GpuRow
 from app.models.fleet import Node as NodeRow
@@ -73,7 +74,7 @@ class HealthQuery:
         description="Operators: the fleet's health, incidents and breaker state",
     )
     def fleet_health(self, info: Info) -> FleetHealthView:  # type: ignore[valid-type]
-        return shape(FleetHealth, health_service.summary(info.context.session))
+        return shape(FleetHealth, health_views.summary(info.context.session))
 
     @strawberry.field(
         permission_classes=[IsOperator],
@@ -101,7 +102,7 @@ class HealthMutation:
             require_platform(ctx.auth)
             body = parse(HealthActionIn, input)
             node = get_or_404(ctx.session, NodeRow, str(id), what="node", for_update=True)
-            done = health_service.act(ctx.session, node, None, body.action, body.reason)
+            done = health_operators.act(ctx.session, node, None, body.action, body.reason)
             return {"node_id": str(node.id), "body": body}, None, shape(HealthActionOut, done)
 
         return run_mutation(info, "setNodeHealth", act)
@@ -123,7 +124,7 @@ class HealthMutation:
             require_platform(ctx.auth)
             body = parse(HealthActionIn, input)
             gpu, node = _gpu(ctx, node_id, gpu_index)
-            done = health_service.act(ctx.session, node, gpu, body.action, body.reason)
+            done = health_operators.act(ctx.session, node, gpu, body.action, body.reason)
             params = {"gpu_id": str(gpu.id), "node_id": str(node.id), "gpu_index": gpu.index}
             return {**params, "body": body}, None, shape(HealthActionOut, done)
 

@@ -17,7 +17,7 @@ import strawberry
 from app.core.db import as_aware, get_sessionmaker
 from app.core.errors import AppError, ValidationFailed
 from app.graphql.context import Context, coded
-from app.graphql.subscriptions import _reader, _still_allowed
+from app.graphql.subscriptions import log_reader
 from app.graphql.views import BigInt
 from app.logs import follow as following
 from app.logs import service
@@ -76,7 +76,7 @@ class LogSubscription:
         context = info.context
         try:  # refusals as REST's, raised here: the subscription never starts
             auth = context.auth
-            _reader(auth)
+            log_reader(auth)
             if replica is not None and not 0 <= replica <= 4095:
                 raise ValidationFailed("replica is 0 to 4095.", code="invalid_replica")
             if after is not None and not 0 <= after <= 2**63 - 1:
@@ -89,7 +89,7 @@ class LogSubscription:
             raise coded(e) from e
 
         async def still_allowed() -> None:
-            await _still_allowed(context, _reader)
+            await still_allowed(context, log_reader)
 
         async def chunks() -> AsyncGenerator[WorkloadLogChunk, None]:
             events = following.follow(

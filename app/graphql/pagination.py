@@ -9,7 +9,7 @@ from typing import Any, Generic, TypeVar
 import strawberry
 
 from app.core.errors import ValidationFailed
-from app.core.schemas import PageParams, _encode, cursor_of
+from app.core.schemas import PageParams, cursor_of, encode_cursor
 
 MAX_PAGE = 500  # as REST's limit
 
@@ -54,4 +54,4 @@ def page_params(first: int, after: str | None) -> PageParams:
 
 def edge_cursor(row: Any) -> str:
     """A row's cursor in a hand-made connection (workloads, nodes): its creation and id."""
-    return _encode(row.created_at, row.id)
+    return encode_cursor(row.created_at, row.id)

@@ -12,7 +12,7 @@ from pydantic import ValidationError as PydanticError
 from app.core.errors import AppError, Conflict, Forbidden, NotFound, ValidationFailed
 from app.graphql.views import camel, field_errors
 from app.workloads.budget_gate import BudgetExhausted as Exhausted
-from app.workloads.service import QuotaLimitExceeded
+from app.workloads.quotas import QuotaLimitExceeded
 from app.workloads.tiers import IsolationRefused
 
 

@@ -12,7 +12,7 @@ from app.graphql.views import input_view, parse, shape, view
 from app.models.tenants import Tenant
 from app.tenancy.auth import require_platform
 from app.tenancy.scoping import get_owned
-from app.workloads import service as workloads_service
+from app.workloads.quotas import quota_list, set_quotas
 from app.workloads.schemas import QuotaList, QuotaOut, QuotaSet
 
 Quota = view(QuotaOut, "Quota", "A quota per GPU model and what the tenant holds and queues")
@@ -36,9 +36,7 @@ class QuotaQuery:
     )
     def quotas(self, info: Info) -> list[Quota]:  # type: ignore[valid-type]
         auth = info.context.auth
-        return shape(
-            QuotaList, workloads_service.quota_list(info.context.session, auth.tenant_id)
-        ).items
+        return shape(QuotaList, quota_list(info.context.session, auth.tenant_id)).items
 
     @strawberry.field(
         permission_classes=[IsOperator], description="Operators: a tenant's quotas and use"
@@ -46,7 +44,7 @@ class QuotaQuery:
     def tenant_quotas(self, info: Info, tenant_id: strawberry.ID) -> list[Quota]:  # type: ignore[valid-type]
         auth = info.context.auth
         tenant = get_owned(info.context.session, auth, Tenant, str(tenant_id), what="tenant")
-        return shape(QuotaList, workloads_service.quota_list(info.context.session, tenant.id)).items
+        return shape(QuotaList, quota_list(info.context.session, tenant.id)).items
 
 
 @strawberry.type
@@ -63,9 +61,9 @@ class QuotaMutation:
             require_platform(ctx.auth)
             body = parse(QuotaSet, input)
             tenant = get_owned(ctx.session, ctx.auth, Tenant, str(tenant_id), what="tenant")
-            workloads_service.set_quotas(ctx.session, tenant.id, body.quotas)
+            set_quotas(ctx.session, tenant.id, body.quotas)
             ctx.session.flush()
-            quotas = shape(QuotaList, workloads_service.quota_list(ctx.session, tenant.id)).items
+            quotas = shape(QuotaList, quota_list(ctx.session, tenant.id)).items
             done = QuotaSetDone(tenant_id=strawberry.ID(str(tenant.id)), quotas=quotas)
             return {"tenant_id": str(tenant.id), "body": body}, None, done
 

@@ -42,7 +42,7 @@ from app.core.errors import AppError, ValidationFailed
 from app.graphql.context import Context, coded, sign_in
 from app.graphql.views import text_args
 from app.graphql.workloads import WorkloadEvent
-from app.health.service import FLEET_TOPIC
+from app.health.transitions import FLEET_TOPIC
 from app.models.fleet import Node
 from app.models.health import HealthEvent
 from app.models.workloads import Workload
@@ -180,7 +180,7 @@ async def _follow(
                     cursor = horizon  # everything up to the horizon is read (and settled)
             if time.monotonic() - checked > RECHECK_S:
                 checked = time.monotonic()
-                await _still_allowed(context, allowed)
+                await still_allowed(context, allowed)
             woken = await waiter.wait(tail.GRACE_S if held else POLL_S)
             # Woken: a read started after the wake-up sees what woke it (and is shared with
             # the waiters woken with it). Not: a poll, of what committed until now.
@@ -189,7 +189,7 @@ async def _follow(
         pubsub.hub.unregister(waiter)
 
 
-async def _still_allowed(context: Context, allowed: Callable[[AuthContext], None]) -> None:
+async def still_allowed(context: Context, allowed: Callable[[AuthContext], None]) -> None:
     """The key again, as it is now (revoked, expired, its tenant suspended: the end)."""
     cred = getattr(context, "_ws_cred", None)
     if cred is None:
@@ -200,7 +200,7 @@ async def _still_allowed(context: Context, allowed: Callable[[AuthContext], None
         raise coded(e) from e
 
 
-def _reader(auth: AuthContext) -> None:
+def log_reader(auth: AuthContext) -> None:
     if not auth.is_platform:
         require_tenant_scope(auth, "read")
 
@@ -224,7 +224,7 @@ class Subscription:
     ) -> AsyncGenerator[WorkloadEventUpdate, None]:
         try:  # refusals as REST's, raised here: a subscription's errors are its own
             auth = info.context.auth
-            _reader(auth)
+            log_reader(auth)
             cursor = _start(after)
             # One lookup by primary key, here rather than in the stream: a refusal is the
             # protocol's `error` (the subscription never starts), not an item of it.
@@ -244,7 +244,7 @@ class Subscription:
             with get_sessionmaker()() as s:
                 return [_event(e) for e in s.scalars(stmt.order_by(Row.id).limit(limit))]
 
-        return _follow(info.context, _reader, "workload_events", matches, read, cursor)
+        return _follow(info.context, log_reader, "workload_events", matches, read, cursor)
 
     @strawberry.subscription(
         description="Operators: health transitions of nodes and GPUs in log order: replayed "

@@ -23,7 +23,7 @@ from strawberry.experimental.pydantic import type as pydantic_type
 from strawberry.scalars import JSON
 
 from app.core.errors import ValidationFailed
-from app.core.schemas import PerCurrencyMarker, _text_error
+from app.core.schemas import PerCurrencyMarker, text_error
 
 BigInt = NewType("BigInt", int)
 
@@ -211,6 +211,6 @@ def text_args(**values: Any) -> None:
     """Free-text arguments as REST takes free text: no NUL, no blank at either end (a 422-like
     `validation_error` naming the argument, never the database's refusal)."""
     for name, value in values.items():
-        error = _text_error(value) if value is not None else None
+        error = text_error(value) if value is not None else None
         if error:
             raise ValidationFailed(f"{camel(name)}: {error}.", code="validation_error")

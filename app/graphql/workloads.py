@@ -27,7 +27,8 @@ from app.placement.model import cuda_text
 from app.scheduling.lifecycle import State
 from app.tenancy.auth import require_tenant_scope
 from app.tenancy.scoping import get_owned
-from app.workloads import restarts, service
+from app.workloads import reads, restarts, service
+from app.workloads.reads import attach_pending, list_workloads
 from app.workloads.schemas import (
     ArrayOut,
     CheckpointIn,
@@ -250,7 +251,7 @@ class Workload:
         description="The Kubernetes manifest a real cluster would run for it (placed workloads)"
     )
     async def manifest(self, info: strawberry.Info) -> JSON:
-        return await info.context.run(service.manifest, info.context.session, self._row)
+        return await info.context.run(reads.manifest, info.context.session, self._row)
 
     @classmethod
     def of(cls, w: Any, events: list[Any] | None = None) -> Workload:
@@ -396,7 +397,7 @@ class WorkloadQuery:
         array = node_id(str(array_id)) if array_id is not None else None
         if array_id is not None and array is None:
             raise ValidationFailed(f"No job array {array_id!r}.", code="validation_error")
-        rows, nxt = service.list_workloads(
+        rows, nxt = list_workloads(
             info.context.session,
             auth,
             page,
@@ -432,7 +433,7 @@ class WorkloadQuery:
         if wid is None:
             raise NotFound(f"No workload with id {id}.", code="workload_not_found")
         w = get_owned(info.context.session, auth, Row, str(wid), what="workload")
-        return Workload.of(service.attach_pending(info.context.session, [w])[0])
+        return Workload.of(attach_pending(info.context.session, [w])[0])
 
     @strawberry.field(
         permission_classes=[TenantRead],

@@ -27,7 +27,7 @@ from app.models.health import BurnIn, HealthRepair, NodeHeartbeat
 from app.models.workloads import Allocation
 from app.outbox.service import enqueue
 from app.scheduling import lifecycle
-from app.workloads.service import kick_placement
+from app.workloads.queueing import kick_placement
 from rackplane_wire import BurnInReport
 
 

@@ -12,8 +12,8 @@ from app.health.states import Actor, Health
 from app.health.transitions import H, move, where
 from app.models.fleet import Gpu, Node
 from app.models.health import NodeHeartbeat
-from app.workloads import service as workloads
-from app.workloads.service import kick_placement
+from app.workloads.disruptions import interrupt_on_fault
+from app.workloads.queueing import kick_placement
 
 OPERATOR_ACTIONS = ("quarantine", "release", "retire")
 
@@ -60,7 +60,7 @@ def operator_action(
     if current is to:
         return current.value
     states.check(current, to, Actor.operator, node=is_node)
-    workloads.interrupt_on_fault(
+    interrupt_on_fault(
         session,
         node,
         None if is_node else [gpu.index],  # type: ignore[union-attr]

@@ -15,7 +15,8 @@ from app.models.health import GpuTelemetry
 from app.models.workloads import Allocation, Workload
 from app.placement.perf import from_step_times, worth_writing
 from app.scheduling.lifecycle import State
-from app.workloads.service import NotRunning, tell_owner
+from app.workloads.disruptions import tell_owner
+from app.workloads.service import NotRunning
 
 
 class NoRanks(Conflict):

@@ -24,7 +24,7 @@ from app.models.fleet import Gpu, Node
 from app.models.health import HealthIncident, HealthRepair, NodeHeartbeat
 from app.outbox.service import enqueue
 from app.scheduling.providers import get_provider
-from app.workloads.service import kick_placement
+from app.workloads.queueing import kick_placement
 
 WHAT = {"reboot": "node reboot", "reset": "GPU reset", "return": "node agent's return"}
 

@@ -24,7 +24,7 @@ from app.health.states import Actor
 from app.health.transitions import H, Where, move
 from app.models.fleet import Gpu, Node
 from app.models.health import HealthIncident
-from app.workloads import service as workloads
+from app.workloads.disruptions import health_notice, interrupt_on_fault
 
 log = get_logger(__name__)
 USABLE = (H.healthy.value, H.suspect.value)
@@ -54,7 +54,7 @@ def notify_or_watch(
         move(session, at, gpu, H.suspect, words, incident=inc, now=now)
     if rule.action is Action.watch:
         words += ": the GPU is watched; the work keeps running"
-    out.notified += workloads.health_notice(
+    out.notified += health_notice(
         session,
         at.node.id,
         [gpu.index] if gpu is not None else None,
@@ -188,7 +188,7 @@ def _stop_work(
     """Stop the work the fault hit; how many workloads stopped."""
     # Whose work stops: the GPU's, the node's, or the NVLink domain's multi-GPU work.
     stop_scope = "domain" if scope is Scope.domain else "node" if node_level else "gpu"
-    return workloads.interrupt_on_fault(
+    return interrupt_on_fault(
         session,
         node,
         [g.index for g in named] if stop_scope == "gpu" else None,

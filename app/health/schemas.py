@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from app.core.schemas import OutModel, StrictModel, _strict_schema
+from app.core.schemas import OutModel, StrictModel, strict_schema
 
 FIELD_PATTERN = r"^[A-Za-z_:][A-Za-z0-9_:]*$"
 HOST_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
@@ -14,7 +14,7 @@ UUID_PATTERN = r"^GPU-[0-9A-Za-z-]{1,60}$"
 
 
 def _names_a_gpu_schema(schema: dict) -> None:
-    _strict_schema(schema, TelemetrySample)
+    strict_schema(schema, TelemetrySample)
     # As the validator below says: node and gpu, or uuid (not null).
     schema["anyOf"] = [
         {"properties": {"uuid": {"type": "string", "pattern": UUID_PATTERN}}, "required": ["uuid"]},

@@ -14,7 +14,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.core.config import get_settings
 from app.core.db import RETRY_DB, as_aware, session_scope, utcnow
 from app.core.logging import get_logger
-from app.health import burnin, idle, repairs, service
+from app.health import burnin, idle, incidents, repairs, transitions
 from app.health.states import Health
 from app.models.fleet import Gpu, Node
 from app.models.health import HealthIncident, HealthRepair, IdleIron, IncidentState, NodeHeartbeat
@@ -22,7 +22,7 @@ from app.models.workloads import Allocation, Workload
 from app.outbox.service import enqueue
 from app.scheduling.cycle import dry_run
 from app.scheduling.lifecycle import State
-from app.workloads.service import move_off_suspect
+from app.workloads.disruptions import move_off_suspect
 
 log = get_logger(__name__)
 H = Health
@@ -45,9 +45,9 @@ def _task(name: str):
 
 @_task("health.evaluate")
 def evaluate(node_id: str, signals: list[dict]) -> dict:
-    """Classify a node's new fault signals and act (service.evaluate)."""
+    """Classify a node's new fault signals and act (incidents.evaluate)."""
     with session_scope() as session:
-        out = service.evaluate(session, uuid.UUID(node_id), signals)
+        out = incidents.evaluate(session, uuid.UUID(node_id), signals)
     if out.incident is not None:
         log.info(
             "health_incident",
@@ -64,7 +64,7 @@ def evaluate(node_id: str, signals: list[dict]) -> dict:
 @_task("health.repair")
 def repair(repair_id: str) -> str:
     with session_scope() as session:
-        return service.repair_step(session, uuid.UUID(repair_id))
+        return repairs.repair_step(session, uuid.UUID(repair_id))
 
 
 @_task("health.migrate")
@@ -190,9 +190,9 @@ def _silent_or_back(session: Session, now: datetime) -> tuple[int, int]:
         ):
             node = session.scalar(select(Node).where(Node.id == node_id).with_for_update())
             if node is not None and node.health == H.unreachable.value:
-                at = service.where(session, node)
-                service.move(session, at, node, H.validating, "the node agent reports again")
-                service.start_validation(session, node, [], "return", now)
+                at = transitions.where(session, node)
+                transitions.move(session, at, node, H.validating, "the node agent reports again")
+                repairs.start_validation(session, node, [], "return", now)
                 back += 1
         elif (
             seen >= silent_since
@@ -250,9 +250,9 @@ def _clear_suspects(session: Session, now: datetime) -> int:
         node = session.get(Node, gpu.node_id)
         if node is None:
             continue
-        service.move(
+        transitions.move(
             session,
-            service.where(session, node),
+            transitions.where(session, node),
             gpu,
             H.healthy,
             "no new fault evidence within the watch window",

@@ -6,11 +6,11 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
-from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel, _strict_schema
+from app.core.schemas import MAX_JSON_INT, OutModel, StrictModel, strict_schema
 
 
 def _event_rules(schema: dict[str, Any], model: type) -> None:
-    _strict_schema(schema, model)
+    strict_schema(schema, model)
     schema["anyOf"] = [  # the rules of `_consistent`, stated
         {
             "required": ["quantity"],

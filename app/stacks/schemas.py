@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from app.core.schemas import TEXT_PATTERN, OutModel, StrictModel, _strict_schema
+from app.core.schemas import TEXT_PATTERN, OutModel, StrictModel, strict_schema
 
 NAME = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME)]
@@ -51,7 +51,7 @@ class StackList(BaseModel):
 def _one_target(schema: dict[str, Any], model: type) -> None:
     """`StackAssign`'s rule in its JSON Schema, so clients and fuzzers see it: exactly one of
     pool, region or nodes (the others absent or null)."""
-    _strict_schema(schema, model)
+    strict_schema(schema, model)
     null = {"type": "null"}
     name = {"type": "string", "pattern": NAME}
     given = {"pool": name, "region": name, "nodes": {"type": "array"}}

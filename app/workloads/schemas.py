@@ -11,7 +11,7 @@ from app.core.schemas import (
     RESOURCE_NAME_PATTERN,
     OutModel,
     StrictModel,
-    _strict_schema,
+    strict_schema,
 )
 from app.models.workloads import WorkloadShape
 from app.placement.catalog import GPU_MODELS
@@ -33,7 +33,7 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
     clients and fuzzers see them: exactly one shape (whole GPUs, a MIG profile, or a share
     with its memory); replicas and topology only for jobs; a VM on 1, 2, 4 or 8 whole GPUs;
     a model's MIG profile name only with one of its family's models (or no model list)."""
-    _strict_schema(schema, _model)
+    strict_schema(schema, _model)
     zero, null = {"const": 0}, {"type": "null"}
     not_confidential = {"enum": [*_OTHER_ISOLATION, None]}
     on_host = {"enum": ["process", "podman", None]}

@@ -4,7 +4,7 @@ termination, the end of a run, checkpoints.
 Its neighbours hold the rest: quotas.py (hard limits, quotas and use), regions.py (region
 choice and feasibility reads), reads.py (the list, timelines, manifests), disruptions.py (what
 node states, faults and suspect GPUs do to running work), queueing.py (requeue reasons,
-placement kicks). The names other packages import from here are kept here (`__all__`)."""
+placement kicks). Callers import each name from the module that defines it."""
 
 from __future__ import annotations
 
@@ -31,54 +31,16 @@ from app.tenancy.run_tokens import in_stop_grace
 from app.tenancy.scoping import scoped_select
 from app.workloads import holds, restarts, volumes
 from app.workloads.budget_gate import check_submission
-from app.workloads.disruptions import (
-    health_notice,
-    interrupt_on_fault,
-    move_off_suspect,
-    node_state_changed,
-    tell_owner,
-)
-from app.workloads.queueing import kick_placement, requeue_reason
-from app.workloads.quotas import QuotaLimitExceeded, check_limit, quota_list, set_quotas, usage
-from app.workloads.reads import attach_pending, events_of, list_workloads, manifest, parse_labels
+from app.workloads.queueing import kick_placement
+from app.workloads.quotas import check_limit
 from app.workloads.regions import (
     check_feasible,
     choose_region,
-    forget_regions,
     never_fits_row,
     why_waiting,
 )
 from app.workloads.schemas import WorkloadCreate
 from app.workloads.tiers import ShapeFacts, choose_tier
-
-__all__ = [
-    "NotRunning",
-    "QuotaLimitExceeded",
-    "build",
-    "dry_run",
-    "events_of",
-    "end_in_failure",
-    "finish",
-    "forget_regions",
-    "health_notice",
-    "interrupt_on_fault",
-    "request_checkpoint",
-    "kick_placement",
-    "list_workloads",
-    "attach_pending",
-    "manifest",
-    "move_off_suspect",
-    "node_state_changed",
-    "parse_labels",
-    "quota_list",
-    "report_checkpoint",
-    "requeue_reason",
-    "set_quotas",
-    "submit",
-    "tell_owner",
-    "terminate",
-    "usage",
-]
 
 
 def build(session: Session, auth: AuthContext, body: WorkloadCreate) -> Workload:

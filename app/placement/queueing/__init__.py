@@ -46,11 +46,6 @@ One module per concern, each importing only those below it:
 
 from __future__ import annotations
 
-# The underscored names were module-level in the former queueing.py: tests may reach them.
-from app.placement.queueing.admission import _allocate as _allocate
-from app.placement.queueing.admission import _arrival as _arrival
-from app.placement.queueing.admission import _Walk as _Walk
-from app.placement.queueing.backfill import _backfill as _backfill
 from app.placement.queueing.config import (
     BASELINES,
     DEFAULT_PRIORITY_CLASSES,
@@ -61,7 +56,6 @@ from app.placement.queueing.config import (
     QueueConfig,
     TenantQuota,
 )
-from app.placement.queueing.cycle import _Cycle as _Cycle
 from app.placement.queueing.decisions import (
     Admission,
     CycleResult,
@@ -70,17 +64,9 @@ from app.placement.queueing.decisions import (
     WhatIf,
     Workload,
 )
-from app.placement.queueing.defragment import _clear_nodes as _clear_nodes
-from app.placement.queueing.defragment import _defragment as _defragment
-from app.placement.queueing.defragment import _movable as _movable
 from app.placement.queueing.fairshare import UsageHistory, water_fill
-from app.placement.queueing.preemption import _fair_share as _fair_share
-from app.placement.queueing.preemption import _preempt as _preempt
-from app.placement.queueing.preemption import _reclaim as _reclaim
-from app.placement.queueing.preemption import _take_back as _take_back
 from app.placement.queueing.scheduler import PHASES, Scheduler
 from app.placement.queueing.state import RESERVATION_TENANT
-from app.placement.queueing.state import _milli as _milli
 
 __all__ = [
     "BASELINES",
