@@ -16,7 +16,7 @@ from app.billing.service import create_price, line_out, period_window, price_usa
 from app.core.db import session_scope
 from app.metering import service as metering
 from app.metering.service import ingest, visible_to
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 
 MONTH = "2026-11"
 START, END = period_window(MONTH)

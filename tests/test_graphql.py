@@ -301,7 +301,7 @@ def test_root_fields_run_on_the_thread_pool_not_the_event_loop(world, session, m
 
     from app.fleet import service as fleet
     from app.graphql.context import Context
-    from app.tenancy.auth import AuthContext
+    from app.tenancy.principal import AuthContext
 
     seen: list[int] = []
     real = fleet.capacity

@@ -133,7 +133,8 @@ def test_concurrent_rotates_with_one_credential_mint_one_live_credential(client,
 def test_concurrent_rotate_requests_get_one_201_and_the_old_credential_stops(
     client, world, session
 ):
-    from app.tenancy.auth import _cache, hash_secret
+    from app.tenancy.credentials import hash_secret
+    from app.tenancy.principals import _cache
 
     cred = _credential(client, world)
     # This process's cache holds it once checked, and must let it go at the rotate's commit.

@@ -223,7 +223,7 @@ def test_anonymous_and_failed_auth_traffic_has_its_own_budget_per_address(
     from app.audit import service as audit
     from app.core.db import session_scope
     from app.models.audit import AuditEntry
-    from app.tenancy import auth as auth_module
+    from app.tenancy import principals as auth_module
 
     limits("read=100/m,write=100/m,anonymous=5/m")
     world.fleet(FLEET)
@@ -317,7 +317,7 @@ def test_without_the_auth_cache_a_guessed_prefix_is_not_taken_for_live(world):
     not assumed, so a spent address gets no lookup for a guessed prefix there either."""
     import asyncio
 
-    from app.tenancy import auth as auth_module
+    from app.tenancy import principals as auth_module
 
     key = world.key(world.tenant("acme", policy=POLICY))
     auth_module._PREFIXES = (None, float("-inf"), frozenset())

@@ -11,7 +11,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from app.core.db import session_scope, utcnow
 from app.models.sessions import BrowserSession
-from app.tenancy import auth as tenancy_auth
+from app.tenancy import principals as tenancy_auth
 from tests.conftest import CORDONED_H100, auth
 
 ME = "query { viewer { slug } }"

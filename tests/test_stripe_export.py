@@ -115,7 +115,7 @@ def _reconciled(periods) -> dict[tuple[str, str], int]:
     """Ledger totals per (customer, meter) after checking every row has no difference."""
     from app.billing import stripe_export
     from app.core.db import session_scope
-    from app.tenancy.auth import SYSTEM
+    from app.tenancy.principal import SYSTEM
 
     totals: Counter = Counter()
     with session_scope() as s:
@@ -518,7 +518,7 @@ def test_what_the_late_row_search_cannot_see_the_next_full_pass_sends(stripe_on,
     assert (planned.events, sent.sent) == (0, 0), planned
     with session_scope() as s:
         from app.billing import stripe_export
-        from app.tenancy.auth import SYSTEM
+        from app.tenancy.principal import SYSTEM
 
         assert stripe_export.reconcile(s, SYSTEM, f"{h:%Y-%m}")["differences"] == 1
     session.execute(update(MeterExportCursor).values(full_pass_at=h))  # the timer is due

@@ -13,7 +13,7 @@ from app.core.db import utcnow
 from app.core.errors import Unauthorized
 from app.models.agents import NodeCredential, NodeJoinToken
 from app.models.fleet import Gpu, Node, Rack, Region
-from app.tenancy.auth import hash_secret
+from app.tenancy.credentials import hash_secret
 from app.tenancy.nodes import (
     JOIN_PREFIX,
     NODE_PREFIX,

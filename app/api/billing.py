@@ -26,7 +26,8 @@ from app.core.routing import DbSession, api_router
 from app.core.schemas import PERIOD_PATTERN
 from app.models.billing import Commitment, Price
 from app.models.tenants import Tenant
-from app.tenancy.auth import AuthContext, Platform, TenantRead, TenantWrite
+from app.tenancy.auth import Platform, TenantRead, TenantWrite
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import get_owned
 
 router = api_router(prefix="/v1", tags=["billing"])

@@ -22,8 +22,9 @@ from app.logs import follow as following
 from app.logs import service
 from app.logs.schemas import LogChunkOut, LogPage
 from app.logs.service import DEFAULT_LIMIT, MAX_LIMIT, LogQuery
-from app.tenancy.auth import AuthContext, TenantRead, credential_of, require_tenant_scope
+from app.tenancy.auth import TenantRead, credential_of
 from app.tenancy.nodes import NodeAgent
+from app.tenancy.principal import AuthContext, require_tenant_scope
 from rackplane_wire import LogAck, LogBatch
 
 log = get_logger(__name__)

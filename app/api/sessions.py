@@ -14,14 +14,8 @@ from app.core.routing import api_router
 from app.ratelimit import service as ratelimit
 from app.sessions import service
 from app.sessions.schemas import SessionOut, SignIn
-from app.tenancy.auth import (
-    SESSION_COOKIE,
-    Credential,
-    check_csrf,
-    credential_of,
-    resolve_key,
-    resolve_session,
-)
+from app.tenancy.auth import SESSION_COOKIE, Credential, check_csrf, credential_of
+from app.tenancy.principals import resolve_key, resolve_session
 
 router = api_router(prefix="/v1", tags=["sessions"])
 SIGNED_IN_COOKIE = "rp_signed_in"

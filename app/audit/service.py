@@ -36,7 +36,9 @@ from app.core.db import insert_objects, session_scope, utcnow
 from app.core.logging import get_logger
 from app.core.schemas import PageParams, paginate
 from app.models.audit import AuditEntry
-from app.tenancy.auth import AuthContext, extract_key, on_authenticated, parse_prefix
+from app.tenancy.auth import extract_key, on_authenticated
+from app.tenancy.credentials import parse_prefix
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import restrict, scoped_select
 
 log = get_logger(__name__)

@@ -27,7 +27,7 @@ from app.models.billing import Budget, BudgetAlert
 from app.models.tenants import Tenant
 from app.models.workloads import Workload
 from app.scheduling.lifecycle import HOLDING
-from app.tenancy.auth import SYSTEM
+from app.tenancy.principal import SYSTEM
 from app.tenancy.scoping import get_owned, restrict, scoped_select
 from app.workloads.budget_gate import period_of
 from app.workloads.service import terminate

@@ -23,7 +23,7 @@ from app.core.db import utcnow
 from app.metering import service as metering
 from app.models.billing import Plan
 from app.models.tenants import Tenant
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import scoped_select
 
 COLUMNS = (

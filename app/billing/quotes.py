@@ -13,7 +13,7 @@ from app.billing.service import PriceBook, amount
 from app.core.db import utcnow
 from app.metering import service as metering
 from app.models.billing import Budget
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 from app.workloads import service as workloads
 from app.workloads.budget_gate import period_of
 from app.workloads.schemas import WorkloadCreate

@@ -48,7 +48,7 @@ from app.models.billing import (
 )
 from app.models.metering import UsageEvent
 from app.models.tenants import Tenant
-from app.tenancy.auth import SYSTEM, AuthContext
+from app.tenancy.principal import SYSTEM, AuthContext
 from app.tenancy.scoping import restrict, scoped_select
 
 log = get_logger(__name__)

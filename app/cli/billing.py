@@ -14,7 +14,7 @@ from app.billing import exports
 from app.cli.common import console, err, fail
 from app.core.db import session_scope
 from app.core.errors import AppError
-from app.tenancy.auth import SYSTEM
+from app.tenancy.principal import SYSTEM
 
 billing_cli = typer.Typer(
     help="Exports, Stripe meter events, reconciliation.", no_args_is_help=True

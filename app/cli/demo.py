@@ -15,7 +15,7 @@ from app.fleet.service import apply_document
 from app.keys.service import create_key
 from app.models.keys import ApiKey
 from app.models.tenants import Tenant
-from app.tenancy.auth import key_context
+from app.tenancy.principals import key_context
 from app.tenants.service import create_tenant
 from app.workloads import service as workloads
 from app.workloads.quotas import set_quotas

@@ -19,7 +19,7 @@ from app.core.errors import AppError
 from app.endpoints import service
 from app.endpoints.schemas import EndpointCreate, EndpointOut, EndpointPatch
 from app.models.tenants import Tenant
-from app.tenancy.auth import tenant_context
+from app.tenancy.principals import tenant_context
 
 endpoints_cli = typer.Typer(
     help="Make, list, show, scale and delete a tenant's inference endpoints.",

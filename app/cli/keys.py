@@ -10,7 +10,7 @@ from app.core.db import session_scope
 from app.keys.service import create_key, revoke
 from app.models.keys import ApiKey
 from app.models.tenants import Tenant
-from app.tenancy.auth import TENANT_SCOPES
+from app.tenancy.principal import TENANT_SCOPES
 
 keys_cli = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 

@@ -28,7 +28,8 @@ from app.models.endpoints import Endpoint, EndpointEvent, EndpointSample
 from app.models.tenants import Tenant
 from app.models.workloads import Workload
 from app.scheduling.lifecycle import TERMINAL, State
-from app.tenancy.auth import AuthContext, tenant_context
+from app.tenancy.principal import AuthContext
+from app.tenancy.principals import tenant_context
 from app.tenancy.scoping import Owner, scoped_select
 from app.workloads.regions import check_feasible
 from app.workloads.schemas import WorkloadCreate

@@ -40,7 +40,9 @@ from app.core.logging import get_logger
 from app.endpoints.service import wake
 from app.gateway.routes import Replica, Route, RouteTable
 from app.gateway.traffic import Traffic
-from app.tenancy.auth import extract_key, require_tenant_scope, resolve_key
+from app.tenancy.auth import extract_key
+from app.tenancy.principal import require_tenant_scope
+from app.tenancy.principals import resolve_key
 
 log = get_logger(__name__)
 MAX_BODY_BYTES = 16 * 1024 * 1024

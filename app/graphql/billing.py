@@ -28,7 +28,7 @@ from app.graphql.permissions import IsOperator, ReadsPrices, TenantRead
 from app.graphql.results import Done, result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
 from app.models.tenants import Tenant
-from app.tenancy.auth import require_platform, require_tenant_scope
+from app.tenancy.principal import require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned
 
 Bill = view(BillingSummary, "Bill", "A month's bill: line items and totals per currency")

@@ -25,7 +25,7 @@ from app.graphql.permissions import IsOperator
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import shape, view
 from app.models.chaos import ChaosExperiment
-from app.tenancy.auth import require_platform
+from app.tenancy.principal import require_platform
 
 # The report's parts first, so their names say whose they are.
 view(InjectionOut, "ChaosInjection", "A fault injected on a GPU (or node), and when undone")

@@ -21,13 +21,8 @@ from app.core.db import session_dependency
 from app.core.errors import AppError, Forbidden, Unauthorized
 from app.graphql.dataloaders import Loaders
 from app.ratelimit import service as ratelimit
-from app.tenancy.auth import (
-    AuthContext,
-    Credential,
-    authenticate,
-    charge_anonymous,
-    credential_of,
-)
+from app.tenancy.auth import Credential, authenticate, charge_anonymous, credential_of
+from app.tenancy.principal import AuthContext
 
 
 def coded(e: AppError) -> GraphQLError:

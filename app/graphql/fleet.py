@@ -37,7 +37,7 @@ from app.graphql.views import input_view, parse, shape, text_args, view
 from app.models.fleet import FleetImport
 from app.models.fleet import Gpu as GpuRow
 from app.models.fleet import Node as Row
-from app.tenancy.auth import require_platform
+from app.tenancy.principal import require_platform
 
 CapacityRowView = view(CapacityRow, "CapacityRow")
 RegionView = view(RegionOut, "Region")

@@ -23,7 +23,7 @@ from app.health import views as health_views
 from app.health.schemas import BringUp, FleetHealth, HealthActionIn, HealthActionOut, IdleTimeOut
 from app.models.fleet import Gpu as GpuRow
 from app.models.fleet import Node as NodeRow
-from app.tenancy.auth import require_platform
+from app.tenancy.principal import require_platform
 
 FleetHealthView = view(FleetHealth, "FleetHealth")
 BringUpView = view(BringUp, "BringUp", "Nodes on their way into service, and why any is stuck")

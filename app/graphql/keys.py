@@ -27,7 +27,7 @@ from app.keys.schemas import (
 )
 from app.keys.service import create_key, revoke
 from app.models.keys import ApiKey as Row
-from app.tenancy.auth import require_tenant_scope
+from app.tenancy.principal import require_tenant_scope
 from app.tenancy.scoping import get_owned, scoped_select
 
 ApiKey = view(KeyOut, "ApiKey", "An API key (its secret is shown only when it is created)")

@@ -23,7 +23,7 @@ from app.logs import follow as following
 from app.logs import service
 from app.logs.schemas import LogChunkOut
 from app.logs.service import LogQuery
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 
 
 @strawberry.type(description="A piece of one replica's output (stdout and stderr together)")

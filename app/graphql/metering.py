@@ -15,7 +15,7 @@ from app.graphql.permissions import IsOperator
 from app.graphql.views import shape, view
 from app.metering import service as metering_service
 from app.metering.schemas import UsageOut, UtilisationOut
-from app.tenancy.auth import AuthContext, require_tenant_scope
+from app.tenancy.principal import AuthContext, require_tenant_scope
 
 UsageView = view(UsageOut, "Usage", "GPU-time used, by time bucket and the asked dimensions")
 UtilisationView = view(UtilisationOut, "Utilisation", "Allocated vs idle GPU-hours")

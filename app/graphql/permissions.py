@@ -9,7 +9,7 @@ from typing import Any
 from strawberry.permission import BasePermission
 from strawberry.types import Info
 
-from app.tenancy.auth import require_platform, require_tenant_scope
+from app.tenancy.principal import require_platform, require_tenant_scope
 
 
 class IsOperator(BasePermission):

@@ -10,7 +10,7 @@ from app.graphql.permissions import IsOperator, TenantRead
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
 from app.models.tenants import Tenant
-from app.tenancy.auth import require_platform
+from app.tenancy.principal import require_platform
 from app.tenancy.scoping import get_owned
 from app.workloads.quotas import quota_list, set_quotas
 from app.workloads.schemas import QuotaList, QuotaOut, QuotaSet

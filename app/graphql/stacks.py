@@ -10,7 +10,7 @@ from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, text_args, view
 from app.stacks import service
 from app.stacks.schemas import StackAssign, StackAssigned, StackCreate, StackList, StackOut
-from app.tenancy.auth import require_platform
+from app.tenancy.principal import require_platform
 
 StackView = view(StackOut, "SoftwareStack", "Pinned driver, CUDA, NCCL, firmware... versions")
 StackAssignedView = view(StackAssigned, "StackAssigned")

@@ -48,7 +48,8 @@ from app.models.health import HealthEvent
 from app.models.workloads import Workload
 from app.models.workloads import WorkloadEvent as Row
 from app.scheduling.lifecycle import events_topic
-from app.tenancy.auth import AuthContext, Credential, require_platform, require_tenant_scope
+from app.tenancy.auth import Credential
+from app.tenancy.principal import AuthContext, require_platform, require_tenant_scope
 from app.tenancy.scoping import get_owned, scoped_select
 
 POLL_S = 3.0  # a read even without a wake-up (a lost message costs at most this)

@@ -15,7 +15,7 @@ from app.graphql.permissions import IsOperator, TenantReadAnyStatus
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
 from app.models.tenants import Tenant, TenantStatus
-from app.tenancy.auth import require_platform
+from app.tenancy.principal import require_platform
 from app.tenancy.scoping import get_owned
 from app.tenants import service as tenants
 from app.tenants.schemas import TenantOut, TenantUpdate

@@ -10,7 +10,7 @@ from app.graphql.context import Info
 from app.graphql.permissions import IsOperator
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
-from app.tenancy.auth import require_platform
+from app.tenancy.principal import require_platform
 
 UpgradeView = view(UpgradeOut, "Upgrade", "A rolling upgrade: its progress and report")
 UpgradeInput = input_view(UpgradeCreate, "UpgradeInput")

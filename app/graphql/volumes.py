@@ -10,7 +10,7 @@ from app.graphql.pagination import Connection, connection, page_params
 from app.graphql.permissions import TenantRead
 from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
-from app.tenancy.auth import require_tenant_scope
+from app.tenancy.principal import require_tenant_scope
 from app.workloads import volumes
 from app.workloads.schemas import VolumeOut, VolumeSet
 

@@ -25,7 +25,7 @@ from app.graphql.views import input_view, parse, shape, text_args, view
 from app.models.workloads import Workload as Row
 from app.placement.model import cuda_text
 from app.scheduling.lifecycle import State
-from app.tenancy.auth import require_tenant_scope
+from app.tenancy.principal import require_tenant_scope
 from app.tenancy.scoping import get_owned
 from app.workloads import reads, restarts, service
 from app.workloads.reads import attach_pending, list_workloads

@@ -47,8 +47,10 @@ from app.core.middleware import replay_body, send_problem
 from app.core.routing import REPLAY
 from app.core.secrets import seal, unseal
 from app.models.idempotency import IdempotencyRecord
-from app.tenancy.auth import AUTH_STATE, AuthContext, context_of, credential_of, parse_prefix
+from app.tenancy.auth import AUTH_STATE, context_of, credential_of
+from app.tenancy.credentials import parse_prefix
 from app.tenancy.nodes import is_node_secret
+from app.tenancy.principal import AuthContext
 
 # A first request still marked in flight after this long is presumed dead; its key may be reused.
 IN_FLIGHT_TIMEOUT = timedelta(seconds=60)

@@ -9,7 +9,8 @@ from app.core.db import utcnow
 from app.core.schemas import PageParams, paginate
 from app.keys.schemas import KeyCreated, KeyOut
 from app.models.keys import ApiKey
-from app.tenancy.auth import PLATFORM_SCOPE, AuthContext, generate_key
+from app.tenancy.credentials import generate_key
+from app.tenancy.principal import PLATFORM_SCOPE, AuthContext
 from app.tenancy.scoping import restrict, scoped_select
 
 

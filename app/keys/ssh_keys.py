@@ -15,7 +15,7 @@ from app.core.errors import Conflict
 from app.core.schemas import PageParams, paginate
 from app.keys.ssh import parse_public_key
 from app.models.keys import SshKey
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import Owner, get_owned, restrict, scoped_select
 
 

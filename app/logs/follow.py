@@ -23,7 +23,7 @@ from app.core.db import session_scope
 from app.logs import service
 from app.logs.schemas import LogChunkOut
 from app.logs.service import LogQuery
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 
 POLL_S = 5.0  # a read even without a wake-up (a lost message costs at most this)
 QUIET_S = 2.0  # an ended workload is followed until nothing new came for this long

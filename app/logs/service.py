@@ -35,8 +35,8 @@ from app.core.db import as_aware, dialect_insert, utcnow
 from app.logs.schemas import LogChunkOut, LogPage
 from app.models.logs import WorkloadLog, WorkloadLogSize
 from app.models.workloads import Allocation, State, Workload
-from app.tenancy.auth import AuthContext
 from app.tenancy.nodes import NodeCaller
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import get_owned, restrict, scoped_select
 from rackplane_wire import LogAck, LogBatch
 

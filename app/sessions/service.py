@@ -12,7 +12,8 @@ from app.core.config import get_settings
 from app.core.db import utcnow
 from app.models.sessions import BrowserSession
 from app.sessions.schemas import SessionOut
-from app.tenancy.auth import SESSION_PREFIX, AuthContext, csrf_token, session_hash
+from app.tenancy.credentials import SESSION_PREFIX, csrf_token, session_hash
+from app.tenancy.principal import AuthContext
 
 TOKEN_BYTES = 32
 

@@ -22,7 +22,9 @@ from app.core.errors import Unauthorized
 from app.models.agents import NodeCredential
 from app.models.fleet import Node
 from app.ratelimit import service as ratelimit
-from app.tenancy.auth import cache_lookup, charge_anonymous, hash_secret
+from app.tenancy.auth import charge_anonymous
+from app.tenancy.credentials import hash_secret
+from app.tenancy.principals import cache_lookup
 
 JOIN_PREFIX = "rpj_"
 NODE_PREFIX = "rpn_"

@@ -26,7 +26,8 @@ from app.core.secrets import server_secret
 from app.models.tenants import Tenant
 from app.models.workloads import Workload
 from app.ratelimit import service as ratelimit
-from app.tenancy.auth import AuthContext, authenticate, charge_anonymous, require_tenant_scope
+from app.tenancy.auth import authenticate, charge_anonymous
+from app.tenancy.principal import AuthContext, require_tenant_scope
 
 PREFIX = "rpw_"
 SCOPE = "workload"  # implies no other scope: a token passes no tenant_* check
@@ -44,6 +45,7 @@ def in_stop_grace(state: str, finished_at: datetime | None, now: datetime) -> bo
     if state != "terminated" or finished_at is None:
         return False
     return (now - as_aware(finished_at)).total_seconds() <= STOP_GRACE_S + _REPORT_SLACK_S
+
 
 _bearer = HTTPBearer(
     auto_error=False,

@@ -17,7 +17,7 @@ from sqlalchemy import Delete, Select, Update, select
 from sqlalchemy.orm import Session
 
 from app.core.errors import NotFound
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 
 M = TypeVar("M")
 S = TypeVar("S", Select, Update, Delete)

@@ -14,7 +14,7 @@ from app.models.fleet import Node
 from app.models.workloads import Allocation, TenantQuota, Workload
 from app.placement.catalog import GPU_MODELS
 from app.scheduling.lifecycle import State
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import restrict, scoped_select
 from app.workloads.schemas import QuotaIn, QuotaOut, WorkloadCreate
 

@@ -16,7 +16,7 @@ from app.models.tenants import Tenant
 from app.models.workloads import Allocation, Workload, WorkloadEvent
 from app.scheduling.lifecycle import HOLDING, TERMINAL, State
 from app.scheduling.pending import reasons_of
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import restrict, scoped_select
 
 

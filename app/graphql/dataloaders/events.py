@@ -10,7 +10,7 @@ from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
 
 from app.models.workloads import Workload, WorkloadEvent
-from app.tenancy.auth import AuthContext
+from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import restrict
 
 EVENTS_PER_WORKLOAD = 20  # the newest events a workload shows in one query
