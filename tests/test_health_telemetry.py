@@ -192,7 +192,7 @@ def test_telemetry_is_for_operators(client, world):
 def test_a_gpu_held_below_its_clock_under_load_gets_a_lower_score_placement_sees(
     client, world, session
 ):
-    from app.scheduling.snapshot import read_world
+    from app.scheduling.world import read_world
 
     world.fleet(FLEET)
     op = world.key(None)

@@ -356,7 +356,7 @@ def test_process_work_runs_only_in_trusted_pools_and_where_its_runtime_is(
     another tenant's on a shared node), and follows a new inventory (the fleet version moves)."""
     from app.core.config import get_settings
     from app.models.fleet import Node
-    from app.scheduling.snapshot import world_of
+    from app.scheduling.world import world_of
 
     world.fleet(POOLED)
     op = world.key()

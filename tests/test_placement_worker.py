@@ -478,7 +478,7 @@ def test_the_cached_fleet_snapshot_follows_every_fleet_change(world, session):
 
     from app.models.fleet import Gpu, Node
     from app.placement.snapshot import FAILED
-    from app.scheduling.snapshot import world_of
+    from app.scheduling.world import world_of
 
     world.fleet(fleet(2))
 
@@ -557,8 +557,9 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
     from sqlalchemy.orm import Session
 
     from app.core.db import get_engine
-    from app.scheduling import apply, snapshot
+    from app.scheduling import apply
     from app.scheduling import cycle as P
+    from app.scheduling import world as region_world
     from app.workloads.tasks import check, provision
 
     world.fleet(fleet(2))
@@ -585,8 +586,8 @@ def test_the_kept_region_state_matches_a_full_read_after_every_change(
     def same():
         session.rollback()  # one database snapshot for both reads
         session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        kept = snapshot.load(session, "r1", kept=True)
-        fresh = snapshot.load(session, "r1")
+        kept = region_world.load(session, "r1", kept=True)
+        fresh = region_world.load(session, "r1")
         assert kept is not None and fresh is not None
 
         def held(loaded):

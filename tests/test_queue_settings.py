@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.core.config import get_settings
-from app.scheduling.snapshot import Loaded
+from app.scheduling.world import Loaded
 from tests.placement.conftest import node, snap
 
 

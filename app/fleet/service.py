@@ -272,7 +272,7 @@ def capacity(session: Session) -> list[dict[str, Any]]:
     }
     # MIG GPUs: their layout from the live claims (memory slices) and allocations (compute).
     # An agent's GPU has the instances its agent reported and no others (placement puts MIG
-    # work only on those: app/scheduling/snapshot.py); a simulated one any that fit.
+    # work only on those: app/scheduling/world.py); a simulated one any that fit.
     mig_gpus = session.execute(
         select(
             Region.name,

@@ -39,7 +39,7 @@ from app.placement.queueing import (
 from app.scheduling import lifecycle
 from app.scheduling.lifecycle import State
 from app.scheduling.providers import AgentProvider
-from app.scheduling.snapshot import Loaded, World, clock, qworkload
+from app.scheduling.world import Loaded, World, clock, qworkload
 
 
 class PlanConflict(Exception):

@@ -27,7 +27,7 @@ from app.placement.queueing import (
 )
 from app.scheduling import pending
 from app.scheduling.apply import CycleReport, apply_plan, describe, disclose
-from app.scheduling.snapshot import EPOCH, IS_QUEUED, clock, load, qworkload
+from app.scheduling.world import EPOCH, IS_QUEUED, clock, load, qworkload
 
 log = get_logger(__name__)
 

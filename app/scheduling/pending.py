@@ -24,7 +24,7 @@ from app.models.fleet import Gpu, Node, Rack, Region
 from app.models.health import PLACEABLE
 from app.models.workloads import PendingReason, Workload
 from app.scheduling.apply import CycleReport
-from app.scheduling.snapshot import (
+from app.scheduling.world import (
     EPOCH,
     IS_QUEUED,
     Loaded,

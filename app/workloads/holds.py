@@ -2,7 +2,7 @@
 `--dependency=afterok`) and job arrays' `max_parallel` (Slurm's `--array=...%M`).
 
 A held workload is queued with `hold` set (`Dependency`, `ArrayLimit`): placement cycles do not
-see it (app/scheduling/snapshot.py), and its pending reason is written here. When a workload
+see it (app/scheduling/world.py), and its pending reason is written here. When a workload
 ends, its transaction sends the `workloads.holds` sweep if it had dependents or was an array's
 element (app/scheduling/lifecycle.py); the beat sends it every few seconds too, which covers a
 dependency that ended while its dependent was being submitted. The sweep releases work whose

@@ -25,7 +25,7 @@ from app.scheduling import lifecycle, pending
 from app.scheduling.apply import release, stopped
 from app.scheduling.cycle import dry_run as what_if
 from app.scheduling.lifecycle import HOLDING, State
-from app.scheduling.snapshot import placed_runtime
+from app.scheduling.world import placed_runtime
 from app.tenancy.principal import AuthContext
 from app.tenancy.run_tokens import in_stop_grace
 from app.tenancy.scoping import scoped_select
