@@ -11,7 +11,8 @@ from app.core.routing import DbSession, api_router
 from app.core.schemas import RESOURCE_NAME_PATTERN, Page, PageParams
 from app.models.workloads import Volume
 from app.tenancy.auth import TenantRead, TenantWrite
-from app.workloads.schemas import VolumeOut, VolumePut
+from app.workloads.replies import VolumeOut
+from app.workloads.schemas import VolumePut
 from app.workloads.volumes import delete_volume, get_volume, list_volumes, put_volume
 
 router = api_router(prefix="/v1", tags=["volumes"])

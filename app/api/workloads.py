@@ -18,20 +18,22 @@ from app.tenancy.auth import Platform, TenantRead, TenantWrite
 from app.tenancy.run_tokens import WorkloadWriter
 from app.tenancy.scoping import get_owned
 from app.workloads import quotas, reads, service
-from app.workloads.schemas import (
+from app.workloads.replies import (
     AdminWorkloadOut,
-    CheckpointIn,
     DryRunOut,
     EventOut,
     EventPage,
+    ProgressOut,
+    QuotaList,
+    WorkloadOut,
+)
+from app.workloads.schemas import (
+    CheckpointIn,
     ExitIn,
     Priority,
     ProgressIn,
-    ProgressOut,
-    QuotaList,
     QuotaSet,
     WorkloadCreate,
-    WorkloadOut,
 )
 
 router = api_router(prefix="/v1", tags=["workloads"])

@@ -13,7 +13,8 @@ from rich.table import Table
 from app.cli.common import console, every_page, fail, tenant_id
 from app.core.db import session_scope
 from app.core.errors import AppError
-from app.workloads.schemas import VolumeOut, VolumeSet
+from app.workloads.replies import VolumeOut
+from app.workloads.schemas import VolumeSet
 from app.workloads.volumes import delete_volume, list_volumes, put_volume
 
 volumes_cli = typer.Typer(

@@ -17,7 +17,7 @@ from app.core.errors import AppError
 from app.models.tenants import Tenant
 from app.models.workloads import State, Workload
 from app.workloads.reads import attach_pending
-from app.workloads.schemas import WorkloadOut
+from app.workloads.replies import WorkloadOut
 
 workloads_cli = typer.Typer(
     help="Read workloads: one's state, placement and how to log in; the newest of them.",

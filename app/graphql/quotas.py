@@ -13,7 +13,8 @@ from app.models.tenants import Tenant
 from app.tenancy.principal import require_platform
 from app.tenancy.scoping import get_owned
 from app.workloads.quotas import quota_list, set_quotas
-from app.workloads.schemas import QuotaList, QuotaOut, QuotaSet
+from app.workloads.replies import QuotaList, QuotaOut
+from app.workloads.schemas import QuotaSet
 
 Quota = view(QuotaOut, "Quota", "A quota per GPU model and what the tenant holds and queues")
 QuotaSetInput = input_view(QuotaSet, "QuotaSetInput")

@@ -12,7 +12,8 @@ from app.graphql.results import result_union, run_mutation
 from app.graphql.views import input_view, parse, shape, view
 from app.tenancy.principal import require_tenant_scope
 from app.workloads import volumes
-from app.workloads.schemas import VolumeOut, VolumeSet
+from app.workloads.replies import VolumeOut
+from app.workloads.schemas import VolumeSet
 
 Volume = view(VolumeOut, "Volume", "A volume of yours: a directory your runs mount")
 VolumeInput = input_view(VolumeSet, "VolumeInput")

@@ -29,18 +29,17 @@ from app.tenancy.principal import require_tenant_scope
 from app.tenancy.scoping import get_owned
 from app.workloads import reads, restarts, service
 from app.workloads.reads import attach_pending, list_workloads
-from app.workloads.schemas import (
+from app.workloads.replies import (
     ArrayOut,
-    CheckpointIn,
     ConnectOut,
     DryRunOut,
     ElasticOut,
-    WorkloadCreate,
     array_of,
     backing_off_until,
     connect_of,
     elastic_of,
 )
+from app.workloads.schemas import CheckpointIn, WorkloadCreate
 
 PRIORITIES = ("production", "training", "research", "preemptible")
 KINDS = ("instance", "vm", "job")

@@ -16,7 +16,8 @@ from app.placement.catalog import GPU_MODELS
 from app.scheduling.lifecycle import State
 from app.tenancy.principal import AuthContext
 from app.tenancy.scoping import restrict, scoped_select
-from app.workloads.schemas import QuotaIn, QuotaOut, WorkloadCreate
+from app.workloads.replies import QuotaOut
+from app.workloads.schemas import QuotaIn, WorkloadCreate
 
 
 class QuotaLimitExceeded(ValidationFailed):
