@@ -185,7 +185,7 @@ def load_month(scratch: Scratch, tenants: list[uuid.UUID], intervals: int) -> No
 
 def bench_export(scratch: Scratch) -> dict:
     from app.billing import exports
-    from app.tenancy.auth import SYSTEM
+    from app.tenancy.principal import SYSTEM
 
     t0 = time.perf_counter()
     with Session(scratch.engine) as s:

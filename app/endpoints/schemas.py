@@ -47,13 +47,16 @@ EndpointReplica: Any = create_model(  # type: ignore[call-overload]
 )
 
 
+MAX_SLO_MS = 600_000
+
+
 def _one_slo(schema: dict[str, Any], model: type) -> None:
     """Exactly one of the two, stated in the JSON Schema so clients and fuzzers see it."""
     strict_schema(schema, model)
-    null = {"type": "null"}
+    null, ms = {"type": "null"}, {"type": "integer", "minimum": 1, "maximum": MAX_SLO_MS}
     schema["oneOf"] = [
-        {"required": ["p95_ms"], "properties": {"p95_ms": {"type": "integer"}, "ttft_ms": null}},
-        {"required": ["ttft_ms"], "properties": {"ttft_ms": {"type": "integer"}, "p95_ms": null}},
+        {"required": ["p95_ms"], "properties": {"p95_ms": ms, "ttft_ms": null}},
+        {"required": ["ttft_ms"], "properties": {"ttft_ms": ms, "p95_ms": null}},
     ]
 
 
@@ -63,10 +66,10 @@ class EndpointSlo(StrictModel):
     model_config = {**StrictModel.model_config, "json_schema_extra": _one_slo}
 
     p95_ms: int | None = Field(
-        None, ge=1, le=600_000, description="A whole request's latency, 95th percentile"
+        None, ge=1, le=MAX_SLO_MS, description="A whole request's latency, 95th percentile"
     )
     ttft_ms: int | None = Field(
-        None, ge=1, le=600_000, description="A stream's time to its first byte, 95th percentile"
+        None, ge=1, le=MAX_SLO_MS, description="A stream's time to its first byte, 95th percentile"
     )
 
     @model_validator(mode="after")

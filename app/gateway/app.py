@@ -171,6 +171,7 @@ class Gateway:
             )  # fmt: skip
 
     async def _invoke(self, request: Request) -> Response:
+        arrived = time.monotonic()
         raw = extract_key(request)
         if raw is None:
             return problem_response(
@@ -189,7 +190,7 @@ class Gateway:
             )  # fmt: skip
         route = self.table.get(auth.tenant_id, name)
         if route is None:  # made since the last refresh?
-            await self.table.refresh(fresher_than=0.05)
+            await self.table.read_since(arrived)
             route = self.table.get(auth.tenant_id, name)
         if route is None:
             return problem_response(

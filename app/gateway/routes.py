@@ -69,22 +69,26 @@ class RouteTable:
         self.routes: dict[tuple[uuid.UUID, str], Route] = {}
         self.changed = asyncio.Event()
         self.loaded = False
-        self.read_at = -1.0
+        self.read_at = -1.0  # when the last read began (monotonic)
+        self._misses = asyncio.Lock()
 
     def get(self, tenant_id: uuid.UUID, name: str) -> Route | None:
         return self.routes.get((tenant_id, name))
 
-    async def refresh(self, fresher_than: float | None = None) -> None:
-        """Read the routes again (unless they were read less than `fresher_than` seconds
-        ago: a flood of calls to a name that is not there reads the database rarely)."""
-        mono = time.monotonic()
-        if fresher_than is not None and mono - self.read_at < fresher_than:
-            return
-        self.read_at = mono
+    async def refresh(self) -> None:
+        self.read_at = time.monotonic()
         self.routes = await run_in_threadpool(read_routes)
         self.loaded = True
         self.changed.set()
         self.changed = asyncio.Event()
+
+    async def read_since(self, since: float) -> None:
+        """Make sure the table was read after `since` (a request's arrival: an endpoint made
+        just before it is seen). Reads for misses go one at a time, so a flood of calls to a
+        name that is not there costs one query at a time, not one each."""
+        async with self._misses:
+            if self.read_at < since:
+                await self.refresh()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
