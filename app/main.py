@@ -89,6 +89,14 @@ def create_app() -> FastAPI:
     )
     install_error_handlers(app)
     health_metrics.register()  # fleet and health state on /metrics, read at scrape time
+    _routes(app)
+    _commit_hooks()
+    _middleware(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _routes(app: FastAPI) -> None:
     # Routes match in order, one by one: the hottest (workloads) first.
     for module in (
         workloads,
@@ -117,11 +125,12 @@ def create_app() -> FastAPI:
             app.include_router(module.admin)
     # The portal's GraphQL API beside REST (not in the OpenAPI document: its schema is
     # sdl/schema.graphql).
-
     app.include_router(graphql_router(), prefix="/graphql", include_in_schema=False)
     # The portal's page and its assets (not API: not in the OpenAPI document).
-
     app.include_router(portal_router)
+
+
+def _commit_hooks() -> None:
     # The audit entry of a request that commits is written in its transaction (routing hook).
     if audit_service.before_commit not in BEFORE_COMMIT:
         BEFORE_COMMIT.append(audit_service.before_commit)
@@ -129,6 +138,10 @@ def create_app() -> FastAPI:
     # ...and so is the mark that a request sent with an Idempotency-Key was applied.
     if idempotency_applied not in BEFORE_COMMIT:
         BEFORE_COMMIT.append(idempotency_applied)
+
+
+def _middleware(app: FastAPI) -> None:
+    settings = get_settings()
     # Outermost last: request context wraps everything, then the in-flight bound, the audit of
     # what got in, size limits, idempotency, and innermost the re-run of an idempotent request
     # that a backing service's failover broke.
@@ -164,24 +177,24 @@ def create_app() -> FastAPI:
     app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(RequestContextMiddleware)
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        schema = get_openapi(
-            title=app.title, version=app.version, description=app.description, routes=app.routes
-        )
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        # Bodies read raw (YAML or JSON; JSON or Prometheus text): their schemas by hand.
-        for model in (FleetDocument, TelemetryBatch):
-            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(body.pop("$defs", {}))
-            components[model.__name__] = body
-        _problem_responses(schema)
-        app.openapi_schema = schema
-        return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
-    return app
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, made once: the routes' own, the bodies read raw by hand, and
+    the problem responses."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    # Bodies read raw (YAML or JSON; JSON or Prometheus text): their schemas by hand.
+    for model in (FleetDocument, TelemetryBatch):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+    _problem_responses(schema)
+    app.openapi_schema = schema
+    return schema
 
 
 def _problem_responses(schema: dict[str, Any]) -> None:
