@@ -31,42 +31,55 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
     with its memory); replicas and topology only for jobs; a VM on 1, 2, 4 or 8 whole GPUs;
     a model's MIG profile name only with one of its family's models (or no model list)."""
     strict_schema(schema, _model)
-    zero, null = {"const": 0}, {"type": "null"}
+    schema["allOf"] = [_one_shape(), _what_each_kind_may_be(), {"anyOf": _mig_names()}]
+
+
+_ZERO, _NULL = {"const": 0}, {"type": "null"}
+
+
+def _one_shape() -> dict[str, Any]:
+    """Exactly one shape: whole GPUs, a MIG profile, or a share with its memory."""
+    zero, null = _ZERO, _NULL
+    return {
+        "oneOf": [
+            {
+                "required": ["gpus"],
+                "properties": {
+                    "gpus": {"minimum": 1},
+                    "mig_profile": null,
+                    "milli": zero,
+                    "gpu_memory_mib": zero,
+                },
+            },
+            {
+                "required": ["mig_profile"],
+                "properties": {
+                    "mig_profile": {"enum": list(MigProfileName.__args__)},
+                    "gpus": zero,
+                    "milli": zero,
+                    "gpu_memory_mib": zero,
+                },
+            },
+            {
+                "required": ["milli", "gpu_memory_mib"],
+                "properties": {
+                    "milli": {"minimum": 1},
+                    "gpu_memory_mib": {"minimum": 1},
+                    "gpus": zero,
+                    "mig_profile": null,
+                },
+            },
+        ]
+    }
+
+
+def _what_each_kind_may_be() -> dict[str, Any]:
+    """What a job, an instance (SSH keys only in a container) and a VM may each be."""
+    null = _NULL
     not_confidential = {"enum": [*_OTHER_ISOLATION, None]}
     on_host = {"enum": ["process", "podman", None]}
     no_keys = {"maxItems": 0}
-    rules: list[dict[str, Any]] = [
-        {
-            "oneOf": [
-                {
-                    "required": ["gpus"],
-                    "properties": {
-                        "gpus": {"minimum": 1},
-                        "mig_profile": null,
-                        "milli": zero,
-                        "gpu_memory_mib": zero,
-                    },
-                },
-                {
-                    "required": ["mig_profile"],
-                    "properties": {
-                        "mig_profile": {"enum": list(MigProfileName.__args__)},
-                        "gpus": zero,
-                        "milli": zero,
-                        "gpu_memory_mib": zero,
-                    },
-                },
-                {
-                    "required": ["milli", "gpu_memory_mib"],
-                    "properties": {
-                        "milli": {"minimum": 1},
-                        "gpu_memory_mib": {"minimum": 1},
-                        "gpus": zero,
-                        "mig_profile": null,
-                    },
-                },
-            ]
-        },
+    return (
         # Conditions as few anyOf as state them (generators expand their product; if/then/else
         # few read): what each kind may be, and which models a MIG profile's name belongs to.
         {
@@ -110,8 +123,13 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
                     },
                 },
             ]
-        },
-    ]
+        }
+    )
+
+
+def _mig_names() -> list[dict[str, Any]]:
+    """A MIG profile's generic key anywhere; a model's own name only with one of its models
+    (or no model list)."""
     # Names grouped by family: groups that share a model are one (B200's and GB200's), since
     # each branch multiplies what a generator expands (schemathesis gave up on the 30th
     # property with a branch per model set); the API still refuses a name of the family's
@@ -135,8 +153,7 @@ def _workload_rules(schema: dict[str, Any], _model: type) -> None:
                 },
             }
         )
-    rules.append({"anyOf": mig})
-    schema["allOf"] = rules
+    return mig
 
 
 class TopologyIn(StrictModel):
