@@ -191,6 +191,38 @@ def start(session: Session, body: UpgradeCreate, requested_by: str | None) -> Up
     stack = stacks.get(session, body.stack)
     kind, scope = ("region", body.region) if body.region is not None else ("pool", body.pool)
     assert scope is not None
+    todo = _nodes_to_upgrade(session, stack, kind, scope)
+    cmds = _commands_for(session, stack, todo)
+    domains: dict[str, int] = {}  # a unit per NVLink domain, numbered as first met
+    for n in todo:
+        domains.setdefault(n.nvlink_domain, len(domains))
+    up = Upgrade(
+        id=uuid.uuid4(),
+        stack_id=stack.id,
+        scope_kind=kind,
+        scope=scope,
+        batch=body.batch,
+        units_at_once=units_at_once(body.batch, len(domains)),
+        max_unavailable_pct=body.max_unavailable_pct,
+        max_failures=body.max_failures,
+        drain_wait_s=body.drain_wait_s,
+        state=UpgradeState.running.value,
+        failures=0,
+        failures_before=0,
+        requested_by=requested_by,
+        commands={c: cmds[c] for c in ORDER if c in cmds and c in stack.components},
+    )
+    session.add(up)
+    session.flush()
+    _add_nodes(session, up, todo, domains)
+    session.flush()
+    enqueue(session, "fleet.upgrades", queue="fleet", upgrade_id=str(up.id))
+    return up
+
+
+def _nodes_to_upgrade(session: Session, stack, kind: str, scope: str) -> list[Node]:
+    """The scope's nodes not on the stack as it pins it; refused when there are none, or
+    when any is in another upgrade."""
     nodes = _scope_nodes(session, kind, scope)
     if not nodes:
         raise NotFound(f"No nodes in {kind} {scope!r}.", code=f"{kind}_not_found")
@@ -214,6 +246,12 @@ def start(session: Session, body: UpgradeCreate, requested_by: str | None) -> Up
             code="upgrade_in_progress",
             nodes=list(busy),
         )
+    return todo
+
+
+def _commands_for(session: Session, stack, todo: list[Node]) -> dict:
+    """The operator's install commands, refused when a node has no agent to run them or a
+    component the nodes run at another version has none."""
     inventories = dict(
         session.execute(
             select(AgentNode.node_id, AgentNode.inventory).where(
@@ -245,6 +283,11 @@ def start(session: Session, body: UpgradeCreate, requested_by: str | None) -> Up
             code="no_upgrade_command",
             components=missing,
         )
+    return cmds
+
+
+def _add_nodes(session: Session, up: Upgrade, todo: list[Node], domains: dict[str, int]) -> None:
+    """The upgrade's node rows, in the units `domains` numbers."""
     gpus = dict(
         session.execute(
             select(Gpu.node_id, func.count())
@@ -252,27 +295,6 @@ def start(session: Session, body: UpgradeCreate, requested_by: str | None) -> Up
             .group_by(Gpu.node_id)
         ).all()
     )
-    domains: dict[str, int] = {}
-    for n in todo:
-        domains.setdefault(n.nvlink_domain, len(domains))
-    up = Upgrade(
-        id=uuid.uuid4(),
-        stack_id=stack.id,
-        scope_kind=kind,
-        scope=scope,
-        batch=body.batch,
-        units_at_once=units_at_once(body.batch, len(domains)),
-        max_unavailable_pct=body.max_unavailable_pct,
-        max_failures=body.max_failures,
-        drain_wait_s=body.drain_wait_s,
-        state=UpgradeState.running.value,
-        failures=0,
-        failures_before=0,
-        requested_by=requested_by,
-        commands={c: cmds[c] for c in ORDER if c in cmds and c in stack.components},
-    )
-    session.add(up)
-    session.flush()
     for n in todo:
         part = n.state in TAKES_PART
         session.add(
@@ -289,9 +311,6 @@ def start(session: Session, body: UpgradeCreate, requested_by: str | None) -> Up
                 out_s=0.0,
             )
         )
-    session.flush()
-    enqueue(session, "fleet.upgrades", queue="fleet", upgrade_id=str(up.id))
-    return up
 
 
 # --- moving it on ------------------------------------------------------------------------------
