@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -120,6 +121,32 @@ def release(session: Session) -> int:
         .where(Workload.hold.is_not(None), Workload.state == State.queued.value)
         .order_by(Workload.array_id, Workload.array_index, Workload.id)
     ).all()
+    sweep = _judge(held, _needs(session, held))
+    _array_places(session, sweep)
+    done, regions = _apply(session, sweep, now)
+    session.flush()
+    if done:
+        session.execute(delete(PendingReason).where(PendingReason.workload_id.in_(done)))
+    pending.write(session, [r for r in sweep.reasons if r[0] not in set(done)], now)
+    for region in regions:
+        kick_placement(session, region)
+    return len(done)
+
+
+@dataclass
+class _Sweep:
+    """What the sweep decided: who is freed, who fails (and on which dependency), who goes on
+    waiting for a place in its array, and each one's pending reason."""
+
+    reasons: list[tuple[uuid.UUID, uuid.UUID, str, str]] = field(default_factory=list)
+    failing: dict[uuid.UUID, Any] = field(default_factory=dict)
+    freed: list[uuid.UUID] = field(default_factory=list)
+    candidates: dict[uuid.UUID, list] = field(default_factory=dict)  # by array, index order
+    to_limit: list[uuid.UUID] = field(default_factory=list)
+
+
+def _needs(session: Session, held: list) -> dict[uuid.UUID, list]:
+    """What each workload held for its dependencies waits for, with their states."""
     needs: dict[uuid.UUID, list] = {}
     waiting = [h.id for h in held if h.hold == DEPENDENCY]
     n = aliased(Workload)
@@ -130,47 +157,59 @@ def release(session: Session) -> int:
             .where(WorkloadDependency.workload_id.in_(waiting[i : i + CHUNK]))
         ):
             needs.setdefault(row.workload_id, []).append(row)
-    reasons: list[tuple[uuid.UUID, uuid.UUID, str, str]] = []
-    failing: dict[uuid.UUID, Any] = {}  # workload -> the dependency that can never be met
-    freed: list[uuid.UUID] = []
-    candidates: dict[uuid.UUID, list] = {}  # by array, in index order: may take a place
+    return needs
+
+
+def _judge(held: list, needs: dict[uuid.UUID, list]) -> _Sweep:
+    """Held work judged on its dependencies: failing, still waiting, or a candidate."""
+    sweep = _Sweep()
     for h in held:
         if h.hold == DEPENDENCY:
             mine = needs.get(h.id, [])
             broken = [r for r in mine if r.state in BROKEN]
             if broken:
-                failing[h.id] = broken[0]
+                sweep.failing[h.id] = broken[0]
                 continue
             left = [r for r in mine if r.state != State.succeeded.value]
             if left:
-                reasons.append((h.id, h.tenant_id, DEPENDENCY, waits_for(left, len(mine))))
+                sweep.reasons.append((h.id, h.tenant_id, DEPENDENCY, waits_for(left, len(mine))))
                 continue
         if h.array_id is not None:
-            candidates.setdefault(h.array_id, []).append(h)
+            sweep.candidates.setdefault(h.array_id, []).append(h)
         else:
-            freed.append(h.id)
+            sweep.freed.append(h.id)
+    return sweep
+
+
+def _array_places(session: Session, sweep: _Sweep) -> None:
+    """The candidates of each array that take a free place; the rest wait (`ArrayLimit`)."""
     under_way = dict(
         session.execute(
             select(Workload.array_id, func.count())
             .where(
-                Workload.array_id.in_(list(candidates)),
+                Workload.array_id.in_(list(sweep.candidates)),
                 Workload.state.not_in(_ENDED),
                 Workload.hold.is_(None),
             )
             .group_by(Workload.array_id)
         ).all()
-    ) if candidates else {}  # fmt: skip
-    to_limit: list[uuid.UUID] = []  # freed from their dependencies, held by their array
-    for array_id, hs in candidates.items():
+    ) if sweep.candidates else {}  # fmt: skip
+    for array_id, hs in sweep.candidates.items():
         limit = hs[0].array_max_parallel or hs[0].array_count or len(hs)
         busy = under_way.get(array_id, 0)
         free = max(0, limit - busy)
-        freed += [h.id for h in hs[:free]]
+        sweep.freed += [h.id for h in hs[:free]]
         for h in hs[free:]:
             if h.hold != ARRAY_LIMIT:
-                to_limit.append(h.id)
-            reasons.append((h.id, h.tenant_id, ARRAY_LIMIT, array_full(busy + free, limit)))
-    changed = sorted(set(freed) | set(failing) | set(to_limit))
+                sweep.to_limit.append(h.id)
+            sweep.reasons.append((h.id, h.tenant_id, ARRAY_LIMIT, array_full(busy + free, limit)))
+
+
+def _apply(session: Session, sweep: _Sweep, now: datetime) -> tuple[list, set]:
+    """The decisions on the rows that change (locked, in id order); those released or failed,
+    and the regions to kick."""
+    failing, to_limit = sweep.failing, sweep.to_limit
+    changed = sorted(set(sweep.freed) | set(failing) | set(to_limit))
     done: list[uuid.UUID] = []
     regions: set[str | None] = set()
     for i in range(0, len(changed), CHUNK):
@@ -193,13 +232,7 @@ def release(session: Session) -> int:
                 w.hold = None
                 done.append(w.id)
                 regions.add(w.region)
-    session.flush()
-    if done:
-        session.execute(delete(PendingReason).where(PendingReason.workload_id.in_(done)))
-    pending.write(session, [r for r in reasons if r[0] not in set(done)], now)
-    for region in regions:
-        kick_placement(session, region)
-    return len(done)
+    return done, regions
 
 
 def _fail(session: Session, w: Workload, broken, now: datetime) -> None:
