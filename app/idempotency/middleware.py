@@ -238,6 +238,56 @@ def before_commit(session: Session, template: str, status: int, params: dict, re
 EXEMPT = frozenset({"/v1/sessions", "/v1/sessions/current"})
 
 
+# The answers to a claim that cannot run the request (`_claim`'s outcomes): status, code,
+# title, detail, headers.
+_REFUSALS: dict[str, tuple[int, str, str, str, list]] = {
+    "not_yours": (
+        409,
+        "idempotency_key_reused",
+        "Idempotency-Key reused",
+        "This Idempotency-Key was already used by another API key of this account (or before "
+        "the account's status changed); its answer goes only to the key that sent it. Use a new "
+        "Idempotency-Key.",
+        [],
+    ),
+    "mismatch": (
+        409,
+        "idempotency_key_reused",
+        "Idempotency-Key reused",
+        "This Idempotency-Key was already used with a different request body or path.",
+        [],
+    ),
+    "answer_lost": (
+        409,
+        "idempotency_answer_lost",
+        "Request applied, answer lost",
+        "The request with this Idempotency-Key was applied, but its answer was lost when a "
+        "backing service failed over; it is not applied again. Read what it changed (for "
+        "example, list the resources it creates).",
+        [],
+    ),
+    "in_flight": (
+        409,
+        "idempotency_request_in_progress",
+        "Request in progress",
+        "A request with this Idempotency-Key is still being processed; retry shortly.",
+        [(b"retry-after", b"1")],
+    ),
+}
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body; None when the client went away first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
 class IdempotencyMiddleware:
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -266,59 +316,17 @@ class IdempotencyMiddleware:
             except AppError:  # not a live key: the route answers 401, nothing is claimed
                 return await self.app(scope, receive, send)
             scope.setdefault("state", {})[AUTH_STATE] = ctx
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        body = await _read_body(receive)
+        if body is None:
+            return
         req_hash = request_hash(scope, body)
         principal = namespace(ctx, req_hash)
         owner = owner_of(ctx) if ctx is not None else None
         outcome, rec = await anyio.to_thread.run_sync(_claim, principal, key, req_hash, owner)
-        if outcome == "not_yours":
+        if outcome in _REFUSALS:
+            status, code, title, detail, headers = _REFUSALS[outcome]
             return await send_problem(
-                send,
-                409,
-                "idempotency_key_reused",
-                "Idempotency-Key reused",
-                "This Idempotency-Key was already used by another API key of this account (or "
-                "before the account's status changed); its answer goes only to the key that "
-                "sent it. Use a new Idempotency-Key.",
-                instance=scope["path"],
-            )
-        if outcome == "mismatch":
-            return await send_problem(
-                send,
-                409,
-                "idempotency_key_reused",
-                "Idempotency-Key reused",
-                "This Idempotency-Key was already used with a different request body or path.",
-                instance=scope["path"],
-            )
-        if outcome == "answer_lost":
-            return await send_problem(
-                send,
-                409,
-                "idempotency_answer_lost",
-                "Request applied, answer lost",
-                "The request with this Idempotency-Key was applied, but its answer was lost when a "
-                "backing service failed over; it is not applied again. Read what it changed "
-                "(for example, list the resources it creates).",
-                instance=scope["path"],
-            )
-        if outcome == "in_flight":
-            return await send_problem(
-                send,
-                409,
-                "idempotency_request_in_progress",
-                "Request in progress",
-                "A request with this Idempotency-Key is still being processed; retry shortly.",
-                headers=[(b"retry-after", b"1")],
-                instance=scope["path"],
+                send, status, code, title, detail, headers=headers or None, instance=scope["path"]
             )
         if outcome == "replay":  # the route hands it back once its own checks have passed
             token = REPLAY.set(rec)
@@ -326,7 +334,13 @@ class IdempotencyMiddleware:
                 return await self.app(scope, replay_body(body, receive), send)
             finally:
                 REPLAY.reset(token)
+        await self._run_and_keep(scope, receive, send, body, principal, key)
 
+    async def _run_and_keep(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, principal, key: str
+    ) -> None:
+        """Run the request it claimed, and keep its answer for the key's replays (a 500 when it
+        failed outright)."""
         status = 500
         resp_headers: dict[str, str] = {}
         resp_body = bytearray()
