@@ -90,116 +90,140 @@ def plan(gpus: list[GpuView], demand: Demand, cfg: RelayoutConfig, now: float) -
 def _plan_model(
     model: str, gpus: list[GpuView], demand: Demand, cfg: RelayoutConfig, now: float
 ) -> list[Relayout]:
-    gpus = sorted(gpus, key=lambda g: (g.node, g.index))
-    budget = max(1, math.floor(cfg.max_fraction_per_cycle * len(gpus)))
-    out: list[Relayout] = []
+    plan = _ModelPlan(model, gpus, demand, cfg, now)
+    plan.convert_surplus_whole()  # 2.
+    plan.revert_for_whole()  # 3.
+    plan.relay_unwanted()  # 4.
+    return plan.out
 
-    def movable(g: GpuView) -> bool:
+
+class _ModelPlan:
+    """One model's GPUs planned for one cycle: the shortfall per class (1.), then the rules of
+    the module's docstring in order, each spending the cycle's budget of changes."""
+
+    def __init__(
+        self, model: str, gpus: list[GpuView], demand: Demand, cfg: RelayoutConfig, now: float
+    ):
+        self.cfg, self.now = cfg, now
+        self.gpus = sorted(gpus, key=lambda g: (g.node, g.index))
+        self.budget = max(1, math.floor(cfg.max_fraction_per_cycle * len(self.gpus)))
+        self.out: list[Relayout] = []
+        self.touched: set[tuple[str, int]] = set()
+        # 1. Shortfall per class.
+        free_mig: dict[str, int] = {}
+        for g in self.gpus:
+            if g.layout is not None:
+                for key, _start in g.free:
+                    free_mig[key] = free_mig.get(key, 0) + 1
+        self.queued_mig = {k: n for (m, k), n in demand.mig.items() if m == model and n > 0}
+        self.short = {k: max(0, n - free_mig.get(k, 0)) for k, n in self.queued_mig.items()}
+        self.idle_whole = [g for g in self.gpus if g.layout is None and g.idle]
+        want_whole = demand.whole.get(model, 0)
+        self.whole_short = max(0, want_whole - len(self.idle_whole))
+        self.surplus = len(self.idle_whole) - want_whole - cfg.whole_reserve
+        total_queued = sum(self.queued_mig.values()) or 1
+        self.mix = {k: n / total_queued for k, n in self.queued_mig.items()}
+        self.mig_nodes: dict[str, int] = {}
+        for g in self.gpus:
+            if g.layout is not None:
+                self.mig_nodes[g.node] = self.mig_nodes.get(g.node, 0) + 1
+        self.idle_mig = [g for g in self.gpus if g.layout is not None and self.movable(g)]
+
+    def movable(self, g: GpuView) -> bool:
         return (
             g.idle
-            and now - g.changed_at >= cfg.min_dwell_s
-            and g.changes_24h < cfg.max_changes_per_gpu_day
+            and self.now - g.changed_at >= self.cfg.min_dwell_s
+            and g.changes_24h < self.cfg.max_changes_per_gpu_day
         )
 
-    def worth(covered_geq: float, cost_s: float) -> bool:
-        return covered_geq * cfg.min_dwell_s >= cfg.gain_margin * cost_s
+    def worth(self, covered_geq: float, cost_s: float) -> bool:
+        return covered_geq * self.cfg.min_dwell_s >= self.cfg.gain_margin * cost_s
 
-    # 1. Shortfall per class.
-    free_mig: dict[str, int] = {}
-    for g in gpus:
-        if g.layout is not None:
-            for key, _start in g.free:
-                free_mig[key] = free_mig.get(key, 0) + 1
-    queued_mig = {k: n for (m, k), n in demand.mig.items() if m == model and n > 0}
-    short = {k: max(0, n - free_mig.get(k, 0)) for k, n in queued_mig.items()}
-    idle_whole = [g for g in gpus if g.layout is None and g.idle]
-    want_whole = demand.whole.get(model, 0)
-    whole_short = max(0, want_whole - len(idle_whole))
-    surplus = len(idle_whole) - want_whole - cfg.whole_reserve
-    total_queued = sum(queued_mig.values()) or 1
-    mix = {k: n / total_queued for k, n in queued_mig.items()}
-    mig_nodes: dict[str, int] = {}
-    for g in gpus:
-        if g.layout is not None:
-            mig_nodes[g.node] = mig_nodes.get(g.node, 0) + 1
-
-    def best_layout() -> tuple[Layout, float] | None:
+    def best_layout(self) -> tuple[Layout, float] | None:
         best: tuple[tuple[float, float, float], Layout] | None = None
-        for layout in cfg.layouts():
+        for layout in self.cfg.layouts():
             counts: dict[str, int] = {}
             for key, _s in layout:
                 counts[key] = counts.get(key, 0) + 1
-            covered = sum(min(c, short.get(k, 0)) * _geq(k) for k, c in counts.items())
+            covered = sum(min(c, self.short.get(k, 0)) * _geq(k) for k, c in counts.items())
             if covered <= 0:
                 continue
-            fit = sum(mix.get(k, 0.0) * _geq(k) for k, _s in layout)
+            fit = sum(self.mix.get(k, 0.0) * _geq(k) for k, _s in layout)
             laid = sum(_geq(k) for k, _s in layout)
             score = (covered, fit, laid)
             if best is None or score > best[0]:  # strict: the first in canonical order wins ties
                 best = (score, layout)
         return None if best is None else (best[1], best[0][0])
 
-    def take(layout: Layout) -> None:
+    def take(self, layout: Layout) -> None:
         for key, _s in layout:
-            if short.get(key, 0) > 0:
-                short[key] -= 1
+            if self.short.get(key, 0) > 0:
+                self.short[key] -= 1
 
-    # 2. Convert idle whole GPUs beyond the whole queue.
-    if any(short.values()) and surplus > 0:
+    def convert_surplus_whole(self) -> None:
+        """2. Convert idle whole GPUs beyond the whole queue."""
+        if not any(self.short.values()) or self.surplus <= 0:
+            return
         order = sorted(
-            (g for g in idle_whole if movable(g)),
-            key=lambda g: (-mig_nodes.get(g.node, 0), g.node, g.index),
+            (g for g in self.idle_whole if self.movable(g)),
+            key=lambda g: (-self.mig_nodes.get(g.node, 0), g.node, g.index),
         )
         for g in order:
-            if budget <= 0 or surplus <= 0 or not any(short.values()):
+            if self.budget <= 0 or self.surplus <= 0 or not any(self.short.values()):
                 break
-            pick = best_layout()
-            if pick is None or not worth(pick[1], cfg.mode_flip_cost_s):
+            pick = self.best_layout()
+            if pick is None or not self.worth(pick[1], self.cfg.mode_flip_cost_s):
                 break
             layout, covered = pick
             assert valid_layout(list(layout))
-            out.append(Relayout(g.node, g.index, layout, f"MIG shortfall {covered:.3g} GPU-eq"))
-            take(layout)
-            mig_nodes[g.node] = mig_nodes.get(g.node, 0) + 1
-            surplus -= 1
-            budget -= 1
+            self.out.append(
+                Relayout(g.node, g.index, layout, f"MIG shortfall {covered:.3g} GPU-eq")
+            )
+            self.take(layout)
+            self.mig_nodes[g.node] = self.mig_nodes.get(g.node, 0) + 1
+            self.surplus -= 1
+            self.budget -= 1
 
-    # 3. Revert fully idle MIG GPUs for a whole-GPU shortfall.
-    idle_mig = [g for g in gpus if g.layout is not None and movable(g)]
-    touched: set[tuple[str, int]] = set()
-    if whole_short > 0 and worth(1.0, cfg.mode_flip_cost_s):
+    def revert_for_whole(self) -> None:
+        """3. Revert fully idle MIG GPUs for a whole-GPU shortfall."""
+        if self.whole_short <= 0 or not self.worth(1.0, self.cfg.mode_flip_cost_s):
+            return
         idle_whole_on: dict[str, int] = {}
-        for g in idle_whole:
+        for g in self.idle_whole:
             idle_whole_on[g.node] = idle_whole_on.get(g.node, 0) + 1
 
         def needed(g: GpuView) -> float:
             assert g.layout is not None
-            return sum(_geq(k) for k, _s in g.layout if queued_mig.get(k, 0) > 0)
+            return sum(_geq(k) for k, _s in g.layout if self.queued_mig.get(k, 0) > 0)
 
         for g in sorted(
-            idle_mig, key=lambda g: (needed(g), -idle_whole_on.get(g.node, 0), g.node, g.index)
+            self.idle_mig,
+            key=lambda g: (needed(g), -idle_whole_on.get(g.node, 0), g.node, g.index),
         ):
-            if budget <= 0 or whole_short <= 0:
+            if self.budget <= 0 or self.whole_short <= 0:
                 break
-            out.append(Relayout(g.node, g.index, None, "whole-GPU shortfall"))
-            touched.add((g.node, g.index))
+            self.out.append(Relayout(g.node, g.index, None, "whole-GPU shortfall"))
+            self.touched.add((g.node, g.index))
             idle_whole_on[g.node] = idle_whole_on.get(g.node, 0) + 1
-            whole_short -= 1
-            budget -= 1
+            self.whole_short -= 1
+            self.budget -= 1
 
-    # 4. Re-lay fully idle MIG GPUs whose instances nobody queues for.
-    if any(short.values()):
-        for g in idle_mig:
-            if budget <= 0 or not any(short.values()):
+    def relay_unwanted(self) -> None:
+        """4. Re-lay fully idle MIG GPUs whose instances nobody queues for."""
+        for g in self.idle_mig:
+            if self.budget <= 0 or not any(self.short.values()):
                 break
             assert g.layout is not None
-            if (g.node, g.index) in touched or any(short.get(k, 0) for k, _s in g.layout):
+            if (g.node, g.index) in self.touched or any(self.short.get(k, 0) for k, _s in g.layout):
                 continue  # its own instances are wanted: keep it as it is
-            pick = best_layout()
-            if pick is None or not worth(pick[1], cfg.reset_cost_s) or pick[0] == g.layout:
+            pick = self.best_layout()
+            if pick is None or not self.worth(pick[1], self.cfg.reset_cost_s):
+                continue
+            if pick[0] == g.layout:
                 continue
             layout, covered = pick
-            out.append(Relayout(g.node, g.index, layout, f"profile mismatch {covered:.3g} GPU-eq"))
-            take(layout)
-            budget -= 1
-    return out
+            self.out.append(
+                Relayout(g.node, g.index, layout, f"profile mismatch {covered:.3g} GPU-eq")
+            )
+            self.take(layout)
+            self.budget -= 1
