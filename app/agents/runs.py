@@ -476,55 +476,78 @@ def _settle(
     heard: datetime,
 ) -> None:
     """What the workload's runs, as now recorded, mean for it (`heard`: when their node was
-    last heard before this report)."""
+    last heard before this report): its start, a lost run, a failed one, or the end of all."""
     allocs = [a for a, _ in session.execute(_held().where(Allocation.workload_id == w.id)).all()]
-    if w.state == State.provisioning.value:
-        own = [
-            a
-            for a in allocs
-            if a.run_state == "failed_to_start"
-            and (r := tails.get((w.id, a.replica))) is not None
-            and r.fault == "workload"
-        ]
-        if own:
-            # It cannot start anywhere (its command is not there): failed now, with why,
-            # rather than placed again and again. It never ran: its allocations end when they
-            # began, so nothing of it is billed.
-            a = own[0]
-            r = tails[(w.id, a.replica)]
-            held = release_unstarted(session, w, reason="failed_to_start")
-            lifecycle.transition(
-                session,
-                w,
-                State.failed,
-                f"replica {a.replica} could not start: {r.message}",
-                {"cause": "failed_to_start", "replica": a.replica, "message": r.message},
-            )
-            if held:  # its other replicas stop; its GPUs go to the queue
-                wid = str(w.id)
-                enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=wid)
-                kick_placement(session, w.region)
-            return
-        crashed = [a for a in allocs if a.run_state == "exited" and _failure(a)]
-        if crashed:
-            # A process that ran and exited badly by itself before its last replica came up
-            # (a crash at start-up): the workload's own failure, not a start that went wrong.
-            # It ran from its first replica's start; its policy decides below, as for any
-            # failure, and its usage runs until the crash.
-            began = min(as_aware(a.run_started_at) for a in allocs if a.run_started_at)
-            workload_runs.start(session, [w], began, get_provider(session))
-        elif any(_failure(a) for a in allocs):
-            # A start that went wrong: `workloads.check` puts it back in the queue, at once.
-            enqueue(session, "workloads.check", queue="provisioning", workload_ids=[str(w.id)])
-            return
-        elif not allocs or any(a.run_state is None for a in allocs):
-            return  # replicas still starting
-        else:
-            # Every replica is up (or already done): it runs from when the last one started.
-            began = max(as_aware(a.run_started_at) for a in allocs)
-            workload_runs.start(session, [w], began, get_provider(session))
+    if w.state == State.provisioning.value and _settle_start(session, w, allocs, tails):
+        return
     if w.state not in (State.running.value, State.checkpointing.value):
         return
+    if _settle_lost(session, w, allocs, tails, heard) or _settle_failed(session, w, allocs, tails):
+        return
+    _settle_ended(session, w, allocs)
+
+
+def _settle_start(
+    session: Session, w: Workload, allocs: list, tails: dict[tuple[uuid.UUID, int], RunReport]
+) -> bool:
+    """A provisioning workload: failed (it cannot start anywhere), back to the queue (a start
+    that went wrong), still starting, or running now. True when there is nothing more to do."""
+    own = [
+        a
+        for a in allocs
+        if a.run_state == "failed_to_start"
+        and (r := tails.get((w.id, a.replica))) is not None
+        and r.fault == "workload"
+    ]
+    if own:
+        # It cannot start anywhere (its command is not there): failed now, with why,
+        # rather than placed again and again. It never ran: its allocations end when they
+        # began, so nothing of it is billed.
+        a = own[0]
+        r = tails[(w.id, a.replica)]
+        held = release_unstarted(session, w, reason="failed_to_start")
+        lifecycle.transition(
+            session,
+            w,
+            State.failed,
+            f"replica {a.replica} could not start: {r.message}",
+            {"cause": "failed_to_start", "replica": a.replica, "message": r.message},
+        )
+        if held:  # its other replicas stop; its GPUs go to the queue
+            wid = str(w.id)
+            enqueue(session, "workloads.deprovision", queue="provisioning", workload_id=wid)
+            kick_placement(session, w.region)
+        return True
+    crashed = [a for a in allocs if a.run_state == "exited" and _failure(a)]
+    if crashed:
+        # A process that ran and exited badly by itself before its last replica came up
+        # (a crash at start-up): the workload's own failure, not a start that went wrong.
+        # It ran from its first replica's start; its policy decides below, as for any
+        # failure, and its usage runs until the crash.
+        began = min(as_aware(a.run_started_at) for a in allocs if a.run_started_at)
+        workload_runs.start(session, [w], began, get_provider(session))
+    elif any(_failure(a) for a in allocs):
+        # A start that went wrong: `workloads.check` puts it back in the queue, at once.
+        enqueue(session, "workloads.check", queue="provisioning", workload_ids=[str(w.id)])
+        return True
+    elif not allocs or any(a.run_state is None for a in allocs):
+        return True  # replicas still starting
+    else:
+        # Every replica is up (or already done): it runs from when the last one started.
+        began = max(as_aware(a.run_started_at) for a in allocs)
+        workload_runs.start(session, [w], began, get_provider(session))
+    return False
+
+
+def _settle_lost(
+    session: Session,
+    w: Workload,
+    allocs: list,
+    tails: dict[tuple[uuid.UUID, int], RunReport],
+    heard: datetime,
+) -> bool:
+    """A run lost with its host: the workload goes back to the queue as from a hardware
+    fault. True when it did."""
     lost = [a for a in allocs if a.run_state == "lost" and _failure(a)]
     if lost and w.state == State.running.value:
         # Its process vanished with its host (a reboot, a power cut): not the workload's fault.
@@ -552,7 +575,15 @@ def _settle(
             only={w.id},
             hardware=not agent,
         )
-        return
+        return True
+    return False
+
+
+def _settle_failed(
+    session: Session, w: Workload, allocs: list, tails: dict[tuple[uuid.UUID, int], RunReport]
+) -> bool:
+    """A replica that ended badly by itself: the workload's failure (once its gang's other
+    hosts have had their say). True when there was one."""
     # (A run lost in its grace, its node gone while it checkpointed, is one more that stopped:
     # its workload was on its way off, and goes back to the queue as its preemption said.)
     failed = sorted(
@@ -577,9 +608,15 @@ def _settle(
         if unheard_peers(allocs):
             if len(failed) == 1:  # its first failure: the gang's other hosts are asked once
                 _await_peers(session, w, reason, at, details)
-            return
+            return True
         end_in_failure(session, w, reason=reason, at=at, details=details)
-        return
+        return True
+    return False
+
+
+def _settle_ended(session: Session, w: Workload, allocs: list) -> None:
+    """Every replica ended: succeeded (all exited 0 by themselves), or a preemption whose
+    victims all stopped within their grace."""
     ended = [a for a in allocs if a.run_state in FAILED_RUNS]
     if allocs and len(ended) == len(allocs):
         if all(a.run_state == "exited" and a.exit_code == 0 for a in ended) and not any(
