@@ -1,8 +1,10 @@
 """The house's figures, from the source: package cycles, imports inside functions, big rooms.
 
-    python scripts/house.py [--json] [ROOT]
+    python scripts/house.py [--json] [ROOT ...]
 
-A package is a folder directly under ROOT (default `app`) or a module there (`app/main.py`).
+Each ROOT (default: `app`, `rackplane_agent` and `rackplane_bench`) is measured on its own. A
+package is a folder directly under ROOT or a module there (`app/main.py`). A big room is a
+file over MAX_FILE_LINES or a function over MAX_FUNCTION_LINES (issue 48's bounds).
 An import between packages is counted where it is written: at module level, or
 inside a function (how a cycle hides). A cycle is a strongly connected set of packages.
 """
@@ -101,6 +103,10 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out, key=len, reverse=True)
 
 
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 80
+
+
 def measure(root: Path) -> dict:
     base = root.parent
     name = root.name
@@ -120,12 +126,12 @@ def measure(root: Path) -> dict:
             continue
         packages.add(here)
         lines = source.count("\n")
-        if lines > 800:
+        if lines > MAX_FILE_LINES:
             big_files.append((str(path.relative_to(base)), lines))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > 100:
+                if length > MAX_FUNCTION_LINES:
                     long_functions.append((f"{path.relative_to(base)}:{node.name}", length))
         for target, in_function, line in imports(tree, module, path.name == "__init__.py"):
             there = package_of(target, name)
@@ -149,7 +155,7 @@ def measure(root: Path) -> dict:
         "packages_in_cycles_all_imports": sum(len(c) for c in every),
         "cycles_module_level": module_level,
         "files_over_800_lines": sorted(big_files, key=lambda f: -f[1]),
-        "functions_over_100_lines": sorted(long_functions, key=lambda f: -f[1]),
+        "functions_over_80_lines": sorted(long_functions, key=lambda f: -f[1]),
         "imports_inside_functions_at": inside_at,
     }
 
@@ -158,13 +164,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("root", nargs="?", default="app")
+    parser.add_argument("roots", nargs="*", default=["app", "rackplane_agent", "rackplane_bench"])
     parser.add_argument("--json", action="store_true", help="everything, as JSON")
     args = parser.parse_args()
-    figures = measure(Path(args.root).resolve())
+    every = {root: measure(Path(root).resolve()) for root in args.roots}
     if args.json:
-        print(json.dumps(figures, indent=2))
+        print(json.dumps(every, indent=2))
         return
+    for root, figures in every.items():
+        report(root, figures)
+
+
+def report(root: str, figures: dict) -> None:
+    print(f"== {root}")
     print(f"packages: {figures['packages']}")
     print(
         f"imports between packages: {figures['imports_between_packages']}, "
@@ -176,11 +188,11 @@ def main() -> None:
     print(f"cycles from module-level imports: {len(figures['cycles_module_level'])}")
     for c in figures["cycles_module_level"]:
         print(f"  {len(c)}: {' '.join(c)}")
-    print(f"files over 800 lines: {len(figures['files_over_800_lines'])}")
+    print(f"files over {MAX_FILE_LINES} lines: {len(figures['files_over_800_lines'])}")
     for f, n in figures["files_over_800_lines"]:
         print(f"  {n:5d} {f}")
-    print(f"functions over 100 lines: {len(figures['functions_over_100_lines'])}")
-    for f, n in figures["functions_over_100_lines"]:
+    print(f"functions over {MAX_FUNCTION_LINES} lines: {len(figures['functions_over_80_lines'])}")
+    for f, n in figures["functions_over_80_lines"]:
         print(f"  {n:5d} {f}")
 
 
