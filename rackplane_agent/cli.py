@@ -68,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a runtime to offer (repeatable; default: process, and podman and vm when "
         "installed); process is always offered",
     )
+    _places(p)
+    _runs(p)
+    p.add_argument("--dcgm-exporter", metavar="URL", help="dcgm-exporter's /metrics URL")
+    p.add_argument(
+        "--poll-wait", type=float, default=30.0, help="seconds a poll for assignments may wait"
+    )
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument("--version", action="version", version=f"rackplane-agent {__version__}")
+    return p
+
+
+def _places(p: argparse.ArgumentParser) -> None:
+    """Where runs work and tenants' volumes live, and the gang's network interface."""
     p.add_argument(
         "--work-dir",
         type=Path,
@@ -96,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the interface a gang's hosts reach each other on: runs get it as "
         "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (default: NCCL's and Gloo's own choice)",
     )
+
+
+def _runs(p: argparse.ArgumentParser) -> None:
+    """Whom runs run as, what of their output is kept, and the node's ports for them."""
     runs_as = p.add_mutually_exclusive_group()
     runs_as.add_argument(
         "--run-uids",
@@ -130,13 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the node's TCP ports an inference endpoint's replica is reached on, one per "
         "serving run (default: 31000-31999; open them to the gateways)",
     )
-    p.add_argument("--dcgm-exporter", metavar="URL", help="dcgm-exporter's /metrics URL")
-    p.add_argument(
-        "--poll-wait", type=float, default=30.0, help="seconds a poll for assignments may wait"
-    )
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    p.add_argument("--version", action="version", version=f"rackplane-agent {__version__}")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
