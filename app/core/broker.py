@@ -68,31 +68,7 @@ def celery_settings(s: Settings) -> dict[str, Any]:
         "timezone": "UTC",
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,
-        "beat_schedule": {
-            "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
-            "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
-            "sessions.purge": {"task": "sessions.purge", "schedule": 3600.0},
-            "logs.prune": {"task": "logs.prune", "schedule": 3600.0},
-            "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
-            "endpoints.autoscale": {
-                "task": "endpoints.autoscale",
-                "schedule": s.endpoint_tick_seconds,
-            },
-            "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
-            "workloads.holds": {"task": "workloads.holds", "schedule": 5.0},
-            "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
-            "fleet.upgrades": {"task": "fleet.upgrades", "schedule": s.upgrade_tick_seconds},
-            "agents.mig_layouts": {
-                "task": "agents.mig_layouts",
-                "schedule": s.mig_relayout_seconds,
-            },
-            "chaos.watch": {"task": "chaos.watch", "schedule": 5.0},
-            "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
-            "billing.meter_export": {
-                "task": "billing.meter_export",
-                "schedule": s.meter_export_seconds,
-            },
-        },
+        "beat_schedule": _beat_schedule(s),
         "beat_schedule_filename": str((s.data_dir / "celerybeat-schedule").resolve()),
         # One beat sends each schedule however many run (workers/beat.py).
         "beat_scheduler": "workers.beat:LeasedScheduler",
@@ -107,3 +83,32 @@ def get_celery() -> Celery:
     app = Celery("rackplane")
     app.conf.update(celery_settings(get_settings()))
     return app
+
+
+def _beat_schedule(s: Settings) -> dict[str, Any]:
+    """Every reconciler beat sends, and how often: each a sweep or tick that is idempotent."""
+    return {
+        "outbox.drain": {"task": "outbox.drain", "schedule": 5.0},
+        "idempotency.purge": {"task": "idempotency.purge", "schedule": 3600.0},
+        "sessions.purge": {"task": "sessions.purge", "schedule": 3600.0},
+        "logs.prune": {"task": "logs.prune", "schedule": 3600.0},
+        "placement.tick": {"task": "placement.tick", "schedule": s.placement_tick_seconds},
+        "endpoints.autoscale": {
+            "task": "endpoints.autoscale",
+            "schedule": s.endpoint_tick_seconds,
+        },
+        "workloads.reconcile": {"task": "workloads.reconcile", "schedule": 10.0},
+        "workloads.holds": {"task": "workloads.holds", "schedule": 5.0},
+        "health.sweep": {"task": "health.sweep", "schedule": s.health_sweep_seconds},
+        "fleet.upgrades": {"task": "fleet.upgrades", "schedule": s.upgrade_tick_seconds},
+        "agents.mig_layouts": {
+            "task": "agents.mig_layouts",
+            "schedule": s.mig_relayout_seconds,
+        },
+        "chaos.watch": {"task": "chaos.watch", "schedule": 5.0},
+        "billing.budgets": {"task": "billing.budgets", "schedule": s.budget_eval_seconds},
+        "billing.meter_export": {
+            "task": "billing.meter_export",
+            "schedule": s.meter_export_seconds,
+        },
+    }
