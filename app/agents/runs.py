@@ -108,36 +108,7 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
     for a, w in rows:
         local = sorted(b.replica for b, v in rows if v.id == w.id)
         gpus = _device_ids(a, devices)
-        env = {
-            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-            "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
-            "RANK": str(a.replica),
-            "WORLD_SIZE": str(w.size),
-            "LOCAL_RANK": str(local.index(a.replica)),
-            "RACKPLANE_WORKLOAD_ID": str(w.id),
-            "RACKPLANE_REPLICA": str(a.replica),
-            "RACKPLANE_ATTEMPT": str(w.attempts),
-            "RACKPLANE_API": settings.public_api_url,
-        }
-        if w.replicas > 1:
-            env["MASTER_ADDR"] = masters.get(w.id, agent.address)
-            env["MASTER_PORT"] = str(w.master_port or _fallback_port(w, settings.master_ports))
-            # What a torchrun (TorchElastic) worker finds: one process per replica, this
-            # node's replicas a group, the attempt its restart count.
-            env.update(
-                LOCAL_WORLD_SIZE=str(len(local)),
-                GROUP_RANK=str(_group_ranks(w).get(caller.node_name, 0)),
-                ROLE_RANK=str(a.replica),
-                ROLE_WORLD_SIZE=str(w.size),
-                TORCHELASTIC_RESTART_COUNT=str(w.attempts),
-                TORCHELASTIC_RUN_ID=str(w.id),
-            )
-        if w.last_checkpoint_uri:
-            env["RACKPLANE_RESUME_FROM"] = w.last_checkpoint_uri
-        if w.array_id is not None:  # a job array's element (Slurm's SLURM_ARRAY_TASK_ID)
-            env["RACKPLANE_ARRAY_ID"] = str(w.array_id)
-            env["RACKPLANE_ARRAY_INDEX"] = str(w.array_index)
-            env["RACKPLANE_ARRAY_COUNT"] = str(w.array_count)
+        env = _env(w, a, gpus, local, masters, agent, caller, settings)
         stopping = w.state == State.checkpointing.value
         deadline = as_aware(w.stop_deadline) if stopping and w.stop_deadline else None
         out.append(
@@ -175,6 +146,44 @@ def assignments(session: Session, caller: NodeCaller) -> Assignments:
         burn_in=suite.wire(burn) if burn is not None else None,
         mig_layouts=mig.wanted(session, caller.node_id),
     )
+
+
+def _env(
+    w: Workload, a: Allocation, gpus: list[str], local: list[int], masters, agent, caller, settings
+) -> dict[str, str]:
+    """A run's environment as the control plane sets it: its devices, its rank in its gang
+    (torchrun's and TorchElastic's names too), where it resumes from and its array index."""
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+        "NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
+        "RANK": str(a.replica),
+        "WORLD_SIZE": str(w.size),
+        "LOCAL_RANK": str(local.index(a.replica)),
+        "RACKPLANE_WORKLOAD_ID": str(w.id),
+        "RACKPLANE_REPLICA": str(a.replica),
+        "RACKPLANE_ATTEMPT": str(w.attempts),
+        "RACKPLANE_API": settings.public_api_url,
+    }
+    if w.replicas > 1:
+        env["MASTER_ADDR"] = masters.get(w.id, agent.address)
+        env["MASTER_PORT"] = str(w.master_port or _fallback_port(w, settings.master_ports))
+        # What a torchrun (TorchElastic) worker finds: one process per replica, this
+        # node's replicas a group, the attempt its restart count.
+        env.update(
+            LOCAL_WORLD_SIZE=str(len(local)),
+            GROUP_RANK=str(_group_ranks(w).get(caller.node_name, 0)),
+            ROLE_RANK=str(a.replica),
+            ROLE_WORLD_SIZE=str(w.size),
+            TORCHELASTIC_RESTART_COUNT=str(w.attempts),
+            TORCHELASTIC_RUN_ID=str(w.id),
+        )
+    if w.last_checkpoint_uri:
+        env["RACKPLANE_RESUME_FROM"] = w.last_checkpoint_uri
+    if w.array_id is not None:  # a job array's element (Slurm's SLURM_ARRAY_TASK_ID)
+        env["RACKPLANE_ARRAY_ID"] = str(w.array_id)
+        env["RACKPLANE_ARRAY_INDEX"] = str(w.array_index)
+        env["RACKPLANE_ARRAY_COUNT"] = str(w.array_count)
+    return env
 
 
 def _serves(session: Session, endpoint_ids: set[uuid.UUID]) -> dict[uuid.UUID, Serve]:
