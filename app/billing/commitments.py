@@ -75,7 +75,7 @@ def load(session: Session, scope, start: datetime, end: datetime) -> list[Term]:
 
 
 # What a segment of usage is grouped by; the split replaces priority with the plan.
-_PLAIN = ("tenant_id", "gpu_model", "shape", "tier", "region", "priority")
+PLAIN = ("tenant_id", "gpu_model", "shape", "tier", "region", "priority")
 
 
 def split(
@@ -150,7 +150,7 @@ def usage_by_plan(
         ok = priority != "preemptible" and (tenant, model) in owners
         (committed if ok else plain).append(iv)
     out: Segments = defaultdict(int)
-    plain_segments = metering.segmentize(plain, adjustments, cuts, _PLAIN, now=now)
+    plain_segments = metering.segmentize(plain, adjustments, cuts, PLAIN, now=now)
     for (seg, (*dims, priority)), q in plain_segments.items():
         out[(seg, (*dims, plan_of(priority).value))] += q
     if terms:

@@ -140,7 +140,7 @@ def _late(session: Session, scope, kept: _Kept) -> bool:
 def _advance(session: Session, scope, cuts: list[int], kept: _Kept, h: int, upto: int) -> _Kept:
     """The kept segments moved on from `kept.h` to `h`: what happened in between, read on the
     index, clipped at `h`."""
-    pick = metering.picker(commitments._PLAIN)
+    pick = metering.picker(commitments.PLAIN)
     started, stopped, adjustments = metering.read_since(
         session, scope, metering.from_ms(kept.h), metering.from_ms(h)
     )
@@ -173,13 +173,13 @@ def _keep(session: Session, scope, cuts: list[int], h: int, upto: int) -> _Kept:
         session, scope, metering.from_ms(lo), metering.from_ms(hi)
     )
     before = [c for c in cuts if c < h] + [h] if h > lo else [lo, lo]
-    pick = metering.picker(commitments._PLAIN)
+    pick = metering.picker(commitments.PLAIN)
     segments: dict[tuple[int, tuple], int] = {}
     if h > lo:
         early = [iv for iv in intervals if iv.start_ms < h]
         segments = dict(
             metering.segmentize(
-                early, adjustments, before, commitments._PLAIN, now=metering.from_ms(h)
+                early, adjustments, before, commitments.PLAIN, now=metering.from_ms(h)
             )
         )
     held: dict[tuple, int] = defaultdict(int)
@@ -200,7 +200,7 @@ def _add_since(
 ) -> None:
     hi = cuts[-1]
     tail = cuts[bisect_right(cuts, h) - 1 :]  # from the segment h is in
-    pick = metering.picker(commitments._PLAIN)
+    pick = metering.picker(commitments.PLAIN)
     started, stopped, adjustments = metering.read_since(
         session, scope, metering.from_ms(h), metering.from_ms(hi)
     )

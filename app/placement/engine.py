@@ -166,7 +166,7 @@ class Engine:
                 options.append(nodes)
         if req.shape.gpus:
             need = req.replicas * req.shape.gpus
-            free = [sum(len(s._wslots[n]) for n in o or ()) for o in options]
+            free = [sum(len(s.free_slots[n]) for n in o or ()) for o in options]
             ranked = sorted(
                 (f, i) for i, f in enumerate(free) if f >= need
             )  # enough whole free GPUs in total, tightest first
@@ -274,7 +274,7 @@ class Engine:
                     return (
                         host_ok(n)
                         and int(s.node_allocs[n]) == 0
-                        and len(s._wslots[n]) == int(s.node_ngpu[n])
+                        and len(s.free_slots[n]) == int(s.node_ngpu[n])
                     )
 
                 for n in self._whole_nodes(m, need, empty_node, limit):
@@ -359,7 +359,7 @@ class Engine:
                             break
 
             def fresh_ok(n: int) -> bool:
-                return host_ok(n) and s.gpu_mem_free[n, s._wslots[n][0]] >= shape.gpu_mem_mib
+                return host_ok(n) and s.gpu_mem_free[n, s.free_slots[n][0]] >= shape.gpu_mem_mib
 
             for n in self._whole_nodes(m, 1, fresh_ok, limit):
                 out_n.append(n)
@@ -417,8 +417,8 @@ class Engine:
         slowest of those (fast GPUs stay whole for gangs), then the lowest index (or the
         highest, for MIG)."""
         s = self.snap
-        slots = s._wslots[n] if first else tuple(reversed(s._wslots[n]))
-        if s._node_flagged[n]:
+        slots = s.free_slots[n] if first else tuple(reversed(s.free_slots[n]))
+        if s.node_flagged[n]:
             perf, health = s.gpu_perf[n], s.gpu_health[n]
             return min(slots, key=lambda x: (int(health[x]) == DEGRADED, float(perf[x])))
         return slots[0]
@@ -479,14 +479,14 @@ class Engine:
         s = self.snap
         penalty = self._topology_penalty(cands)
         if perf_class is None and (
-            not s.flagged_nodes or not any(map(s._node_flagged.item, cands.node.tolist()))
+            not s.flagged_nodes or not any(map(s.node_flagged.item, cands.node.tolist()))
         ):
             return penalty  # every candidate node is healthy and at nominal speed
         cares = gpus >= 2 or (gpus >= 1 and replicas > 1) or perf_class is not None
         # A node that is not flagged has every GPU healthy at nominal speed: only flagged
         # candidates need a look (a gang's replica would otherwise rank every node each time).
         perf = np.ones(len(cands))
-        flagged = np.flatnonzero(s._node_flagged[cands.node])
+        flagged = np.flatnonzero(s.node_flagged[cands.node])
         if len(flagged):
             nodes = cands.node[flagged].tolist()
             slots, kinds = cands.slot[flagged].tolist(), cands.kind[flagged].tolist()
@@ -643,7 +643,7 @@ class Engine:
         for n in nodes:
             if int(s.node_model[n]) not in models or not s.node_open(n):
                 continue
-            k = len(s._wslots[n]) // shape.gpus
+            k = len(s.free_slots[n]) // shape.gpus
             if shape.cpu_milli:
                 k = min(k, int(s.node_cpu_free[n]) // shape.cpu_milli)
             if shape.mem_mib:

@@ -260,10 +260,11 @@ class Snapshot:
         self.changed_epoch = 0
         # Derived in _reindex: nodes with a degraded GPU or below nominal speed, and their count,
         # so scorers can skip health work on a healthy fleet.
-        self._node_flagged = np.zeros(n, np.bool_)
+        self.node_flagged = np.zeros(n, np.bool_)
         self.flagged_nodes = 0
         self._wkey: list[tuple[int, int] | None] = [None] * n
-        self._wslots: list[tuple[int, ...]] = [()] * n
+        # Per node, its whole free GPU slots in order (read, never changed, outside this class).
+        self.free_slots: list[tuple[int, ...]] = [()] * n
         self._contrib = np.zeros(n, np.int32)
         self._fkey: dict[int, tuple[tuple[int, int, int], tuple[int, int]]] = {}
         self._mkeys: dict[int, list[tuple[tuple[int, str], tuple[int, int]]]] = {}
@@ -330,11 +331,11 @@ class Snapshot:
     # --- derived per-GPU facts --------------------------------------------------------------
 
     def is_whole_free(self, n: int, s: int) -> bool:
-        return s in self._wslots[n]
+        return s in self.free_slots[n]
 
     def whole_free_slots(self, n: int) -> list[int]:
         """GPU slots of node n that are entirely free (cached; kept current by _reindex)."""
-        return list(self._wslots[n])
+        return list(self.free_slots[n])
 
     def node_open(self, n: int) -> bool:
         return bool(self.node_sched[n]) and self.node_excl[n] == NO_TENANT
@@ -362,10 +363,10 @@ class Snapshot:
             or float(self.node_perf[n]) < 1.0
             or bool((self.gpu_perf[n, :ng] < 1.0).any())
         )
-        if flagged != bool(self._node_flagged[n]):
-            self._node_flagged[n] = flagged
+        if flagged != bool(self.node_flagged[n]):
+            self.node_flagged[n] = flagged
             self.flagged_nodes += 1 if flagged else -1
-        self._wslots[n] = wslots
+        self.free_slots[n] = wslots
         k = len(wslots) if open_ else 0
         key = (model, k) if k > 0 else None
         old = self._wkey[n]
@@ -473,7 +474,7 @@ class Snapshot:
         perf, health = self.gpu_perf[n], self.gpu_health[n]
         sign = -1.0 if fastest else 1.0
         return sorted(
-            self._wslots[n],
+            self.free_slots[n],
             key=lambda x: (int(health[x]) == DEGRADED, sign * float(perf[x]), x),
         )
 

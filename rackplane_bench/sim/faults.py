@@ -176,7 +176,7 @@ def background_jobs(p: Params, trace: Path) -> list[philly.Job]:
     fit = [j for j in jobs if j.gpus <= max(1, spare_gpus // 4)]
     load = sum(j.duration * j.gpus for j in fit) / span
     keep = min(1.0, p.background_load * spare_gpus / load) if load else 0.0
-    return [j for j in fit if philly._h(j.idx, "background") < keep]
+    return [j for j in fit if philly.draw(j.idx, "background") < keep]
 
 
 def _spare_nodes(p: Params) -> int:

@@ -69,13 +69,14 @@ class Job:
     workload: Workload | None = None
 
 
-def _h(idx: int, salt: str) -> float:
+def draw(idx: int, salt: str) -> float:
+    """A number in [0, 1) fixed by the job's index and `salt`: the same draw on every run."""
     d = hashlib.blake2b(f"{salt}:{idx}".encode(), digest_size=8).digest()
     return int.from_bytes(d, "big") / 2**64
 
 
 def _priority(idx: int) -> str:
-    x = _h(idx, "priority")
+    x = draw(idx, "priority")
     if x < 0.05:
         return "production"
     if x < 0.55:
@@ -126,8 +127,8 @@ def load_jobs(
                 tenant=tenant,
                 priority=_priority(i),
                 max_runtime=math.ceil(dur * 1.25 / 60) * 60,
-                checkpoint_every=600 + 3000 * _h(i, "every"),
-                checkpoint_cost=30 + 270 * _h(i, "cost"),
+                checkpoint_every=600 + 3000 * draw(i, "every"),
+                checkpoint_cost=30 + 270 * draw(i, "cost"),
             )
         )
     if jobs:

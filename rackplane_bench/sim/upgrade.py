@@ -77,7 +77,7 @@ def with_checkpoints(jobs: list[philly.Job], c: Checkpoints = Checkpoints()) -> 
     """The jobs with the upgrade's checkpoint assumption (write costs stay Philly's 30-300 s)."""
     out = []
     for j in jobs:
-        ckpt = j.duration > c.above_s and philly._h(j.idx, "upgrade-checkpoint") < c.share
+        ckpt = j.duration > c.above_s and philly.draw(j.idx, "upgrade-checkpoint") < c.share
         out.append(replace(j, checkpoint_every=c.every_s if ckpt else 0.0, workload=None))
     return out
 

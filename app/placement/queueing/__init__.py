@@ -2,8 +2,9 @@
 preemption, reservations with backfill, and what-if answers. Pure: decisions, no I/O.
 
 One scheduling cycle runs named phases in a configured order (default: reclaim, allocate,
-preempt, backfill, defragment). Every phase reads and changes one `_Cycle` (the snapshot, usage
-per tenant and GPU model, the queue) and appends its decisions to the `CycleResult`:
+preempt, backfill, defragment). Every phase is a function of one `CycleState`, passed to it (the
+snapshot, usage per tenant and GPU model, the queue): it reads and changes it and appends its
+decisions to the `CycleResult`:
 
 - **reclaim**: a tenant below its guarantee whose work does not fit evicts *borrowed* work
   (of tenants above their guarantee, never of a higher priority), cheapest loss first;
@@ -35,11 +36,11 @@ One module per concern, each importing only those below it:
 - config.py: priority classes, tenant quotas, `QueueConfig` and the named `BASELINES`;
 - decisions.py: `Workload` and what a cycle decides (admissions, evictions, reservations);
 - fairshare.py: the decayed `UsageHistory` and the weighted max-min `water_fill`;
-- state.py: the cycle's state and plumbing (snapshot, undo log, usage, failure caches, holds);
+- state.py: `CycleState`, the cycle's state and plumbing (snapshot, undo log, usage, failure
+  caches, holds), and the two small interfaces it reads (the scheduler, the queue walk);
 - admission.py: quotas and fair share, placing and admitting, the queue walk, allocate;
-- preemption.py: victim choice, and the reclaim, fair-share and preempt phases;
+- preemption.py: victim choice, eviction, and the reclaim, fair-share and preempt phases;
 - backfill.py: reservations and the backfill phase;
-- cycle.py: `_Cycle`, the state with every layer's operations;
 - defragment.py: the defragment phase;
 - scheduler.py: the cycle driver (`Scheduler`: the phases in order, what-ifs) and `PHASES`.
 """
@@ -66,7 +67,7 @@ from app.placement.queueing.decisions import (
 )
 from app.placement.queueing.fairshare import UsageHistory, water_fill
 from app.placement.queueing.scheduler import PHASES, Scheduler
-from app.placement.queueing.state import RESERVATION_TENANT
+from app.placement.queueing.state import RESERVATION_TENANT, CycleState
 
 __all__ = [
     "BASELINES",
@@ -78,6 +79,7 @@ __all__ = [
     "RESERVATION_TENANT",
     "Admission",
     "CycleResult",
+    "CycleState",
     "Eviction",
     "PriorityClass",
     "QueueConfig",

@@ -8,11 +8,13 @@ import heapq
 from collections.abc import Mapping
 
 from app.placement.isolation import Unit
-from app.placement.queueing.cycle import _Cycle
+from app.placement.queueing.admission import admit, over_limit, share, try_place
 from app.placement.queueing.decisions import Workload
+from app.placement.queueing.preemption import evict, evictable, eviction_cost
+from app.placement.queueing.state import CycleState
 
 
-def _defragment(c: _Cycle) -> None:
+def defragment(c: CycleState) -> None:
     """Multi-GPU work waits while the free GPUs are scattered over many nodes: move the small
     work off the nodes closest to free, so the waiting work gets whole nodes now. A workload is
     moved (evicted) only when it can write its checkpoint within its grace period (so a move
@@ -29,12 +31,18 @@ def _defragment(c: _Cycle) -> None:
         if w.id not in c.done
         and w.request.shape.unit is Unit.WHOLE
         and w.request.shape.gpus >= 2
-        and not c.over_limit(w)
+        and not over_limit(c, w)
     ]
     if not waiting:
         return
     waiting.sort(
-        key=lambda w: (-c.s.prio(w).value, not w.expedited, c.share(w.tenant), w.submitted_at, w.id)
+        key=lambda w: (
+            -c.s.prio(w).value,
+            not w.expedited,
+            share(c, w.tenant),
+            w.submitted_at,
+            w.id,
+        )
     )
     # Only one-replica work ever moves (`_movable`): a gang's thousands of allocations need no
     # entry.
@@ -48,7 +56,7 @@ def _defragment(c: _Cycle) -> None:
         for w in waiting[: cfg.defragment_depth]:
             if moves >= cfg.defragment_per_cycle:
                 break
-            key = (c._cache_key(w), c.s.prio(w).value, w.tenant)
+            key = (c.fit_key(w), c.s.prio(w).value, w.tenant)
             if key[0] is not None and key in failed:
                 continue
             # A reservation's GPUs are its owner's: free them for its search.
@@ -63,7 +71,7 @@ def _defragment(c: _Cycle) -> None:
                     for aid in v.alloc_ids:
                         snap.release(aid)
                 saved, c.fail_cache = c.fail_cache, set()
-                placed = c.try_place(w)  # gives its reservation up when placed
+                placed = try_place(c, w)  # gives its reservation up when placed
                 c.fail_cache = saved
                 landed: list[int] = []
                 for v in victims if placed is not None else ():
@@ -85,15 +93,17 @@ def _defragment(c: _Cycle) -> None:
             for v in victims:
                 for aid in v.alloc_ids:
                     owner.pop(aid, None)
-            c.evict(victims, "defragment", w)
-            c.admit(w, placed, "defragment", tuple(v.id for v in victims))
+            evict(c, victims, "defragment", w)
+            admit(c, w, placed, "defragment", tuple(v.id for v in victims))
             moves += 1
     finally:
         for aid in landing:  # the moved work asks for GPUs again once it is queued
             snap.release(aid)
 
 
-def _clear_nodes(c: _Cycle, w: Workload, owner: Mapping[int, Workload]) -> list[Workload] | None:
+def _clear_nodes(
+    c: CycleState, w: Workload, owner: Mapping[int, Workload]
+) -> list[Workload] | None:
     """The cheapest small work to move so that `w`'s replicas find nodes: per node, the movable
     workloads (one node, whole GPUs, evictable, priority not above `w`'s) that free enough GPUs
     at the least lost work; then the cheapest nodes. None when no such plan exists or the free
@@ -156,10 +166,10 @@ def _clear_nodes(c: _Cycle, w: Workload, owner: Mapping[int, Workload]) -> list[
     return [v for o in chosen for v in o[4]]
 
 
-def _movable(c: _Cycle, v: Workload, n: int, mine: int) -> bool:
-    if v.id in c.evicted or not c.evictable(v) or c.s.prio(v).value > mine:
+def _movable(c: CycleState, v: Workload, n: int, mine: int) -> bool:
+    if v.id in c.evicted or not evictable(c, v) or c.s.prio(v).value > mine:
         return False
-    if c.eviction_cost(v) > 0:  # its checkpoint outlasts the wait: a move would lose work
+    if eviction_cost(c, v) > 0:  # its checkpoint outlasts the wait: a move would lose work
         return False
     r = v.request
     if r.replicas != 1 or r.shape.unit is not Unit.WHOLE:

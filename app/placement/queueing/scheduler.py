@@ -1,5 +1,5 @@
-"""The cycle driver: the `Scheduler` runs the configured phases in order over one `_Cycle` (the
-same snapshot and undo log), and answers what-ifs on a plan it rolls back. The top of the
+"""The cycle driver: the `Scheduler` runs the configured phases in order over one `CycleState`
+(the same snapshot and undo log), and answers what-ifs on a plan it rolls back. The top of the
 package: it imports every phase."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from collections.abc import Callable, Mapping
 
 from app.placement.engine import Engine, Plan
 from app.placement.policies import make_policy
-from app.placement.queueing.admission import _allocate
-from app.placement.queueing.backfill import _backfill
+from app.placement.queueing.admission import allocate, fair_caps, over_limit, try_place
+from app.placement.queueing.backfill import backfill, carry, reservation_for
 from app.placement.queueing.config import PHASE_NAMES, PriorityClass, QueueConfig, TenantQuota
-from app.placement.queueing.cycle import _Cycle
 from app.placement.queueing.decisions import CycleResult, Reservation, WhatIf, Workload
-from app.placement.queueing.defragment import _defragment
+from app.placement.queueing.defragment import defragment
 from app.placement.queueing.fairshare import UsageHistory
-from app.placement.queueing.preemption import _fair_share, _preempt, _reclaim
+from app.placement.queueing.preemption import fair_share, grace, preempt, reclaim, victims_for
+from app.placement.queueing.state import CycleState
 from app.placement.snapshot import Snapshot
 
 
@@ -56,14 +56,22 @@ class Scheduler:
 
     def cycle(self, now: float, pending: list[Workload], running: list[Workload]) -> CycleResult:
         """One scheduling cycle: the configured phases in order."""
-        c = _Cycle(self, now, pending, running)
+        c = self._start(now, pending, running)
         self.history.advance(now, c.usage_by_key())
-        c.carry(self.reservations)
+        carry(c, self.reservations)
         for name in self.config.phases:
             PHASES[name](c)
         c.finish()
         self.reservations = {r.workload: r for r in c.result.reservations}
         return c.result
+
+    def _start(
+        self, now: float, pending: list[Workload], running: list[Workload], plan: Plan | None = None
+    ) -> CycleState:
+        c = CycleState(self, now, pending, running, plan)
+        if self.config.share_cap is not None:
+            c.fair_caps = fair_caps(c)
+        return c
 
     def what_if(
         self,
@@ -85,20 +93,20 @@ class Scheduler:
                         for aid in r.alloc_ids:
                             self.snap.release(aid)
                 running = [r for r in running if r.id != replacing]
-            c = _Cycle(self, now, pending, running, plan=plan)
-            c.carry(self.reservations)
-            over = c.over_limit(workload)
+            c = self._start(now, pending, running, plan)
+            carry(c, self.reservations)
+            over = over_limit(c, workload)
             if over:
                 return WhatIf(False, (), (), None, over)
-            bindings = c.try_place(workload)
+            bindings = try_place(c, workload)
             if bindings is not None:
                 return WhatIf(True, bindings, (), now, "fits now")
             for mode in ("reclaim", "priority"):
-                victims = c.victims_for(workload, mode=mode)
+                victims = victims_for(c, workload, mode=mode)
                 if victims is not None:
-                    placed = c.try_place(workload)
+                    placed = try_place(c, workload)
                     assert placed is not None
-                    start = max(now + c.grace(v) for v in victims)
+                    start = max(now + grace(c, v) for v in victims)
                     return WhatIf(
                         True,
                         placed,
@@ -108,7 +116,7 @@ class Scheduler:
                         if mode == "reclaim"
                         else "preempts lower priority",
                     )
-            res = c.reservation_for(workload)
+            res = reservation_for(c, workload)
             if res is None:
                 return WhatIf(False, (), (), None, "does not fit the fleet")
             return WhatIf(False, (), (), res.start_at, "waits for running work to end")
@@ -116,13 +124,13 @@ class Scheduler:
             plan.rollback(mark)
 
 
-PHASES: dict[str, Callable[[_Cycle], None]] = {
-    "reclaim": _reclaim,
-    "fair-share": _fair_share,
-    "allocate": _allocate,
-    "preempt": _preempt,
-    "backfill": _backfill,
-    "defragment": _defragment,
+PHASES: dict[str, Callable[[CycleState], None]] = {
+    "reclaim": reclaim,
+    "fair-share": fair_share,
+    "allocate": allocate,
+    "preempt": preempt,
+    "backfill": backfill,
+    "defragment": defragment,
 }
 # QueueConfig.validate (config.py, below this module) checks phases against the names.
 assert tuple(PHASES) == PHASE_NAMES

@@ -2,9 +2,9 @@
 log (the plan), usage per tenant and GPU model as allocations come and go, the failure caches,
 and the placeholder allocations that hold reserved GPUs.
 
-Each layer above adds one concern's operations to `_CycleState`: admission.py (quotas, fair
-share, placing and admitting), preemption.py (victims) and backfill.py (reservations); cycle.py
-joins them into the `_Cycle` every phase reads and changes."""
+`CycleState` is passed, explicitly, to every operation and phase above it (as Armada's
+scheduling context is): admission.py (quotas, fair share, placing and admitting), preemption.py
+(victims), backfill.py (reservations) and defragment.py are functions of it; none inherits it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from app.placement.snapshot import Snapshot
 RESERVATION_TENANT = "__reservation__"
 
 
-class _SchedulerView(Protocol):
+class SchedulerView(Protocol):
     """What a cycle reads of the scheduler that runs it (scheduler.Scheduler)."""
 
     config: QueueConfig
@@ -37,13 +37,25 @@ class _SchedulerView(Protocol):
     def prio(self, w: Workload) -> PriorityClass: ...
 
 
-class _CycleState:
+class QueueWalk(Protocol):
+    """The queue in its configured order, as one phase leaves it for the next (admission.Walk)."""
+
+    def next(self) -> Workload | None:
+        """The next workload not yet admitted or given up, or None at the end."""
+        ...
+
+    def rekey(self, tenant: str) -> None:
+        """`tenant`'s usage changed: its place in the order may too."""
+        ...
+
+
+class CycleState:
     """What every phase of one cycle reads and changes, with the plumbing under every layer:
     usage accounting, free capacity and the failure caches, reserved GPUs held."""
 
     def __init__(
         self,
-        sched: _SchedulerView,
+        sched: SchedulerView,
         now: float,
         pending: list[Workload],
         running: list[Workload],
@@ -63,9 +75,14 @@ class _CycleState:
         self.usage: dict[str, dict[str, int]] = {}
         self.shares: dict[str, float] = {}
         for w in running:
-            self._charge(w)
+            self.charge(w)
             for model, milli in w._charge[2]:  # type: ignore[index]
-                self._add(w.tenant, model, milli)
+                self.add_usage(w.tenant, model, milli)
+        # (tenant, model) -> GPU milli above which the tenant starts nothing more (share_cap):
+        # admission.fair_caps fills it in when the cycle starts.
+        self.fair_caps: dict[tuple[str, str], float] = {}
+        # The walk the allocate phase stopped in, for the backfill phase to carry on.
+        self.walk: QueueWalk | None = None
         self.blocked: list[Workload] = []
         # Reservations held in this cycle (by workload), and the placeholder allocations that
         # keep their free GPUs out of reach of everyone else.
@@ -77,7 +94,7 @@ class _CycleState:
 
     # usage ---------------------------------------------------------------------------------
 
-    def _charge(self, w: Workload) -> list[tuple[str, int]]:
+    def charge(self, w: Workload) -> list[tuple[str, int]]:
         """(model, GPU-milli) per allocation of a running workload (cached on it)."""
         cached = w._charge
         # `alloc_ids` is replaced, never changed in place: identity is the cheap test.
@@ -95,7 +112,7 @@ class _CycleState:
         w._charge = (w.alloc_ids, out, list(totals.items()))
         return out
 
-    def _add(self, tenant: str, model: str, milli: int) -> None:
+    def add_usage(self, tenant: str, model: str, milli: int) -> None:
         self.shares.pop(tenant, None)
         per = self.usage.setdefault(tenant, {})
         per[model] = per.get(model, 0) + milli
@@ -122,7 +139,7 @@ class _CycleState:
         return sum(k * len(b) for (m, k), b in whole.items() if m in wanted)
 
     @staticmethod
-    def _cache_key(w: Workload) -> tuple | None:
+    def fit_key(w: Workload) -> tuple | None:
         """Whole-GPU shapes that fail once fail for the rest of the walk; () for other shapes.
         The software it needs is part of the shape: work that only some nodes may run (a
         runtime, a stack, a CUDA version) failing says nothing of work any node may run."""
@@ -138,7 +155,7 @@ class _CycleState:
         return key or None
 
     def known_to_fail(self, w: Workload) -> bool:
-        key = self._cache_key(w)
+        key = self.fit_key(w)
         return key is not None and key in self.fail_cache
 
     # reserved GPUs held --------------------------------------------------------------------
@@ -171,6 +188,12 @@ class _CycleState:
         for key in [wid] if wid is not None else list(self.reserved):
             if key not in self.phantoms:
                 self.phantoms[key] = self._hold(self.reserved[key][1])
+
+    def finish(self) -> None:
+        """The cycle's end: reserved GPUs let go, and what it planned put in its result."""
+        self.unhold()
+        self.result.reconfigurations = list(self.plan.reconfigurations)
+        self.result.reservations = [res for res, _ in self.reserved.values()]
 
 
 def _milli(a) -> int:
