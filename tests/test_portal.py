@@ -757,7 +757,7 @@ def test_a_tenant_manages_its_keys_budget_and_bills(api, world, browser):  # noq
         page.wait_for_url(re.compile(f"/portal/billing/{last_month}$"))
         bill = page.locator(f"[data-testid=bill][data-period='{last_month}']")
         bill.get_by_test_id("bill-lines").wait_for()
-        assert page.get_by_test_id("bill-total").inner_text() == "$6.00"
+        assert bill.get_by_test_id("bill-total").inner_text() == "$6.00"
         line = bill.get_by_test_id("bill-lines").locator("tbody tr")
         assert line.count() == 1 and "H100-80GB/whole" in line.inner_text()
         assert "$3.00 (v1)" in line.inner_text()

@@ -63,7 +63,10 @@ export function Billing({ period }: { period?: string }) {
   // The month in progress (what is being run up now); the history links to the others.
   const chosen = period ?? current;
   const [history, setHistory] = useState<Summary[] | null>(null);
-  const [bill, setBill] = useState<Bill | null>(null);
+  const [fetched, setBill] = useState<Bill | null>(null);
+  // Only the chosen month's bill: for the render between a new month being chosen and the
+  // effect below clearing the last one, the old bill is not shown under the new heading.
+  const bill = fetched?.period === chosen ? fetched : null;
   const [error, setError] = useState("");
   const [billError, setBillError] = useState("");
   const [monthError, setMonthError] = useState("");
