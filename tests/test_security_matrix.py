@@ -45,12 +45,10 @@ QUERIES: dict[tuple[str, str], dict] = {
     },
 }
 WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z"}
-QUERIES[("GET", "/v1/admin/usage")] = WINDOW
 QUERIES[("GET", "/v1/admin/utilisation")] = WINDOW
 QUERIES[("GET", "/v1/admin/idle-time")] = WINDOW
 QUERIES[("GET", "/v1/billing/summary")] = {"period": "2026-06"}  # A's usage starts then
 QUERIES[("GET", "/v1/billing/exports")] = {"period": "2026-06", "format": "csv"}
-QUERIES[("GET", "/v1/admin/billing/exports")] = {"period": "2026-06"}
 QUERIES[("GET", "/v1/admin/billing/reconciliation")] = {"period": "2026-06"}
 
 
@@ -351,6 +349,45 @@ def test_operator_key_reaches_operator_routes(client, matrix):
             params = QUERIES.get((method, path))
             r = client.get(_fill(path, matrix["ids"]), params=params, headers=auth(matrix["op"]))
             assert r.status_code == 200, f"{path} -> {r.status_code} {r.text}"
+
+
+def test_one_route_where_a_tenant_and_an_operator_ask_the_same_question(client, matrix):
+    """The merged routes (issue 48 §3, app.core.routing.ALIASES): an operator gets the same
+    answer at the old operators' URL as at the merged one; a tenant gets its own at the merged
+    one and, at the operators' URL, the 403 it always got; a tenant naming another tenant sees
+    nothing of that tenant's."""
+    from app.core.routing import ALIASES
+
+    assert sorted((m, old, new) for m, old, new in ALIASES) == [
+        ("GET", "/v1/admin/billing/exports", "/v1/billing/exports"),
+        ("GET", "/v1/admin/prices", "/v1/prices"),
+        ("GET", "/v1/admin/usage", "/v1/usage"),
+    ]
+    op, a_key, b_key = (auth(matrix[k]) for k in ("op", "a_key", "b_key"))
+    a_id = matrix["ids"]["tenant_id"]
+    # A window in the past, so that running work accrued up to now does not differ by a
+    # millisecond between the two calls.
+    past = {"from": "2026-06-01T00:00:00Z", "to": "2026-07-01T00:00:00Z", "group_by": "tenant_id"}
+    for method, old, new in ALIASES:
+        params = past if new == "/v1/usage" else QUERIES.get((method, new))
+        at_old = client.request(method, old, params=params, headers=op)
+        at_new = client.request(method, new, params=params, headers=op)
+        assert at_old.status_code == at_new.status_code == 200, (old, at_old.text, at_new.text)
+        assert at_old.content == at_new.content, old
+        assert at_old.headers["content-type"] == at_new.headers["content-type"]
+        if new != "/v1/prices":  # the price book holds no tenant's data; the rest hold A's
+            assert a_id in at_new.text, f"{new}: the operator does not see tenant A"
+        mine = client.request(method, new, params=params, headers=a_key)
+        assert mine.status_code == 200, mine.text
+        refused = client.request(method, old, params=params, headers=a_key)
+        assert refused.status_code == 403, (old, refused.text)
+        assert refused.json()["code"] == "platform_scope_required"
+    # Naming a tenant narrows what the caller may see; it never widens it.
+    one = {**past, "tenant_id": a_id}
+    as_op = client.get("/v1/usage", params=one, headers=op).json()
+    assert as_op["rows"] and a_id in json.dumps(as_op)
+    as_b = client.get("/v1/usage", params=one, headers=b_key)
+    assert as_b.status_code == 200 and a_id not in as_b.text and not as_b.json()["rows"]
 
 
 def test_node_and_workload_credentials_reach_only_their_own(client, matrix, session):

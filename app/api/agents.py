@@ -329,15 +329,4 @@ async def push_telemetry(request: Request, caller: NodeAgent) -> dict:
 
 def _ingest(text: str, node: str) -> dict:
     with session_scope() as session:
-        result = telemetry.ingest_from_node(session, text, node)
-        return {
-            "accepted": result.accepted,
-            "ignored": result.ignored,
-            "unknown": result.unknown,
-            "unknown_count": result.unknown_count,
-            "rejected": result.rejected,
-            "rejected_by_reason": result.rejected_by_reason,
-            "rejections": result.rejections,
-            "nodes": result.nodes,
-            "signals": result.signals,
-        }
+        return telemetry.ingest_from_node(session, text, node).reply()

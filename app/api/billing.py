@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import Query
+from fastapi import Depends, Query
 from fastapi.responses import StreamingResponse
-from sqlalchemy.orm import Session
 
 from app.billing import budgets, commitments, exports, service, stripe_export
 from app.billing.schemas import (
@@ -22,27 +21,32 @@ from app.billing.schemas import (
     Reconciliation,
 )
 from app.core.errors import NotFound
-from app.core.routing import DbSession, api_router
+from app.core.routing import DbSession, alias, api_router
 from app.core.schemas import PERIOD_PATTERN
 from app.models.billing import Commitment, Price
 from app.models.tenants import Tenant
-from app.tenancy.auth import Platform, TenantRead, TenantWrite
-from app.tenancy.principal import AuthContext
+from app.tenancy.auth import AnyReader, Platform, TenantRead, TenantWrite, platform
 from app.tenancy.scoping import get_owned
 
 router = api_router(prefix="/v1", tags=["billing"])
 PERIOD = Query(..., pattern=PERIOD_PATTERN, description="The month (UTC), e.g. 2026-11")
 admin = api_router(prefix="/v1/admin", tags=["admin: billing"])
+# The old operators' URL of a merged route answers operators only, as it did.
+OPERATORS = [Depends(platform)]
 
 
-@router.get("/prices", response_model=PriceList, summary="The price book, every version")
-def prices(auth: TenantRead, session: DbSession) -> dict:
+@router.get(
+    "/prices",
+    response_model=PriceList,
+    summary="The price book, every version (tenants and operators alike)",
+)
+def prices(auth: AnyReader, session: DbSession) -> dict:
     return service.price_book(session)
 
 
-@admin.get("/prices", response_model=PriceList, summary="The price book, every version")
-def admin_prices(auth: Platform, session: DbSession) -> dict:
-    return service.price_book(session)
+alias(
+    admin, "GET", "/prices", prices, "/v1/prices", response_model=PriceList, dependencies=OPERATORS
+)
 
 
 @admin.post(
@@ -123,48 +127,40 @@ _EXPORT_DOC = {
 }
 
 
-def _export(session: Session, auth: AuthContext, period: str, fmt: str) -> StreamingResponse:
+@router.get(
+    "/billing/exports",
+    response_class=StreamingResponse,
+    responses=_EXPORT_DOC,
+    summary="A month as rows for finance (CSV or JSON lines), streamed: a tenant's own, "
+    "or (operators) every tenant's",
+)
+def export(
+    *,
+    period: str = PERIOD,
+    format: Literal["csv", "jsonl"] = Query("csv"),
+    auth: AnyReader,
+    session: DbSession,
+) -> StreamingResponse:
     rows = exports.export_rows(session, auth, period)
     return StreamingResponse(
-        exports.stream(rows, fmt),
-        media_type=_EXPORT_MEDIA[fmt],
+        exports.stream(rows, format),
+        media_type=_EXPORT_MEDIA[format],
         headers={
-            "Content-Disposition": f'attachment; filename="rackplane-usage-{period}.{fmt}"',
+            "Content-Disposition": f'attachment; filename="rackplane-usage-{period}.{format}"',
             "X-Row-Count": str(len(rows)),
         },
     )
 
 
-@router.get(
+alias(
+    admin,
+    "GET",
     "/billing/exports",
+    export,
+    "/v1/billing/exports",
     response_class=StreamingResponse,
-    responses=_EXPORT_DOC,
-    summary="Your month as rows for finance (CSV or JSON lines), streamed",
+    dependencies=OPERATORS,
 )
-def my_export(
-    *,
-    period: str = PERIOD,
-    format: Literal["csv", "jsonl"] = Query("csv"),
-    auth: TenantRead,
-    session: DbSession,
-) -> StreamingResponse:
-    return _export(session, auth, period, format)
-
-
-@admin.get(
-    "/billing/exports",
-    response_class=StreamingResponse,
-    responses=_EXPORT_DOC,
-    summary="Every tenant's month as rows for finance (CSV or JSON lines), streamed",
-)
-def admin_export(
-    *,
-    period: str = PERIOD,
-    format: Literal["csv", "jsonl"] = Query("csv"),
-    auth: Platform,
-    session: DbSession,
-) -> StreamingResponse:
-    return _export(session, auth, period, format)
 
 
 @admin.get(

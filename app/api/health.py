@@ -95,17 +95,7 @@ def push_telemetry(
             "text/plain (Prometheus text exposition).",
             code="unsupported_media_type",
         )
-    return {
-        "accepted": result.accepted,
-        "ignored": result.ignored,
-        "unknown": result.unknown,
-        "unknown_count": result.unknown_count,
-        "rejected": result.rejected,
-        "rejected_by_reason": result.rejected_by_reason,
-        "rejections": result.rejections,
-        "nodes": result.nodes,
-        "signals": result.signals,
-    }
+    return result.reply()
 
 
 def _ingest_json(session: Session, text: str) -> telemetry.IngestResult:

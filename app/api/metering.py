@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import Query
+from fastapi import Depends, Query
 
 from app.core.errors import ValidationFailed
-from app.core.routing import DbSession, api_router
+from app.core.routing import DbSession, alias, api_router
 from app.core.schemas import QueryDatetime
 from app.health import idle
 from app.health.schemas import IdleTimeOut
@@ -19,7 +19,7 @@ from app.metering.schemas import (
     UsageOut,
     UtilisationOut,
 )
-from app.tenancy.auth import Platform, TenantRead
+from app.tenancy.auth import AnyReader, Platform, platform
 
 router = api_router(prefix="/v1", tags=["usage"])
 admin = api_router(prefix="/v1/admin", tags=["admin: usage"])
@@ -46,34 +46,40 @@ def _group_by(raw: str) -> list[str]:
     return [g.strip() for g in raw.split(",") if g.strip()]
 
 
-@router.get("/usage", response_model=UsageOut, summary="Your usage, by time bucket and dimension")
+@router.get(
+    "/usage",
+    response_model=UsageOut,
+    summary="Usage by time bucket and dimension: a tenant's own, or (operators) any tenant's "
+    "or everyone's",
+)
 def usage(
     *,
     start: From,
     end: To,
     granularity: str = GRANULARITY,
     group_by: str = GROUP_BY,
-    auth: TenantRead,
-    session: DbSession,
-) -> dict:
-    groups = _group_by(group_by)
-    return service.usage_report(session, service.visible_to(auth), start, end, granularity, groups)
-
-
-@admin.get("/usage", response_model=UsageOut, summary="Any tenant's usage, or everyone's")
-def admin_usage(
-    *,
-    start: From,
-    end: To,
-    granularity: str = GRANULARITY,
-    group_by: str = GROUP_BY,
-    tenant_id: uuid.UUID | None = None,
-    auth: Platform,
+    tenant_id: uuid.UUID | None = Query(
+        None,
+        description="Only this tenant's usage. Operators name any tenant (none: everyone); a "
+        "tenant sees its own only, whichever it names.",
+    ),
+    auth: AnyReader,
     session: DbSession,
 ) -> dict:
     groups = _group_by(group_by)
     scope = service.visible_to(auth, tenant_id)
     return service.usage_report(session, scope, start, end, granularity, groups)
+
+
+alias(
+    admin,
+    "GET",
+    "/usage",
+    usage,
+    "/v1/usage",
+    response_model=UsageOut,
+    dependencies=[Depends(platform)],  # the operators' URL: operators only, as before
+)
 
 
 @admin.get(

@@ -28,7 +28,7 @@ def billing_export(
     output: Path | None = typer.Option(None, "--output", "-o", help="File (default: stdout)."),
 ) -> None:
     """Every tenant's month for finance: one row per day, tenant, SKU, tier, region, plan and
-    price version (the same rows as GET /v1/admin/billing/exports)."""
+    price version (the same rows as GET /v1/billing/exports with an operator key)."""
     if format not in exports.FORMATS:
         fail(f"format must be one of {', '.join(exports.FORMATS)}", 2)
     try:

@@ -131,3 +131,18 @@ class UnitOfWorkRoute(APIRoute):
 def api_router(**kwargs: Any) -> APIRouter:
     """An APIRouter whose sync endpoints commit before they answer (see the module)."""
     return APIRouter(route_class=UnitOfWorkRoute, **kwargs)
+
+
+# Routes merged into one (issue 48 §3): (method, old path, the path that answers now). The old
+# URL still answers the subjects it answered before (an operator's URL, operators only: pass
+# its check as `dependencies`), with the merged route's answer; the OpenAPI document lists only
+# the merged route.
+ALIASES: list[tuple[str, str, str]] = []
+
+
+def alias(
+    router: APIRouter, method: str, path: str, endpoint: Callable[..., Any], to: str, **kwargs: Any
+) -> None:
+    """Keep `router.prefix + path` working for `method` as `endpoint`, the route at `to`."""
+    router.add_api_route(path, endpoint, methods=[method], include_in_schema=False, **kwargs)
+    ALIASES.append((method, router.prefix + path, to))

@@ -9,7 +9,7 @@ from typing import Any
 from strawberry.permission import BasePermission
 from strawberry.types import Info
 
-from app.tenancy.principal import require_platform, require_tenant_scope
+from app.tenancy.principal import require_platform, require_reader, require_tenant_scope
 
 
 class IsOperator(BasePermission):
@@ -40,7 +40,5 @@ class ReadsPrices(BasePermission):
     """A tenant's key with `read`, or an operator's (fields both may read: prices, capacity)."""
 
     def has_permission(self, source: Any, info: Info, **kwargs: Any) -> bool:
-        auth = info.context.auth
-        if not auth.is_platform:
-            require_tenant_scope(auth, "read")
+        require_reader(info.context.auth)
         return True

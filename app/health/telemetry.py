@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -107,6 +107,10 @@ class IngestResult:
     nodes: int = 0
     signals: int = 0
     db_writes: int = 0
+
+    def reply(self) -> dict[str, Any]:
+        """What the push routes answer (TelemetryResult): all but the internal write count."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "db_writes"}
 
 
 _STATE: dict[str, Telemetry] = {}

@@ -16,7 +16,12 @@ from starlette.requests import HTTPConnection
 from app.core.errors import AppError, Forbidden, Unauthorized
 from app.ratelimit import service as ratelimit
 from app.tenancy.credentials import csrf_token
-from app.tenancy.principal import AuthContext, require_platform, require_tenant_scope
+from app.tenancy.principal import (
+    AuthContext,
+    require_platform,
+    require_reader,
+    require_tenant_scope,
+)
 from app.tenancy.principals import resolve_key, resolve_session
 
 _bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer rp_...`")
@@ -182,6 +187,11 @@ async def _platform(auth: AuthContext = Depends(authenticate)) -> AuthContext:
     return auth
 
 
+async def _reader(auth: AuthContext = Depends(authenticate)) -> AuthContext:
+    require_reader(auth)
+    return auth
+
+
 tenant_read = _tenant_scope("read")
 
 tenant_read_any_status = _tenant_scope("read", allow_inactive=True)
@@ -191,6 +201,8 @@ tenant_write = _tenant_scope("write")
 tenant_admin = _tenant_scope("admin")
 
 platform = _platform
+
+reader = _reader
 
 # A route's caller, typed: `auth: TenantRead` is `auth: AuthContext = Depends(tenant_read)`.
 TenantRead = Annotated[AuthContext, Depends(tenant_read)]
@@ -202,3 +214,7 @@ TenantWrite = Annotated[AuthContext, Depends(tenant_write)]
 TenantAdmin = Annotated[AuthContext, Depends(tenant_admin)]
 
 Platform = Annotated[AuthContext, Depends(platform)]
+
+# A tenant's reader or an operator: one route for a question both ask, its answer narrowed to
+# what the caller's scope sees (tenancy.scoping.restrict).
+AnyReader = Annotated[AuthContext, Depends(reader)]

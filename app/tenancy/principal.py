@@ -69,6 +69,14 @@ def require_tenant_scope(auth: AuthContext, scope: str, *, allow_inactive: bool 
         raise Forbidden(f"This action needs the `{scope}` scope.", code="insufficient_scope")
 
 
+def require_reader(auth: AuthContext) -> None:
+    """A tenant's key with `read`, or an operator's: the subjects of the questions both ask
+    (the price book, usage, a month's export, capacity). What each one sees is its own scope's:
+    the service narrows by `restrict`, as Polar's readable statements do."""
+    if not auth.is_platform:
+        require_tenant_scope(auth, "read")
+
+
 def require_platform(auth: AuthContext) -> None:
     if not auth.is_platform:
         raise Forbidden(
