@@ -50,7 +50,7 @@ vm-engines:
 
 # PyTorch (CPU, offline from this machine's disk) in `.venv-train`, which runs' own uids may
 # execute, and iproute2 for hosts made of network namespaces: the distributed-training tests
-# (tests/test_ddp.py) and `rackplane bench ddp`.
+# (tests/agents/test_ddp.py) and `rackplane bench ddp`.
 train-engines:
 	bash scripts/ensure-train.sh
 

@@ -11,7 +11,7 @@ registered through `/v1/ssh-keys`.
 `rackplane bench instances` launches container and VM instances through `POST /v1/workloads`
 one after another and times each from the POST to the first SSH login with the tenant's key
 that runs a command (what a customer waits for), then tries the escapes of §4 from inside
-them over SSH and counts those that worked. tests/test_instances.py runs the same host.
+them over SSH and counts those that worked. tests/workloads/test_instances.py runs the same host.
 """
 
 from __future__ import annotations

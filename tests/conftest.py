@@ -16,33 +16,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-ADMIN_DB_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-RUN_ID = f"{os.getpid()}_{secrets.token_hex(3)}"
-TEST_DB = f"rackplane_test_{RUN_ID}"
+from tests.fixtures.harness import (
+    REDIS_URL,
+    ROOT,
+    RUN_ID,
+    TABLES,
+    TEST_DB,
+    create_database,
+    db_url,
+    drop_database,
+)
+from tests.fixtures.world import World, wait_until
 
-
-def _admin_exec(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(ADMIN_DB_URL, autocommit=True) as conn:
-        conn.execute(sql)
-
-
-def db_url(name: str) -> str:
-    base, _, _ = ADMIN_DB_URL.rpartition("/")
-    return f"{base}/{name}"
-
-
-def create_database(name: str) -> str:
-    _admin_exec(f'CREATE DATABASE "{name}"')
-    return db_url(name)
-
-
-def drop_database(name: str) -> None:
-    _admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
+# Fixtures defined in tests/fixtures/ that tests ask for by name.
+pytest_plugins = ["tests.fixtures.browser"]
 
 _created = False
 
@@ -64,12 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
             # Tests drive MIG re-layouts themselves (miglayout.advance), never by the beat.
             "RACKPLANE_MIG_RELAYOUT": "false",
             # Test fleets name no pools: `process` runs on every agent's node (its own uid per
-            # run); tests/test_node_wall.py checks the pool rule with its own setting.
+            # run); tests/agents/test_node_wall.py checks the pool rule with its own setting.
             "RACKPLANE_PROCESS_POOLS": "*",
             # PostgreSQL refuses to start without the server secrets.
             "RACKPLANE_KEY_PEPPER": f"test-pepper-{RUN_ID}-{secrets.token_hex(8)}",
             "RACKPLANE_SECRET_KEY": f"test-secret-{RUN_ID}-{secrets.token_hex(8)}",
-            # Limits far above what any test sends; tests/test_ratelimit.py sets its own.
+            # Limits far above what any test sends; tests/ratelimit/test_limits.py sets its own.
             "RACKPLANE_RATE_LIMITS": (
                 "read=100000/s,write=100000/s,expensive=100000/s,signup=100000/s,signin=100000/s"
             ),
@@ -118,59 +105,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         pass
 
 
-TABLES = [
-    "workload_logs",
-    "workload_log_sizes",
-    "agent_nodes",
-    "audit_log",
-    "chaos_injections",
-    "sim_provider_faults",
-    "chaos_experiments",
-    "health_events",
-    "health_incidents",
-    "health_repairs",
-    "node_heartbeats",
-    "mig_relayouts",
-    "upgrade_nodes",
-    "upgrades",
-    "burn_ins",
-    "gpu_telemetry",
-    "idle_iron",
-    "idle_time",
-    "placement_cycle_stats",
-    "budget_alerts",
-    "budgets",
-    "commitments",
-    "meter_exports",
-    "billing_adjustments",
-    "meter_export_cursor",
-    "prices",
-    "usage_events",
-    "mig_claims",
-    "gpu_usage",
-    "allocations",
-    "workload_events",
-    "workloads",
-    "tenant_quotas",
-    "gpus",
-    "node_join_tokens",
-    "node_credentials",
-    "nodes",
-    "software_stacks",
-    "racks",
-    "regions",
-    "fleet_imports",
-    "browser_sessions",
-    "api_keys",
-    "tenants",
-    "idempotency_records",
-    "outbox",
-]
-
-
 @pytest.fixture(autouse=True)
-def clean_db(database):
-    """Every test starts from empty tables."""
+def clean_db(request):
+    """Every test starts from empty tables. Tests marked `no_db` (the pure placement core, the
+    agent, the health loop's decisions) never touch the database, nor create it."""
+    if request.node.get_closest_marker("no_db"):
+        yield
+        return
+    request.getfixturevalue("database")
     from sqlalchemy import text
     from sqlalchemy.exc import OperationalError
 
@@ -220,73 +162,9 @@ def session():
 # --- small builders -------------------------------------------------------------------------
 
 
-class World:
-    """Builders for tenants, keys and fleet rows, committed so the API sees them."""
-
-    def tenant(self, slug: str, *, status: str = "active", policy: list[str] | None = None):
-        from app.core.db import session_scope
-        from app.tenants.service import create_tenant
-
-        with session_scope() as s:
-            return create_tenant(
-                s,
-                name=slug.title(),
-                slug=slug,
-                contact_email=f"{slug}@example.com",
-                status=status,
-                isolation_policy=policy,
-            )
-
-    def key(self, tenant=None, scopes=("read", "write", "admin"), name: str = "test") -> str:
-        from app.core.db import session_scope
-        from app.keys.service import create_key
-
-        with session_scope() as s:
-            if tenant is None:
-                return create_key(s, tenant_id=None, name=name, scopes=["platform"]).key
-            return create_key(s, tenant_id=tenant.id, name=name, scopes=list(scopes)).key
-
-    def fleet(self, text: str) -> dict:
-        from app.core.db import session_scope
-        from app.fleet import document
-        from app.fleet.service import apply_document
-
-        with session_scope() as s:
-            return apply_document(s, document.load(text))
-
-
 @pytest.fixture
 def world() -> World:
     return World()
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-# One cordoned H100 node: workloads submitted on it stay queued (no worker places them).
-CORDONED_H100 = """
-regions:
-  - name: r1
-    racks:
-      - name: hgx-h100
-        kind: hgx
-        gpu_model: H100-80GB
-        nodes: [{name: h100-1, state: cordoned}]
-"""
-
-SMALL_FLEET = """
-regions:
-  - name: r1
-    racks:
-      - {name: nvl-1, kind: nvl72, block: spine-1}
-      - name: hgx-1
-        kind: hgx
-        gpu_model: H100-80GB
-        nodes:
-          - {name: h100-1, mig_gpus: [7]}
-          - {name: h100-2, state: cordoned}
-"""
 
 
 # --- a real API process ---------------------------------------------------------------------
@@ -353,14 +231,3 @@ def celery_worker_process(database):
     from app.core.processes import stop_groups
 
     stop_groups([proc])
-
-
-def wait_until(fn, timeout: float = 30.0, interval: float = 0.2):
-    deadline = time.time() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)

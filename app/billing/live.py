@@ -24,7 +24,7 @@ on by what happened in between; a request reads only what happened since `h` (on
   counts it);
 - the allocations started since `h`, and the adjustments dated since `h`.
 
-That is the same sum the full reading makes (tests/test_bill_live.py compares them), so the
+That is the same sum the full reading makes (tests/billing/test_live.py compares them), so the
 answer does not depend on the cache. The full reading is used where the sum is not linear:
 a tenant with commitments (their split is per hour of total use), or a caller that is not
 one tenant. Groups that sum to nothing are left out (an allocation held at `h` and stopped

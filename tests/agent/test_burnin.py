@@ -8,9 +8,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from rackplane_agent.burnin import BurnInRunner, judge
 from rackplane_wire import BurnIn, BurnInStep
+
+pytestmark = pytest.mark.no_db
 
 PY = sys.executable
 

@@ -20,7 +20,9 @@ from rackplane_agent.client import (
     wait_duration,
 )
 from rackplane_wire import StatusReport
-from tests.agent.helpers import INVENTORY
+from tests.fixtures.agent import INVENTORY
+
+pytestmark = pytest.mark.no_db
 
 
 def _problem(status: int, code: str, **headers: str) -> httpx.Response:

@@ -39,7 +39,7 @@ from rackplane_agent.runtimes.podman import (
 from rackplane_bench import containers
 from rackplane_bench.instances import parse_probes
 from rackplane_wire import VolumeMount
-from tests.agent.helpers import (
+from tests.fixtures.agent import (
     INVENTORY,
     SYSTEM_PY,
     FakeClient,
@@ -51,9 +51,12 @@ from tests.agent.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.skipif(
-    containers.available() is not None, reason=f"no real containers: {containers.available()}"
-)
+pytestmark = [
+    pytest.mark.no_db,
+    pytest.mark.skipif(
+        containers.available() is not None, reason=f"no real containers: {containers.available()}"
+    ),
+]
 
 VICTIM, ATTACKER, FRIEND, EXITS, STOPS, INSTANCE, KNOCKER = (
     f"00000000-0000-4000-8000-0000000000{i}" for i in ("c1", "c2", "c3", "c4", "c5", "c6", "c7")

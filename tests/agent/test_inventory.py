@@ -10,6 +10,8 @@ import pytest
 from rackplane_agent import inventory as inv
 from rackplane_agent.telemetry import NvmlSampler, Sample, render
 
+pytestmark = pytest.mark.no_db
+
 
 def _write(tmp_path, text: str):
     path = tmp_path / "inventory.yaml"

@@ -15,12 +15,14 @@ from rackplane_agent import mig as agent_mig
 from rackplane_agent.mig import MigApplier
 from rackplane_agent.runner import Agent
 from rackplane_wire import MigLayout, MigSlot
-from tests.agent.helpers import FakeClient, assignment, assignments, config, python, step_until
+from tests.fixtures.agent import FakeClient, assignment, assignments, config, python, step_until
 from tests.standins import BIN
 from tests.standins import pynvml as fake_nvml
 
 sys.path.insert(0, str(BIN.parent))
 import nvidia_smi as fake_smi  # noqa: E402  (the stand-in's own module, for its state helpers)
+
+pytestmark = pytest.mark.no_db
 
 H100 = "NVIDIA H100 80GB HBM3"
 BALANCED = [("3g.40gb", 4), ("2g.20gb", 2), ("1g.10gb", 0), ("1g.10gb", 1)]
@@ -274,7 +276,7 @@ def test_through_the_agent_waiting_for_its_own_run(host, state_dir, monkeypatch)
 
 
 def test_capability_only_where_layouts_can_be_applied(host, state_dir, monkeypatch):
-    from tests.agent.helpers import agent as file_agent
+    from tests.fixtures.agent import agent as file_agent
 
     assert file_agent(state_dir).inventory.capabilities == ["volumes"]  # a file inventory: no NVML
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -21,7 +21,9 @@ from rackplane_agent.runtimes.podman import (
     wall_leads,
 )
 from rackplane_agent.runtimes.process import resolve_command
-from tests.agent.helpers import GPU0, MIG0, assignment
+from tests.fixtures.agent import GPU0, MIG0, assignment
+
+pytestmark = pytest.mark.no_db
 
 
 def test_podman_argv():

@@ -10,10 +10,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import psutil
+import pytest
 
 from rackplane_agent.client import ApiError, RouteMissing, TransientError
 from rackplane_agent.state import RunRecord
-from tests.agent.helpers import (
+from tests.fixtures.agent import (
     GPU0,
     GPU1,
     MIG0,
@@ -27,6 +28,8 @@ from tests.agent.helpers import (
     step_until,
     wait_until,
 )
+
+pytestmark = pytest.mark.no_db
 
 W1, W2, W3 = (f"00000000-0000-4000-8000-00000000000{i}" for i in (1, 2, 3))
 

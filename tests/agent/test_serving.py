@@ -7,11 +7,14 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from rackplane_agent import sshports
 from rackplane_wire import Serve
-from tests.agent.helpers import PY, FakeClient, agent, assignment, assignments, step_until
-from tests.conftest import ROOT
+from tests.fixtures.agent import PY, FakeClient, agent, assignment, assignments, step_until
+from tests.fixtures.harness import ROOT
+
+pytestmark = pytest.mark.no_db
 
 W1, W2 = (f"00000000-0000-4000-8000-00000000005{i}" for i in (1, 2))
 SERVE = [PY, str(ROOT / "examples" / "serve.py"), "--host", "127.0.0.1", "--token-ms", "1"]

@@ -14,7 +14,9 @@ import psutil
 import pytest
 
 from rackplane_agent.runtimes.base import spawn_shim
-from tests.agent.helpers import python, wait_until
+from tests.fixtures.agent import python, wait_until
+
+pytestmark = pytest.mark.no_db
 
 
 def _shim(tmp_path, code: str, **kw) -> subprocess.Popen:

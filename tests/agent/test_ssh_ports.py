@@ -21,7 +21,9 @@ from rackplane_agent.config import AgentConfig, parse_port_range
 from rackplane_agent.runtimes.base import RunPlace, ShimRuntime, base_env, spawn_shim
 from rackplane_agent.state import EXIT_FILE, OUTPUT_FILE, RunRecord
 from rackplane_wire import Assignment
-from tests.agent.helpers import PY, FakeClient, agent, assignment, assignments, step_until
+from tests.fixtures.agent import PY, FakeClient, agent, assignment, assignments, step_until
+
+pytestmark = pytest.mark.no_db
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice"
 RUNS = [f"00000000-0000-4000-8000-0000000005{i:02d}" for i in range(8)]

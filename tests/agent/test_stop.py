@@ -10,9 +10,12 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from rackplane_agent import stop
 from rackplane_agent.state import RunRecord, StateDir
+
+pytestmark = pytest.mark.no_db
 
 HOLD = """
 import sys, time

@@ -16,7 +16,9 @@ import pytest
 
 from rackplane_agent.runner import Agent
 from tests.agent.fakecp import FakeControlPlane
-from tests.agent.helpers import GPU0, PY, ROOT, TRAIN, assignment, config, python, wait_until
+from tests.fixtures.agent import GPU0, PY, ROOT, TRAIN, assignment, config, python, wait_until
+
+pytestmark = pytest.mark.no_db
 
 SLEEPER = python("import time; print('up', flush=True); time.sleep(60)")
 
@@ -36,7 +38,7 @@ def _run_in_thread(agent: Agent) -> tuple[threading.Thread, list[int]]:
 
 
 def test_the_sync_loop_end_to_end(cp, state_dir, tmp_path):
-    from tests.agent.helpers import INVENTORY
+    from tests.fixtures.agent import INVENTORY
 
     cp.status_failures = [(503, {"Retry-After": "0.3"})]
     agent = Agent(

@@ -9,7 +9,11 @@ import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.agent.helpers import PY, TRAIN, wait_until
+import pytest
+
+from tests.fixtures.agent import PY, TRAIN, wait_until
+
+pytestmark = pytest.mark.no_db
 
 
 def _train(tmp_path, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:

@@ -44,7 +44,7 @@ from rackplane_agent.runtimes.vm import (
 from rackplane_agent.state import RunRecord
 from rackplane_bench import vmguest
 from rackplane_wire import GpuInfo, Inventory
-from tests.agent.helpers import (
+from tests.fixtures.agent import (
     GPU0,
     GPU1,
     MIG0,
@@ -56,6 +56,8 @@ from tests.agent.helpers import (
     step_until,
     wait_until,
 )
+
+pytestmark = pytest.mark.no_db
 
 VM = "00000000-0000-4000-8000-0000000000b1"
 KEY = (

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from rackplane_wire import VolumeMount
-from tests.agent.helpers import (
+from tests.fixtures.agent import (
     SYSTEM_PY,
     FakeClient,
     agent,
@@ -29,9 +29,12 @@ from tests.agent.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists(SYSTEM_PY), reason="a uid per run needs root"
-)
+pytestmark = [
+    pytest.mark.no_db,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not os.path.exists(SYSTEM_PY), reason="a uid per run needs root"
+    ),
+]
 
 VICTIM, ATTACKER = (f"00000000-0000-4000-8000-0000000000{i}" for i in ("a1", "a2"))
 SECRET = "victim-secret-6b1f"

@@ -4,7 +4,7 @@ follow in the same transaction; another tenant sees none of it."""
 
 from __future__ import annotations
 
-from tests.conftest import CORDONED_H100, auth
+from tests.fixtures.world import CORDONED_H100, auth
 
 CHAT = {
     "name": "chat",

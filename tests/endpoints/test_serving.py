@@ -24,10 +24,10 @@ import psutil
 import pytest
 
 from rackplane_bench.deploy import free_port
-from tests.agent.helpers import SYSTEM_PY
-from tests.conftest import auth, wait_until
+from tests.fixtures.agent import SYSTEM_PY
 from tests.fixtures.nodes import ROOT, Nodes, join_tokens
 from tests.fixtures.plane import plane as control_plane
+from tests.fixtures.world import auth, wait_until
 
 SERVE = str(ROOT / "examples" / "serve.py")
 TRAIN = str(ROOT / "examples" / "train.py")

@@ -8,6 +8,8 @@ import pytest
 from app.health import actions
 from app.health.actions import Action, Repair, Scope
 
+pytestmark = pytest.mark.no_db
+
 A = Action
 # The catalog's bucket per code, for every code it lists for A100/H100/B100/GB200 with an
 # immediate action other than IGNORE (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog).

@@ -8,6 +8,8 @@ import pytest
 
 from app.placement import perf
 
+pytestmark = pytest.mark.no_db
+
 
 def test_not_enough_reports_under_load_is_no_evidence():
     assert perf.from_telemetry(0.8, 0.0, perf.MIN_SAMPLES - 1, True) is None

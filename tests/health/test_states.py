@@ -9,6 +9,8 @@ import pytest
 from app.health import states
 from app.health.states import Actor, H, Health, InvalidHealthTransition
 
+pytestmark = pytest.mark.no_db
+
 PAIRS = list(itertools.product(Health, Health))
 
 

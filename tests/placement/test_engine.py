@@ -9,7 +9,8 @@ from app.placement.model import Level, Request, Shape
 from app.placement.policies import POLICIES, make_policy, typical_shapes
 from app.placement.policies.fgd import HostModel
 from app.placement.snapshot import DEGRADED, FAILED
-from tests.placement.conftest import (
+from tests.fixtures.snapshots import (
+    assert_same_state,
     hgx,
     mig,
     node,
@@ -20,6 +21,8 @@ from tests.placement.conftest import (
     snap,
     whole,
 )
+
+pytestmark = pytest.mark.no_db
 
 ALL = sorted(POLICIES)
 
@@ -218,21 +221,9 @@ def test_plan_checkpoint_rollback_and_commit():
     assert len(plan.bindings) == 3 and plan.reconfigurations
     plan.rollback(mark)
     assert len(plan.bindings) == 1 and not plan.reconfigurations
-    _assert_same(state, s.state())
+    assert_same_state(state, s.state())
     plan.commit()
     assert s.checkpoint() == 0
-
-
-def _assert_same(a, b):
-    import numpy as np
-
-    assert a.keys() == b.keys()
-    for k in a["arrays"]:
-        if k == "node_version":
-            continue
-        assert np.array_equal(a["arrays"][k], b["arrays"][k]), k
-    for k in ("allocs", "holders", "converted", "whole", "frac", "migx", "group_free"):
-        assert a[k] == b[k], k
 
 
 def test_confidential_vms_only_on_models_with_confidential_computing():

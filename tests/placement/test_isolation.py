@@ -10,7 +10,9 @@ from app.placement.engine import Engine
 from app.placement.isolation import GPU_SHARE, TIERS, Share, Tier, Unit
 from app.placement.model import Request, Shape
 from app.placement.policies import make_policy
-from tests.placement.conftest import hgx, node, snap
+from tests.fixtures.snapshots import hgx, node, snap
+
+pytestmark = pytest.mark.no_db
 
 
 def _request(rid: str, tier: Tier, tenant: str) -> Request:

@@ -5,6 +5,8 @@ import pytest
 from app.placement import mig
 from app.placement.mig import PROFILES, best_start, free_starts, profile_name, valid_layout
 
+pytestmark = pytest.mark.no_db
+
 
 @pytest.mark.parametrize(
     "key, compute, memory, starts",

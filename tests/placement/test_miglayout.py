@@ -10,6 +10,8 @@ import pytest
 from app.placement.mig import maximal_layouts, valid_layout
 from app.placement.miglayout import Demand, GpuView, RelayoutConfig, plan
 
+pytestmark = pytest.mark.no_db
+
 M = "H100-80GB"
 BAL = (("1g", 0), ("1g", 1), ("2g", 2), ("3g", 4))
 ONES = tuple(("1g", s) for s in range(7))

@@ -18,6 +18,8 @@ from app.placement.snapshot import NodeSpec, Snapshot
 from rackplane_bench.sim import openb
 from rackplane_bench.sim.openb_bound import online_bound
 
+pytestmark = pytest.mark.no_db
+
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "\n".join(
     f"n{i:03d},{64000 if i % 2 else 96000},262144,{8 if i % 3 else 2},{'G2' if i % 3 else 'T4'}"
     for i in range(30)

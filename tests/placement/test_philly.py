@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
 from rackplane_bench.sim import philly
+
+pytestmark = pytest.mark.no_db
 
 HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,9 @@ from app.placement.mig import valid_layout
 from app.placement.model import Level, Request, Shape, Topology
 from app.placement.policies import POLICIES, make_policy
 from app.placement.snapshot import Snapshot
-from tests.placement.conftest import hgx, node, nvl72
+from tests.fixtures.snapshots import hgx, node, nvl72
+
+pytestmark = pytest.mark.no_db
 
 TENANTS = ["ta", "tb", "tc"]
 PROFILE_KEYS = ["1g", "1g.2m", "2g", "3g", "4g", "7g"]

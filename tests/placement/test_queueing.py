@@ -18,8 +18,9 @@ from app.placement.queueing import (
     UsageHistory,
     Workload,
 )
-from tests.placement.conftest import node, snap
-from tests.placement.test_engine import _assert_same
+from tests.fixtures.snapshots import assert_same_state, node, snap
+
+pytestmark = pytest.mark.no_db
 
 H100 = "H100-80GB"
 GPU = 1000  # one GPU-equivalent in milli
@@ -577,7 +578,7 @@ def test_what_if_answers_without_changing_anything():
     prod = Workload("p", Request("p", "a", Tier.DEDICATED, Shape(gpus=8)), "production", 10, 60)
     ans = q.sched.what_if(prod, 10_000, list(q.pending.values()), list(q.running.values()))
     assert ans.placeable_now and set(ans.preempts) <= {"x", "y"} and ans.preempts
-    _assert_same(before, q.snap.state())
+    assert_same_state(before, q.snap.state())
 
 
 # --- configuration ----------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from app.health import actions
 from rackplane_bench.sim import faults as F
 
+pytestmark = pytest.mark.no_db
+
 CAUSES = {c.name: c for c in F.LLAMA3}
 # A small fleet, no background work: every figure below follows from the parameters.
 P = F.Params(gpus=256, days=2, background_load=0.0, hot_spares=2, spare_share=0.1)

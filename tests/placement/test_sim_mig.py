@@ -16,7 +16,10 @@ from rackplane_bench.sim import mig
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 OPENB = TRACES / "openb" / "openb_pod_list_default.csv"
 PHILLY = TRACES / "philly" / "philly_jobs.csv"
-pytestmark = pytest.mark.skipif(not OPENB.exists(), reason="public traces not present")
+pytestmark = [
+    pytest.mark.no_db,
+    pytest.mark.skipif(not OPENB.exists(), reason="public traces not present"),
+]
 
 P = mig.Params(nodes=2, days=1.0, warmup_days=0.25, seed=3)
 CFG = RelayoutConfig(min_dwell_s=1800.0)

@@ -13,6 +13,8 @@ from app.cli import cli
 from rackplane_bench.sim import philly
 from rackplane_bench.sim import upgrade as U
 
+pytestmark = pytest.mark.no_db
+
 HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 UNIT_S = 900.0 + 2400.0  # apply + burn-in
 
@@ -63,7 +65,7 @@ def test_batch_sizes_and_shares():
 
 
 def test_units_are_nodes_or_whole_nvlink_domains_by_rack_then_name():
-    from tests.placement.conftest import hgx, nvl72
+    from tests.fixtures.snapshots import hgx, nvl72
 
     nodes = hgx("b", 2, rack="r2") + nvl72("r1") + hgx("a", 2, rack="r3")
     units = U.units_of(nodes)

@@ -10,7 +10,9 @@ import pytest
 from app.placement.engine import NO_SOFTWARE, Engine
 from app.placement.model import Level
 from app.placement.policies import POLICIES, make_policy
-from tests.placement.conftest import node, preferred, required, snap, whole
+from tests.fixtures.snapshots import node, preferred, required, snap, whole
+
+pytestmark = pytest.mark.no_db
 
 ALL = sorted(POLICIES)
 

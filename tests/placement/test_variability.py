@@ -10,7 +10,9 @@ import pytest
 from app.placement.engine import Engine
 from app.placement.policies import POLICIES, make_policy
 from rackplane_bench.sim.variability import gangs, mark_slow
-from tests.placement.conftest import node, share, snap, whole
+from tests.fixtures.snapshots import node, share, snap, whole
+
+pytestmark = pytest.mark.no_db
 
 SLOW = (1.0, 1.0, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0)
 
