@@ -90,47 +90,8 @@ def request(
         )
     layout = sorted(target or [], key=lambda x: x[1])
     assert valid_layout(layout)
-    agent = session.get(AgentNode, node.id)
-    if agent is None or CAPABILITY not in ((agent.inventory or {}).get("capabilities") or []):
-        raise MigLayoutRefused(
-            f"Node {node.name}'s agent cannot lay out MIG instances (no agent, or one that does "
-            "not say it can).",
-            code="agent_cannot_lay_out_mig",
-        )
-    # The GPU's usage row, locked (made if it never held anything): nothing may hold it.
-    session.execute(
-        dialect_insert(session, GpuUsage)
-        .values(
-            node_id=node.id,
-            gpu_index=gpu_index,
-            milli_used=0,
-            memory_mib=GPU_MODELS[gpu.model].memory_mib,
-            memory_used_mib=0,
-            relayout=False,
-        )
-        .on_conflict_do_nothing(index_elements=[GpuUsage.node_id, GpuUsage.gpu_index])
-    )
-    usage = session.scalar(
-        select(GpuUsage)
-        .where(GpuUsage.node_id == node.id, GpuUsage.gpu_index == gpu_index)
-        .with_for_update()
-    )
-    assert usage is not None
-    claims = session.scalar(
-        select(func.count())
-        .select_from(MigClaim)
-        .where(
-            MigClaim.node_id == node.id,
-            MigClaim.gpu_index == gpu_index,
-            MigClaim.released_at.is_(None),
-        )
-    )
-    if usage.milli_used or usage.memory_used_mib or claims:
-        raise MigLayoutRefused(
-            f"GPU {gpu_index} of {node.name} holds work: a layout changes only on an idle GPU "
-            "(drain it, or wait).",
-            code="gpu_busy",
-        )
+    _check_agent(session, node)
+    usage = _idle_usage(session, node, gpu_index, gpu.model)
     now = utcnow()
     session.execute(
         update(MigRelayout)
@@ -157,6 +118,56 @@ def request(
     lifecycle.nodes_changed(session, [node.name])
     session.flush()
     return row
+
+
+def _check_agent(session: Session, node: Node) -> None:
+    """MigLayoutRefused unless the node has an agent that says it can lay out MIG."""
+    agent = session.get(AgentNode, node.id)
+    if agent is None or CAPABILITY not in ((agent.inventory or {}).get("capabilities") or []):
+        raise MigLayoutRefused(
+            f"Node {node.name}'s agent cannot lay out MIG instances (no agent, or one that does "
+            "not say it can).",
+            code="agent_cannot_lay_out_mig",
+        )
+
+
+def _idle_usage(session: Session, node: Node, gpu_index: int, model: str) -> GpuUsage:
+    """The GPU's usage row, locked; MigLayoutRefused if anything holds the GPU."""
+    # Made if the GPU never held anything, so that there is a row to lock.
+    session.execute(
+        dialect_insert(session, GpuUsage)
+        .values(
+            node_id=node.id,
+            gpu_index=gpu_index,
+            milli_used=0,
+            memory_mib=GPU_MODELS[model].memory_mib,
+            memory_used_mib=0,
+            relayout=False,
+        )
+        .on_conflict_do_nothing(index_elements=[GpuUsage.node_id, GpuUsage.gpu_index])
+    )
+    usage = session.scalar(
+        select(GpuUsage)
+        .where(GpuUsage.node_id == node.id, GpuUsage.gpu_index == gpu_index)
+        .with_for_update()
+    )
+    assert usage is not None
+    claims = session.scalar(
+        select(func.count())
+        .select_from(MigClaim)
+        .where(
+            MigClaim.node_id == node.id,
+            MigClaim.gpu_index == gpu_index,
+            MigClaim.released_at.is_(None),
+        )
+    )
+    if usage.milli_used or usage.memory_used_mib or claims:
+        raise MigLayoutRefused(
+            f"GPU {gpu_index} of {node.name} holds work: a layout changes only on an idle GPU "
+            "(drain it, or wait).",
+            code="gpu_busy",
+        )
+    return usage
 
 
 def wanted(session: Session, node_id: uuid.UUID) -> list[MigLayout]:

@@ -64,21 +64,7 @@ def timed_out(session: Session, now: datetime) -> int:
 def views(session: Session, region: str, now: datetime) -> tuple[list[GpuView], dict]:
     """The region's GPUs that the planner may re-lay, as it sees them, and their nodes."""
     placeable = [h.value for h in PLACEABLE]
-    nodes = {
-        n.id: n
-        for n, inventory in session.execute(
-            select(Node, AgentNode.inventory)
-            .join(AgentNode, AgentNode.node_id == Node.id)
-            .join(Rack, Rack.id == Node.rack_id)
-            .join(Region, Region.id == Rack.region_id)
-            .where(
-                Region.name == region,
-                Node.state == NodeState.ready.value,
-                Node.health.in_(placeable),
-            )
-        ).all()
-        if mig.CAPABILITY in ((inventory or {}).get("capabilities") or [])
-    }
+    nodes = _layout_nodes(session, region, placeable)
     if not nodes:
         return [], {}
     ids = list(nodes)
@@ -86,26 +72,8 @@ def views(session: Session, region: str, now: datetime) -> tuple[list[GpuView], 
         (u.node_id, u.gpu_index): u
         for u in session.scalars(select(GpuUsage).where(GpuUsage.node_id.in_(ids)))
     }
-    held: dict[tuple, int] = {}
-    for nid, gi, sl in session.execute(
-        select(MigClaim.node_id, MigClaim.gpu_index, MigClaim.slice).where(
-            MigClaim.node_id.in_(ids), MigClaim.released_at.is_(None)
-        )
-    ):
-        held[(nid, gi)] = held.get((nid, gi), 0) | (1 << sl)
-    since = now - timedelta(days=1)
-    last: dict[tuple, datetime] = {}
-    recent: Counter = Counter()
-    for nid, gi, at in session.execute(
-        select(MigRelayout.node_id, MigRelayout.gpu_index, MigRelayout.finished_at).where(
-            MigRelayout.node_id.in_(ids), MigRelayout.status == "applied"
-        )
-    ):
-        if at is None:
-            continue
-        at = at if at.tzinfo else at.replace(tzinfo=now.tzinfo)
-        last[(nid, gi)] = max(last.get((nid, gi), at), at)
-        recent[(nid, gi)] += at >= since
+    held = _claimed_slices(session, ids)
+    last, recent = _layout_history(session, ids, now)
     # Layouts asked and not yet made: the planner counts what they will offer, and leaves them.
     coming = {
         (r.node_id, r.gpu_index): r
@@ -120,41 +88,99 @@ def views(session: Session, region: str, now: datetime) -> tuple[list[GpuView], 
         if g.health not in placeable:
             continue
         key = (g.node_id, g.index)
+        name = nodes[g.node_id].name
         if key in coming:
-            r = coming[key]
-            target = tuple((k, int(st)) for k, st in r.layout) if r.mig_mode else None
-            out.append(
-                GpuView(
-                    node=nodes[g.node_id].name,
-                    index=g.index,
-                    model=g.model,
-                    layout=target,
-                    idle=False,
-                    changed_at=now.timestamp(),
-                    changes_24h=recent[key] + 1,
-                    free=target or (),
-                )
-            )
+            out.append(_coming_view(g, name, coming[key], recent[key], now))
             continue
         u = usage.get(key)
         mask = held.get(key, 0)
-        layout = tuple((k, int(s)) for k, s in (g.mig_layout or [])) if g.mig_mode else None
         busy = bool(u and (u.milli_used or u.memory_used_mib)) or bool(mask)
-        out.append(
-            GpuView(
-                node=nodes[g.node_id].name,
-                index=g.index,
-                model=g.model,
-                layout=layout,
-                idle=not busy,
-                changed_at=last[key].timestamp() if key in last else float("-inf"),
-                changes_24h=recent[key],
-                free=tuple(x for x in layout if not PROFILES[x[0]].mask(x[1]) & mask)
-                if layout
-                else (),
-            )
-        )
+        changed_at = last[key].timestamp() if key in last else float("-inf")
+        out.append(_current_view(g, name, mask, busy, changed_at, recent[key]))
     return out, {n.name: n for n in nodes.values()}
+
+
+def _layout_nodes(session: Session, region: str, placeable: list[str]) -> dict:
+    """The region's ready, placeable nodes whose agents can lay out MIG, by id."""
+    return {
+        n.id: n
+        for n, inventory in session.execute(
+            select(Node, AgentNode.inventory)
+            .join(AgentNode, AgentNode.node_id == Node.id)
+            .join(Rack, Rack.id == Node.rack_id)
+            .join(Region, Region.id == Rack.region_id)
+            .where(
+                Region.name == region,
+                Node.state == NodeState.ready.value,
+                Node.health.in_(placeable),
+            )
+        ).all()
+        if mig.CAPABILITY in ((inventory or {}).get("capabilities") or [])
+    }
+
+
+def _claimed_slices(session: Session, ids: list) -> dict[tuple, int]:
+    """(node, GPU) -> the memory slices its live MIG claims hold, as a bit mask."""
+    held: dict[tuple, int] = {}
+    for nid, gi, sl in session.execute(
+        select(MigClaim.node_id, MigClaim.gpu_index, MigClaim.slice).where(
+            MigClaim.node_id.in_(ids), MigClaim.released_at.is_(None)
+        )
+    ):
+        held[(nid, gi)] = held.get((nid, gi), 0) | (1 << sl)
+    return held
+
+
+def _layout_history(
+    session: Session, ids: list, now: datetime
+) -> tuple[dict[tuple, datetime], Counter]:
+    """Per (node, GPU): when its layout last changed, and how often in the last day."""
+    since = now - timedelta(days=1)
+    last: dict[tuple, datetime] = {}
+    recent: Counter = Counter()
+    for nid, gi, at in session.execute(
+        select(MigRelayout.node_id, MigRelayout.gpu_index, MigRelayout.finished_at).where(
+            MigRelayout.node_id.in_(ids), MigRelayout.status == "applied"
+        )
+    ):
+        if at is None:
+            continue
+        at = at if at.tzinfo else at.replace(tzinfo=now.tzinfo)
+        last[(nid, gi)] = max(last.get((nid, gi), at), at)
+        recent[(nid, gi)] += at >= since
+    return last, recent
+
+
+def _coming_view(g: Gpu, node: str, r: MigRelayout, changes: int, now: datetime) -> GpuView:
+    """A GPU with a layout asked and not yet made, as the planner sees it: as it will be."""
+    target = tuple((k, int(st)) for k, st in r.layout) if r.mig_mode else None
+    return GpuView(
+        node=node,
+        index=g.index,
+        model=g.model,
+        layout=target,
+        idle=False,
+        changed_at=now.timestamp(),
+        changes_24h=changes + 1,
+        free=target or (),
+    )
+
+
+def _current_view(
+    g: Gpu, node: str, mask: int, busy: bool, changed_at: float, changes: int
+) -> GpuView:
+    """A GPU as it is laid out now, as the planner sees it: its free instances, and if idle."""
+    layout = tuple((k, int(s)) for k, s in (g.mig_layout or [])) if g.mig_mode else None
+    return GpuView(
+        node=node,
+        index=g.index,
+        model=g.model,
+        layout=layout,
+        idle=not busy,
+        changed_at=changed_at,
+        changes_24h=changes,
+        free=tuple(x for x in layout if not PROFILES[x[0]].mask(x[1]) & mask) if layout else (),
+    )
 
 
 def demand(session: Session, region: str, models: list[str]) -> Demand:

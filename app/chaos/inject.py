@@ -80,6 +80,7 @@ def _inject(
     plan: list[tuple[Fault, Node, int | None]],
     now: datetime,
 ) -> None:
+    """Record each of the round's faults and inject it, each through its own path."""
     samples: list[tuple] = []
     targets: dict = {}
     reports: dict[int, list] = {}
@@ -88,32 +89,14 @@ def _inject(
     ts = time.time()
     gpus_of = gpu_indices(session, [n for f, n, g in plan if g is None])
     for i, (f, node, gpu) in enumerate(plan):
-        session.add(
-            ChaosInjection(
-                experiment_id=exp.id,
-                kind=f.kind,
-                code=f.code
-                if isinstance(f, XidFault)
-                else NVLINK_XID
-                if isinstance(f, NvlinkFault)
-                else None,
-                detail=f.fails if isinstance(f, ProviderFault) else None,
-                node_id=node.id,
-                node=node.name,
-                gpu_index=gpu,
-                injected_at=now,
-            )
-        )
+        session.add(_injection(exp, f, node, gpu, now))
         if isinstance(f, NodeLossFault):
             lost.append(node)
-            continue
-        if isinstance(f, ProviderFault):
+        elif isinstance(f, ProviderFault):
             providers.break_nodes(session, [node.name], f.fails, exp.id)
-            continue
-        if isinstance(f, NoisyNeighbourFault):
+        elif isinstance(f, NoisyNeighbourFault):
             noisy.append((f, node, gpu))
-            continue
-        if isinstance(f, NvlinkFault):  # every GPU of the node reports Xid 74
+        elif isinstance(f, NvlinkFault):  # every GPU of the node reports Xid 74
             for g in gpus_of[node.id]:
                 key = (node.name, str(g), None)
                 targets[key] = key
@@ -121,34 +104,80 @@ def _inject(
                     (i, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, ts),
                     (i, key, "DCGM_FI_DEV_XID_ERRORS", float(NVLINK_XID), ts),
                 ]
-            continue
-        key = (node.name, str(gpu), None)
-        targets[key] = key
-        if isinstance(f, XidFault):  # the gauge clears, then shows the code: a new Xid
-            samples += [
-                (i, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, ts),
-                (i, key, "DCGM_FI_DEV_XID_ERRORS", float(f.code or 0), ts),
-            ]
-        elif isinstance(f, ThrottleFault):
-            clock = _max_clock(node) * f.speed
-            hot = float(actions.THROTTLE_HW_THERMAL)
-            # One report per batch, as an agent pushes them: the loop's averages count
-            # reports, not samples.
-            for k in range(THROTTLE_REPORTS):
-                t = ts - 30 * (THROTTLE_REPORTS - 1 - k)
-                reports.setdefault(k, []).extend(
-                    [
-                        (i, key, "DCGM_FI_DEV_GPU_UTIL", 95.0, t),
-                        (i, key, "DCGM_FI_DEV_SM_CLOCK", clock, t),
-                        (i, key, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", hot, t),
-                    ]
-                )
-        else:  # the counter from a fresh baseline, then one more error
-            samples += [
-                (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0.0, ts),
-                (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1.0, ts),
-            ]
+        else:
+            key = (node.name, str(gpu), None)
+            targets[key] = key
+            _gpu_samples(i, f, node, key, ts, samples, reports)
     session.flush()
+    _deliver(session, samples, targets, reports, noisy, lost, ts)
+
+
+def _injection(
+    exp: ChaosExperiment, f: Fault, node: Node, gpu: int | None, now: datetime
+) -> ChaosInjection:
+    """The record of one fault injected (what `stop` undoes, the report reads)."""
+    return ChaosInjection(
+        experiment_id=exp.id,
+        kind=f.kind,
+        code=f.code
+        if isinstance(f, XidFault)
+        else NVLINK_XID
+        if isinstance(f, NvlinkFault)
+        else None,
+        detail=f.fails if isinstance(f, ProviderFault) else None,
+        node_id=node.id,
+        node=node.name,
+        gpu_index=gpu,
+        injected_at=now,
+    )
+
+
+def _gpu_samples(
+    i: int,
+    f: Fault,
+    node: Node,
+    key: tuple,
+    ts: float,
+    samples: list[tuple],
+    reports: dict[int, list],
+) -> None:
+    """One GPU's fault (Xid, throttling, ECC) as the samples its agent would send."""
+    if isinstance(f, XidFault):  # the gauge clears, then shows the code: a new Xid
+        samples += [
+            (i, key, "DCGM_FI_DEV_XID_ERRORS", 0.0, ts),
+            (i, key, "DCGM_FI_DEV_XID_ERRORS", float(f.code or 0), ts),
+        ]
+    elif isinstance(f, ThrottleFault):
+        clock = _max_clock(node) * f.speed
+        hot = float(actions.THROTTLE_HW_THERMAL)
+        # One report per batch, as an agent pushes them: the loop's averages count
+        # reports, not samples.
+        for k in range(THROTTLE_REPORTS):
+            t = ts - 30 * (THROTTLE_REPORTS - 1 - k)
+            reports.setdefault(k, []).extend(
+                [
+                    (i, key, "DCGM_FI_DEV_GPU_UTIL", 95.0, t),
+                    (i, key, "DCGM_FI_DEV_SM_CLOCK", clock, t),
+                    (i, key, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", hot, t),
+                ]
+            )
+    else:  # the counter from a fresh baseline, then one more error
+        samples += [
+            (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0.0, ts),
+            (i, key, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1.0, ts),
+        ]
+
+
+def _deliver(
+    session: Session,
+    samples: list[tuple],
+    targets: dict,
+    reports: dict[int, list],
+    noisy: list[tuple[NoisyNeighbourFault, Node, int | None]],
+    lost: list[Node],
+    ts: float,
+) -> None:
+    """The round's samples and reports ingested, its noise made, its lost nodes cut off."""
     if samples:
         telemetry.ingest(session, samples, targets)
     for _k, batch in sorted(reports.items()):

@@ -102,6 +102,31 @@ def chaos_inject(
 ) -> None:
     """Start an experiment now or on a schedule (needs RACKPLANE_CHAOS_ENABLED=true in this
     process's environment or ./.env, as the server does)."""
+    target = _inject_target(node, gpu, rack, random_gpus, tier)
+    fault = _inject_fault(
+        target, xid, ecc, throttle, node_loss, nvlink, provider_fails, noisy_neighbour
+    )
+    out = _start_experiment(
+        {
+            "name": name,
+            "faults": [fault],
+            "blast_radius": {"max_gpus": max_gpus, "max_region_share": max_share},
+            "schedule": None
+            if at is None and times == 1
+            else {
+                "at": at,
+                "times": times,
+                **({"every_s": every} if every is not None else {}),
+            },
+        }
+    )
+    _chaos_print(out, as_json)
+
+
+def _inject_target(
+    node: str | None, gpu: int | None, rack: str | None, random_gpus: int | None, tier: str | None
+) -> dict:
+    """The fault's target from `chaos inject`'s options: a rack, a node (its GPU), or random."""
     target: dict = (
         {"node": node, "gpu": gpu} if node else {"random_gpus": random_gpus, "holding_tier": tier}
     )
@@ -109,6 +134,20 @@ def chaos_inject(
         target = {"node": node}
     if rack:
         target = {"rack": rack}
+    return target
+
+
+def _inject_fault(
+    target: dict,
+    xid: int | None,
+    ecc: bool,
+    throttle: float | None,
+    node_loss: bool,
+    nvlink: bool,
+    provider_fails: str | None,
+    noisy_neighbour: float | None,
+) -> dict:
+    """The fault from `chaos inject`'s options: an Xid unless another kind is asked for."""
     fault: dict = {"kind": "xid", "code": xid, "target": target}
     if noisy_neighbour is not None:
         fault = {"kind": "noisy_neighbour", "slowdown": noisy_neighbour, "target": target}
@@ -122,21 +161,13 @@ def chaos_inject(
         fault = {"kind": "ecc_dbe", "target": target}
     elif throttle is not None:
         fault = {"kind": "throttle", "speed": throttle, "target": target}
+    return fault
+
+
+def _start_experiment(document: dict) -> dict:
+    """Validate the experiment and start it, as the API does; exit 2 saying why it cannot."""
     try:
-        body = ExperimentIn.model_validate(
-            {
-                "name": name,
-                "faults": [fault],
-                "blast_radius": {"max_gpus": max_gpus, "max_region_share": max_share},
-                "schedule": None
-                if at is None and times == 1
-                else {
-                    "at": at,
-                    "times": times,
-                    **({"every_s": every} if every is not None else {}),
-                },
-            }
-        )
+        body = ExperimentIn.model_validate(document)
         with session_scope() as session:
             out = experiment_view(session, chaos_service.start(session, body))
     except ValidationError as exc:
@@ -153,7 +184,7 @@ def chaos_inject(
         )
     except AppError as exc:
         fail(exc.detail, 2)
-    _chaos_print(out, as_json)
+    return out
 
 
 @chaos_cli.command("list")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, select
@@ -130,78 +131,26 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
     now = utcnow()
     new_gpus: list[dict[str, Any]] = []
     for reg in doc["regions"]:
-        region = regions.get(reg["name"])
-        if region is None:
-            region = Region(name=reg["name"], created_at=now)
-            session.add(region)
-            session.flush()
-            regions[reg["name"]] = region
-            created["regions"] += 1
+        region = _region_for(session, regions, reg["name"], now, created)
         racks = {
             r.name: r for r in session.scalars(select(Rack).where(Rack.region_id == region.id))
         }
         for rk in reg["racks"]:
-            rack = racks.get(rk["name"])
-            if rack is None:
-                rack = Rack(
-                    region_id=region.id,
-                    name=rk["name"],
-                    kind=rk["kind"],
-                    block=rk["block"],
-                    created_at=now,
-                )
-                session.add(rack)
-                session.flush()
-                created["racks"] += 1
+            rack = _rack_for(session, racks, region, rk, now, created)
             domain_of_rack = RACK_KINDS[rk["kind"]].rack_is_nvlink_domain
             for nd in rk["nodes"]:
                 node = existing_nodes.get(nd["name"])
                 if node is not None:  # in this rack with this model: `conflicts` checked
-                    if (node.cpu_milli, node.memory_mib) != (nd["cpu_milli"], nd["memory_mib"]):
-                        node.cpu_milli, node.memory_mib = nd["cpu_milli"], nd["memory_mib"]
-                        node.generation += 1
-                        updated += 1
-                    if nd.get("pool") and node.pool != nd["pool"]:
-                        node.pool = nd["pool"]
-                        updated += 1
+                    updated += _update_node(node, nd)
                     continue
-                node = Node(
-                    rack_id=rack.id,
-                    name=nd["name"],
-                    gpu_model=nd["gpu_model"],
-                    cpu_milli=nd["cpu_milli"],
-                    memory_mib=nd["memory_mib"],
-                    state=nd["state"],
-                    pool=nd.get("pool"),
-                    nvlink_domain=(
-                        f"{reg['name']}/{rk['name']}"
-                        if domain_of_rack
-                        else f"{reg['name']}/{rk['name']}/{nd['name']}"
-                    ),
-                    generation=0,
-                    created_at=now,
+                domain = (
+                    f"{reg['name']}/{rk['name']}"
+                    if domain_of_rack
+                    else f"{reg['name']}/{rk['name']}/{nd['name']}"
                 )
-                if nd.get("agent"):
-                    # Meant for an agent: no work until it has joined and passed bring-up
-                    # (app/agents/inventory.py `bring_up`).
-                    node.health = Health.validating.value
-                    node.health_reason = AWAITING_AGENT
-                    node.health_since = now
-                session.add(node)
-                session.flush()
+                node = _add_node(session, rack, nd, domain, now)
                 created["nodes"] += 1
-                mig = set(nd["mig_gpus"])
-                for i in range(nd["gpus"]):
-                    new_gpus.append(
-                        {
-                            "node_id": node.id,
-                            "index": i,
-                            "model": nd["gpu_model"],
-                            "mig_mode": i in mig,
-                            "health": Health.healthy.value,
-                            "created_at": now,
-                        }
-                    )
+                new_gpus += _gpu_rows(node, nd, now)
     if new_gpus:
         for g in new_gpus:
             g["id"] = new_id()
@@ -210,6 +159,98 @@ def apply_document(session: Session, doc: dict[str, Any]) -> dict[str, int]:
 
     forget_regions()
     return {**{f"created_{k}": v for k, v in created.items()}, "updated_nodes": updated}
+
+
+def _region_for(
+    session: Session, regions: dict[str, Region], name: str, now: datetime, created: dict[str, int]
+) -> Region:
+    """The region of this name, created (and counted) if the fleet has none yet."""
+    region = regions.get(name)
+    if region is None:
+        region = Region(name=name, created_at=now)
+        session.add(region)
+        session.flush()
+        regions[name] = region
+        created["regions"] += 1
+    return region
+
+
+def _rack_for(
+    session: Session,
+    racks: dict[str, Rack],
+    region: Region,
+    rk: dict[str, Any],
+    now: datetime,
+    created: dict[str, int],
+) -> Rack:
+    """The region's rack of the document's name, created (and counted) if it has none yet."""
+    rack = racks.get(rk["name"])
+    if rack is None:
+        rack = Rack(
+            region_id=region.id,
+            name=rk["name"],
+            kind=rk["kind"],
+            block=rk["block"],
+            created_at=now,
+        )
+        session.add(rack)
+        session.flush()
+        created["racks"] += 1
+    return rack
+
+
+def _update_node(node: Node, nd: dict[str, Any]) -> int:
+    """An existing node's CPU, memory and pool set as the document says; how many changed."""
+    updated = 0
+    if (node.cpu_milli, node.memory_mib) != (nd["cpu_milli"], nd["memory_mib"]):
+        node.cpu_milli, node.memory_mib = nd["cpu_milli"], nd["memory_mib"]
+        node.generation += 1
+        updated += 1
+    if nd.get("pool") and node.pool != nd["pool"]:
+        node.pool = nd["pool"]
+        updated += 1
+    return updated
+
+
+def _add_node(session: Session, rack: Rack, nd: dict[str, Any], domain: str, now: datetime) -> Node:
+    """A new node of the document in `rack`, in NVLink domain `domain`, flushed (its id)."""
+    node = Node(
+        rack_id=rack.id,
+        name=nd["name"],
+        gpu_model=nd["gpu_model"],
+        cpu_milli=nd["cpu_milli"],
+        memory_mib=nd["memory_mib"],
+        state=nd["state"],
+        pool=nd.get("pool"),
+        nvlink_domain=domain,
+        generation=0,
+        created_at=now,
+    )
+    if nd.get("agent"):
+        # Meant for an agent: no work until it has joined and passed bring-up
+        # (app/agents/inventory.py `bring_up`).
+        node.health = Health.validating.value
+        node.health_reason = AWAITING_AGENT
+        node.health_since = now
+    session.add(node)
+    session.flush()
+    return node
+
+
+def _gpu_rows(node: Node, nd: dict[str, Any], now: datetime) -> list[dict[str, Any]]:
+    """The rows of a new node's GPUs, for one bulk insert (their ids are added there)."""
+    mig = set(nd["mig_gpus"])
+    return [
+        {
+            "node_id": node.id,
+            "index": i,
+            "model": nd["gpu_model"],
+            "mig_mode": i in mig,
+            "health": Health.healthy.value,
+            "created_at": now,
+        }
+        for i in range(nd["gpus"])
+    ]
 
 
 def set_node_state(node: Node, state: str, reason: str | None) -> Node:
@@ -240,36 +281,7 @@ def capacity(session: Session) -> list[dict[str, Any]]:
         Gpu.health.in_(placeable),
         Gpu.relayout_pending.is_(False),  # being laid out again: no work until its agent reports
     )
-    used = func.coalesce(GpuUsage.milli_used, 0)
-    whole = and_(usable, Gpu.mig_mode.is_(False))
-    stmt = (
-        select(
-            Region.name,
-            Gpu.model,
-            func.count(Gpu.id),
-            func.sum(case((and_(whole, used == 0), 1), else_=0)),
-            func.sum(case((whole, 1000 - used), else_=0)),
-        )
-        .select_from(Gpu)
-        .join(Node, Gpu.node_id == Node.id)
-        .join(Rack, Node.rack_id == Rack.id)
-        .join(Region, Rack.region_id == Region.id)
-        .outerjoin(GpuUsage, and_(GpuUsage.node_id == Gpu.node_id, GpuUsage.gpu_index == Gpu.index))
-        .where(Node.state != NodeState.retired.value)  # no longer part of the fleet
-        .group_by(Region.name, Gpu.model)
-        .order_by(Region.name, Gpu.model)
-    )
-    rows = {
-        (r, m): {
-            "region": r,
-            "gpu_model": m,
-            "total_gpus": int(t),
-            "free_gpus": int(f or 0),
-            "free_milli": int(fm or 0),
-            "free_mig": {},
-        }
-        for r, m, t, f, fm in session.execute(stmt)
-    }
+    rows = _whole_and_fractional(session, usable)
     # MIG GPUs: their layout from the live claims (memory slices) and allocations (compute).
     # An agent's GPU has the instances its agent reported and no others (placement puts MIG
     # work only on those: app/scheduling/world.py); a simulated one any that fit.
@@ -290,23 +302,8 @@ def capacity(session: Session) -> list[dict[str, Any]]:
     ).all()
     if not mig_gpus:
         return list(rows.values())
-    masks: dict[tuple, int] = {}
-    for node, index, slice_ in session.execute(
-        select(MigClaim.node_id, MigClaim.gpu_index, MigClaim.slice).where(
-            MigClaim.released_at.is_(None)
-        )
-    ):
-        masks[(node, index)] = masks.get((node, index), 0) | (1 << slice_)
-    held: dict[tuple, list[int]] = {}  # (node, gpu) -> [compute used, instances]
-    for node, gpus, profile in session.execute(
-        select(Allocation.node_id, Allocation.gpu_indices, Allocation.mig_profile).where(
-            Allocation.released_at.is_(None), Allocation.mig_profile.is_not(None)
-        )
-    ):
-        for g in gpus:
-            h = held.setdefault((node, g), [0, 0])
-            h[0] += PROFILES[profile].compute
-            h[1] += 1
+    masks = _claimed_slices(session)
+    held = _mig_compute_held(session)
     for region, model, node, index, layout, agent in mig_gpus:
         free = rows[(region, model)]["free_mig"]
         mask = masks.get((node, index), 0)
@@ -316,15 +313,82 @@ def capacity(session: Session) -> list[dict[str, Any]]:
                     name = profile_name(model, key)
                     free[name] = free.get(name, 0) + 1
             continue
-        compute, instances = held.get((node, index), (0, 0))
-        for key, profile in PROFILES.items():
-            n, m, c, i = 0, mask, compute, instances
-            while starts := free_starts(profile, m, c, i):
-                m, c, i, n = m | profile.mask(starts[0]), c + profile.compute, i + 1, n + 1
-            if n:
-                name = profile_name(model, key)
-                free[name] = free.get(name, 0) + n
+        _count_fitting(free, model, mask, *held.get((node, index), (0, 0)))
     return list(rows.values())
+
+
+def _whole_and_fractional(session: Session, usable: Any) -> dict[tuple, dict[str, Any]]:
+    """(region, model) -> its row of `capacity`: GPUs, whole free GPUs and free milli-GPU."""
+    used = func.coalesce(GpuUsage.milli_used, 0)
+    whole = and_(usable, Gpu.mig_mode.is_(False))
+    stmt = (
+        select(
+            Region.name,
+            Gpu.model,
+            func.count(Gpu.id),
+            func.sum(case((and_(whole, used == 0), 1), else_=0)),
+            func.sum(case((whole, 1000 - used), else_=0)),
+        )
+        .select_from(Gpu)
+        .join(Node, Gpu.node_id == Node.id)
+        .join(Rack, Node.rack_id == Rack.id)
+        .join(Region, Rack.region_id == Region.id)
+        .outerjoin(GpuUsage, and_(GpuUsage.node_id == Gpu.node_id, GpuUsage.gpu_index == Gpu.index))
+        .where(Node.state != NodeState.retired.value)  # no longer part of the fleet
+        .group_by(Region.name, Gpu.model)
+        .order_by(Region.name, Gpu.model)
+    )
+    return {
+        (r, m): {
+            "region": r,
+            "gpu_model": m,
+            "total_gpus": int(t),
+            "free_gpus": int(f or 0),
+            "free_milli": int(fm or 0),
+            "free_mig": {},
+        }
+        for r, m, t, f, fm in session.execute(stmt)
+    }
+
+
+def _claimed_slices(session: Session) -> dict[tuple, int]:
+    """(node, GPU) -> the memory slices its live MIG claims hold, as a bit mask."""
+    masks: dict[tuple, int] = {}
+    for node, index, slice_ in session.execute(
+        select(MigClaim.node_id, MigClaim.gpu_index, MigClaim.slice).where(
+            MigClaim.released_at.is_(None)
+        )
+    ):
+        masks[(node, index)] = masks.get((node, index), 0) | (1 << slice_)
+    return masks
+
+
+def _mig_compute_held(session: Session) -> dict[tuple, list[int]]:
+    """(node, GPU) -> [compute slices used, instances] of its live MIG allocations."""
+    held: dict[tuple, list[int]] = {}
+    for node, gpus, profile in session.execute(
+        select(Allocation.node_id, Allocation.gpu_indices, Allocation.mig_profile).where(
+            Allocation.released_at.is_(None), Allocation.mig_profile.is_not(None)
+        )
+    ):
+        for g in gpus:
+            h = held.setdefault((node, g), [0, 0])
+            h[0] += PROFILES[profile].compute
+            h[1] += 1
+    return held
+
+
+def _count_fitting(
+    free: dict[str, int], model: str, mask: int, compute: int, instances: int
+) -> None:
+    """Add to `free`, per profile, how many more instances a simulated MIG GPU could take."""
+    for key, profile in PROFILES.items():
+        n, m, c, i = 0, mask, compute, instances
+        while starts := free_starts(profile, m, c, i):
+            m, c, i, n = m | profile.mask(starts[0]), c + profile.compute, i + 1, n + 1
+        if n:
+            name = profile_name(model, key)
+            free[name] = free.get(name, 0) + n
 
 
 def holders(session: Session, node_ids: list) -> dict[tuple, list[dict[str, Any]]]:

@@ -10,7 +10,9 @@ out of service for an RMA.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -259,27 +261,7 @@ def bring_up(session: Session, now: datetime) -> BringUp:
     past its limit, an agent gone silent, work still on it (steps run only while it is idle),
     a failed burn-in or install waiting for the operator, an inventory that differs."""
     silent_after = timedelta(seconds=get_settings().heartbeat_timeout_seconds)
-    rows = session.execute(
-        select(Node, Region.name, Rack.name, AgentNode.node_id, NodeHeartbeat.last_seen_at)
-        .join(Rack, Rack.id == Node.rack_id)
-        .join(Region, Region.id == Rack.region_id)
-        .outerjoin(AgentNode, AgentNode.node_id == Node.id)
-        .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
-        .where(
-            or_(
-                Node.health == H.validating.value,
-                and_(AgentNode.node_id.is_not(None), Node.production_at.is_(None)),
-                # A node with an agent out of service (silent, being repaired): not "in
-                # service" here while the Health page and the heatmap say it is out.
-                and_(
-                    AgentNode.node_id.is_not(None),
-                    Node.health.not_in([H.healthy.value, H.suspect.value]),
-                ),
-            ),
-            Node.state != "retired",
-        )
-        .order_by(Region.name, Rack.name, Node.name)
-    ).all()
+    rows = _bring_up_nodes(session)
     ids = [n.id for n, *_ in rows]
     latest: dict[uuid.UUID, BurnIn] = {}
     for b in session.scalars(
@@ -300,24 +282,7 @@ def bring_up(session: Session, now: datetime) -> BringUp:
         done = len(b.results) if b is not None else 0
         step = b.suite[done]["name"] if running and done < len(b.suite) else None
         limit = as_aware(b.started_at) + timedelta(seconds=suite.limit_s(b)) if running else None
-        stuck = None
-        if agent is None:
-            stuck = "no agent has reported for it"
-        elif running and limit is not None and now > limit:
-            stuck = f"burn-in past its limit at {step or 'its last step'}"
-        elif heard is not None and now - as_aware(heard) > silent_after:
-            stuck = f"its agent is silent since {as_aware(heard):%Y-%m-%d %H:%M:%S}"
-        elif running and node.id in busy:
-            stuck = "work still runs on it: burn-in steps run only while it is idle"
-        elif b is not None and b.status in ("failed", "rma"):
-            detail = next((r.get("detail") for r in b.results if r["name"] == b.failed_step), "")
-            stuck = f"{b.reason} failed at {b.failed_step}" + (f": {detail}" if detail else "")
-        elif not running and node.state == "validating":
-            stuck = node.state_reason or "its inventory differs from the fleet's record"
-        elif not running and node.health == H.validating.value:
-            stuck = "validating with no burn-in running" + (
-                f" ({node.health_reason})" if node.health_reason else ""
-            )
+        stuck = _stuck(node, b, agent, heard, step, limit, node.id in busy, now, silent_after)
         items.append(
             BringUpNode(
                 node=node.name,
@@ -335,3 +300,61 @@ def bring_up(session: Session, now: datetime) -> BringUp:
             )
         )
     return BringUp(items=items, stuck=sum(i.stuck is not None for i in items))
+
+
+def _bring_up_nodes(session: Session) -> Sequence[Any]:
+    """(node, region, rack, its agent's id, its last heartbeat) for the nodes `bring_up` shows."""
+    return session.execute(
+        select(Node, Region.name, Rack.name, AgentNode.node_id, NodeHeartbeat.last_seen_at)
+        .join(Rack, Rack.id == Node.rack_id)
+        .join(Region, Region.id == Rack.region_id)
+        .outerjoin(AgentNode, AgentNode.node_id == Node.id)
+        .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
+        .where(
+            or_(
+                Node.health == H.validating.value,
+                and_(AgentNode.node_id.is_not(None), Node.production_at.is_(None)),
+                # A node with an agent out of service (silent, being repaired): not "in
+                # service" here while the Health page and the heatmap say it is out.
+                and_(
+                    AgentNode.node_id.is_not(None),
+                    Node.health.not_in([H.healthy.value, H.suspect.value]),
+                ),
+            ),
+            Node.state != "retired",
+        )
+        .order_by(Region.name, Rack.name, Node.name)
+    ).all()
+
+
+def _stuck(
+    node: Node,
+    b: BurnIn | None,
+    agent: uuid.UUID | None,
+    heard: datetime | None,
+    step: str | None,
+    limit: datetime | None,
+    busy: bool,
+    now: datetime,
+    silent_after: timedelta,
+) -> str | None:
+    """Why a node in bring-up is stuck, the first reason that holds; None if it is not."""
+    running = b is not None and b.status == "running"
+    if agent is None:
+        return "no agent has reported for it"
+    if running and limit is not None and now > limit:
+        return f"burn-in past its limit at {step or 'its last step'}"
+    if heard is not None and now - as_aware(heard) > silent_after:
+        return f"its agent is silent since {as_aware(heard):%Y-%m-%d %H:%M:%S}"
+    if running and busy:
+        return "work still runs on it: burn-in steps run only while it is idle"
+    if b is not None and b.status in ("failed", "rma"):
+        detail = next((r.get("detail") for r in b.results if r["name"] == b.failed_step), "")
+        return f"{b.reason} failed at {b.failed_step}" + (f": {detail}" if detail else "")
+    if not running and node.state == "validating":
+        return node.state_reason or "its inventory differs from the fleet's record"
+    if not running and node.health == H.validating.value:
+        return "validating with no burn-in running" + (
+            f" ({node.health_reason})" if node.health_reason else ""
+        )
+    return None

@@ -222,9 +222,6 @@ class Telemetry:
         GPU whose record holds it or nothing, and a target naming a GPU by its node and index
         with the UUID of another GPU is refused (UUID_CONFLICT), its UUID not learned."""
         now = time.time()
-        need: set[str] = set()
-        uuids: set[str] = set()
-        cached: set[str] = set()
         out: dict[Any, GpuState | str] = {}
         good: dict[Any, tuple[str | None, str | None, str | None]] = {}
         for key, target in targets.items():
@@ -232,6 +229,26 @@ class Telemetry:
                 out[key] = BAD_LABEL  # never looked up: its text does not reach the database
             else:
                 good[key] = target
+        need = self._to_read(session, good, now)
+        if need:
+            self._load(session, need, now)
+        claims: dict[str, list[tuple[Any, GpuState]]] = {}
+        for key, (host, index, uuid_) in good.items():
+            out[key] = self._answer(key, host, index, uuid_, claims)
+        if claims:
+            self._settle_claims(session, claims, out)
+        return out
+
+    def _to_read(
+        self,
+        session: Session,
+        good: dict[Any, tuple[str | None, str | None, str | None]],
+        now: float,
+    ) -> set[str]:
+        """The nodes the targets name that must be read (again) from the database."""
+        need: set[str] = set()
+        uuids: set[str] = set()
+        cached: set[str] = set()
 
         def read(host: str) -> None:
             node = self.nodes.get(host)
@@ -250,54 +267,67 @@ class Telemetry:
                 else:
                     read(g.host)  # checked as any other node (replaced, cut off)
         if cached:
-            # One indexed read per batch: a node replaced under the same name (a fleet
-            # re-import) is read again rather than written to under its old id.
-            ids: dict[str, uuid.UUID] = {}
-            for name, nid, health, cut in session.execute(
-                select(Node.name, Node.id, Node.health, NodeHeartbeat.partitioned)
-                .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
-                .where(Node.name.in_(sorted(cached)))
-            ):
-                ids[name] = nid
-                self.nodes[name].out = health not in _IN_POOL
-                self.nodes[name].partitioned = bool(cut)
-            need |= {h for h in cached if ids.get(h) != self.nodes[h].node_id}
+            need |= self._replaced(session, cached)
         if uuids:
             need |= self._hosts_of_uuids(session, uuids)
-        if need:
-            self._load(session, need, now)
-        claims: dict[str, list[tuple[Any, GpuState]]] = {}
-        for key, (host, index, uuid_) in good.items():
-            if host is None:
-                g = self.holder(uuid_) if uuid_ else None
-                cut = g is not None and self.nodes[g.host].partitioned
-                out[key] = PARTITIONED if cut else g if g is not None else "unknown_gpu"
-                continue
-            node = self.nodes.get(host)
-            if node is None:
-                out[key] = "unknown_node"
-                continue
-            if node.partitioned:
-                out[key] = PARTITIONED
-                continue
-            g = node.gpus.get(index) if index is not None else None
-            if g is None and uuid_:
-                g = self.holder(uuid_)
-                if g is not None and g.host != host:
-                    out[key] = UUID_CONFLICT  # the UUID is another node's GPU's
-                    continue
-            elif g is not None and uuid_ and uuid_ != g.uuid:
-                claims.setdefault(uuid_, []).append((key, g))  # to learn, if no GPU holds it
-            out[key] = g if g is not None else "unknown_gpu"
-        if claims:
-            # The records decide (another process may have learned a UUID since this one read
-            # it); of GPUs in this batch claiming a UUID no record holds, the first takes it.
-            held = dict(
-                session.execute(select(Gpu.uuid, Gpu.id).where(Gpu.uuid.in_(sorted(claims)))).all()
-            )
-            for uuid_, claimants in claims.items():
-                owner = held.get(uuid_, claimants[0][1].gpu_id)
-                for key, g in claimants:
-                    if g.gpu_id != owner:
-                        out[key] = UUID_CONFLICT
-        return out
+        return need
+
+    def _replaced(self, session: Session, cached: set[str]) -> set[str]:
+        """Of the nodes read before, those replaced under their name; the rest's flags refreshed."""
+        # One indexed read per batch: a node replaced under the same name (a fleet
+        # re-import) is read again rather than written to under its old id.
+        ids: dict[str, uuid.UUID] = {}
+        for name, nid, health, cut in session.execute(
+            select(Node.name, Node.id, Node.health, NodeHeartbeat.partitioned)
+            .outerjoin(NodeHeartbeat, NodeHeartbeat.node_id == Node.id)
+            .where(Node.name.in_(sorted(cached)))
+        ):
+            ids[name] = nid
+            self.nodes[name].out = health not in _IN_POOL
+            self.nodes[name].partitioned = bool(cut)
+        return {h for h in cached if ids.get(h) != self.nodes[h].node_id}
+
+    def _answer(
+        self,
+        key: Any,
+        host: str | None,
+        index: str | None,
+        uuid_: str | None,
+        claims: dict[str, list[tuple[Any, GpuState]]],
+    ) -> GpuState | str:
+        """One well-formed target's GPU, or what is wrong; a UUID it would teach, in `claims`."""
+        if host is None:
+            g = self.holder(uuid_) if uuid_ else None
+            cut = g is not None and self.nodes[g.host].partitioned
+            return PARTITIONED if cut else g if g is not None else "unknown_gpu"
+        node = self.nodes.get(host)
+        if node is None:
+            return "unknown_node"
+        if node.partitioned:
+            return PARTITIONED
+        g = node.gpus.get(index) if index is not None else None
+        if g is None and uuid_:
+            g = self.holder(uuid_)
+            if g is not None and g.host != host:
+                return UUID_CONFLICT  # the UUID is another node's GPU's
+        elif g is not None and uuid_ and uuid_ != g.uuid:
+            claims.setdefault(uuid_, []).append((key, g))  # to learn, if no GPU holds it
+        return g if g is not None else "unknown_gpu"
+
+    def _settle_claims(
+        self,
+        session: Session,
+        claims: dict[str, list[tuple[Any, GpuState]]],
+        out: dict[Any, GpuState | str],
+    ) -> None:
+        """UUID_CONFLICT for each GPU claiming a UUID that another GPU holds or claimed first."""
+        # The records decide (another process may have learned a UUID since this one read
+        # it); of GPUs in this batch claiming a UUID no record holds, the first takes it.
+        held = dict(
+            session.execute(select(Gpu.uuid, Gpu.id).where(Gpu.uuid.in_(sorted(claims)))).all()
+        )
+        for uuid_, claimants in claims.items():
+            owner = held.get(uuid_, claimants[0][1].gpu_id)
+            for key, g in claimants:
+                if g.gpu_id != owner:
+                    out[key] = UUID_CONFLICT

@@ -353,11 +353,6 @@ class Snapshot:
         mig = self.gpu_mig[n, :ng].tolist()
         health = self.gpu_health[n, :ng].tolist()
         tier = self.gpu_tier[n, :ng].tolist()
-        wslots = tuple(
-            i
-            for i in range(ng)
-            if free[i] == 1000 and not mig[i] and health[i] != FAILED and tier[i] == 0
-        )
         flagged = (
             DEGRADED in health
             or float(self.node_perf[n]) < 1.0
@@ -366,6 +361,26 @@ class Snapshot:
         if flagged != bool(self.node_flagged[n]):
             self.node_flagged[n] = flagged
             self.flagged_nodes += 1 if flagged else -1
+        self._reindex_whole(n, model, open_, ng, free, mig, health, tier)
+        self._reindex_slots(n, model, open_, ng, free, mig, health, tier)
+
+    def _reindex_whole(
+        self,
+        n: int,
+        model: int,
+        open_: bool,
+        ng: int,
+        free: list,
+        mig: list,
+        health: list,
+        tier: list,
+    ) -> None:
+        """Node n's whole free GPUs: its slots, its bucket by count, its groups' free totals."""
+        wslots = tuple(
+            i
+            for i in range(ng)
+            if free[i] == 1000 and not mig[i] and health[i] != FAILED and tier[i] == 0
+        )
         self.free_slots[n] = wslots
         k = len(wslots) if open_ else 0
         key = (model, k) if k > 0 else None
@@ -387,6 +402,19 @@ class Snapshot:
                 self.group_free[gkey] = self.group_free.get(gkey, 0) + delta
                 self._group_dirty.add(gkey)
             self._contrib[n] = k
+
+    def _reindex_slots(
+        self,
+        n: int,
+        model: int,
+        open_: bool,
+        ng: int,
+        free: list,
+        mig: list,
+        health: list,
+        tier: list,
+    ) -> None:
+        """Node n's per-GPU entries: fractional capacity by tier and tenant, free MIG profiles."""
         base = n * self.max_gpus
         tenant = self.gpu_tenant[n, :ng].tolist()
         any_mig = any(mig)

@@ -56,62 +56,13 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
         regions.add(w.region)
         running = w.state == State.running.value
         if effect == "checkpoint then move" and running:
-            deadline = now + timedelta(seconds=grace)
-            w.evicted_at, w.stop_deadline = now, deadline
-            lifecycle.transition(
-                session,
-                w,
-                State.checkpointing,
-                f"node {name} is draining: checkpoint before {deadline:%H:%M:%S}, then it moves",
-                {"reason": "node_draining", "node": name, "deadline": deadline.isoformat()},
-                at=now,
-            )
-            release(session, w, now, reason="node_draining")
-            enqueue(
-                session,
-                "workloads.finish_preemption",
-                queue="provisioning",
-                workload_id=str(w.id),
-                countdown=grace,
-            )
-            entries.append((w.tenant_id, "workload", w.id, {"reason": "node_draining"}, {}))
-            continue
-        if w.state == State.checkpointing.value:
+            entries.append(_drain(session, w, name, now, grace))
+        elif w.state == State.checkpointing.value:
             if effect == "stop now":  # its grace ends with the hardware
-                release(session, w, now, reason="node_down")
-                lifecycle.transition(
-                    session, w, State.preempted, f"stopped: node {name} is {state}", at=now
-                )
-                restarts.requeue(
-                    session,
-                    w,
-                    "infrastructure",
-                    f"node {name} is {state} in its grace",
-                    {"node": name},
-                    at=now,
-                    audit_reason=f"node_{state}",
-                    said=True,
-                )
-            continue  # draining: already on its way off
-        if running:
-            release(session, w, now, reason=f"node_{state}")
-        else:  # placed, not started: it never ran, nothing of it is billed
-            release_unstarted(session, w, reason=f"node_{state}")
-        if running:
-            lifecycle.transition(
-                session, w, State.preempted, f"stopped: node {name} is {state}", at=now
-            )
-        restarts.requeue(
-            session,
-            w,
-            "infrastructure",
-            f"node {name} is {state}" if running else f"node {name} is {state} before it started",
-            {"node": name},
-            at=now,
-            audit_reason=f"node_{state}",
-            resumes=running,
-            said=running,
-        )
+                _stop_in_grace(session, w, name, state, now)
+            # draining: already on its way off
+        else:
+            _stop_now(session, w, name, state, now, running)
     # The draining ones are preempted now (their requeue, at their grace's end, is audited
     # with it).
     audit.record_system(session, "workload.preempt", entries)
@@ -121,6 +72,70 @@ def node_state_changed(session: Session, node_id: uuid.UUID, name: str, state: s
     for region in regions:
         kick_placement(session, region)
     return len(ws)
+
+
+def _drain(session: Session, w: Workload, name: str, now: datetime, grace: float) -> tuple:
+    """A running workload on a draining node sent to checkpoint, then move; its audit entry."""
+    deadline = now + timedelta(seconds=grace)
+    w.evicted_at, w.stop_deadline = now, deadline
+    lifecycle.transition(
+        session,
+        w,
+        State.checkpointing,
+        f"node {name} is draining: checkpoint before {deadline:%H:%M:%S}, then it moves",
+        {"reason": "node_draining", "node": name, "deadline": deadline.isoformat()},
+        at=now,
+    )
+    release(session, w, now, reason="node_draining")
+    enqueue(
+        session,
+        "workloads.finish_preemption",
+        queue="provisioning",
+        workload_id=str(w.id),
+        countdown=grace,
+    )
+    return (w.tenant_id, "workload", w.id, {"reason": "node_draining"}, {})
+
+
+def _stop_in_grace(session: Session, w: Workload, name: str, state: str, now: datetime) -> None:
+    """A workload checkpointing on a node gone down or retired: stopped and requeued now."""
+    release(session, w, now, reason="node_down")
+    lifecycle.transition(session, w, State.preempted, f"stopped: node {name} is {state}", at=now)
+    restarts.requeue(
+        session,
+        w,
+        "infrastructure",
+        f"node {name} is {state} in its grace",
+        {"node": name},
+        at=now,
+        audit_reason=f"node_{state}",
+        said=True,
+    )
+
+
+def _stop_now(
+    session: Session, w: Workload, name: str, state: str, now: datetime, running: bool
+) -> None:
+    """Stopped and requeued now: running work on a node gone, or work not started yet."""
+    if running:
+        release(session, w, now, reason=f"node_{state}")
+    else:  # placed, not started: it never ran, nothing of it is billed
+        release_unstarted(session, w, reason=f"node_{state}")
+    if running:
+        lifecycle.transition(
+            session, w, State.preempted, f"stopped: node {name} is {state}", at=now
+        )
+    restarts.requeue(
+        session,
+        w,
+        "infrastructure",
+        f"node {name} is {state}" if running else f"node {name} is {state} before it started",
+        {"node": name},
+        at=now,
+        audit_reason=f"node_{state}",
+        resumes=running,
+        said=running,
+    )
 
 
 def _holders(

@@ -105,74 +105,11 @@ def pods(
     domains = domains or {}
     out = []
     for p in sorted(w.placement, key=lambda p: p["replica"]):
-        labels = {
-            "app.kubernetes.io/managed-by": "rackplane",
-            "rackplane.dev/tenant": tenant_slug,
-            "rackplane.dev/workload": str(w.id),
-            "rackplane.dev/tier": w.tier,
-            "rackplane.dev/replica": str(p["replica"]),
-            **{f"user.rackplane.dev/{k}": v for k, v in (w.labels or {}).items()},
-        }
+        labels = _labels(w, tenant_slug, p)
         domain = domains.get(p["node"], p["node"])
-        annotations = {
-            "rackplane.dev/gpu-indices": ",".join(str(i) for i in p["gpu_indices"]),
-            "rackplane.dev/rack": p["rack"],
-            "rackplane.dev/nvlink-domain": domain,
-        }
-        if p["mig_profile"]:
-            annotations["rackplane.dev/mig-slot"] = str(p["mig_slot"])
-        if w.shape.milli:
-            annotations["rackplane.dev/gpu-milli"] = str(w.shape.milli)
-            annotations["rackplane.dev/gpu-memory-mib"] = str(w.shape.gpu_memory_mib)
-        res = _resources(w, p)
-        env = [
-            V1EnvVar(name="RACKPLANE_RANK", value=str(p["replica"])),
-            V1EnvVar(name="RACKPLANE_WORLD_SIZE", value=str(w.size)),
-        ]
-        if gang:
-            env += _gang_env(w, p, master, domain)
-        if w.array_id is not None:  # a job array's element, as its node agent would run it
-            env += [
-                V1EnvVar(name="RACKPLANE_ARRAY_ID", value=str(w.array_id)),
-                V1EnvVar(name="RACKPLANE_ARRAY_INDEX", value=str(w.array_index)),
-                V1EnvVar(name="RACKPLANE_ARRAY_COUNT", value=str(w.array_count)),
-            ]
-        # The tenant's secrets by reference: a Secret of that name with its value at `value`.
-        env += [
-            V1EnvVar(
-                name=var,
-                value_from=V1EnvVarSource(
-                    secret_key_ref=V1SecretKeySelector(name=secret, key="value")
-                ),
-            )
-            for var, secret in sorted((w.secret_env or {}).items())
-        ]
-        claims = [CoreV1ResourceClaim(name=IMEX_CLAIM)] if imex else None
-        container = V1Container(
-            name="main",
-            image=w.image or DEFAULT_IMAGE,
-            resources=V1ResourceRequirements(limits=res, requests=res, claims=claims),
-            env=env,
-            ports=[{"containerPort": MASTER_PORT, "name": "rendezvous"}] if gang else None,
-        )
-        spec = V1PodSpec(
-            hostname=f"{base}-{p['replica']}" if gang else None,
-            subdomain=base if gang else None,
-            resource_claims=[
-                V1PodResourceClaim(name=IMEX_CLAIM, resource_claim_template_name=f"{base}-imex")
-            ]
-            if imex
-            else None,
-            containers=[container],
-            node_selector={"kubernetes.io/hostname": p["node"]},
-            tolerations=[
-                V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
-            ],
-            restart_policy="Never" if w.kind == "job" else "Always",
-            priority_class_name=PRIORITY_CLASS.format(w.priority),
-            runtime_class_name=RUNTIME_CLASS.get(w.tier),
-            active_deadline_seconds=w.max_runtime_s if w.kind == "job" else None,
-        )
+        annotations = _annotations(w, p, domain)
+        env = _env(w, p, gang, master, domain)
+        spec = _pod_spec(w, p, base, gang, imex, env)
         out.append(
             V1Pod(
                 api_version="v1",
@@ -187,6 +124,89 @@ def pods(
             )
         )
     return out
+
+
+def _labels(w: Workload, tenant_slug: str, p: dict[str, Any]) -> dict[str, str]:
+    """A replica's Pod labels: tenant, workload, tier, replica, and the workload's own."""
+    return {
+        "app.kubernetes.io/managed-by": "rackplane",
+        "rackplane.dev/tenant": tenant_slug,
+        "rackplane.dev/workload": str(w.id),
+        "rackplane.dev/tier": w.tier,
+        "rackplane.dev/replica": str(p["replica"]),
+        **{f"user.rackplane.dev/{k}": v for k, v in (w.labels or {}).items()},
+    }
+
+
+def _annotations(w: Workload, p: dict[str, Any], domain: str) -> dict[str, str]:
+    """Where a replica landed, for a DRA driver: GPU indices, rack, domain, MIG slot, share."""
+    annotations = {
+        "rackplane.dev/gpu-indices": ",".join(str(i) for i in p["gpu_indices"]),
+        "rackplane.dev/rack": p["rack"],
+        "rackplane.dev/nvlink-domain": domain,
+    }
+    if p["mig_profile"]:
+        annotations["rackplane.dev/mig-slot"] = str(p["mig_slot"])
+    if w.shape.milli:
+        annotations["rackplane.dev/gpu-milli"] = str(w.shape.milli)
+        annotations["rackplane.dev/gpu-memory-mib"] = str(w.shape.gpu_memory_mib)
+    return annotations
+
+
+def _env(w: Workload, p: dict[str, Any], gang: bool, master: str, domain: str) -> list[V1EnvVar]:
+    """A replica's environment: rank, a gang's launcher variables, array element, secrets."""
+    env = [
+        V1EnvVar(name="RACKPLANE_RANK", value=str(p["replica"])),
+        V1EnvVar(name="RACKPLANE_WORLD_SIZE", value=str(w.size)),
+    ]
+    if gang:
+        env += _gang_env(w, p, master, domain)
+    if w.array_id is not None:  # a job array's element, as its node agent would run it
+        env += [
+            V1EnvVar(name="RACKPLANE_ARRAY_ID", value=str(w.array_id)),
+            V1EnvVar(name="RACKPLANE_ARRAY_INDEX", value=str(w.array_index)),
+            V1EnvVar(name="RACKPLANE_ARRAY_COUNT", value=str(w.array_count)),
+        ]
+    # The tenant's secrets by reference: a Secret of that name with its value at `value`.
+    env += [
+        V1EnvVar(
+            name=var,
+            value_from=V1EnvVarSource(secret_key_ref=V1SecretKeySelector(name=secret, key="value")),
+        )
+        for var, secret in sorted((w.secret_env or {}).items())
+    ]
+    return env
+
+
+def _pod_spec(
+    w: Workload, p: dict[str, Any], base: str, gang: bool, imex: bool, env: list[V1EnvVar]
+) -> V1PodSpec:
+    """A replica's Pod spec: a container asking for what it holds, pinned to its node."""
+    res = _resources(w, p)
+    claims = [CoreV1ResourceClaim(name=IMEX_CLAIM)] if imex else None
+    container = V1Container(
+        name="main",
+        image=w.image or DEFAULT_IMAGE,
+        resources=V1ResourceRequirements(limits=res, requests=res, claims=claims),
+        env=env,
+        ports=[{"containerPort": MASTER_PORT, "name": "rendezvous"}] if gang else None,
+    )
+    return V1PodSpec(
+        hostname=f"{base}-{p['replica']}" if gang else None,
+        subdomain=base if gang else None,
+        resource_claims=[
+            V1PodResourceClaim(name=IMEX_CLAIM, resource_claim_template_name=f"{base}-imex")
+        ]
+        if imex
+        else None,
+        containers=[container],
+        node_selector={"kubernetes.io/hostname": p["node"]},
+        tolerations=[V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        restart_policy="Never" if w.kind == "job" else "Always",
+        priority_class_name=PRIORITY_CLASS.format(w.priority),
+        runtime_class_name=RUNTIME_CLASS.get(w.tier),
+        active_deadline_seconds=w.max_runtime_s if w.kind == "job" else None,
+    )
 
 
 def manifest(

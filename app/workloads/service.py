@@ -173,6 +173,24 @@ def submit(
     w.state = State.queued.value
     w.last_event_seq = 2
     w.depends_on = [str(i) for i in body.depends_on] or None
+    ws = _elements(w, body, needs)
+    now = w.created_at
+    insert_objects(session, ws)
+    if needs:
+        insert_objects(
+            session, [WorkloadDependency(workload_id=e.id, needs_id=n) for e in ws for n in needs]
+        )
+    _record_queued(session, ws, len(needs), now)
+    held = [e for e in ws if e.hold]
+    if held:
+        _write_pending(session, held, needs, now)
+    if len(held) < len(ws):
+        kick_placement(session, w.region)
+    return w
+
+
+def _elements(w: Workload, body: WorkloadCreate, needs: list) -> list[Workload]:
+    """`w` and, for a job array, its other elements; each held back if it must wait."""
     ws = [w]
     if body.array is not None:
         w.array_id, w.array_count = new_id(), body.array.count
@@ -188,15 +206,14 @@ def submit(
             if e.array_id is not None and e.array_index >= e.array_max_parallel
             else None
         )
-    now = w.created_at
-    insert_objects(session, ws)
-    if needs:
-        insert_objects(
-            session, [WorkloadDependency(workload_id=e.id, needs_id=n) for e in ws for n in needs]
-        )
+    return ws
+
+
+def _record_queued(session: Session, ws: list[Workload], dependencies: int, now: datetime) -> None:
+    """Each element's two events, submitted (pending) then accepted (queued), written at once."""
     accepted = {
         None: "accepted: waits for placement",
-        holds.DEPENDENCY: f"accepted: waits for the {len(needs)} workloads it depends on",
+        holds.DEPENDENCY: f"accepted: waits for the {dependencies} workloads it depends on",
         holds.ARRAY_LIMIT: "accepted: waits for a place among its array's elements under way",
     }
     for e in ws:
@@ -220,31 +237,30 @@ def submit(
                 flush=False,
             )
     lifecycle.write_events(session)
-    held = [e for e in ws if e.hold]
-    if held:
-        left = (
-            session.execute(select(Workload.id, Workload.name).where(Workload.id.in_(needs))).all()
-            if needs
-            else []
-        )
-        pending.write(
-            session,
-            [
-                (
-                    e.id,
-                    e.tenant_id,
-                    e.hold,
-                    holds.waits_for(left, len(left))
-                    if e.hold == holds.DEPENDENCY
-                    else holds.array_full(e.array_max_parallel, e.array_max_parallel),
-                )
-                for e in held
-            ],
-            now,
-        )
-    if len(held) < len(ws):
-        kick_placement(session, w.region)
-    return w
+
+
+def _write_pending(session: Session, held: list[Workload], needs: list, now: datetime) -> None:
+    """Why each held-back element waits (its dependencies, or its array's limit)."""
+    left = (
+        session.execute(select(Workload.id, Workload.name).where(Workload.id.in_(needs))).all()
+        if needs
+        else []
+    )
+    pending.write(
+        session,
+        [
+            (
+                e.id,
+                e.tenant_id,
+                e.hold,
+                holds.waits_for(left, len(left))
+                if e.hold == holds.DEPENDENCY
+                else holds.array_full(e.array_max_parallel, e.array_max_parallel),
+            )
+            for e in held
+        ],
+        now,
+    )
 
 
 def _copy(w: Workload) -> Workload:

@@ -8,6 +8,7 @@ import heapq
 from collections.abc import Mapping
 
 from app.placement.isolation import Unit
+from app.placement.model import Binding
 from app.placement.queueing.admission import admit, over_limit, share, try_place
 from app.placement.queueing.decisions import Workload
 from app.placement.queueing.preemption import evict, evictable, eviction_cost
@@ -25,25 +26,9 @@ def defragment(c: CycleState) -> None:
     cfg, snap = c.cfg, c.snap
     if cfg.defragment_per_cycle <= 0 or not c.running:
         return
-    waiting = [
-        w
-        for w in c.queue
-        if w.id not in c.done
-        and w.request.shape.unit is Unit.WHOLE
-        and w.request.shape.gpus >= 2
-        and not over_limit(c, w)
-    ]
+    waiting = _waiting(c)
     if not waiting:
         return
-    waiting.sort(
-        key=lambda w: (
-            -c.s.prio(w).value,
-            not w.expedited,
-            share(c, w.tenant),
-            w.submitted_at,
-            w.id,
-        )
-    )
     # Only one-replica work ever moves (`_movable`): a gang's thousands of allocations need no
     # entry.
     owner: dict[int, Workload] = {
@@ -59,36 +44,11 @@ def defragment(c: CycleState) -> None:
             key = (c.fit_key(w), c.s.prio(w).value, w.tenant)
             if key[0] is not None and key in failed:
                 continue
-            # A reservation's GPUs are its owner's: free them for its search.
-            reservation = c.reserved.get(w.id)
-            if reservation is not None:
-                c.unhold(w.id)
-            victims = _clear_nodes(c, w, owner)
-            placed = None
-            if victims is not None:
-                mark = c.plan.checkpoint()
-                for v in victims:
-                    for aid in v.alloc_ids:
-                        snap.release(aid)
-                saved, c.fail_cache = c.fail_cache, set()
-                placed = try_place(c, w)  # gives its reservation up when placed
-                c.fail_cache = saved
-                landed: list[int] = []
-                for v in victims if placed is not None else ():
-                    out = c.s.engine.place_one(v.request, c.plan)
-                    if not out.placed:
-                        placed = None
-                        break
-                    landed += [b.alloc_id for b in out.bindings]
-                if placed is None:
-                    c.plan.rollback(mark)
-            if placed is None or victims is None:
+            move = _make_room(c, w, owner)
+            if move is None:
                 failed.add(key)
-                if reservation is not None:  # any hold since the unhold was rolled back
-                    c.phantoms.pop(w.id, None)
-                    c.reserved[w.id] = reservation
-                    c.rehold(w.id)
                 continue
+            victims, placed, landed = move
             landing += landed
             for v in victims:
                 for aid in v.alloc_ids:
@@ -99,6 +59,65 @@ def defragment(c: CycleState) -> None:
     finally:
         for aid in landing:  # the moved work asks for GPUs again once it is queued
             snap.release(aid)
+
+
+def _waiting(c: CycleState) -> list[Workload]:
+    """The queue's multi-GPU whole-GPU work under its limits, in the order it is served."""
+    waiting = [
+        w
+        for w in c.queue
+        if w.id not in c.done
+        and w.request.shape.unit is Unit.WHOLE
+        and w.request.shape.gpus >= 2
+        and not over_limit(c, w)
+    ]
+    waiting.sort(
+        key=lambda w: (
+            -c.s.prio(w).value,
+            not w.expedited,
+            share(c, w.tenant),
+            w.submitted_at,
+            w.id,
+        )
+    )
+    return waiting
+
+
+def _make_room(
+    c: CycleState, w: Workload, owner: Mapping[int, Workload]
+) -> tuple[list[Workload], tuple[Binding, ...], list[int]] | None:
+    """Room for `w` by moving its victims: (victims, `w`'s bindings, their new allocs) or None."""
+    snap = c.snap
+    # A reservation's GPUs are its owner's: free them for its search.
+    reservation = c.reserved.get(w.id)
+    if reservation is not None:
+        c.unhold(w.id)
+    victims = _clear_nodes(c, w, owner)
+    placed = None
+    if victims is not None:
+        mark = c.plan.checkpoint()
+        for v in victims:
+            for aid in v.alloc_ids:
+                snap.release(aid)
+        saved, c.fail_cache = c.fail_cache, set()
+        placed = try_place(c, w)  # gives its reservation up when placed
+        c.fail_cache = saved
+        landed: list[int] = []
+        for v in victims if placed is not None else ():
+            out = c.s.engine.place_one(v.request, c.plan)
+            if not out.placed:
+                placed = None
+                break
+            landed += [b.alloc_id for b in out.bindings]
+        if placed is None:
+            c.plan.rollback(mark)
+    if placed is None or victims is None:
+        if reservation is not None:  # any hold since the unhold was rolled back
+            c.phantoms.pop(w.id, None)
+            c.reserved[w.id] = reservation
+            c.rehold(w.id)
+        return None
+    return victims, placed, landed
 
 
 def _clear_nodes(
