@@ -22,7 +22,7 @@ import pytest
 import typer
 
 from app.cli import DEMO_FLEET, cli
-from rackplane_bench.cli import TRACES
+from rackplane_bench.commands.common import TRACES
 from tests.fixtures.harness import ROOT, TEST_DB, create_database, drop_database
 from tests.fixtures.world import CORDONED_H100, wait_until
 
