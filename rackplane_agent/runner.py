@@ -11,8 +11,15 @@ Threads:
 
 An instance one logs into (a `podman` or `vm` run with SSH keys) gets a port of the node from
 `--ssh-ports` as it starts (`sshports.pick`), kept in its run.json; the reporter knocks on it
-(each unready run at most every SSH_PROBE_INTERVAL, all at once, SSH_PROBE_TIMEOUT in all) until
-an SSH server greets, and reports it ready.
+(`readiness`: each unready run at most every SSH_PROBE_INTERVAL, all at once) until an SSH
+server greets, and reports it ready.
+
+The `Agent` here holds the state the threads share (the runs, under one lock) and decides when
+each step happens; the steps live beside it, each taking what it needs as arguments: `startup`
+(the state directory, the credential, the first inventory), `nodeinfo` (the inventory reported),
+`starting` (a run's start), `signalling` (stops, kills, checkpoints), `exits` (a run's end),
+`readiness` (SSH and serving probes), `reports` (POST /status and /logs) and `loops` (the sync
+and telemetry threads).
 
 Nothing the control plane says or fails to say kills a run by itself: a refused credential, an
 unreachable server, the agent's own restart all leave the runs running. Every run is watched
@@ -22,19 +29,26 @@ agent process is adopted like one of this one's.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Any
 
+from rackplane_agent import (
+    exits,
+    loops,
+    nodeinfo,
+    readiness,
+    reports,
+    runtimes,
+    signalling,
+    starting,
+    startup,
+)
 from rackplane_agent import inventory as inventory_mod
-from rackplane_agent import logs as logs_mod
-from rackplane_agent import runtimes, serving, sshports
 from rackplane_agent.burnin import BurnInRunner
 from rackplane_agent.cgroups import Cgroups
 from rackplane_agent.client import (
@@ -42,80 +56,19 @@ from rackplane_agent.client import (
     Backoff,
     Client,
     CredentialRefused,
-    JoinRefused,
     RouteMissing,
     TransientError,
 )
-from rackplane_agent.config import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_REVOKED,
-    EXIT_USAGE,
-    AgentConfig,
-)
+from rackplane_agent.config import EXIT_ERROR, EXIT_OK, EXIT_REVOKED, EXIT_USAGE, AgentConfig
 from rackplane_agent.logfmt import kv
 from rackplane_agent.mig import MigApplier
 from rackplane_agent.runusers import RunUsers, WorkDirError
-from rackplane_agent.shim import signal_name
-from rackplane_agent.state import (
-    RunRecord,
-    StateDir,
-    StateDirBusy,
-    iso,
-    run_key,
-)
+from rackplane_agent.startup import StartupError
+from rackplane_agent.state import RUNNING, RunRecord, StateDir, run_key
 from rackplane_agent.volumes import Volumes
-from rackplane_wire import (
-    Assignment,
-    Assignments,
-    Inventory,
-    LogBatch,
-    LogChunk,
-    RunReport,
-    RunState,
-    StatusReport,
-)
+from rackplane_wire import Assignment, Assignments, Inventory, LogBatch, StatusReport
 
 log = logging.getLogger("rackplane_agent")
-
-RUNNING, EXITED, FAILED_TO_START, LOST = "running", "exited", "failed_to_start", "lost"
-# How often, at most, the agent writes down that it saw its runs alive (StateDir.mark_alive):
-# what a run found gone after a power cut is billed to, at worst this much short.
-ALIVE_MARK_S = 1.0
-LOG_BATCH_BYTES = 512 * 1024
-SSH_PROBE_INTERVAL = 0.5  # seconds between two knocks on one run's SSH port
-SSH_PROBE_TIMEOUT = 0.5  # what one round of knocks (every unready run at once) may take
-SERVE_PROBE_INTERVAL = 0.25  # seconds between two GETs of a serving run's readiness path
-SERVE_PROBE_TIMEOUT = 0.5
-
-
-class StartupError(Exception):
-    """The agent cannot start (exit 2): no token, no inventory, a busy state directory."""
-
-
-def parse_signal(name: str) -> signal.Signals | None:
-    """`SIGUSR1`, `USR1` or `10` -> the signal; None when it is none."""
-    name = name.strip().upper()
-    if name.isdigit():
-        try:
-            return signal.Signals(int(name))
-        except ValueError:
-            return None
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    try:
-        return signal.Signals[name]
-    except KeyError:
-        return None
-
-
-def _parse_iso(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
 
 
 class Agent:
@@ -157,7 +110,7 @@ class Agent:
         self._logs_enabled = True
         self._next_logs_at = 0.0
         self._logs_backoff = Backoff(config.backoff_initial, config.backoff_max)
-        self._logs_budget = LOG_BATCH_BYTES
+        self._logs_budget = reports.LOG_BATCH_BYTES
         self._runtime_names: list[str] = []
         self._runtimes: dict[str, runtimes.Runtime] = {}
         self._shim = runtimes.ShimRuntime()
@@ -187,11 +140,7 @@ class Agent:
         it. Raises StartupError."""
         if self._prepared:
             return
-        self.state.ensure()
-        try:
-            self.state.lock()
-        except StateDirBusy as exc:
-            raise StartupError(str(exc)) from None
+        startup.lock_state(self.state)
         try:
             self.state.sweep_launch_files()
             self._runtime_names = runtimes.available(self.config.runtimes)
@@ -217,15 +166,7 @@ class Agent:
         if self.inventory is None:
             if self._nvml is None:
                 self._nvml = inventory_mod.load_nvml()
-            try:
-                self.inventory = inventory_mod.collect(
-                    inventory_file=self.config.inventory_file,
-                    address=self.config.address,
-                    runtimes=self._runtime_names,
-                    nvml=self._nvml,
-                )
-            except inventory_mod.InventoryError as exc:
-                raise StartupError(str(exc)) from None
+            self.inventory = startup.first_inventory(self.config, self._runtime_names, self._nvml)
         # MIG layouts need nvidia-smi to change them and NVML to read the result back.
         self._mig = MigApplier(
             self.state.root / "mig",
@@ -239,52 +180,14 @@ class Agent:
         self._burnin = BurnInRunner(
             self.state.root / "burn-in", [g.uuid for g in self.inventory.gpus]
         )
-        log.info(
-            kv(
-                "inventory",
-                source=self.inventory.source,
-                gpus=len(self.inventory.gpus),
-                mig_instances=sum(len(g.mig_instances) for g in self.inventory.gpus),
-                hostname=self.inventory.hostname,
-                address=self.inventory.address,
-                runtimes=",".join(self.inventory.runtimes),
-            )
-        )
+        startup.log_inventory(self.inventory)
         self._scan()
         self._prepared = True
 
     def connect(self) -> None:
         """The node credential: the stored one, else a join with the token. Raises
         StartupError (no token, a refused token)."""
-        credential = self.state.read_credential()
-        if credential:
-            self.client.credential = credential
-            node = self.state.read_node()
-            log.info(kv("credential_loaded", node=node.get("node_name"), state_dir=self.state.root))
-            return
-        if not self.config.token:
-            raise StartupError(
-                f"this node has not joined (no {self.state.credential_file}) and no join token "
-                "was given: pass --token rpj_... or set RACKPLANE_JOIN_TOKEN"
-            )
-        try:
-            joined = self.client.join(self.config.token, attempts=None, stop_event=self._stop)
-        except JoinRefused as exc:
-            raise StartupError(f"the join token was refused: {exc.code} {exc.detail}") from None
-        except TransientError as exc:
-            raise StartupError(f"cannot reach {self.config.api} to join: {exc}") from None
-        except ApiError as exc:
-            raise StartupError(f"join failed: {exc}") from None
-        node = {k: joined.get(k) for k in ("node_id", "node_name", "credential_prefix")}
-        self.state.write_credential(joined["credential"], {**node, "joined_at": iso(time.time())})
-        log.info(
-            kv(
-                "joined",
-                node=node["node_name"],
-                node_id=node["node_id"],
-                credential_prefix=node["credential_prefix"],
-            )
-        )
+        startup.connect(self.client, self.state, self.config, self._stop)
 
     def _scan(self) -> None:
         """Runs left by an earlier agent: adopted when their process lives on, else ended (one
@@ -337,14 +240,8 @@ class Agent:
                         alive = True
                     else:
                         self._ended(rec, now)
-            # Paced on the monotonic clock: a wall clock stepped back must not stop the marks.
-            tick = time.monotonic()
-            if alive and tick - self._alive_marked >= ALIVE_MARK_S:
-                self._alive_marked = tick
-                try:
-                    self.state.mark_alive(now)
-                except OSError as exc:  # a full or read-only disk: the runs go on regardless
-                    log.warning(kv("alive_mark_failed", error=exc))
+            if alive:
+                self._alive_marked = exits.mark_alive(self.state, now, self._alive_marked)
             desired = self._assignments
             if desired is not None:
                 named: dict[str, Assignment] = {}
@@ -363,7 +260,7 @@ class Agent:
             for rec in list(self._runs.values()):
                 if rec.state == RUNNING and rec.kill_at is not None and rec.kill_sent_at is None:
                     if now >= rec.kill_at:
-                        self._kill(rec, now)
+                        signalling.kill(rec, self._driver(rec), self._users, now)
             self._forget()
             if self._burnin is not None:
                 busy = any(r.state == RUNNING for r in self._runs.values())
@@ -389,230 +286,70 @@ class Agent:
 
     def _capable(self, inventory: Inventory) -> Inventory:
         """The inventory with what this agent can do (`mig-layout` when it can apply them)."""
-        caps: list[Any] = ["mig-layout"] if self._mig is not None and self._mig.able else []
-        if self._users.isolating:
-            caps.append("run-uids")
-        caps.append("volumes")  # it mounts tenants' volumes (an older agent did not)
-        if self._volumes.shared:
-            caps.append("shared-volumes")
-        caps += [c for runtime in self._runtimes.values() for c in runtime.capabilities()]
-        return inventory.model_copy(update={"capabilities": caps})
+        return nodeinfo.with_capabilities(
+            inventory,
+            mig_able=self._mig is not None and self._mig.able,
+            run_uids=self._users.isolating,
+            shared_volumes=self._volumes.shared,
+            offered=self._runtimes.values(),
+        )
 
     def _changed(self, rec: RunRecord) -> None:
         rec.version += 1
         rec.save()
         self._report_wake.set()
 
-    def _refusal(self, a: Assignment, rec: RunRecord) -> str | None:
-        """Why the run cannot start here, if it cannot (`rec.fault`: whose that is)."""
-        if a.runtime not in self._runtimes:
-            return (
-                f"runtime {a.runtime} is not available on this node "
-                f"(it has: {', '.join(self._runtime_names)})"
-            )
-        missing = [d for d in a.devices if d not in self._device_ids]
-        if missing:
-            return f"device(s) not on this node: {', '.join(missing)}"
-        try:
-            self._runtimes[a.runtime].check(a)
-        except runtimes.StartError as exc:
-            if isinstance(exc, runtimes.WorkloadStartError):
-                rec.fault = "workload"
-            return str(exc)
-        return None
-
-    def _secret_env(self, a: Assignment) -> tuple[dict[str, str], str | None] | None:
-        """The run's secret env, fetched as it starts, and why it cannot start if the control
-        plane refuses it (`run_refused`: the workload's own doing); None: not now (try again
-        later)."""
-        if not a.fetch_env:
-            return {}, None
-        key = run_key(a.workload_id, a.attempt, a.replica)
-        if time.monotonic() < self._env_retry_at.get(key, 0.0):
-            return None
-        try:
-            env = self.client.run_env(a.workload_id, a.attempt, a.replica).env
-        except CredentialRefused:
-            return None  # the sync loop stops the agent
-        except ApiError as exc:
-            if exc.code == "run_refused":
-                self._env_retry_at.pop(key, None)
-                return {}, exc.detail
-            self._env_retry_at[key] = time.monotonic() + self.config.backoff_max / 4
-            log.warning(kv("run_env_unavailable", run=key, error=exc))
-            return None
-        except TransientError as exc:
-            self._env_retry_at[key] = time.monotonic() + self.config.backoff_max / 4
-            log.warning(kv("run_env_unavailable", run=key, error=exc))
-            return None
-        self._env_retry_at.pop(key, None)
-        return env, None
-
     def _start(self, a: Assignment, now: float) -> None:
-        fetched = self._secret_env(a)
+        """Start a run newly assigned, or end it as `failed_to_start` with why."""
+        fetched = starting.secret_env(
+            self.client, a, self._env_retry_at, self.config.backoff_max / 4
+        )
         if fetched is None:
             return
         secret, refused = fetched
-        run_dir = self.state.run_dir(a.workload_id, a.attempt, a.replica)
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        rec = RunRecord(
-            workload_id=a.workload_id,
-            attempt=a.attempt,
-            replica=a.replica,
-            assignment=a.model_dump(mode="json"),
-            grace_s=a.grace_s,
-            checkpoints_sent=a.checkpoint_requests,
-            run_dir=run_dir,
-        )
+        rec = starting.new_record(a, self.state)
         self._runs[rec.key] = rec
-        problem = self._refusal(a, rec)
+        problem = starting.refusal(a, rec, self._runtimes, self._runtime_names, self._device_ids)
         if problem is None and refused:
             problem, rec.fault = refused, "workload"
-        # The SSH port is the agent's to choose, whatever the assignment says.
-        port = None
-        if problem is None and a.ssh_keys and self._runtimes[a.runtime].serves_ssh:
-            port = self._ssh_port()
-            if port is None:
-                first, last = self.config.ssh_ports
-                problem = (
-                    f"no free SSH port on this node: each of {first}-{last} (--ssh-ports) is "
-                    "held by a run or in use on the host"
-                )
-        serve_port = None
-        if problem is None and a.serve is not None:
-            serve_port = self._serve_port()
-            if serve_port is None:
-                first, last = self.config.serve_ports
-                problem = (
-                    f"no free serving port on this node: each of {first}-{last} (--serve-ports) "
-                    "is held by a run or in use on the host"
-                )
+        ssh_port = serve_port = None
         if problem is None:
-            rec.exit_file.unlink(missing_ok=True)
-            try:
-                in_use = {r.uid for r in self._runs.values() if r.uid is not None}
-                runtime = self._runtimes[a.runtime]
-                place = self._users.take(run_dir.name, in_use, a.run_gid, runtime.own_uid)
-                rec.uid = place.user.uid if place.user else None
-                rec.workdir = str(place.workdir)
-                if a.volumes:
-                    mounted = self._volumes.host_dirs(a, place.user)
-                    place = dataclasses.replace(place, volumes=tuple(mounted))
-                rec.ssh_port, rec.serve_port = port, serve_port
-                started = a.model_copy(
-                    update={
-                        "ssh_port": port,
-                        "serve_port": serve_port,
-                        "env": self._run_env(a, serve_port),
-                    }
-                )
-                self._runtimes[a.runtime].start(rec, started, secret, place)
-            except (runtimes.StartError, OSError) as exc:
-                problem = str(exc)
-                rec.ssh_port = rec.serve_port = None
-                if isinstance(exc, runtimes.WorkloadStartError):
-                    rec.fault = "workload"
-            else:
-                rec.started_at = now
-                log.info(
-                    kv(
-                        "run_started",
-                        run=rec.key,
-                        pid=rec.pid,
-                        runtime=a.runtime,
-                        uid=rec.uid,
-                        devices=",".join(a.devices) or None,
-                        ssh_port=rec.ssh_port,
-                        serve_port=rec.serve_port,
-                    )
-                )
+            ssh_port, serve_port, problem = starting.claim_ports(
+                a, self._runs.values(), self._runtimes, self.state, self.config, self._serve_after
+            )
+            if serve_port is not None:
+                self._serve_after = serve_port  # the next serving run's port comes after it
+        if problem is None:
+            problem = starting.launch(
+                rec,
+                a,
+                secret,
+                runs=self._runs.values(),
+                runtime=self._runtimes[a.runtime],
+                users=self._users,
+                volumes=self._volumes,
+                ssh_port=ssh_port,
+                serve_port=serve_port,
+                data_interface=self.config.data_interface,
+                now=now,
+            )
         if problem is not None:
-            rec.state = FAILED_TO_START
-            rec.ended_at = now
-            rec.message = problem[:2000]
-            log.warning(kv("run_failed_to_start", run=rec.key, reason=problem))
-            try:  # the customer reads why in the workload's logs, not only in its events
-                with open(rec.output, "ab") as out:
-                    out.write(f"rackplane-agent: the run could not start: {problem}\n".encode())
-            except OSError:
-                pass
+            starting.record_failed_start(rec, now, problem)
         self._changed(rec)
-
-    def _run_env(self, a: Assignment, serve_port: int | None = None) -> dict[str, str]:
-        """The assignment's env with what this host adds: the interface a gang's hosts reach
-        each other on, and the port a serving run listens on: the node's own for a process,
-        the endpoint's inside a container (the run's own env, fetched as it starts, still
-        wins)."""
-        added: dict[str, str] = {}
-        iface = self.config.data_interface
-        if iface and "MASTER_ADDR" in a.env:
-            added |= {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
-        if a.serve is not None and serve_port is not None:
-            added["PORT"] = str(serve_port if a.runtime == "process" else a.serve.port)
-        return {**added, **a.env}
-
-    def _serve_port(self) -> int | None:
-        """A port of `--serve-ports` for a serving run starting now: one no live run holds,
-        free on the host, in turn after the last one handed out."""
-        held = {r.serve_port for r in self._runs.values() if r.state == RUNNING and r.serve_port}
-        port = sshports.pick(self.config.serve_ports, held, self._serve_after)
-        if port is not None:
-            self._serve_after = port
-        return port
 
     def check_serving(self) -> None:
         """GET the readiness path of each running serving run not ready yet (each at most
         every SERVE_PROBE_INTERVAL, all at once); one that answers 2xx is reported ready."""
         mono = time.monotonic()
         with self._lock:
-            due = []
-            for r in self._runs.values():
-                serve = (r.assignment or {}).get("serve")
-                if r.state != RUNNING or r.serve_port is None or r.serve_ready or not serve:
-                    continue
-                if mono < self._serve_next_probe.get(r.key, 0.0):
-                    continue
-                self._serve_next_probe[r.key] = mono + SERVE_PROBE_INTERVAL
-                due.append((r.key, r.serve_port, serve["ready_path"]))
+            due = readiness.serve_due(self._runs.values(), self._serve_next_probe, mono)
         if not due:
             return
-        answered = serving.ready([(p, path) for _, p, path in due], timeout=SERVE_PROBE_TIMEOUT)
+        answered = readiness.knock_serving(due)
         with self._lock:
-            for key, port, _ in due:
-                rec = self._runs.get(key)
-                if port not in answered or rec is None or rec.state != RUNNING:
-                    continue
-                if rec.serve_port != port or rec.serve_ready:
-                    continue
-                rec.serve_ready = True
-                self._serve_next_probe.pop(key, None)
-                after = self.clock() - rec.started_at if rec.started_at is not None else None
-                log.info(
-                    kv(
-                        "serve_ready",
-                        run=key,
-                        port=port,
-                        after_s=round(after, 2) if after is not None else None,
-                    )
-                )
-                self._changed(rec)
-
-    def _ssh_port(self) -> int | None:
-        """A port of `--ssh-ports` for a run starting now (`sshports.pick`), or None: one no
-        live run holds, no runtime's plumbing forwards (a stale DNAT rule of netavark's would
-        catch its traffic), free on the host, in turn after the last one handed out (kept in
-        the state directory, so an agent restarted goes on from there)."""
-        held = {r.ssh_port for r in self._runs.values() if r.state == RUNNING and r.ssh_port}
-        forwarded = {p for rt in self._runtimes.values() for p in rt.forwarded_ports()}
-        skipped = sorted(
-            p for p in forwarded - held if self.config.ssh_ports[0] <= p <= self.config.ssh_ports[1]
-        )
-        if skipped:
-            log.info(kv("ssh_ports_forwarded", ports=",".join(map(str, skipped[:20]))))
-        port = sshports.pick(self.config.ssh_ports, held | forwarded, self.state.read_ssh_port())
-        if port is not None:
-            self.state.write_ssh_port(port)
-        return port
+            readiness.mark_serve_ready(
+                self._runs, due, answered, self._serve_next_probe, self.clock, self._changed
+            )
 
     def check_ssh(self) -> None:
         """Knock on the SSH port of each running run whose server has not answered yet (each
@@ -620,40 +357,16 @@ class Agent:
         server greets is reported ready."""
         mono = time.monotonic()
         with self._lock:
-            due = [
-                (r.key, r.ssh_port)
-                for r in self._runs.values()
-                if r.state == RUNNING
-                and r.ssh_port is not None
-                and not r.ssh_ready
-                and mono >= self._ssh_next_probe.get(r.key, 0.0)
-            ]
-            for key, _ in due:
-                self._ssh_next_probe[key] = mono + SSH_PROBE_INTERVAL
+            due = readiness.ssh_due(self._runs.values(), self._ssh_next_probe, mono)
         if not due:
             return
-        answered = sshports.banners([port for _, port in due], timeout=SSH_PROBE_TIMEOUT)
+        answered = readiness.knock_ssh(due)
         if not answered:
             return
         with self._lock:
-            for key, port in due:
-                rec = self._runs.get(key)
-                if port not in answered or rec is None or rec.state != RUNNING:
-                    continue
-                if rec.ssh_port != port or rec.ssh_ready:
-                    continue
-                rec.ssh_ready = True
-                self._ssh_next_probe.pop(key, None)
-                after = self.clock() - rec.started_at if rec.started_at is not None else None
-                log.info(
-                    kv(
-                        "ssh_ready",
-                        run=key,
-                        port=port,
-                        after_s=round(after, 2) if after is not None else None,
-                    )
-                )
-                self._changed(rec)
+            readiness.mark_ssh_ready(
+                self._runs, due, answered, self._ssh_next_probe, self.clock, self._changed
+            )
 
     def _follow(self, rec: RunRecord, a: Assignment, now: float) -> None:
         """An existing run and its (latest) assignment."""
@@ -670,62 +383,14 @@ class Agent:
                 self._begin_stop(rec, now, a.grace_s, deadline, "asked to stop")
             return
         if a.checkpoint_requests > rec.checkpoints_sent and rec.stop_seen_at is None:
-            if (
-                rec.started_at is not None
-                and now - rec.started_at < self.config.checkpoint_min_age_s
-            ):
-                return  # its handlers may not be installed yet: next pass
-            sig = parse_signal(a.checkpoint_signal)
-            if sig is None:
-                log.warning(
-                    kv("checkpoint_signal_unknown", run=rec.key, signal=a.checkpoint_signal)
-                )
-            else:
-                self._driver(rec).signal(rec, sig)
-                log.info(
-                    kv(
-                        "checkpoint_requested",
-                        run=rec.key,
-                        signal=sig.name,
-                        request=a.checkpoint_requests,
-                    )
-                )
-            rec.checkpoints_sent = a.checkpoint_requests
-            rec.save()
+            signalling.checkpoint(rec, a, self._driver(rec), now, self.config.checkpoint_min_age_s)
 
     def _begin_stop(
         self, rec: RunRecord, now: float, grace: float, deadline: float | None, why: str
     ) -> None:
-        rec.stop_seen_at = now
-        rec.stopped = True
-        rec.kill_at = now + grace if deadline is None else min(now + grace, deadline)
-        if rec.term_sent_at is None:
-            self._driver(rec).signal(rec, signal.SIGTERM)
-            rec.term_sent_at = now
-        log.info(
-            kv(
-                "run_stopping",
-                run=rec.key,
-                pid=rec.pid,
-                reason=why,
-                kill_in_s=round(rec.kill_at - now, 2),
-            )
-        )
+        """SIGTERM the run now, SIGKILL it once its grace (or `deadline`) is over."""
+        signalling.begin_stop(rec, self._driver(rec), now, grace, deadline, why)
         self._changed(rec)
-
-    def _kill(self, rec: RunRecord, now: float) -> None:
-        self._driver(rec).signal(rec, signal.SIGKILL)
-        self._users.sweep(rec.uid)
-        rec.kill_sent_at = now
-        log.warning(
-            kv(
-                "run_killed",
-                run=rec.key,
-                pid=rec.pid,
-                after_s=round(now - (rec.term_sent_at or now), 2),
-            )
-        )
-        rec.save()
 
     # --- watching processes ----------------------------------------------------------------
 
@@ -741,54 +406,12 @@ class Agent:
         while_down: bool = False,
         seen_alive: float | None = None,
     ) -> None:
+        """A run whose process is gone: how it ended, recorded and reported."""
         self._users.sweep(rec.uid)  # what the run left behind goes with it
         exit_record = self._driver(rec).exit(rec)
         returncode = rec.popen.returncode if rec.popen is not None else None
         rec.popen = None
-        if exit_record is not None:
-            rec.state = EXITED
-            code = exit_record.get("exit_code")
-            rec.exit_code = code if isinstance(code, int) and -255 <= code <= 255 else None
-            sig = exit_record.get("signal")
-            rec.signal = str(sig)[:16] if sig else None
-            rec.ended_at = _parse_iso(exit_record.get("at")) or now
-        elif rec.kill_sent_at is not None:
-            rec.state, rec.signal, rec.stopped = EXITED, "SIGKILL", True
-            rec.ended_at = now
-        elif returncode is not None and returncode < 0:
-            rec.state = EXITED
-            rec.signal = signal_name(-returncode)
-            rec.ended_at = now
-            rec.message = "the run's shim was killed"
-        elif returncode is not None:
-            # Its shim ended as it does after its process, yet no exit record is there: this
-            # agent failed to keep it (it could not be written or read), not the workload.
-            rec.state, rec.fault = LOST, "agent"
-            rec.ended_at = now
-            rec.message = (
-                f"the run's shim ended (code {returncode}) but its exit record could not be "
-                "read: the agent's failure"
-            )
-        else:
-            rec.state = LOST
-            rec.ended_at = now
-            rec.message = "the run's process is gone and left no exit record"
-            if while_down and seen_alive is not None:
-                # It ran at least until the earlier agent last saw it; nothing says longer.
-                rec.ended_at = min(now, max(seen_alive, rec.started_at or seen_alive))
-                at = datetime.fromtimestamp(rec.ended_at).astimezone()
-                rec.message += f"; last seen running at {at:%Y-%m-%d %H:%M:%S %z}"
-        log.info(
-            kv(
-                "run_ended",
-                run=rec.key,
-                state=rec.state,
-                exit_code=rec.exit_code,
-                signal=rec.signal,
-                stopped=rec.stopped,
-                while_agent_down=while_down or None,
-            )
-        )
+        exits.record_end(rec, exit_record, returncode, now, while_down, seen_alive)
         self._changed(rec)
 
     def _forget(self) -> None:
@@ -800,15 +423,8 @@ class Agent:
             run_key(a.workload_id, a.attempt, a.replica) for a in self._assignments.assignments
         }
         for key, rec in list(self._runs.items()):
-            if rec.state == RUNNING or key in named or rec.acked_version < rec.version:
+            if key in named or not exits.forgettable(rec, self._logs_enabled):
                 continue
-            if self._logs_enabled:
-                try:
-                    size = rec.output.stat().st_size
-                except OSError:
-                    size = 0
-                if rec.log_offset < size:
-                    continue
             self._driver(rec).destroy(rec)
             self._users.remove(rec.workdir)
             self._users.release(rec.uid)  # swept when it ended
@@ -818,33 +434,6 @@ class Agent:
             log.info(kv("run_forgotten", run=key))
 
     # --- reports ---------------------------------------------------------------------------
-
-    def _run_report(self, rec: RunRecord) -> RunReport:
-        if rec.state == RUNNING:
-            at = rec.started_at
-        else:
-            at = rec.ended_at
-        at_dt = datetime.fromtimestamp(at if at is not None else self.clock()).astimezone()
-        tail = logs_mod.tail(rec.output) if rec.state in (EXITED, LOST) else []
-        return RunReport(
-            workload_id=rec.workload_id,
-            attempt=rec.attempt,
-            replica=rec.replica,
-            state=cast(RunState, rec.state),
-            at=at_dt,
-            pid=rec.pid,
-            exit_code=rec.exit_code if rec.state == EXITED else None,
-            signal=rec.signal if rec.state == EXITED else None,
-            stopped=rec.stopped and rec.state != FAILED_TO_START,
-            message=rec.message,
-            fault=_fault(rec),
-            # The endpoint while it runs (the port is free again once it has ended).
-            ssh_port=rec.ssh_port if rec.state == RUNNING else None,
-            ssh_ready=rec.ssh_ready and rec.state == RUNNING,
-            serve_port=rec.serve_port if rec.state == RUNNING else None,
-            serve_ready=rec.serve_ready and rec.state == RUNNING,
-            tail=tail,
-        )
 
     def report(self, force: bool = False) -> bool:
         """POST /status when something changed, or a heartbeat is due; True when sent.
@@ -865,7 +454,7 @@ class Agent:
             if not (force or changed or heartbeat_due) or mono < self._next_report_at:
                 return False
             sent = [(r.key, r.version) for r in self._runs.values()]
-            reports = [self._run_report(r) for r in self._runs.values()]
+            run_reports = [reports.run_report(r, self.clock) for r in self._runs.values()]
             fresh = None
             if burn is not None and self._burnin is not None and self._burnin.wants_inventory():
                 fresh = self._reread_inventory()
@@ -874,7 +463,7 @@ class Agent:
         try:
             ack = self.client.status(
                 StatusReport(
-                    runs=reports,
+                    runs=run_reports,
                     burn_in=burn[0] if burn is not None else None,
                     inventory=fresh,
                     mig_layouts=[m[0] for m in mig],
@@ -900,8 +489,10 @@ class Agent:
             self._next_report_at = 0.0
             self._report_backoff.reset()
             self._forget()
-        if reports:
-            log.debug(kv("status_sent", runs=len(reports), accepted=ack.accepted, stale=ack.stale))
+        if run_reports:
+            log.debug(
+                kv("status_sent", runs=len(run_reports), accepted=ack.accepted, stale=ack.stale)
+            )
         return True
 
     def ship_logs(self) -> bool:
@@ -909,37 +500,13 @@ class Agent:
         if not self._logs_enabled or time.monotonic() < self._next_logs_at:
             return False
         with self._lock:
-            items = [
-                (r.key, r.workload_id, r.attempt, r.replica, r.output, r.log_offset, r.state)
-                for r in self._runs.values()
-            ]
-        chunks: list[LogChunk] = []
-        ends: dict[str, int] = {}
-        budget = self._logs_budget
-        more = False
+            sources = reports.log_sources(self._runs.values())
         now_dt = datetime.fromtimestamp(self.clock()).astimezone()
-        for key, wid, attempt, replica, path, offset, state in items:
-            if budget <= 0 or len(chunks) >= 400:
-                more = True
-                break
-            pieces = logs_mod.read_chunks(path, offset, final=state != RUNNING, max_bytes=budget)
-            for at, data in pieces:
-                chunks.append(
-                    LogChunk(
-                        workload_id=wid,
-                        attempt=attempt,
-                        replica=replica,
-                        offset=at,
-                        data=logs_mod.decode(data),
-                        at=now_dt,
-                    )
-                )
-                ends[key] = at + len(data)
-                budget -= len(data)
-        if not chunks:
+        batch = reports.output_batch(sources, self._logs_budget, now_dt)
+        if not batch.chunks:
             return False
         try:
-            self.client.logs(LogBatch(chunks=chunks))
+            self.client.logs(LogBatch(chunks=batch.chunks))
         except RouteMissing:
             log.warning(
                 kv(
@@ -952,30 +519,24 @@ class Agent:
             return False
         except CredentialRefused:
             raise
-        except TransientError as exc:
-            delay = self._logs_backoff.next(exc)
+        except (TransientError, ApiError) as exc:
+            delay, self._logs_budget = reports.logs_retry(
+                exc,
+                self._logs_backoff,
+                self._logs_budget,
+                refused_delay=self.config.backoff_max,
+                chunks=len(batch.chunks),
+            )
             self._next_logs_at = time.monotonic() + delay
-            log.warning(kv("logs_failed", error=exc, retry_in_s=round(delay, 2)))
-            return False
-        except ApiError as exc:
-            # Offsets advance only on a 2xx: the same output is offered again, later (a 413:
-            # in smaller batches).
-            if exc.status == 413 and self._logs_budget > logs_mod.CHUNK_BYTES:
-                self._logs_budget = max(logs_mod.CHUNK_BYTES, self._logs_budget // 2)
-                delay = 0.0
-            else:
-                delay = self.config.backoff_max
-            self._next_logs_at = time.monotonic() + delay
-            log.error(kv("logs_refused", error=exc, chunks=len(chunks), retry_in_s=delay))
             return False
         self._logs_backoff.reset()
         with self._lock:
-            for key, end in ends.items():
+            for key, end in batch.ends.items():
                 rec = self._runs.get(key)
                 if rec is not None and end > rec.log_offset:
                     rec.log_offset = end
                     rec.save()
-        return more or budget <= 0
+        return batch.more or batch.budget_left <= 0
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -986,49 +547,17 @@ class Agent:
         self._wake.set()
         self._report_wake.set()
 
-    def _check_node(self, retry: dict[str, Any]) -> None:
-        try:
-            node = self.client.node(**retry)
-        except RouteMissing:
-            log.warning(kv("node_route_missing", detail="no GET /v1/agent/node; going on"))
-            return
-        known = self.state.read_node()
-        if node.get("node_name") and node.get("node_name") != known.get("node_name"):
-            self.state.write_node(
-                {**known, "node_id": node.get("node_id"), "node_name": node.get("node_name")}
-            )
-        log.info(
-            kv("node", name=node.get("node_name"), rack=node.get("rack"), region=node.get("region"))
-        )
-
     def _reread_inventory(self) -> Inventory | None:
         """The host's inventory read again (an upgrade's steps changed its software); None
         when it cannot be read (the report goes without it, and the control plane judges the
         versions it last had). With NVML, versions loaded in this process may be the old
         ones until the host reboots (a driver upgrade does), which restarts the agent."""
         assert self.inventory is not None
-        try:
-            fresh = inventory_mod.collect(
-                inventory_file=self.config.inventory_file,
-                address=self.config.address or self.inventory.address,
-                runtimes=self._runtime_names,
-                nvml=self._nvml,
-                hostname=self.inventory.hostname,
-            )
-        except inventory_mod.InventoryError as exc:
-            log.error(kv("inventory_reread_failed", error=exc))
+        fresh = nodeinfo.collect_again(self.config, self.inventory, self._runtime_names, self._nvml)
+        if fresh is None:
             return None
         fresh = self._capable(fresh)
-        if fresh != self.inventory:
-            log.info(
-                kv(
-                    "inventory_changed",
-                    driver=fresh.driver_version,
-                    cuda=fresh.cuda_version,
-                    nccl=fresh.nccl_version,
-                    firmware=fresh.firmware_version,
-                )
-            )
+        nodeinfo.log_change(self.inventory, fresh)
         self.inventory = fresh
         self._device_ids = inventory_mod.device_ids(fresh)
         for runtime in self._runtimes.values():
@@ -1036,71 +565,24 @@ class Agent:
         return fresh
 
     def _send_inventory(self, retry: dict[str, Any]) -> None:
+        """PUT /inventory; the reporter and telemetry wait for it."""
         assert self.inventory is not None
-        try:
-            verdict = self.client.put_inventory(self.inventory, **retry)
-        except RouteMissing:
-            log.warning(
-                kv("inventory_route_missing", detail="no PUT /v1/agent/inventory; going on")
-            )
-        else:
-            (log.info if verdict.matches else log.warning)(
-                kv(
-                    "inventory_verdict",
-                    node=verdict.node,
-                    matches=verdict.matches,
-                    node_state=verdict.node_state,
-                    differences="; ".join(verdict.differences) or None,
-                )
-            )
+        loops.put_inventory(self.client, self.inventory, retry)
         self._inventory_sent.set()
         self._report_wake.set()
 
     def _sync_loop(self) -> None:
         """GET /node, PUT /inventory, then the long poll for assignments, for ever."""
-        backoff = Backoff(self.config.backoff_initial, self.config.backoff_max)
-        retry: dict[str, Any] = {"attempts": None, "stop_event": self._stop}
-        steps = ["node", "inventory"]
-        index = 0
-        while not self._stop.is_set():
-            step = steps[0] if steps else "assignments"
-            try:
-                if step == "node":
-                    self._check_node(retry)
-                    steps.pop(0)
-                    continue
-                if step == "inventory":
-                    self._send_inventory(retry)
-                    steps.pop(0)
-                    continue
-                began = time.monotonic()
-                assignments = self.client.assignments(index, self.config.poll_wait, **retry)
-                if assignments.index != index or self._assignments is None:
-                    log.info(
-                        kv(
-                            "assignments",
-                            index=assignments.index,
-                            runs=len(assignments.assignments),
-                        )
-                    )
-                quick = time.monotonic() - began < 0.05 and assignments.index == index
-                index = assignments.index
-                self.set_assignments(assignments)
-                backoff.reset()
-                if quick:  # a server answering at once with nothing new: do not spin
-                    self._stop.wait(min(1.0, self.config.poll_wait))
-            except CredentialRefused as exc:
-                self._set_fatal(exc)
-                return
-            except Exception as exc:  # ApiError (retried by going round), or a bug
-                if self._stop.is_set():
-                    return  # a TransientError when stopping, or the client closed under it
-                delay = backoff.next()
-                if isinstance(exc, ApiError):
-                    log.error(kv("sync_error", step=step, error=exc, retry_in_s=round(delay, 2)))
-                else:
-                    log.exception(kv("sync_crashed", step=step, error=exc))
-                self._stop.wait(delay)
+        loops.sync_loop(
+            self.client,
+            self.config,
+            self.state,
+            self._stop,
+            send_inventory=self._send_inventory,
+            known=lambda: self._assignments,
+            take=self.set_assignments,
+            fatal=self._set_fatal,
+        )
 
     def _report_loop(self) -> None:
         last_logs = 0.0
@@ -1123,44 +605,17 @@ class Agent:
             self._report_wake.wait(self.config.reconcile_interval)
             self._report_wake.clear()
 
-    def _telemetry_source(self) -> Any | None:
-        from rackplane_agent import telemetry
-
-        if self.config.dcgm_exporter:
-            return telemetry.DcgmScraper(self.config.dcgm_exporter)
-        if self._nvml is not None and self.inventory is not None:
-            return telemetry.NvmlSampler(self._nvml, self.inventory.hostname)
-        return None
-
     def _telemetry_loop(self) -> None:
-        try:
-            source = self._telemetry_source()
-        except Exception as exc:
-            log.warning(kv("telemetry_unavailable", error=exc))
-            return
-        if source is None:
-            return
-        self._inventory_sent.wait()
-        while not self._stop.is_set():
-            try:
-                text = source.collect()
-                if text:
-                    self.client.telemetry(text)
-            except RouteMissing:
-                log.warning(
-                    kv(
-                        "telemetry_route_missing",
-                        detail="the control plane has no POST /v1/agent/telemetry",
-                    )
-                )
-                break
-            except CredentialRefused as exc:
-                self._set_fatal(exc)
-                break
-            except Exception as exc:  # the exporter or the server: next time
-                log.warning(kv("telemetry_failed", error=exc))
-            self._stop.wait(self.config.telemetry_interval)
-        source.close()
+        """The GPUs' telemetry, forwarded once the inventory is sent."""
+        loops.telemetry_loop(
+            self.client,
+            self.config,
+            self._nvml,
+            self.inventory,
+            stop=self._stop,
+            inventory_sent=self._inventory_sent,
+            fatal=self._set_fatal,
+        )
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         t = threading.Thread(target=target, name=f"rackplane-agent-{name}", daemon=True)
@@ -1224,13 +679,3 @@ class Agent:
             t.join(timeout=2.0)
         self.state.unlock()
         self.client.close()
-
-
-def _fault(rec: RunRecord) -> Literal["workload", "agent"] | None:
-    """Whose fault a run's end is, where it is not the host's: the workload's own start
-    failure, or this agent's failure to record a lost run's exit."""
-    if rec.state == FAILED_TO_START and rec.fault == "workload":
-        return "workload"
-    if rec.state == LOST and rec.fault == "agent":
-        return "agent"
-    return None

@@ -36,6 +36,9 @@ RUN_FILE = "run.json"
 OUTPUT_FILE = "output.log"
 EXIT_FILE = "exit.json"
 
+# A run's states (`RunRecord.state`): running, then one of three ends.
+RUNNING, EXITED, FAILED_TO_START, LOST = "running", "exited", "failed_to_start", "lost"
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -80,8 +83,8 @@ class RunRecord:
     attempt: int
     replica: int
     assignment: dict[str, Any]
-    # running | exited | failed_to_start | lost
-    state: str = "running"
+    # RUNNING | EXITED | FAILED_TO_START | LOST
+    state: str = RUNNING
     pid: int | None = None
     create_time: float | None = None  # psutil's, to tell our process from a reused pid
     started_at: float | None = None

@@ -324,6 +324,96 @@ class VmPaths:
     qmp: Path
 
 
+def confidential_machine(
+    assignment: Assignment,
+    host: HostFeatures,
+    image: VmImage,
+    firmware: Path | None,
+    memory: int,
+) -> tuple[list[str], list[str]]:
+    """The `-machine` options and `-object` arguments of a confidential guest (SEV-SNP, TDX)."""
+    machine = ["q35"]
+    objects: list[str] = []
+    if assignment.confidential is None:
+        return machine, objects
+    tech = assignment.confidential
+    offered = host.confidential
+    if tech not in offered:
+        has = f"it offers only {', '.join(offered)}" if offered else "it offers neither"
+        raise StartError(
+            f"a confidential VM with {tech} cannot run on this host: {has} of SEV-SNP and "
+            "TDX (the host's kernel and QEMU must both support it)"
+        )
+    if firmware is None:
+        raise StartError(f"a confidential VM ({tech}) needs OVMF firmware: none found")
+    if tech == "sev-snp":
+        machine += ["confidential-guest-support=sev0", "memory-backend=ram0"]
+        snp = f"sev-snp-guest,id=sev0,cbitpos={host.cbitpos}"
+        snp += f",reduced-phys-bits={host.reduced_phys_bits}"
+        if image.kernel is not None:
+            snp += ",kernel-hashes=on"  # the direct-boot kernel is measured too
+        objects += [
+            "-object",
+            f"memory-backend-memfd,id=ram0,size={memory}M,share=true,prealloc=false",
+            "-object",
+            snp,
+        ]
+    else:
+        machine += ["kernel-irqchip=split", "confidential-guest-support=tdx0"]
+        objects += ["-object", "tdx-guest,id=tdx0"]
+    return machine, objects
+
+
+def accel_args(host: HostFeatures) -> list[str]:
+    """KVM with the host's CPU where the host has it, else TCG."""
+    if host.kvm:
+        return ["-enable-kvm", "-cpu", "host"]
+    return ["-accel", "tcg"]
+
+
+def direct_boot_args(image: VmImage) -> list[str]:
+    """The kernel, initrd and command line an image carries for direct boot (none: [])."""
+    if image.kernel is None:
+        return []
+    argv = ["-kernel", str(image.kernel)]
+    if image.initrd is not None:
+        argv += ["-initrd", str(image.initrd)]
+    return argv + ["-append", image.cmdline or "console=ttyS0"]
+
+
+def disk_and_net_args(assignment: Assignment, image: VmImage, paths: VmPaths) -> list[str]:
+    """The run's overlay disk and seed, and its restricted user-mode network (SSH forwarded)."""
+    return [
+        "-drive",
+        f"file={paths.overlay},format=qcow2,if=none,id=disk0,discard=unmap",
+        "-device",
+        # The disk boots first, unless a direct-boot kernel (which takes boot index 0) does.
+        "virtio-blk-pci,drive=disk0" + ("" if image.kernel is not None else ",bootindex=0"),
+        "-drive",
+        f"file={paths.seed},format=raw,if=none,id=seed0,readonly=on",
+        "-device",
+        "virtio-blk-pci,drive=seed0",
+        "-netdev",
+        "user,id=net0,restrict=on"
+        + (f",hostfwd=tcp::{assignment.ssh_port}-:22" if assignment.ssh_port else ""),
+        "-device",
+        "virtio-net-pci,netdev=net0",
+    ]
+
+
+def passthrough_args(gpus: list[str]) -> list[str]:
+    """Each GPU (by PCI address) passed through with VFIO, behind a PCIe root port of its own."""
+    argv: list[str] = []
+    for i, address in enumerate(gpus):
+        argv += [
+            "-device",
+            f"pcie-root-port,id=gpu{i}-port,bus=pcie.0,chassis={i + 1},slot={i + 1}",
+            "-device",
+            f"vfio-pci,host={address},bus=gpu{i}-port",
+        ]
+    return argv
+
+
 def vm_argv(
     assignment: Assignment,
     *,
@@ -341,74 +431,19 @@ def vm_argv(
     inventory file describes: there is nothing to pass)."""
     memory, cpus = memory_mib(assignment), vcpus(assignment)
     gpus = gpu_addresses(assignment, pci_bus_ids) if passthrough else []
-    machine = ["q35"]
-    objects: list[str] = []
-    if assignment.confidential is not None:
-        tech = assignment.confidential
-        offered = host.confidential
-        if tech not in offered:
-            has = f"it offers only {', '.join(offered)}" if offered else "it offers neither"
-            raise StartError(
-                f"a confidential VM with {tech} cannot run on this host: {has} of SEV-SNP and "
-                "TDX (the host's kernel and QEMU must both support it)"
-            )
-        if firmware is None:
-            raise StartError(f"a confidential VM ({tech}) needs OVMF firmware: none found")
-        if tech == "sev-snp":
-            machine += ["confidential-guest-support=sev0", "memory-backend=ram0"]
-            snp = f"sev-snp-guest,id=sev0,cbitpos={host.cbitpos}"
-            snp += f",reduced-phys-bits={host.reduced_phys_bits}"
-            if image.kernel is not None:
-                snp += ",kernel-hashes=on"  # the direct-boot kernel is measured too
-            objects += [
-                "-object",
-                f"memory-backend-memfd,id=ram0,size={memory}M,share=true,prealloc=false",
-                "-object",
-                snp,
-            ]
-        else:
-            machine += ["kernel-irqchip=split", "confidential-guest-support=tdx0"]
-            objects += ["-object", "tdx-guest,id=tdx0"]
+    machine, objects = confidential_machine(assignment, host, image, firmware, memory)
     argv = [qemu, "-name", hostname(assignment), "-nodefaults", "-no-user-config"]
     argv += ["-display", "none", "-no-reboot"]
-    if host.kvm:
-        argv += ["-enable-kvm", "-cpu", "host"]
-    else:
-        argv += ["-accel", "tcg"]
+    argv += accel_args(host)
     argv += ["-machine", ",".join(machine), *objects]
     if gpus:
         argv += ["-global", f"q35-pcihost.pci-hole64-size={PCI_HOLE64}"]
     if firmware is not None and assignment.confidential is not None:
         argv += ["-bios", str(firmware)]
     argv += ["-m", f"{memory}M", "-smp", str(cpus)]
-    if image.kernel is not None:
-        argv += ["-kernel", str(image.kernel)]
-        if image.initrd is not None:
-            argv += ["-initrd", str(image.initrd)]
-        argv += ["-append", image.cmdline or "console=ttyS0"]
-    argv += [
-        "-drive",
-        f"file={paths.overlay},format=qcow2,if=none,id=disk0,discard=unmap",
-        "-device",
-        # The disk boots first, unless a direct-boot kernel (which takes boot index 0) does.
-        "virtio-blk-pci,drive=disk0" + ("" if image.kernel is not None else ",bootindex=0"),
-        "-drive",
-        f"file={paths.seed},format=raw,if=none,id=seed0,readonly=on",
-        "-device",
-        "virtio-blk-pci,drive=seed0",
-        "-netdev",
-        "user,id=net0,restrict=on"
-        + (f",hostfwd=tcp::{assignment.ssh_port}-:22" if assignment.ssh_port else ""),
-        "-device",
-        "virtio-net-pci,netdev=net0",
-    ]
-    for i, address in enumerate(gpus):
-        argv += [
-            "-device",
-            f"pcie-root-port,id=gpu{i}-port,bus=pcie.0,chassis={i + 1},slot={i + 1}",
-            "-device",
-            f"vfio-pci,host={address},bus=gpu{i}-port",
-        ]
+    argv += direct_boot_args(image)
+    argv += disk_and_net_args(assignment, image, paths)
+    argv += passthrough_args(gpus)
     argv += ["-chardev", "stdio,id=console0,signal=off", "-serial", "chardev:console0"]
     argv += ["-qmp", f"unix:{paths.qmp},server=on,wait=off"]
     if user is not None:
