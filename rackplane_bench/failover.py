@@ -561,6 +561,93 @@ def _placements_after(engine, t: float) -> float | None:
     return at.timestamp() - t if at else None
 
 
+def _settings(stripe_url: str) -> dict[str, str]:
+    """The deployment's environment for the run."""
+    return {
+        # The limiter runs but never refuses the load: the run measures failover, not limits.
+        "RACKPLANE_RATE_LIMITS": "read=100000/s,write=100000/s,expensive=100000/s",
+        "RACKPLANE_STRIPE_API_KEY": "sk_test_failover",
+        "RACKPLANE_STRIPE_API_BASE": stripe_url,
+        "RACKPLANE_METER_BUCKET": "10",
+        "RACKPLANE_METER_SETTLE": "2",
+        "RACKPLANE_METER_EXPORT_EVERY": "2",
+    }
+
+
+def _kill_in_turn(
+    topo: Topology, faults: tuple[str, ...], engine, gap: float
+) -> list[tuple[str, float, str]]:
+    """Each fault in turn, `gap` seconds apart, its part back half way: (fault, when, what)."""
+    kills: list[tuple[str, float, str]] = []
+    for fault in faults:
+        at, what = _inject(topo, fault, engine)
+        kills.append((fault, at, what))
+        time.sleep(gap / 2)
+        _restore(topo, fault, what)
+        time.sleep(gap / 2)
+    return kills
+
+
+def _per_fault(
+    result: dict[str, Any],
+    engine,
+    calls: list[Call],
+    kills: list[tuple[str, float, str]],
+    gap: float,
+) -> None:
+    """Per fault: failover and placed-again seconds, the write p99 until the next, the part."""
+    for fault, at, what in kills:
+        # Sent after the kill: an answer to a request committed before it proves nothing.
+        nxt = min((c.t for c in calls if c.sent > at and ok(c)), default=None)
+        result["failover_s"][fault] = round(nxt - at, 2) if nxt else None
+        placed = _placements_after(engine, at)
+        result["placed_again_s"][fault] = round(placed, 2) if placed is not None else None
+        # What the fault did to latency: acknowledged writes' p99 until the next fault.
+        window = [c.ms for c in calls if at <= c.t <= at + gap and ok(c)]
+        result["write_p99_ms"][fault] = round(pct(window, 0.99), 1) if window else None
+        result["killed"][fault] = what
+
+
+def _figures(
+    faults: tuple[str, ...],
+    engine,
+    load: Load,
+    kills: list[tuple[str, float, str]],
+    gap: float,
+    settled: bool,
+    billed: dict[str, Any],
+) -> dict[str, Any]:
+    """The checks on the final state and the timings (see the module's docstring)."""
+    calls = sorted(load.record.calls, key=lambda c: c.t)
+    result: dict[str, Any] = {
+        "faults": list(faults),
+        "requests": len(calls),
+        "acknowledged": {k: len(v) for k, v in load.acked.items()},
+        "lost_acknowledged": 0,
+        "double_allocations": _double_allocations(engine),
+        "duplicate_submissions": _duplicates(engine),
+        "usage_overlaps": _usage_overlaps(engine),
+        **billed,
+        "errors_503": sum(c.status == 503 for c in calls),
+        "errors_500": sum(c.status >= 500 and c.status != 503 for c in calls),
+        "unanswered": sum(c.status == 0 for c in calls),
+        "failover_s": {},
+        "placed_again_s": {},
+        "write_p99_ms": {},
+        "killed": {},
+        "settled": settled,
+    }
+    first = kills[0][1] if kills else float("inf")
+    result["write_p99_ms"]["before"] = round(
+        pct([c.ms for c in calls if c.t < first and ok(c)], 0.99), 1
+    )
+    lost = _lost(engine, load.acked)
+    result["lost_acknowledged"] = sum(lost.values())
+    result["lost_by_kind"] = lost
+    _per_fault(result, engine, calls, kills, gap)
+    return result
+
+
 def run(
     faults: tuple[str, ...] = FAULTS,
     rate: float = 2.0,
@@ -569,6 +656,7 @@ def run(
     tail: float = 15.0,
     root: Path | None = None,
 ) -> dict[str, Any]:
+    """The topology up, the load on, each fault in turn, then the checks (see the module)."""
     import sqlalchemy as sa
 
     # Not under a private parent (pytest's tmp_path is one): PostgreSQL runs as postgres.
@@ -578,16 +666,7 @@ def run(
     # meters is exported (and checked against the ledger) within it.
     stripe = StandIn()
     server, stripe_url = serve(stripe)
-    env = {
-        # The limiter runs but never refuses the load: the run measures failover, not limits.
-        "RACKPLANE_RATE_LIMITS": "read=100000/s,write=100000/s,expensive=100000/s",
-        "RACKPLANE_STRIPE_API_KEY": "sk_test_failover",
-        "RACKPLANE_STRIPE_API_BASE": stripe_url,
-        "RACKPLANE_METER_BUCKET": "10",
-        "RACKPLANE_METER_SETTLE": "2",
-        "RACKPLANE_METER_EXPORT_EVERY": "2",
-    }
-    topo = Topology(root, env=env)
+    topo = Topology(root, env=_settings(stripe_url))
     started = time.time()
     try:
         topo.start()
@@ -597,53 +676,12 @@ def run(
         load = Load(topo, seeded, rate)
         load.start()
         time.sleep(warmup)
-        kills: list[tuple[str, float, str]] = []
-        for fault in faults:
-            at, what = _inject(topo, fault, engine)
-            kills.append((fault, at, what))
-            time.sleep(gap / 2)
-            _restore(topo, fault, what)
-            time.sleep(gap / 2)
+        kills = _kill_in_turn(topo, faults, engine, gap)
         time.sleep(tail)
         load.finish()
         settled = _settle(engine)
         billed = _stripe_against_ledger(topo.state.api_urls, seeded["operator"], stripe)
-        calls = sorted(load.record.calls, key=lambda c: c.t)
-        result: dict[str, Any] = {
-            "faults": list(faults),
-            "requests": len(calls),
-            "acknowledged": {k: len(v) for k, v in load.acked.items()},
-            "lost_acknowledged": 0,
-            "double_allocations": _double_allocations(engine),
-            "duplicate_submissions": _duplicates(engine),
-            "usage_overlaps": _usage_overlaps(engine),
-            **billed,
-            "errors_503": sum(c.status == 503 for c in calls),
-            "errors_500": sum(c.status >= 500 and c.status != 503 for c in calls),
-            "unanswered": sum(c.status == 0 for c in calls),
-            "failover_s": {},
-            "placed_again_s": {},
-            "write_p99_ms": {},
-            "killed": {},
-            "settled": settled,
-        }
-        first = kills[0][1] if kills else float("inf")
-        result["write_p99_ms"]["before"] = round(
-            pct([c.ms for c in calls if c.t < first and ok(c)], 0.99), 1
-        )
-        lost = _lost(engine, load.acked)
-        result["lost_acknowledged"] = sum(lost.values())
-        result["lost_by_kind"] = lost
-        for fault, at, what in kills:
-            # Sent after the kill: an answer to a request committed before it proves nothing.
-            nxt = min((c.t for c in calls if c.sent > at and ok(c)), default=None)
-            result["failover_s"][fault] = round(nxt - at, 2) if nxt else None
-            placed = _placements_after(engine, at)
-            result["placed_again_s"][fault] = round(placed, 2) if placed is not None else None
-            # What the fault did to latency: acknowledged writes' p99 until the next fault.
-            window = [c.ms for c in calls if at <= c.t <= at + gap and ok(c)]
-            result["write_p99_ms"][fault] = round(pct(window, 0.99), 1) if window else None
-            result["killed"][fault] = what
+        result = _figures(faults, engine, load, kills, gap, settled, billed)
         result["topology_up_s"] = round(up_s, 1)
         result["seconds"] = round(time.time() - started, 1)
         engine.dispose()

@@ -129,16 +129,8 @@ def _rate(engine: Engine, reqs: list[Request]) -> float:
     return placed / elapsed
 
 
-def run(
-    gpus: int,
-    *,
-    placements: int = 2000,
-    gangs: int = 100,
-    seed: int = 0,
-    policy: str = DEFAULT_POLICY,
-) -> BenchResult:
-    gc.collect()
-    nodes = synthetic_fleet(gpus, seed)
+def _snapshot(nodes: list[NodeSpec]) -> tuple[Snapshot, float, float]:
+    """The fleet's snapshot, the seconds its build took, and the MiB it holds."""
     # Memory the snapshot holds (arrays and indexes), traced on a separate build so the
     # tracing does not slow the timed one.
     tracemalloc.start()
@@ -150,14 +142,13 @@ def run(
     t0 = time.perf_counter()
     snap = Snapshot(nodes)
     build = time.perf_counter() - t0
-    del nodes
-    rss = held / 2**20
-    preload(snap, 0.5, seed)
-    pol = make_policy(policy, seed=seed)
-    pol.candidate_limit = CANDIDATE_LIMIT
-    engine = Engine(snap, pol, candidate_limit=CANDIDATE_LIMIT)
-    rng = np.random.default_rng(seed)
-    tenants = [f"t{i}" for i in range(20)]
+    return snap, build, held / 2**20
+
+
+def _requests(
+    placements: int, tenants: list[str], rng: np.random.Generator
+) -> tuple[list[Request], list[Request], list[Request]]:
+    """The timed placements of each kind: whole GPUs, MIG slices, fractional shares."""
     # Customers name the GPU model they want; rotate over the fleet's models.
     hgx = [frozenset({"H100-80GB"}), frozenset({"H200-141GB"})]
     every = [frozenset({"GB200"}), *hgx]
@@ -199,11 +190,12 @@ def run(
         )
         for i in range(placements)
     ]
-    engine.place_one(whole[0], Plan(snap))  # warm caches
-    snap.commit()
-    whole_rate = _rate(engine, whole[1:])
-    mig_rate = _rate(engine, migs)
-    frac_rate = _rate(engine, fracs)
+    return whole, migs, fracs
+
+
+def _gangs(engine: Engine, gangs: int, tenants: list[str]) -> tuple[list[float], int]:
+    """Each 64-GPU gang's placement time (seconds), and how many were placed."""
+    snap = engine.snap
     times, placed = [], 0
     gang_shape = Shape(gpus=4, cpu_milli=16000, mem_mib=65536, models=frozenset({"GB200"}))
     for i in range(gangs):
@@ -224,6 +216,35 @@ def run(
             for b in out.bindings:  # give the capacity back so every gang sees a similar fleet
                 snap.release(b.alloc_id)
         snap.commit()
+    return times, placed
+
+
+def run(
+    gpus: int,
+    *,
+    placements: int = 2000,
+    gangs: int = 100,
+    seed: int = 0,
+    policy: str = DEFAULT_POLICY,
+) -> BenchResult:
+    """Build and preload the fleet; time each kind of placement, then the gangs."""
+    gc.collect()
+    nodes = synthetic_fleet(gpus, seed)
+    snap, build, rss = _snapshot(nodes)
+    del nodes
+    preload(snap, 0.5, seed)
+    pol = make_policy(policy, seed=seed)
+    pol.candidate_limit = CANDIDATE_LIMIT
+    engine = Engine(snap, pol, candidate_limit=CANDIDATE_LIMIT)
+    rng = np.random.default_rng(seed)
+    tenants = [f"t{i}" for i in range(20)]
+    whole, migs, fracs = _requests(placements, tenants, rng)
+    engine.place_one(whole[0], Plan(snap))  # warm caches
+    snap.commit()
+    whole_rate = _rate(engine, whole[1:])
+    mig_rate = _rate(engine, migs)
+    frac_rate = _rate(engine, fracs)
+    times, placed = _gangs(engine, gangs, tenants)
     ms = np.array(times) * 1000
     return BenchResult(
         snap.gpu_count,

@@ -59,7 +59,8 @@ from sqlalchemy import select
 from app.core.db import session_scope, utcnow
 from app.models.keys import ApiKey
 from app.models.tenants import Tenant
-from app.tenancy.auth import key_context, parse_prefix
+from app.tenancy.credentials import parse_prefix
+from app.tenancy.principals import key_context
 from app.workloads.schemas import WorkloadCreate
 from app.workloads.service import submit
 

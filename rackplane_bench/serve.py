@@ -179,29 +179,40 @@ def _policy(name: str, s: Setup):
     )
 
 
-def replay(
-    name: str, day: Day, model: Model, setup: Setup, arrivals: list[tuple[float, int]], seed: int
-) -> Result:
-    """One policy over the day's arrivals (see the module's docstring)."""
-    rng = random.Random(seed)
-    policy = _policy(name, setup)
-    replicas: list[_Replica] = []
-    tokens = [n for _, n in arrivals]
-    started: dict[int, float] = {}
-    latency: dict[int, float] = {}
-    waited: list[float] = []  # a request's wait for a first ready replica
-    held: list[int] = []  # requests no replica could take yet
-    samples: list[Sample] = []
-    gpu_s = 0.0
-    lost_gpu_s = 0.0
-    preemptions = 0
-    most = 0
-    next_arrival = 0
-    arrived_in_tick = 0
-    done_in_tick: list[float] = []
+@dataclass(eq=False)
+class _Replay:
+    """What the replay's loop carries: the replicas, each request's start and latency, the
+    requests held for a replica, the gateway's samples, and the running totals."""
 
-    def advance(r: _Replica, until: float) -> list[tuple[float, int]]:
+    name: str
+    model: Model
+    setup: Setup
+    arrivals: list[tuple[float, int]]
+    rng: random.Random
+    policy: StaticPeak | QpsPolicy | Kpa
+    tokens: list[int] = field(init=False)
+    replicas: list[_Replica] = field(default_factory=list)
+    started: dict[int, float] = field(default_factory=dict)
+    latency: dict[int, float] = field(default_factory=dict)
+    waited: list[float] = field(default_factory=list)  # a wait for a first ready replica
+    held: list[int] = field(default_factory=list)  # requests no replica could take yet
+    samples: list[Sample] = field(default_factory=list)
+    gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0
+    preemptions: int = 0
+    most: int = 0
+    next_arrival: int = 0
+    arrived_in_tick: int = 0
+    done_in_tick: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tokens = [n for _, n in self.arrivals]
+
+    # --- a replica ----------------------------------------------------------------------------
+
+    def advance(self, r: _Replica, until: float) -> list[tuple[float, int]]:
         """Run replica `r` to `until`; the requests it finished, with when."""
+        model, tokens = self.model, self.tokens
         finished = []
         t = max(r.last, r.ready_at)
         while r.running and t < until:
@@ -225,95 +236,137 @@ def replay(
         r.last = until
         return finished
 
-    def admit(r: _Replica, rid: int, now: float) -> None:
-        if len(r.running) < model.max_batch and now >= r.ready_at:
-            r.running[rid] = float(tokens[rid])
+    def finish(self, r: _Replica, until: float) -> None:
+        """Run replica `r` to `until`, recording the latency of what it finished."""
+        for fin_at, rid in self.advance(r, until):
+            self.latency[rid] = (fin_at - self.started[rid]) * 1000
+            self.done_in_tick.append(self.latency[rid])
+
+    def admit(self, r: _Replica, rid: int, now: float) -> None:
+        """Request `rid` joins replica `r`'s batch, or its queue when the batch is full."""
+        if len(r.running) < self.model.max_batch and now >= r.ready_at:
+            r.running[rid] = float(self.tokens[rid])
         else:
             r.waiting.append(rid)
 
-    def route(rid: int, now: float) -> bool:
-        ready = [r for r in replicas if not r.draining and r.ready_at <= now]
+    def route(self, rid: int, now: float) -> bool:
+        """The gateway: to the ready replica with the fewest outstanding; False when none is."""
+        ready = [r for r in self.replicas if not r.draining and r.ready_at <= now]
         if not ready:
             return False
-        admit(min(ready, key=lambda r: r.outstanding), rid, now)
+        self.admit(min(ready, key=lambda r: r.outstanding), rid, now)
         return True
 
-    tick = 1.0
-    now = 0.0
-    while now < day.day_s or any(r.outstanding for r in replicas) or held:
-        end = now + tick
-        # Arrivals of this second go to a replica at once, or are held.
-        while next_arrival < len(arrivals) and arrivals[next_arrival][0] < end:
-            at, _ = arrivals[next_arrival]
-            for r in replicas:
-                for fin_at, rid in advance(r, at):
-                    latency[rid] = (fin_at - started[rid]) * 1000
-                    done_in_tick.append(latency[rid])
-            started[next_arrival] = at
-            arrived_in_tick += 1
-            if not route(next_arrival, at):
-                held.append(next_arrival)
-            next_arrival += 1
-        for r in replicas:
-            for fin_at, rid in advance(r, end):
-                latency[rid] = (fin_at - started[rid]) * 1000
-                done_in_tick.append(latency[rid])
+    # --- a tick, in its steps -------------------------------------------------------------------
+
+    def arrive(self, end: float) -> None:
+        """Arrivals before `end` go to a replica at once, or are held."""
+        arrivals = self.arrivals
+        while self.next_arrival < len(arrivals) and arrivals[self.next_arrival][0] < end:
+            at, _ = arrivals[self.next_arrival]
+            for r in self.replicas:
+                self.finish(r, at)
+            self.started[self.next_arrival] = at
+            self.arrived_in_tick += 1
+            if not self.route(self.next_arrival, at):
+                self.held.append(self.next_arrival)
+            self.next_arrival += 1
+
+    def serve(self, end: float) -> None:
+        """Every replica runs to `end`; waiting requests fill the batches as they free."""
+        for r in self.replicas:
+            self.finish(r, end)
             # Waiting requests fill the batch as it frees (a step's granularity is below a tick).
-            while r.waiting and len(r.running) < model.max_batch and r.ready_at <= end:
+            while r.waiting and len(r.running) < self.model.max_batch and r.ready_at <= end:
                 rid = r.waiting.pop(0)
-                r.running[rid] = float(tokens[rid])
-        # Held requests go to the first ready replica.
+                r.running[rid] = float(self.tokens[rid])
+
+    def release_held(self, end: float) -> None:
+        """Held requests go to the first ready replica."""
         still = []
-        ready = [r for r in replicas if not r.draining and r.ready_at <= end]
-        for rid in held:
+        ready = [r for r in self.replicas if not r.draining and r.ready_at <= end]
+        for rid in self.held:
             if ready:
-                admit(min(ready, key=lambda r: r.outstanding), rid, end)
-                waited.append(max(0.0, end - started[rid]))
+                self.admit(min(ready, key=lambda r: r.outstanding), rid, end)
+                self.waited.append(max(0.0, end - self.started[rid]))
             else:
                 still.append(rid)
-        held = still
-        in_flight = sum(r.outstanding for r in replicas) + len(held)
-        p95 = _p95(done_in_tick)
-        samples.append(Sample(end, float(in_flight), float(arrived_in_tick), p95))
-        samples = samples[-int(max(setup.stable_window_s, 1200.0)) - 5 :]
-        arrived_in_tick, done_in_tick = 0, []
-        # The policy decides on what the gateway saw; the fleet follows.
-        serving = [r for r in replicas if not r.draining]
-        decision = policy.decide(end, samples, len(serving))
+        self.held = still
+
+    def sample(self, end: float) -> None:
+        """What the gateway saw this tick: in flight, arrived, the p95 of what finished."""
+        in_flight = sum(r.outstanding for r in self.replicas) + len(self.held)
+        p95 = _p95(self.done_in_tick)
+        self.samples.append(Sample(end, float(in_flight), float(self.arrived_in_tick), p95))
+        self.samples = self.samples[-int(max(self.setup.stable_window_s, 1200.0)) - 5 :]
+        self.arrived_in_tick, self.done_in_tick = 0, []
+
+    def scale(self, end: float, tick: float) -> None:
+        """The policy decides on what the gateway saw; the fleet follows."""
+        setup = self.setup
+        serving = [r for r in self.replicas if not r.draining]
+        decision = self.policy.decide(end, self.samples, len(serving))
         want = decision.target
-        if held and want == 0 and setup.max_replicas:
+        if self.held and want == 0 and setup.max_replicas:
             want = 1  # the activator: a held request asks for a first replica at once
         if want > len(serving):
             for _ in range(want - len(serving)):
-                replicas.append(_Replica(ready_at=end + setup.cold_start_s, last=end))
+                self.replicas.append(_Replica(ready_at=end + setup.cold_start_s, last=end))
                 # Training holds every GPU replicas do not: the one this replica takes is
                 # preempted, and loses its work since its last checkpoint plus its grace.
-                preemptions += 1
-                lost_gpu_s += rng.uniform(0, setup.checkpoint_s) + setup.grace_s
+                self.preemptions += 1
+                self.lost_gpu_s += self.rng.uniform(0, setup.checkpoint_s) + setup.grace_s
         elif want < len(serving):
             # Let go of the least loaded first; they finish what they have.
             for r in sorted(serving, key=lambda r: r.outstanding)[: len(serving) - want]:
                 r.draining = True
-        replicas = [r for r in replicas if not (r.draining and not r.outstanding)]
-        most = max(most, len(replicas))
-        gpu_s += len(replicas) * tick
-        now = end
-        if now > day.day_s * 2:  # a policy that never serves what is held: stop the day
-            break
+        self.replicas = [r for r in self.replicas if not (r.draining and not r.outstanding)]
+        self.most = max(self.most, len(self.replicas))
+        self.gpu_s += len(self.replicas) * tick
 
-    within = sum(1 for rid in range(len(arrivals)) if latency.get(rid, math.inf) <= setup.slo_ms)
-    lat = sorted(latency.values())
-    return Result(
-        policy=name,
-        slo_attainment=within / max(1, len(arrivals)),
-        gpu_hours=gpu_s / 3600,
-        cold_start_p50_s=statistics.median(waited) if waited else 0.0,
-        training_goodput_lost_gpu_h=lost_gpu_s / 3600,
-        latency_p95_ms=lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else math.inf,
-        requests=len(arrivals),
-        replicas_max=most,
-        preemptions=preemptions,
-    )
+    # --- the day ------------------------------------------------------------------------------
+
+    def run(self, day_s: float) -> None:
+        """A tick a second until the day is over and nothing is left (or twice the day)."""
+        tick = 1.0
+        now = 0.0
+        while now < day_s or any(r.outstanding for r in self.replicas) or self.held:
+            end = now + tick
+            self.arrive(end)
+            self.serve(end)
+            self.release_held(end)
+            self.sample(end)
+            self.scale(end, tick)
+            now = end
+            if now > day_s * 2:  # a policy that never serves what is held: stop the day
+                break
+
+    def result(self) -> Result:
+        """The policy's figures over the day."""
+        n = len(self.arrivals)
+        slo_ms = self.setup.slo_ms
+        within = sum(1 for rid in range(n) if self.latency.get(rid, math.inf) <= slo_ms)
+        lat = sorted(self.latency.values())
+        return Result(
+            policy=self.name,
+            slo_attainment=within / max(1, n),
+            gpu_hours=self.gpu_s / 3600,
+            cold_start_p50_s=statistics.median(self.waited) if self.waited else 0.0,
+            training_goodput_lost_gpu_h=self.lost_gpu_s / 3600,
+            latency_p95_ms=lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else math.inf,
+            requests=n,
+            replicas_max=self.most,
+            preemptions=self.preemptions,
+        )
+
+
+def replay(
+    name: str, day: Day, model: Model, setup: Setup, arrivals: list[tuple[float, int]], seed: int
+) -> Result:
+    """One policy over the day's arrivals (see the module's docstring)."""
+    r = _Replay(name, model, setup, arrivals, random.Random(seed), _policy(name, setup))
+    r.run(day.day_s)
+    return r.result()
 
 
 def _p95(values: list[float]) -> float | None:

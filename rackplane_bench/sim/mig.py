@@ -266,6 +266,331 @@ class Result:
 ARRIVE, FINISH_WHOLE, FINISH_MIG, RESET_DONE, DROP, PLAN = range(6)
 
 
+@dataclass(eq=False)
+class _Replay:
+    """What the replay's loop carries: the fleet (the snapshot for whole work, the laid-out GPUs
+    beside it), the queues, the events, and the result being filled."""
+
+    policy: str
+    p: Params
+    cfg: RelayoutConfig
+    res: Result
+    snap: Snapshot
+    sched: Scheduler
+    w0: float  # the measured window
+    w1: float
+    ngpu: int
+    layout: list[Layout | None]
+    holder: list[list[bool]]  # per laid-out GPU, each instance held or free
+    free: dict[str, SortedList]  # per profile, (-held, GPU, instance) of the free instances
+    per_node: int = field(init=False)  # GPU slots per node: a flat index is node x this + slot
+    held: list[int] = field(init=False)
+    resetting: list[bool] = field(init=False)
+    changed_at: list[float] = field(init=False)
+    incoming: list[Layout | None] = field(init=False)  # a resetting GPU's target
+    events: list[tuple[float, int, int, object]] = field(default_factory=list)
+    seq: int = 0
+    queues: dict[str, deque[Item]] = field(init=False)
+    pending: dict[str, Workload] = field(default_factory=dict)
+    running: dict[str, Workload] = field(default_factory=dict)
+    items: dict[str, Item] = field(default_factory=dict)
+    started: dict[int, float] = field(default_factory=dict)  # item idx -> start (running items)
+    whole_dirty: bool = False  # whole-GPU work or capacity changed: run a cycle
+
+    def __post_init__(self) -> None:
+        self.per_node = self.snap.max_gpus
+        self.held = [0] * self.ngpu
+        self.resetting = [False] * self.ngpu
+        self.changed_at = [-math.inf] * self.ngpu
+        self.incoming = [None] * self.ngpu
+        self.queues = {k: deque() for k in PROFILES}
+
+    # --- the laid-out GPUs ----------------------------------------------------------------------
+
+    def index(self, flat: int, add: bool) -> None:
+        """Add or remove a GPU's free instances in the per-profile indexes."""
+        lay = self.layout[flat]
+        for i, (key, _s) in enumerate(lay or ()):
+            if not self.holder[flat][i]:
+                entry = (-self.held[flat], flat, i)
+                if add:
+                    self.free[key].add(entry)
+                else:
+                    self.free[key].discard(entry)
+
+    def push(self, t: float, kind: int, payload: object) -> None:
+        """Schedule an event; at one instant, by kind, then in the order pushed."""
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, payload))
+
+    def served(self, it: Item, start: float) -> None:
+        """An item starts at `start`: what it serves inside the window, its wait."""
+        res, w0 = self.res, self.w0
+        lo, hi = max(start, w0), min(start + it.duration, self.w1)
+        if hi > lo:
+            res.served_gpu_s += it.geq * (hi - lo)
+            res.served_by_kind[it.kind] = res.served_by_kind.get(it.kind, 0.0) + it.geq * (hi - lo)
+        if it.at >= w0:
+            res.waits.setdefault(it.kind, []).append(start - it.at)
+        if it.kind != "training":
+            res.served_inference += it.at >= w0
+
+    def take_instance(self, flat: int, i: int, it: Item, t: float) -> None:
+        """A MIG request takes instance `i` of GPU `flat` until it finishes."""
+        self.index(flat, False)
+        self.holder[flat][i] = True
+        self.held[flat] += 1
+        self.index(flat, True)
+        self.started[it.idx] = t
+        self.served(it, t)
+        self.push(t + it.duration, FINISH_MIG, (flat, i, it))
+
+    def serve_queue(self, key: str, t: float) -> None:
+        """Free instances of profile `key` to the queue's head (dropping what waited too long)."""
+        q, free = self.queues[key], self.free[key]
+        while q and free:
+            it = q.popleft()
+            if t - it.at > self.p.patience_s:
+                self.res.dropped_inference += it.at >= self.w0
+                continue
+            _neg, flat, i = free[0]
+            self.take_instance(flat, i, it, t)
+
+    def mig_count(self) -> int:
+        """GPUs laid out or being laid out."""
+        return sum(1 for x in range(self.ngpu) if self.layout[x] is not None or self.resetting[x])
+
+    # --- re-layout ------------------------------------------------------------------------------
+
+    def start_reset(self, flat: int, target: Layout | None, t: float) -> None:
+        """GPU `flat` starts its re-layout to `target`; it serves nothing until it is done."""
+        n, s = divmod(flat, self.per_node)
+        mode_flip = (self.layout[flat] is None) != (target is None)
+        self.index(flat, False)
+        if self.layout[flat] is None:
+            self.snap.set_mig_mode(n, s, True)  # out of the whole pool from now on
+            self.snap.commit()
+        self.resetting[flat] = True
+        self.incoming[flat] = target
+        self.holder[flat] = []
+        self.changed_at[flat] = t
+        self.res.changes.setdefault(flat, []).append(t)
+        if self.w0 <= t < self.w1:
+            self.res.resets += 1
+        cost = self.cfg.mode_flip_cost_s if mode_flip else self.cfg.reset_cost_s
+        self.push(t + cost, RESET_DONE, (flat, target))
+
+    def view(self, flat: int, t: float) -> GpuView:
+        """What the planner sees of GPU `flat` at `t`."""
+        snap = self.snap
+        n, s = divmod(flat, self.per_node)
+        c24 = sum(1 for x in self.res.changes.get(flat, ()) if t - x < DAY)
+        lay: Layout | None
+        if self.resetting[flat]:  # busy; its coming instances count as supply
+            lay, idle, fr = self.incoming[flat], False, self.incoming[flat] or ()
+        elif self.layout[flat] is None:
+            lay, idle, fr = None, snap.is_whole_free(n, s), ()
+        else:
+            lay, idle = self.layout[flat], self.held[flat] == 0
+            fr = tuple(x for x, h in zip(lay or (), self.holder[flat], strict=True) if not h)
+        return GpuView(snap.node_names[n], s, MODEL, lay, idle, self.changed_at[flat], c24, fr)
+
+    def relayout(self, t: float) -> None:
+        """Views of every GPU and the live queues, through the planner; apply its decisions."""
+        snap, per_node = self.snap, self.per_node
+        views = [self.view(flat, t) for flat in range(self.ngpu)]
+        whole_want = sum(self.items[w].gpus for w in self.pending)
+        want_mig = {}
+        for key, q in self.queues.items():
+            live = sum(1 for it in q if t - it.at <= self.p.patience_s)
+            if live:
+                want_mig[(MODEL, key)] = live
+        for r in plan(views, Demand({MODEL: whole_want}, want_mig), self.cfg, t):
+            flat = snap.node_index[r.node] * per_node + r.index
+            n, s = divmod(flat, per_node)
+            if self.layout[flat] is not None:
+                idle = self.held[flat] == 0
+            else:
+                idle = snap.is_whole_free(n, s)
+            assert idle and not self.resetting[flat], "the planner picked a busy GPU"
+            self.start_reset(flat, r.target, t)
+
+    # --- the events, one handler per kind ---------------------------------------------------
+
+    def on_arrive(self, t: float, payload: object) -> None:
+        """MIG inference joins its profile's queue; whole-GPU work waits for the next cycle."""
+        assert isinstance(payload, Item)
+        it = payload
+        if it.kind == "mig":
+            assert it.profile is not None
+            self.queues[it.profile].append(it)
+            self.serve_queue(it.profile, t)
+            return
+        wid = f"i{it.idx}"
+        prio = "production" if it.kind == "whole-inference" else "training"
+        req = Request(wid, TENANT, Tier.DEDICATED, Shape(gpus=it.gpus))
+        maxrt = math.ceil(it.duration * 1.25 / 60) * 60
+        self.pending[wid] = Workload(wid, req, prio, it.at, maxrt)
+        self.items[wid] = it
+        self.whole_dirty = True
+        if it.kind == "whole-inference":
+            self.push(t + self.p.patience_s, DROP, wid)
+
+    def on_finish_whole(self, t: float, payload: object) -> None:
+        """Whole-GPU work ends: its GPUs go back to the snapshot."""
+        assert isinstance(payload, str)
+        w = self.running.pop(payload)
+        for aid in w.alloc_ids:
+            self.snap.release(aid)
+        self.snap.commit()
+        self.started.pop(self.items[payload].idx, None)
+        self.whole_dirty = True
+
+    def on_finish_mig(self, t: float, payload: object) -> None:
+        """A MIG request ends: its instance is free for the queue of its profile."""
+        assert isinstance(payload, tuple)
+        flat, slot, it = payload
+        assert it.profile is not None
+        self.started.pop(it.idx, None)
+        self.index(flat, False)
+        self.holder[flat][slot] = False
+        self.held[flat] -= 1
+        self.index(flat, True)
+        self.serve_queue(it.profile, t)
+
+    def on_reset_done(self, t: float, payload: object) -> None:
+        """A re-layout is done: the GPU serves its new instances, or whole work again."""
+        assert isinstance(payload, tuple)
+        flat, target = payload
+        self.resetting[flat] = False
+        self.layout[flat] = target
+        if target is None:
+            n, s = divmod(flat, self.per_node)
+            self.snap.set_mig_mode(n, s, False)
+            self.snap.commit()
+            self.whole_dirty = True
+        else:
+            self.holder[flat] = [False] * len(target)
+            self.index(flat, True)
+            for key in {k for k, _s in target}:
+                self.serve_queue(key, t)
+
+    def on_drop(self, t: float, payload: object) -> None:
+        """Whole-GPU inference past its patience is dropped; "window" opens the window."""
+        res, items = self.res, self.items
+        if payload == "window":  # what is still to run of work already there
+            for wid in self.pending:
+                res.carried_in_gpu_s += items[wid].geq * items[wid].duration
+            for q in self.queues.values():
+                res.carried_in_gpu_s += sum(x.geq * x.duration for x in q)
+            for wid in self.running:
+                it = items[wid]
+                res.carried_in_gpu_s += it.geq * max(0.0, self.started[it.idx] + it.duration - t)
+        elif payload in self.pending:
+            assert isinstance(payload, str)
+            del self.pending[payload]
+            res.dropped_inference += items[payload].at >= self.w0
+
+    def on_plan(self, t: float, payload: object) -> None:
+        """The periodic tick: a cycle for waiting work, and the dynamic policy's plan."""
+        if self.policy == "dynamic":
+            self.relayout(t)
+        self.whole_dirty = True
+        self.push(t + self.p.plan_every_s, PLAN, None)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def cycle(self, t: float) -> None:
+        """One queueing cycle over the waiting whole-GPU work; start what it admits."""
+        result = self.sched.cycle(t, list(self.pending.values()), list(self.running.values()))
+        self.snap.commit()
+        for adm in result.admissions:
+            w = self.pending.pop(adm.workload)
+            w.alloc_ids = tuple(b.alloc_id for b in adm.bindings)
+            w.started_at = t
+            self.running[adm.workload] = w
+            it = self.items[adm.workload]
+            self.started[it.idx] = t
+            self.served(it, t)
+            self.push(t + it.duration, FINISH_WHOLE, adm.workload)
+
+    def run(self) -> None:
+        """Every instant up to the window's end: its events, then a cycle if anything changed."""
+        # Indexed by event kind (ARRIVE, FINISH_WHOLE, FINISH_MIG, RESET_DONE, DROP, PLAN).
+        handlers = (
+            self.on_arrive,
+            self.on_finish_whole,
+            self.on_finish_mig,
+            self.on_reset_done,
+            self.on_drop,
+            self.on_plan,
+        )
+        events, res, dynamic = self.events, self.res, self.policy == "dynamic"
+        while events:
+            t = events[0][0]
+            if t > self.w1:
+                break
+            while events and events[0][0] == t:
+                _, kind, _, payload = heapq.heappop(events)
+                handlers[kind](t, payload)
+            if self.whole_dirty and self.pending:
+                self.cycle(t)
+            self.whole_dirty = False
+            if dynamic:
+                m = self.mig_count()
+                res.mig_gpus_min = min(res.mig_gpus_min, m)
+                res.mig_gpus_max = max(res.mig_gpus_max, m)
+
+    def close(self) -> None:
+        """What the replay's end leaves: queued MIG inference past its patience, the backlog."""
+        res, w0, w1 = self.res, self.w0, self.w1
+        # Queued MIG inference that waited past its patience when the replay ends: dropped too.
+        for q in self.queues.values():
+            res.dropped_inference += sum(
+                1 for it in q if it.at >= w0 and w1 - it.at > self.p.patience_s
+            )
+        res.training_backlog_gpus_at_end = sum(
+            self.items[w].gpus for w in self.pending if self.items[w].kind == "training"
+        )
+
+
+def _start(
+    trace: Trace, policy: str, mig_fraction: float, p: Params, cfg: RelayoutConfig
+) -> _Replay:
+    """The fleet with `mig_fraction` of its nodes laid out, every arrival and the first ticks."""
+    start_layout = BALANCED if policy == "dynamic" else STATIC[policy]
+    mig_nodes = 0 if start_layout is None else round(mig_fraction * p.nodes)
+    snap = Snapshot(fleet(p.nodes, mig_nodes))
+    sched = Scheduler(snap, {TENANT: TenantQuota()}, QUEUE)
+    sched.engine.allow_mig_reconfigure = False  # layouts change only by policy, below
+    ngpu = p.nodes * GPUS_PER_NODE
+    w0, w1 = p.warmup_days * DAY, p.days * DAY
+    res = Result(policy, mig_nodes / p.nodes, ngpu, (w1 - w0) / DAY)
+    layout: list[Layout | None] = [None] * ngpu
+    holder: list[list[bool]] = [[] for _ in range(ngpu)]
+    for flat in range(ngpu):
+        if flat // snap.max_gpus < mig_nodes:
+            layout[flat] = start_layout
+            holder[flat] = [False] * len(start_layout or ())
+    free: dict[str, SortedList] = {k: SortedList() for k in PROFILES}
+    r = _Replay(policy, p, cfg, res, snap, sched, w0, w1, ngpu, layout, holder, free)
+    for flat in range(ngpu):
+        r.index(flat, True)
+    for it in trace.items:
+        r.push(it.at, ARRIVE, it)
+        if w0 <= it.at < w1:
+            res.offered_gpu_s += it.geq * it.duration
+            res.offered_by_kind[it.kind] = (
+                res.offered_by_kind.get(it.kind, 0.0) + it.geq * it.duration
+            )
+    # Every policy gets a cycle each `plan_every_s` while work waits (the queue's time-dependent
+    # rules: backfill windows, starvation); the dynamic one also plans then.
+    r.push(p.plan_every_s, PLAN, None)
+    r.push(w0, DROP, "window")  # marks the window's start: carried-in work is counted there
+    res.mig_gpus_min = res.mig_gpus_max = r.mig_count()
+    return r
+
+
 def replay(
     trace: Trace,
     policy: str,
@@ -275,248 +600,11 @@ def replay(
 ) -> Result:
     """One policy over the trace; `mig_fraction` of the nodes start laid out (see the module)."""
     wall = time.perf_counter()
-    cfg = cfg or RelayoutConfig()
-    start_layout = BALANCED if policy == "dynamic" else STATIC[policy]
-    mig_nodes = 0 if start_layout is None else round(mig_fraction * p.nodes)
-    snap = Snapshot(fleet(p.nodes, mig_nodes))
-    sched = Scheduler(snap, {TENANT: TenantQuota()}, QUEUE)
-    sched.engine.allow_mig_reconfigure = False  # layouts change only by policy, below
-    G = snap.max_gpus
-    ngpu = p.nodes * GPUS_PER_NODE
-    w0, w1 = p.warmup_days * DAY, p.days * DAY
-    res = Result(policy, mig_nodes / p.nodes, ngpu, (w1 - w0) / DAY)
-
-    layout: list[Layout | None] = [None] * ngpu
-    holder: list[list[bool]] = [[] for _ in range(ngpu)]
-    held = [0] * ngpu
-    resetting = [False] * ngpu
-    changed_at = [-math.inf] * ngpu
-    incoming: list[Layout | None] = [None] * ngpu  # a resetting GPU's target
-    free: dict[str, SortedList] = {k: SortedList() for k in PROFILES}
-    for flat in range(ngpu):
-        if flat // G < mig_nodes:
-            layout[flat] = start_layout
-            holder[flat] = [False] * len(start_layout or ())
-
-    def index(flat: int, add: bool) -> None:
-        lay = layout[flat]
-        for i, (key, _s) in enumerate(lay or ()):
-            if not holder[flat][i]:
-                entry = (-held[flat], flat, i)
-                if add:
-                    free[key].add(entry)
-                else:
-                    free[key].discard(entry)
-
-    for flat in range(ngpu):
-        index(flat, True)
-
-    events: list[tuple[float, int, int, object]] = []
-    seq = 0
-
-    def push(t: float, kind: int, payload: object) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, kind, seq, payload))
-
-    for it in trace.items:
-        push(it.at, ARRIVE, it)
-        if w0 <= it.at < w1:
-            res.offered_gpu_s += it.geq * it.duration
-            res.offered_by_kind[it.kind] = (
-                res.offered_by_kind.get(it.kind, 0.0) + it.geq * it.duration
-            )
-    # Every policy gets a cycle each `plan_every_s` while work waits (the queue's time-dependent
-    # rules: backfill windows, starvation); the dynamic one also plans then.
-    push(p.plan_every_s, PLAN, None)
-    push(w0, DROP, "window")  # marks the window's start: carried-in work is counted there
-
-    queues: dict[str, deque[Item]] = {k: deque() for k in PROFILES}
-    pending: dict[str, Workload] = {}
-    running: dict[str, Workload] = {}
-    items: dict[str, Item] = {}
-    started: dict[int, float] = {}  # item idx -> start (running items)
-
-    def served(it: Item, start: float) -> None:
-        lo, hi = max(start, w0), min(start + it.duration, w1)
-        if hi > lo:
-            res.served_gpu_s += it.geq * (hi - lo)
-            res.served_by_kind[it.kind] = res.served_by_kind.get(it.kind, 0.0) + it.geq * (hi - lo)
-        if it.at >= w0:
-            res.waits.setdefault(it.kind, []).append(start - it.at)
-        if it.kind != "training":
-            res.served_inference += it.at >= w0
-
-    def take_instance(flat: int, i: int, it: Item, t: float) -> None:
-        index(flat, False)
-        holder[flat][i] = True
-        held[flat] += 1
-        index(flat, True)
-        started[it.idx] = t
-        served(it, t)
-        push(t + it.duration, FINISH_MIG, (flat, i, it))
-
-    def serve_queue(key: str, t: float) -> None:
-        q = queues[key]
-        while q and free[key]:
-            it = q.popleft()
-            if t - it.at > p.patience_s:
-                res.dropped_inference += it.at >= w0
-                continue
-            _neg, flat, i = free[key][0]
-            take_instance(flat, i, it, t)
-
-    def start_reset(flat: int, target: Layout | None, t: float) -> None:
-        n, s = divmod(flat, G)
-        mode_flip = (layout[flat] is None) != (target is None)
-        index(flat, False)
-        if layout[flat] is None:
-            snap.set_mig_mode(n, s, True)  # out of the whole pool from now on
-            snap.commit()
-        resetting[flat] = True
-        incoming[flat] = target
-        holder[flat] = []
-        changed_at[flat] = t
-        res.changes.setdefault(flat, []).append(t)
-        if w0 <= t < w1:
-            res.resets += 1
-        cost = cfg.mode_flip_cost_s if mode_flip else cfg.reset_cost_s
-        push(t + cost, RESET_DONE, (flat, target))
-
-    def mig_count() -> int:
-        return sum(1 for x in range(ngpu) if layout[x] is not None or resetting[x])
-
-    def _plan(t: float) -> None:
-        """Views of every GPU and the live queues, through the planner; apply its decisions."""
-        views = []
-        for flat in range(ngpu):
-            n, s = divmod(flat, G)
-            c24 = sum(1 for x in res.changes.get(flat, ()) if t - x < DAY)
-            lay: Layout | None
-            if resetting[flat]:  # busy; its coming instances count as supply
-                lay, idle, fr = incoming[flat], False, incoming[flat] or ()
-            elif layout[flat] is None:
-                lay, idle, fr = None, snap.is_whole_free(n, s), ()
-            else:
-                lay, idle = layout[flat], held[flat] == 0
-                fr = tuple(x for x, h in zip(lay or (), holder[flat], strict=True) if not h)
-            views.append(
-                GpuView(snap.node_names[n], s, MODEL, lay, idle, changed_at[flat], c24, fr)
-            )
-        whole_want = sum(items[w].gpus for w in pending)
-        want_mig = {}
-        for key, q in queues.items():
-            live = sum(1 for it in q if t - it.at <= p.patience_s)
-            if live:
-                want_mig[(MODEL, key)] = live
-        for r in plan(views, Demand({MODEL: whole_want}, want_mig), cfg, t):
-            flat = snap.node_index[r.node] * G + r.index
-            n, s = divmod(flat, G)
-            idle = held[flat] == 0 if layout[flat] is not None else snap.is_whole_free(n, s)
-            assert idle and not resetting[flat], "the planner picked a busy GPU"
-            start_reset(flat, r.target, t)
-
-    res.mig_gpus_min = res.mig_gpus_max = mig_count()
-    whole_dirty = False
-    t = 0.0
-    while events:
-        t = events[0][0]
-        if t > w1:
-            break
-        while events and events[0][0] == t:
-            _, kind, _, payload = heapq.heappop(events)
-            if kind == ARRIVE:
-                assert isinstance(payload, Item)
-                it = payload
-                if it.kind == "mig":
-                    assert it.profile is not None
-                    queues[it.profile].append(it)
-                    serve_queue(it.profile, t)
-                else:
-                    wid = f"i{it.idx}"
-                    prio = "production" if it.kind == "whole-inference" else "training"
-                    req = Request(wid, TENANT, Tier.DEDICATED, Shape(gpus=it.gpus))
-                    maxrt = math.ceil(it.duration * 1.25 / 60) * 60
-                    pending[wid] = Workload(wid, req, prio, it.at, maxrt)
-                    items[wid] = it
-                    whole_dirty = True
-                    if it.kind == "whole-inference":
-                        push(t + p.patience_s, DROP, wid)
-            elif kind == FINISH_WHOLE:
-                assert isinstance(payload, str)
-                w = running.pop(payload)
-                for aid in w.alloc_ids:
-                    snap.release(aid)
-                snap.commit()
-                started.pop(items[payload].idx, None)
-                whole_dirty = True
-            elif kind == FINISH_MIG:
-                assert isinstance(payload, tuple)
-                flat, slot, it = payload
-                assert it.profile is not None
-                started.pop(it.idx, None)
-                index(flat, False)
-                holder[flat][slot] = False
-                held[flat] -= 1
-                index(flat, True)
-                serve_queue(it.profile, t)
-            elif kind == RESET_DONE:
-                assert isinstance(payload, tuple)
-                flat, target = payload
-                resetting[flat] = False
-                layout[flat] = target
-                if target is None:
-                    n, s = divmod(flat, G)
-                    snap.set_mig_mode(n, s, False)
-                    snap.commit()
-                    whole_dirty = True
-                else:
-                    holder[flat] = [False] * len(target)
-                    index(flat, True)
-                    for key in {k for k, _s in target}:
-                        serve_queue(key, t)
-            elif kind == DROP:
-                if payload == "window":  # what is still to run of work already there
-                    for wid in pending:
-                        res.carried_in_gpu_s += items[wid].geq * items[wid].duration
-                    for q in queues.values():
-                        res.carried_in_gpu_s += sum(x.geq * x.duration for x in q)
-                    for wid in running:
-                        it = items[wid]
-                        res.carried_in_gpu_s += it.geq * max(0.0, started[it.idx] + it.duration - t)
-                elif payload in pending:
-                    assert isinstance(payload, str)
-                    del pending[payload]
-                    res.dropped_inference += items[payload].at >= w0
-            elif kind == PLAN:
-                if policy == "dynamic":
-                    _plan(t)
-                whole_dirty = True
-                push(t + p.plan_every_s, PLAN, None)
-        if whole_dirty and pending:
-            result = sched.cycle(t, list(pending.values()), list(running.values()))
-            snap.commit()
-            for adm in result.admissions:
-                w = pending.pop(adm.workload)
-                w.alloc_ids = tuple(b.alloc_id for b in adm.bindings)
-                w.started_at = t
-                running[adm.workload] = w
-                it = items[adm.workload]
-                started[it.idx] = t
-                served(it, t)
-                push(t + it.duration, FINISH_WHOLE, adm.workload)
-        whole_dirty = False
-        if policy == "dynamic":
-            m = mig_count()
-            res.mig_gpus_min, res.mig_gpus_max = min(res.mig_gpus_min, m), max(res.mig_gpus_max, m)
-    # Queued MIG inference that waited past its patience when the replay ends: dropped too.
-    for q in queues.values():
-        res.dropped_inference += sum(1 for it in q if it.at >= w0 and w1 - it.at > p.patience_s)
-    res.training_backlog_gpus_at_end = sum(
-        items[w].gpus for w in pending if items[w].kind == "training"
-    )
-    res.seconds = time.perf_counter() - wall
-    return res
+    r = _start(trace, policy, mig_fraction, p, cfg or RelayoutConfig())
+    r.run()
+    r.close()
+    r.res.seconds = time.perf_counter() - wall
+    return r.res
 
 
 __all__ = ["POLICIES", "Params", "Trace", "build_trace", "replay"]

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linprog
@@ -130,6 +130,74 @@ def _pct(value: float, capacity: int) -> float:
     return value * 100 / capacity if value > float("-inf") else float("nan")
 
 
+class _Lp:
+    """A sparse linear program, maximised, built a row and a column at a time. Rows of
+    A_ub x <= b_ub are numbered 0, 1, ...; rows of A_eq x = b_eq -1, -2, ..."""
+
+    def __init__(self) -> None:
+        self.entries: dict[bool, tuple[list[int], list[int], list[float]]] = {
+            False: ([], [], []),
+            True: ([], [], []),
+        }
+        self.rhs: dict[bool, list[float]] = {False: [], True: []}
+        self.obj: list[float] = []
+        self.bounds: list[tuple[float, float | None]] = []
+
+    def row(self, value: float, eq: bool = False) -> int:
+        """A new row (`<= value`, or `= value`); its number."""
+        self.rhs[eq].append(value)
+        return -len(self.rhs[eq]) if eq else len(self.rhs[eq]) - 1
+
+    def col(self, value: float, lo: float = 0.0, hi: float | None = None) -> int:
+        """A new variable worth `value` in the objective, within [lo, hi]; its number."""
+        self.obj.append(-value)
+        self.bounds.append((lo, hi))
+        return len(self.obj) - 1
+
+    def put(self, row: int, col: int, v: float) -> None:
+        """The coefficient of variable `col` in `row`."""
+        rows, cols, vals = self.entries[row < 0]
+        rows.append(-1 - row if row < 0 else row)
+        cols.append(col)
+        vals.append(v)
+
+    def solve(self, capacity: int) -> float:
+        """The optimum; -inf when infeasible, `capacity` (the trivial bound) when unsolved."""
+        rhs, ncol = self.rhs, len(self.obj)
+        a_ub, a_eq = (
+            coo_matrix(
+                (self.entries[eq][2], self.entries[eq][:2]), shape=(len(rhs[eq]), ncol)
+            ).tocsr()
+            for eq in (False, True)
+        )
+        res = linprog(
+            np.asarray(self.obj),
+            A_ub=a_ub,
+            b_ub=np.asarray(rhs[False]),
+            A_eq=a_eq if rhs[True] else None,
+            b_eq=np.asarray(rhs[True]) if rhs[True] else None,
+            bounds=self.bounds,
+            method="highs",
+        )
+        if res.status == 2:  # infeasible: t* cannot lie in this range
+            return float("-inf")
+        if res.status != 0:  # not solved: fall back to the trivial bound, the whole fleet
+            return float(capacity)
+        return float(-res.fun)
+
+
+@dataclass
+class _Pools:
+    """One program's pools, a (class, way of being closed) each: their capacity rows (GPU
+    milli, CPU, memory), their closing rows, and the rows of the holes next to big pods."""
+
+    names: tuple[str, ...]
+    closing: tuple[int, int, int] | None  # the witness the nodes are closed to at t*, if any
+    cap: dict[tuple[int, str], tuple[int, int, int]] = field(default_factory=dict)
+    close: dict[tuple[int, str], int] = field(default_factory=dict)
+    hole: dict[tuple[int, str, int], int] = field(default_factory=dict)
+
+
 class _Program:
     """The linear program for one range of t*, built from shape groups per phase."""
 
@@ -143,51 +211,36 @@ class _Program:
         """The most GPU milli placed when t* lies in [a, b): witness pods (milli, CPU, memory)
         before it are placed and, if `closed`, every node is closed to the witness at t*.
         No witness (and a = b = len): the offline relaxation."""
-        closing = witness if closed else None
-        pools = ("gpu", "cpu", "mem") if closing else ("all",)
+        lp = _Lp()
+        pools = self._pools(lp, witness if closed else None)
+        for key, count in self._groups(a, b).items():
+            self._group(lp, pools, key, count, witness)
+        return lp.solve(self.capacity)
+
+    def _groups(self, a: int, b: int) -> dict[tuple, int]:
+        """Pods counted by (phase, GPUs, milli, CPU, memory, models); phase 0 before a, 1 in
+        [a, b), 2 after."""
         groups: dict[tuple, int] = {}
         for i, s in enumerate(self.shapes):
             phase = 0 if i < a else (1 if i < b else 2)
             key = (phase, s.gpus, s.milli, s.cpu_milli, s.mem_mib, s.models)
             groups[key] = groups.get(key, 0) + 1
-        # Rows of A_ub x <= b_ub are numbered 0, 1, ...; rows of A_eq x = b_eq -1, -2, ...
-        entries: dict[bool, tuple[list[int], list[int], list[float]]] = {
-            False: ([], [], []),
-            True: ([], [], []),
-        }
-        rhs: dict[bool, list[float]] = {False: [], True: []}
-        obj: list[float] = []
-        bounds: list[tuple[float, float | None]] = []
+        return groups
 
-        def new_row(value: float, eq: bool = False) -> int:
-            rhs[eq].append(value)
-            return -len(rhs[eq]) if eq else len(rhs[eq]) - 1
-
-        def new_col(value: float, lo: float = 0.0, hi: float | None = None) -> int:
-            obj.append(-value)
-            bounds.append((lo, hi))
-            return len(obj) - 1
-
-        def put(row: int, col: int, v: float) -> None:
-            rows, cols, vals = entries[row < 0]
-            rows.append(-1 - row if row < 0 else row)
-            cols.append(col)
-            vals.append(v)
-
-        # Pools: node counts and their capacity rows.
-        cap_rows: dict[tuple[int, str], tuple[int, int, int]] = {}
-        close_rows: dict[tuple[int, str], int] = {}
+    def _pools(self, lp: _Lp, closing: tuple[int, int, int] | None) -> _Pools:
+        """Pools: node counts and their capacity rows, closing rows, and hole rows."""
+        pools = _Pools(("gpu", "cpu", "mem") if closing else ("all",), closing)
         for k, c in enumerate(self.classes):
-            share = new_row(c.count, eq=True) if closing else None
-            for p in pools:
-                col = new_col(0.0, 0.0, None) if closing else new_col(0.0, c.count, c.count)
+            share = lp.row(c.count, eq=True) if closing else None
+            for p in pools.names:
+                col = lp.col(0.0, 0.0, None) if closing else lp.col(0.0, c.count, c.count)
                 if share is not None:
-                    put(share, col, 1.0)
-                g, cpu, mem = new_row(0.0), new_row(0.0), new_row(0.0)
-                put(g, col, -1000.0 * c.gpus)
-                put(cpu, col, -float(c.cpu))
-                put(mem, col, -float(c.mem))
-                cap_rows[k, p] = (g, cpu, mem)
+                    lp.put(share, col, 1.0)
+                g, cpu, mem = lp.row(0.0), lp.row(0.0), lp.row(0.0)
+                lp.put(g, col, -1000.0 * c.gpus)
+                lp.put(cpu, col, -float(c.cpu))
+                lp.put(mem, col, -float(c.mem))
+                pools.cap[k, p] = (g, cpu, mem)
                 if closing:
                     m, ccpu, cmem = closing
                     # Closing a node costs more than this much of the resource placed before t*.
@@ -196,74 +249,73 @@ class _Program:
                         "cpu": c.cpu - ccpu + 1,
                         "mem": c.mem - cmem + 1,
                     }[p]
-                    close_rows[k, p] = new_row(0.0)
-                    put(close_rows[k, p], col, float(need))
-        hole_rows = {
-            (k, p, h): new_row(0.0)
+                    pools.close[k, p] = lp.row(0.0)
+                    lp.put(pools.close[k, p], col, float(need))
+        pools.hole = {
+            (k, p, h): lp.row(0.0)
             for k in range(len(self.classes))
-            for p in pools
+            for p in pools.names
             for h in self.holes
         }
-        for (phase, gpus, milli, cpu, mem, models), count in groups.items():
-            big = not gpus and milli > BIG
-            must = phase == 0 and models is None and not gpus and (milli, cpu, mem) == witness
-            cnt = new_row(float(count), eq=must)
-            charge = 1000 * gpus if gpus else (1000 if big else milli)
-            value = 1000 * gpus if gpus else milli
-            for k, c in enumerate(self.classes):
-                if models is not None and c.model not in models:
+        return pools
+
+    def _group(
+        self,
+        lp: _Lp,
+        pools: _Pools,
+        key: tuple,
+        count: int,
+        witness: tuple[int, int, int] | None,
+    ) -> None:
+        """A group's count row and its variables: its pods in each pool that may take them."""
+        phase, gpus, milli, cpu, mem, models = key
+        closing = pools.closing
+        big = not gpus and milli > BIG
+        must = phase == 0 and models is None and not gpus and (milli, cpu, mem) == witness
+        cnt = lp.row(float(count), eq=must)
+        charge = 1000 * gpus if gpus else (1000 if big else milli)
+        value = 1000 * gpus if gpus else milli
+        for k, c in enumerate(self.classes):
+            if models is not None and c.model not in models:
+                continue
+            if gpus > c.gpus or cpu > c.cpu or mem > c.mem:
+                continue
+            for p in pools.names:
+                if (
+                    phase == 2
+                    and closing
+                    and not self._open_after(p, gpus, milli, cpu, mem, closing)
+                ):
                     continue
-                if gpus > c.gpus or cpu > c.cpu or mem > c.mem:
+                g_row, c_row, m_row = pools.cap[k, p]
+                x = lp.col(float(value))
+                lp.put(cnt, x, 1.0)
+                lp.put(g_row, x, float(charge))
+                lp.put(c_row, x, float(cpu))
+                lp.put(m_row, x, float(mem))
+                if big:
+                    lp.put(pools.hole[k, p, milli], x, -float(1000 - milli))
+                if closing and phase < 2:
+                    used = {"gpu": charge, "cpu": cpu, "mem": mem}[p]
+                    lp.put(pools.close[k, p], x, -float(used))
+                if gpus or big or not milli:
                     continue
-                for p in pools:
-                    if (
-                        phase == 2
-                        and closing
-                        and not self._open_after(p, gpus, milli, cpu, mem, closing)
-                    ):
-                        continue
-                    g_row, c_row, m_row = cap_rows[k, p]
-                    x = new_col(float(value))
-                    put(cnt, x, 1.0)
-                    put(g_row, x, float(charge))
-                    put(c_row, x, float(cpu))
-                    put(m_row, x, float(mem))
-                    if big:
-                        put(hole_rows[k, p, milli], x, -float(1000 - milli))
-                    if closing and phase < 2:
-                        used = {"gpu": charge, "cpu": cpu, "mem": mem}[p]
-                        put(close_rows[k, p], x, -float(used))
-                    if gpus or big or not milli:
-                        continue
-                    for h in self.holes:  # a small share in the hole next to a big pod
-                        if milli > 1000 - h:
-                            continue
-                        y = new_col(float(milli))
-                        put(cnt, y, 1.0)
-                        put(hole_rows[k, p, h], y, float(milli))
-                        put(c_row, y, float(cpu))
-                        put(m_row, y, float(mem))
-                        if closing and phase < 2 and p != "gpu":
-                            put(close_rows[k, p], y, -float(cpu if p == "cpu" else mem))
-        ncol = len(obj)
-        a_ub, a_eq = (
-            coo_matrix((entries[eq][2], entries[eq][:2]), shape=(len(rhs[eq]), ncol)).tocsr()
-            for eq in (False, True)
-        )
-        res = linprog(
-            np.asarray(obj),
-            A_ub=a_ub,
-            b_ub=np.asarray(rhs[False]),
-            A_eq=a_eq if rhs[True] else None,
-            b_eq=np.asarray(rhs[True]) if rhs[True] else None,
-            bounds=bounds,
-            method="highs",
-        )
-        if res.status == 2:  # infeasible: t* cannot lie in this range
-            return float("-inf")
-        if res.status != 0:  # not solved: fall back to the trivial bound, the whole fleet
-            return float(self.capacity)
-        return float(-res.fun)
+                self._in_holes(lp, pools, k, p, cnt, key)
+
+    def _in_holes(self, lp: _Lp, pools: _Pools, k: int, p: str, cnt: int, key: tuple) -> None:
+        """A small share's variables in each hole next to a big pod that it fits."""
+        phase, _gpus, milli, cpu, mem, _models = key
+        _g_row, c_row, m_row = pools.cap[k, p]
+        for h in self.holes:
+            if milli > 1000 - h:
+                continue
+            y = lp.col(float(milli))
+            lp.put(cnt, y, 1.0)
+            lp.put(pools.hole[k, p, h], y, float(milli))
+            lp.put(c_row, y, float(cpu))
+            lp.put(m_row, y, float(mem))
+            if pools.closing and phase < 2 and p != "gpu":
+                lp.put(pools.close[k, p], y, -float(cpu if p == "cpu" else mem))
 
     @staticmethod
     def _open_after(

@@ -33,6 +33,8 @@ from app.placement.isolation import Tier
 from app.placement.model import Level, Request, Shape, Topology
 from app.placement.queueing import (
     BASELINES,
+    Admission,
+    Eviction,
     QueueConfig,
     Scheduler,
     TenantQuota,
@@ -260,6 +262,226 @@ class Result:
         }
 
 
+# Event kinds, in their order at one instant: stops, starts, finishes, arrivals.
+STOP, START, FINISH, ARRIVE = range(4)
+
+
+@dataclass(eq=False)
+class _Replay:
+    """What the replay's loop carries: the jobs and their workloads, the events, the GPUs busy,
+    the tenants' use and demand for the share accounting, and the result being filled."""
+
+    jobs: list[Job]
+    snap: Snapshot
+    sched: Scheduler
+    res: Result
+    gpus: int
+    horizon_end: float  # the last arrival: utilisation and shares are measured up to it
+    weights: dict[str, float]
+    by_id: dict[str, Job] = field(init=False)
+    events: list[tuple[float, int, int, str, int]] = field(default_factory=list)
+    seq: int = 0
+    pending: dict[str, Workload] = field(default_factory=dict)
+    running: dict[str, Workload] = field(default_factory=dict)
+    starting: dict[str, float] = field(default_factory=dict)  # admitted after a grace period
+    busy: int = 0  # GPUs busy (including victims in their grace period)
+    last_t: float = 0.0
+    share_used: dict[str, float] = field(default_factory=dict)
+    share_ent: dict[str, float] = field(default_factory=dict)
+    share_time: dict[str, float] = field(default_factory=dict)
+    use: dict[str, float] = field(default_factory=dict)  # GPUs held per tenant (admitted work)
+    want: dict[str, float] = field(default_factory=dict)  # GPUs asked for per tenant (pending)
+
+    def __post_init__(self) -> None:
+        self.by_id = {f"j{j.idx}": j for j in self.jobs}
+
+    def push(self, t: float, kind: int, jid: str, version: int = 0) -> None:
+        """Schedule an event; at one instant, by kind, then in the order pushed."""
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, jid, version))
+
+    def move(self, tenant: str, held: float, asked: float) -> None:
+        """A tenant's GPUs held and asked for change by these amounts."""
+        self.use[tenant] = self.use.get(tenant, 0.0) + held
+        self.want[tenant] = self.want.get(tenant, 0.0) + asked
+
+    def account(self, t: float) -> None:
+        """Busy GPU time, idle GPUs while work waits, and the backlogged tenants' share against
+        their entitlement, from the last instant to `t`."""
+        res, use, want = self.res, self.use, self.want
+        dt = min(t, self.horizon_end) - self.last_t
+        if dt > 0:
+            res.busy_gpu_s += self.busy * dt
+            # Share versus entitlement of the tenants with work waiting.
+            backlogged = {t_ for t_, v in want.items() if v > 0}
+            if backlogged:
+                res.idle_backlogged_gpu_s += (self.gpus - self.busy) * dt
+                res.backlogged_s += dt
+                free = self.gpus - sum(u for t_, u in use.items() if t_ not in backlogged)
+                demand = {t_: use.get(t_, 0.0) + want[t_] for t_ in backlogged}
+                weights = self.weights
+                ent = water_fill(free, demand, {t_: weights.get(t_, 1e-3) for t_ in backlogged})
+                share_used, share_ent, share_time = self.share_used, self.share_ent, self.share_time
+                for t_ in backlogged:
+                    share_used[t_] = share_used.get(t_, 0.0) + use.get(t_, 0.0) * dt
+                    share_ent[t_] = share_ent.get(t_, 0.0) + ent[t_] * dt
+                    share_time[t_] = share_time.get(t_, 0.0) + dt
+        self.last_t = max(self.last_t, min(t, self.horizon_end))
+
+    def begin(self, j: Job, w: Workload, t: float) -> None:
+        """The job runs from `t`: its wait ends and its completion is scheduled."""
+        j.started = t
+        assert j.waiting_since is not None
+        j.queued += t - j.waiting_since
+        j.waiting_since = None
+        w.started_at = t
+        self.busy += j.gpus
+        j.version += 1
+        self.push(t + (j.duration - j.done), FINISH, w.id, j.version)
+
+    # --- the events, one handler per kind; each says whether a cycle is due ----------------
+
+    def on_stop(self, t: float, j: Job, jid: str, version: int) -> bool:
+        """A victim's grace period is over: its GPUs are free and it waits again."""
+        self.busy -= j.gpus
+        self.pending[jid] = j.workload  # type: ignore[assignment]
+        j.waiting_since = t
+        self.move(j.tenant, 0, j.gpus)
+        return True
+
+    def on_start(self, t: float, j: Job, jid: str, version: int) -> bool:
+        """Work admitted after a grace period starts now."""
+        if jid in self.starting:
+            del self.starting[jid]
+            self.begin(j, self.running[jid], t)
+        return False
+
+    def on_finish(self, t: float, j: Job, jid: str, version: int) -> bool:
+        """The job's run ends (unless an eviction has made this completion stale)."""
+        if version != j.version or jid not in self.running:
+            return False
+        w = self.running.pop(jid)
+        for aid in w.alloc_ids:
+            self.snap.release(aid)
+        self.busy -= j.gpus
+        self.move(j.tenant, -j.gpus, 0)
+        j.finish = t
+        self.res.finished += 1
+        self.res.jct.append(t - j.submit)
+        self.res.waits.append(j.queued)
+        return True
+
+    def on_arrive(self, t: float, j: Job, jid: str, version: int) -> bool:
+        """The job is submitted as a workload and waits."""
+        j.workload = Workload(
+            jid,
+            request_of(j),
+            j.priority,
+            j.submit,
+            j.max_runtime,
+            checkpoint_cost=j.checkpoint_cost,
+            checkpoint_every=j.checkpoint_every,
+        )
+        self.pending[jid] = j.workload
+        j.waiting_since = t
+        self.move(j.tenant, 0, j.gpus)
+        return True
+
+    # --- the cycle ------------------------------------------------------------------------------
+
+    def evict(self, t: float, ev: Eviction) -> None:
+        """An eviction: the work since the last checkpoint is lost; it stops at the deadline."""
+        res = self.res
+        j = self.by_id[ev.workload]
+        w = self.running.pop(ev.workload)
+        self.move(j.tenant, -j.gpus, 0)
+        assert j.started is not None
+        if ev.lost_gpu_seconds == 0:  # checkpointed during the grace period
+            saved_at = t
+        else:
+            saved_at = w.last_checkpoint(t)
+        j.done += saved_at - j.started
+        j.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
+        res.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
+        tally = res.by_reason.setdefault(ev.reason, [0, 0.0])
+        tally[0] += 1
+        tally[1] += (ev.deadline - saved_at) * j.gpus
+        res.preemptions += 1
+        j.preemptions += 1
+        j.version += 1  # its completion no longer holds
+        j.started = None
+        w.started_at = None
+        w.alloc_ids = ()
+        w.preempted_at = t
+        w.last_checkpoint_at = None
+        self.push(ev.deadline, STOP, ev.workload)
+
+    def admit(self, t: float, adm: Admission) -> None:
+        """An admission holds its GPUs from now and runs now, or after its victims' grace."""
+        j = self.by_id[adm.workload]
+        w = self.pending.pop(adm.workload)
+        self.move(j.tenant, j.gpus, -j.gpus)
+        w.alloc_ids = tuple(b.alloc_id for b in adm.bindings)
+        self.running[adm.workload] = w
+        if adm.start_at > t:
+            self.starting[adm.workload] = adm.start_at
+            w.started_at = adm.start_at  # holds its GPUs from now, runs from then
+            self.push(adm.start_at, START, adm.workload)
+        else:
+            self.begin(j, w, t)
+
+    def cycle(self, t: float) -> None:
+        """One queueing cycle over the waiting work: its evictions, then its admissions."""
+        result = self.sched.cycle(t, list(self.pending.values()), list(self.running.values()))
+        self.snap.commit()
+        self.res.cycles += 1
+        for ev in result.evictions:
+            self.evict(t, ev)
+        for adm in result.admissions:
+            self.admit(t, adm)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> float:
+        """Every instant: the time since the last, its events, then a cycle if anything
+        changed and work waits. Returns the last instant."""
+        # Indexed by event kind (STOP, START, FINISH, ARRIVE).
+        handlers = (self.on_stop, self.on_start, self.on_finish, self.on_arrive)
+        events, by_id = self.events, self.by_id
+        t = 0.0
+        while events:
+            t = events[0][0]
+            changed = False
+            self.account(t)
+            while events and events[0][0] == t:
+                _, kind, _, jid, version = heapq.heappop(events)
+                changed |= handlers[kind](t, by_id[jid], jid, version)
+            if not changed or not self.pending:
+                continue
+            self.cycle(t)
+        return t
+
+    def close(self, t: float) -> None:
+        """The figures at the end (`t`, the last instant): big gangs' waits, tenants' shares."""
+        res = self.res
+        res.horizon_s = self.horizon_end
+        # Gangs of 32+ GPUs: all the time they waited (also after evictions, and any still
+        # waiting when the replay ends) over their runtime.
+        for j in self.jobs:
+            if j.gpus >= BIG_GANG:
+                res.big_gangs += 1
+                waited = j.queued + (t - j.waiting_since if j.waiting_since is not None else 0.0)
+                res.big_gang_wait_ratio = max(res.big_gang_wait_ratio, waited / j.duration)
+        share_used, share_ent = self.share_used, self.share_ent
+        res.shares = {
+            t_: {
+                "ratio": round(share_used[t_] / share_ent[t_], 4) if share_ent[t_] else 1.0,
+                "backlogged_hours": self.share_time[t_] / 3600,
+            }
+            for t_ in share_used
+        }
+
+
 def replay(
     jobs: list[Job],
     nodes: int,
@@ -280,162 +502,11 @@ def replay(
     sched = Scheduler(snap, tenants, config)
     gpus = nodes * GPUS_PER_NODE
     res = Result(policy, len(jobs), 0, gpus, config.share_cap, config.priority_across_tenants)
-    by_id = {f"j{j.idx}": j for j in jobs}
-    events: list[tuple[float, int, int, str, int]] = []  # (t, order, seq, job id, version)
-    seq = 0
-    ARRIVE, STOP, START, FINISH = 3, 0, 1, 2  # same instant: stops, starts, finishes, arrivals
-
-    def push(t: float, kind: int, jid: str, version: int = 0) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, kind, seq, jid, version))
-
-    for j in jobs:
-        push(j.submit, ARRIVE, f"j{j.idx}")
-    pending: dict[str, Workload] = {}
-    running: dict[str, Workload] = {}
-    starting: dict[str, float] = {}  # admitted after a grace period: start time
-    busy = 0  # GPUs busy (including victims in their grace period)
-    last_t = 0.0
     horizon_end = max((j.submit for j in jobs), default=0.0)
-    share_used: dict[str, float] = {}
-    share_ent: dict[str, float] = {}
-    share_time: dict[str, float] = {}
     weights = {t: q.weight for t, q in tenants.items()}
-    use: dict[str, float] = {}  # GPUs held per tenant (admitted work)
-    want: dict[str, float] = {}  # GPUs asked for per tenant (pending work)
-
-    def move(tenant: str, held: float, asked: float) -> None:
-        use[tenant] = use.get(tenant, 0.0) + held
-        want[tenant] = want.get(tenant, 0.0) + asked
-
-    def account(t: float) -> None:
-        nonlocal last_t
-        dt = min(t, horizon_end) - last_t
-        if dt > 0:
-            res.busy_gpu_s += busy * dt
-            # Share versus entitlement of the tenants with work waiting.
-            backlogged = {t_ for t_, v in want.items() if v > 0}
-            if backlogged:
-                res.idle_backlogged_gpu_s += (gpus - busy) * dt
-                res.backlogged_s += dt
-                free = gpus - sum(u for t_, u in use.items() if t_ not in backlogged)
-                demand = {t_: use.get(t_, 0.0) + want[t_] for t_ in backlogged}
-                ent = water_fill(free, demand, {t_: weights.get(t_, 1e-3) for t_ in backlogged})
-                for t_ in backlogged:
-                    share_used[t_] = share_used.get(t_, 0.0) + use.get(t_, 0.0) * dt
-                    share_ent[t_] = share_ent.get(t_, 0.0) + ent[t_] * dt
-                    share_time[t_] = share_time.get(t_, 0.0) + dt
-        last_t = max(last_t, min(t, horizon_end))
-
-    def begin(j: Job, w: Workload, t: float) -> None:
-        nonlocal busy
-        j.started = t
-        assert j.waiting_since is not None
-        j.queued += t - j.waiting_since
-        j.waiting_since = None
-        w.started_at = t
-        busy += j.gpus
-        j.version += 1
-        push(t + (j.duration - j.done), FINISH, w.id, j.version)
-
-    t = 0.0
-    while events:
-        t = events[0][0]
-        changed = False
-        account(t)
-        while events and events[0][0] == t:
-            _, kind, _, jid, version = heapq.heappop(events)
-            j = by_id[jid]
-            if kind == ARRIVE:
-                j.workload = Workload(
-                    jid,
-                    request_of(j),
-                    j.priority,
-                    j.submit,
-                    j.max_runtime,
-                    checkpoint_cost=j.checkpoint_cost,
-                    checkpoint_every=j.checkpoint_every,
-                )
-                pending[jid] = j.workload
-                j.waiting_since = t
-                move(j.tenant, 0, j.gpus)
-                changed = True
-            elif kind == FINISH and version == j.version and jid in running:
-                w = running.pop(jid)
-                for aid in w.alloc_ids:
-                    snap.release(aid)
-                busy -= j.gpus
-                move(j.tenant, -j.gpus, 0)
-                j.finish = t
-                res.finished += 1
-                res.jct.append(t - j.submit)
-                res.waits.append(j.queued)
-                changed = True
-            elif kind == STOP:
-                busy -= j.gpus
-                pending[jid] = j.workload  # type: ignore[assignment]
-                j.waiting_since = t
-                move(j.tenant, 0, j.gpus)
-                changed = True
-            elif kind == START and jid in starting:
-                del starting[jid]
-                begin(j, running[jid], t)
-        if not changed or not pending:
-            continue
-        result = sched.cycle(t, list(pending.values()), list(running.values()))
-        snap.commit()
-        res.cycles += 1
-        for ev in result.evictions:
-            j = by_id[ev.workload]
-            w = running.pop(ev.workload)
-            move(j.tenant, -j.gpus, 0)
-            assert j.started is not None
-            if ev.lost_gpu_seconds == 0:  # checkpointed during the grace period
-                saved_at = t
-            else:
-                saved_at = w.last_checkpoint(t)
-            j.done += saved_at - j.started
-            j.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
-            res.lost_gpu_s += (ev.deadline - saved_at) * j.gpus
-            tally = res.by_reason.setdefault(ev.reason, [0, 0.0])
-            tally[0] += 1
-            tally[1] += (ev.deadline - saved_at) * j.gpus
-            res.preemptions += 1
-            j.preemptions += 1
-            j.version += 1  # its completion no longer holds
-            j.started = None
-            w.started_at = None
-            w.alloc_ids = ()
-            w.preempted_at = t
-            w.last_checkpoint_at = None
-            push(ev.deadline, STOP, ev.workload)
-        for adm in result.admissions:
-            j = by_id[adm.workload]
-            w = pending.pop(adm.workload)
-            move(j.tenant, j.gpus, -j.gpus)
-            w.alloc_ids = tuple(b.alloc_id for b in adm.bindings)
-            running[adm.workload] = w
-            if adm.start_at > t:
-                starting[adm.workload] = adm.start_at
-                w.started_at = adm.start_at  # holds its GPUs from now, runs from then
-                push(adm.start_at, START, adm.workload)
-            else:
-                begin(j, w, t)
-    res.horizon_s = horizon_end
-    # Gangs of 32+ GPUs: all the time they waited (also after evictions, and any still waiting
-    # when the replay ends) over their runtime.
+    r = _Replay(jobs, snap, sched, res, gpus, horizon_end, weights)
     for j in jobs:
-        if j.gpus >= BIG_GANG:
-            res.big_gangs += 1
-            waited = j.queued + (t - j.waiting_since if j.waiting_since is not None else 0.0)
-            res.big_gang_wait_ratio = max(res.big_gang_wait_ratio, waited / j.duration)
-    res.shares = {
-        t_: {
-            "ratio": round(share_used[t_] / share_ent[t_], 4) if share_ent[t_] else 1.0,
-            "backlogged_hours": share_time[t_] / 3600,
-        }
-        for t_ in share_used
-    }
+        r.push(j.submit, ARRIVE, f"j{j.idx}")
+    r.close(r.run())
     res.seconds = time.perf_counter() - start_wall
     return res
