@@ -13,21 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sqlalchemy import func, select
 
-from tests.fixtures.agent_api import bring_up, fake_inventory, join_node
+from tests.fixtures.agent_api import AGENT_FLEET, bring_up, fake_inventory, join_node
 from tests.fixtures.logs import log_chunk, placed_workload, read_logs
 from tests.fixtures.world import SMALL_FLEET, auth, wait_until
-
-FLEET = """
-regions:
-  - name: r1
-    racks:
-      - name: hgx-a
-        kind: hgx
-        gpu_model: H100-80GB
-        nodes:
-          - {name: a-1, gpus: 4}
-          - {name: a-2, gpus: 4}
-"""
 
 
 def _logs(client, cred: str, chunks: list[dict]) -> dict:
@@ -177,7 +165,7 @@ def test_concurrent_rotate_requests_get_one_201_and_the_old_credential_stops(
 def test_an_inventory_claiming_another_nodes_gpu_uuid_is_a_named_difference(client, world, session):
     from app.models.fleet import Gpu, Node
 
-    world.fleet(FLEET)
+    world.fleet(AGENT_FLEET)
     op = world.key()
     a1, a2 = join_node(client, op, "a-1"), join_node(client, op, "a-2")
     assert bring_up(client, a1, fake_inventory("a-1")).json()["matches"]
